@@ -1,0 +1,1 @@
+"""kvevents.consumer: the reader side (Kafka reader, global cache index, checkpoints)."""

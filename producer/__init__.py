@@ -1,0 +1,1 @@
+"""kvevents.producer: the engine side (per-rank event manager, MPI gather, Kafka sink)."""

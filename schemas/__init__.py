@@ -1,0 +1,60 @@
+"""kvevents.schemas: the wire contract shared by producers and consumers.
+
+The event model (TensorRT-LLM's executor types in snake_case), the Avro schemas (``avro/*.avsc``,
+the source of truth) and the codec. This package imports neither the producer nor the consumer.
+"""
+
+from .codec import (
+    CONTENT_TYPE,
+    current_fingerprint,
+    decode_batch,
+    decode_body,
+    encode_batch,
+    encode_body,
+    fast_path_enabled,
+    register_writer_schema,
+)
+from .errors import DecodeError, EncodeError
+from .model import (
+    DEFAULT_PRIORITY,
+    PRIMARY_LEVEL,
+    SECONDARY_LEVEL,
+    EventBatch,
+    KVCacheCreatedData,
+    KVCacheEvent,
+    KVCacheEventData,
+    KVCacheEventDiff,
+    KVCacheRemovedData,
+    KVCacheStoredBlockData,
+    KVCacheStoredData,
+    KVCacheUpdatedData,
+    MmKey,
+    RankDrops,
+)
+
+__all__ = [
+    "CONTENT_TYPE",
+    "DEFAULT_PRIORITY",
+    "PRIMARY_LEVEL",
+    "SECONDARY_LEVEL",
+    "DecodeError",
+    "EncodeError",
+    "EventBatch",
+    "KVCacheCreatedData",
+    "KVCacheEvent",
+    "KVCacheEventData",
+    "KVCacheEventDiff",
+    "KVCacheRemovedData",
+    "KVCacheStoredBlockData",
+    "KVCacheStoredData",
+    "KVCacheUpdatedData",
+    "MmKey",
+    "RankDrops",
+    "current_fingerprint",
+    "decode_batch",
+    "decode_body",
+    "encode_batch",
+    "encode_body",
+    "fast_path_enabled",
+    "register_writer_schema",
+]
