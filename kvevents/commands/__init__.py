@@ -1,0 +1,1 @@
+"""Sub-commands of the ``kvevents`` CLI, one module each (see ``kvevents.cli``)."""
