@@ -19,8 +19,11 @@ __all__ = [
     "SCHEMA_DIR",
     "batch_schema",
     "batch_schema_json",
+    "codec_schema",
     "crc64_avro",
     "fingerprint_of",
+    "parse_for_codec",
+    "without_logical_types",
 ]
 
 SCHEMA_DIR = Path(__file__).with_name("avro")
@@ -54,6 +57,32 @@ def fingerprint_of(parsed_schema: Any) -> bytes:
     """8-byte little-endian CRC-64-AVRO of a schema's parsing canonical form."""
     canonical = to_parsing_canonical_form(parsed_schema)
     return crc64_avro(canonical.encode("utf-8")).to_bytes(8, "little")
+
+
+def without_logical_types(schema: Any) -> Any:
+    """A copy of a schema's JSON with every ``logicalType`` annotation removed.
+
+    The model keeps ``created_at`` as integer microseconds; fastavro would turn a
+    ``timestamp-micros`` into a ``datetime`` (and fail outside years 1..9999). Logical types are
+    not part of the parsing canonical form, so the fingerprint and the bytes are unchanged.
+    """
+    if isinstance(schema, dict):
+        return {k: without_logical_types(v) for k, v in schema.items() if k != "logicalType"}
+    if isinstance(schema, list):
+        return [without_logical_types(v) for v in schema]
+    return schema
+
+
+def parse_for_codec(schema: dict[str, Any] | str) -> Any:
+    """Parse a schema (JSON text or object) the way the fastavro codec reads and writes it."""
+    obj = json.loads(schema) if isinstance(schema, str) else schema
+    return fastavro.parse_schema(without_logical_types(obj), _write_hint=False)
+
+
+@cache
+def codec_schema() -> Any:
+    """The ``EventBatch`` schema as the fastavro codec uses it (no logical types), parsed once."""
+    return parse_for_codec(json.loads(batch_schema_json()))
 
 
 @cache

@@ -19,6 +19,7 @@ from msgspec.structs import force_setattr
 
 __all__ = [
     "DEFAULT_PRIORITY",
+    "MM_HASH_SIZE",
     "PRIMARY_LEVEL",
     "SECONDARY_LEVEL",
     "EventBatch",
@@ -40,6 +41,9 @@ SECONDARY_LEVEL = 1
 """Cache level of blocks offloaded to secondary (host) memory."""
 DEFAULT_PRIORITY = 35
 """TensorRT-LLM's default block retention priority (range 0..100)."""
+
+MM_HASH_SIZE = 32
+"""Bytes in a multimodal content hash (Avro ``fixed`` ``kvevents.MmHash``)."""
 
 MmKey: TypeAlias = tuple[bytes, int]
 """A multimodal key: (32-byte content hash, start offset in tokens relative to the block)."""
@@ -73,18 +77,33 @@ class KVCacheStoredBlockData(msgspec.Struct, frozen=True, gc=False):
     def __post_init__(self) -> None:
         tokens = self.tokens
         if tokens.__class__ is not array or tokens.typecode != "i":
-            force_setattr(self, "tokens", array("i", tokens))
+            tokens = array("i", tokens)
+            force_setattr(self, "tokens", tokens)
         extra = self.token_extra_ids
         if extra is not None:
             if extra.__class__ is not array or extra.typecode != "Q":
                 extra = array("Q", extra)
+            if len(extra) != len(tokens):
+                raise ValueError(
+                    f"token_extra_ids has {len(extra)} ids for {len(tokens)} tokens (one per token)"
+                )
             # "None when all are zero": one spelling for one meaning, so equality holds.
             force_setattr(self, "token_extra_ids", extra if any(extra) else None)
         mm_keys = self.mm_keys
         if mm_keys:
-            force_setattr(self, "mm_keys", tuple((bytes(h), int(o)) for h, o in mm_keys))
+            force_setattr(self, "mm_keys", tuple(_mm_key(key) for key in mm_keys))
         elif mm_keys.__class__ is not tuple:
             force_setattr(self, "mm_keys", ())
+
+
+def _mm_key(key: tuple[bytes, int]) -> MmKey:
+    content_hash, start_offset = key
+    if not isinstance(content_hash, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a multimodal hash must be bytes, not {type(content_hash).__name__}")
+    content_hash = bytes(content_hash)
+    if len(content_hash) != MM_HASH_SIZE:
+        raise ValueError(f"a multimodal hash has {MM_HASH_SIZE} bytes, got {len(content_hash)}")
+    return (content_hash, int(start_offset))
 
 
 class KVCacheStoredData(msgspec.Struct, frozen=True, gc=False):
