@@ -8,32 +8,37 @@ instead: a zero byte, the 4-byte big-endian schema id, then the body.
 
 Bodies written with the current schema are read by the compiled fast path when it is built
 (``kvevents.schemas._fastcodec``) and by fastavro otherwise; both produce the same bytes and
-objects (fastavro is the reference, and the test oracle). A body written with another known
-schema version is resolved to the current one by fastavro (schema evolution).
+objects (fastavro is the reference, and the test oracle). ``KVEVENTS_PURE_PYTHON=1`` forces
+fastavro. A body written with another known schema version is resolved to the current one by
+fastavro (schema evolution).
+
+Schema evolution follows the rule in ``schemas/avro/README.md``: additive changes only, every new
+field has a default, union branches are only appended, nothing is renamed or removed without an
+alias (FULL_TRANSITIVE in schema-registry terms). A single-object reader must know the writer's
+schema: the versions this package ships, others registered with :func:`register_writer_schema`,
+or read through a schema registry.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Protocol
 
-import fastavro
-
 from . import _reference
-from ._avro import batch_schema, fingerprint_of
+from ._avro import batch_schema, codec_schema, fingerprint_of, parse_for_codec
 from .errors import DecodeError
 from .model import EventBatch
 
 __all__ = [
-    "CONTENT_TYPE",
     "CONFLUENT_MAGIC",
+    "CONTENT_TYPE",
     "SINGLE_OBJECT_MAGIC",
     "BodyCodec",
     "current_fingerprint",
     "decode_batch",
     "decode_body",
+    "decode_record",
     "encode_batch",
     "encode_body",
     "fast_path_enabled",
@@ -55,9 +60,13 @@ _SINGLE_OBJECT_HEADER = 10
 class BodyCodec(Protocol):
     """Writes and reads Avro bodies of the current schema (the fast path's interface)."""
 
-    def encode_body(self, batch: EventBatch) -> bytes: ...
+    def encode_body(self, batch: EventBatch, prefix: bytes = b"") -> bytes:
+        """``prefix`` followed by the Avro body of ``batch``."""
+        ...
 
-    def decode_body(self, body: bytes | memoryview) -> EventBatch: ...
+    def decode_body(self, body: bytes | bytearray | memoryview, offset: int = 0) -> EventBatch:
+        """The batch whose body starts at ``body[offset]`` and runs to the end."""
+        ...
 
 
 class _FastavroBodyCodec:
@@ -66,34 +75,47 @@ class _FastavroBodyCodec:
     def __init__(self, schema: Any) -> None:
         self._schema = schema
 
-    def encode_body(self, batch: EventBatch) -> bytes:
-        return _reference.encode_body(batch, self._schema)
+    def encode_body(self, batch: EventBatch, prefix: bytes = b"") -> bytes:
+        body = _reference.encode_body(batch, self._schema)
+        return prefix + body if prefix else body
 
-    def decode_body(self, body: bytes | memoryview) -> EventBatch:
-        return _reference.decode_body(body, self._schema)
+    def decode_body(self, body: bytes | bytearray | memoryview, offset: int = 0) -> EventBatch:
+        return _reference.decode_body(memoryview(body)[offset:] if offset else body, self._schema)
 
 
-def _load_body_codec() -> BodyCodec:
-    reference = _FastavroBodyCodec(batch_schema())
-    if os.environ.get("KVEVENTS_PURE_PYTHON"):
-        return reference
+def _pure_python_forced() -> bool:
+    return os.environ.get("KVEVENTS_PURE_PYTHON", "") not in ("", "0")
+
+
+def _load_compiled(fingerprint: bytes) -> BodyCodec | None:
     try:
         from . import _fastcodec  # type: ignore[attr-defined]
     except ImportError:
         log.debug("kvevents.schemas._fastcodec is not built; using fastavro")
-        return reference
+        return None
+    if fingerprint != _fastcodec.SCHEMA_FINGERPRINT:
+        log.warning(
+            "kvevents.schemas._fastcodec implements schema %s but the .avsc files are %s; "
+            "using fastavro until the fast path is updated",
+            _fastcodec.SCHEMA_FINGERPRINT.hex(),
+            fingerprint.hex(),
+        )
+        return None
     return _fastcodec  # type: ignore[return-value]
 
 
-_SCHEMA = batch_schema()
-_FINGERPRINT = fingerprint_of(_SCHEMA)
-_BODY: BodyCodec = _load_body_codec()
+_SCHEMA = codec_schema()
+_FINGERPRINT = fingerprint_of(batch_schema())
+_HEADER = SINGLE_OBJECT_MAGIC + _FINGERPRINT
+_REFERENCE: BodyCodec = _FastavroBodyCodec(_SCHEMA)
+_COMPILED: BodyCodec | None = _load_compiled(_FINGERPRINT)
+_BODY: BodyCodec = _REFERENCE if _pure_python_forced() or _COMPILED is None else _COMPILED
 _WRITERS: dict[bytes, Any] = {_FINGERPRINT: _SCHEMA}
 
 
 def fast_path_enabled() -> bool:
     """Whether bodies of the current schema go through the compiled codec."""
-    return not isinstance(_BODY, _FastavroBodyCodec)
+    return _BODY is not _REFERENCE
 
 
 def current_fingerprint() -> bytes:
@@ -108,9 +130,9 @@ def register_writer_schema(schema: dict[str, Any] | str) -> bytes:
     know that schema: versions this package shipped are known, others (say, a newer
     producer's) are registered here, or read through a schema registry instead.
     """
-    parsed = fastavro.parse_schema(json.loads(schema) if isinstance(schema, str) else schema)
+    parsed = parse_for_codec(schema)
     fingerprint = fingerprint_of(parsed)
-    _WRITERS[fingerprint] = parsed
+    _WRITERS.setdefault(fingerprint, parsed)
     return fingerprint
 
 
@@ -119,7 +141,7 @@ def encode_body(batch: EventBatch) -> bytes:
     return _BODY.encode_body(batch)
 
 
-def decode_body(body: bytes | memoryview, writer_schema: Any | None = None) -> EventBatch:
+def decode_body(body: bytes | bytearray | memoryview, writer_schema: Any | None = None) -> EventBatch:
     """Read an Avro body; ``writer_schema`` (parsed) when another schema version wrote it."""
     if writer_schema is None or writer_schema is _SCHEMA:
         return _BODY.decode_body(body)
@@ -128,14 +150,22 @@ def decode_body(body: bytes | memoryview, writer_schema: Any | None = None) -> E
 
 def encode_batch(batch: EventBatch) -> bytes:
     """``batch`` as an Avro single-object encoded message."""
-    return SINGLE_OBJECT_MAGIC + _FINGERPRINT + _BODY.encode_body(batch)
+    return _BODY.encode_body(batch, _HEADER)
 
 
-def decode_batch(data: bytes | bytearray | memoryview) -> EventBatch:
-    """Decode a single-object encoded message; raise :class:`DecodeError` saying what was wrong."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise DecodeError(f"expected bytes, got {type(data).__name__}")
-    view = memoryview(data)
+def _as_bytes_view(data: Any) -> bytes | bytearray | memoryview:
+    if isinstance(data, (bytes, bytearray)):
+        return data
+    if isinstance(data, memoryview):
+        try:
+            return data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        except TypeError as exc:
+            raise DecodeError(f"expected contiguous bytes, got a {data.format!r} memoryview ({exc})") from None
+    raise DecodeError(f"expected bytes, got {type(data).__name__}")
+
+
+def _writer_of(view: bytes | bytearray | memoryview) -> tuple[bytes, Any]:
+    """The fingerprint and parsed writer schema of a single-object message; DecodeError if none."""
     if len(view) < 2:
         raise DecodeError(f"truncated: {len(view)} bytes is shorter than any framing header")
     if view[0] == 0xC3 and view[1] == 0x01:
@@ -151,7 +181,7 @@ def decode_batch(data: bytes | bytearray | memoryview) -> EventBatch:
                 f"{', '.join(f.hex() for f in _WRITERS)}); register the writer's schema "
                 "with register_writer_schema() or use a schema registry"
             )
-        return decode_body(view[_SINGLE_OBJECT_HEADER:], writer)
+        return fingerprint, writer
     if view[0] == CONFLUENT_MAGIC:
         schema_id = int.from_bytes(view[1:5], "big") if len(view) >= 5 else None
         raise DecodeError(
@@ -162,3 +192,26 @@ def decode_batch(data: bytes | bytearray | memoryview) -> EventBatch:
         f"wrong magic bytes {bytes(view[:2]).hex()}: expected c301 (Avro single-object) "
         "or 00 (Confluent wire format)"
     )
+
+
+def decode_batch(data: bytes | bytearray | memoryview) -> EventBatch:
+    """Decode a single-object encoded message; raise :class:`DecodeError` saying what was wrong."""
+    view = _as_bytes_view(data)
+    fingerprint, writer = _writer_of(view)
+    if fingerprint == _FINGERPRINT:
+        return _BODY.decode_body(view, _SINGLE_OBJECT_HEADER)
+    return _reference.decode_body(memoryview(view)[_SINGLE_OBJECT_HEADER:], writer, _SCHEMA)
+
+
+def decode_record(data: bytes | bytearray | memoryview, reader_schema: dict[str, Any] | str | None = None) -> Any:
+    """Decode a single-object message into a plain Avro record, resolved to ``reader_schema``.
+
+    For tools and for readers of another schema version: the result is fastavro's record
+    (union branches as ``(record name, record)`` pairs, hashes as signed longs), read with
+    the writer's schema and resolved to ``reader_schema`` (JSON text or object; the current
+    schema when None).
+    """
+    view = _as_bytes_view(data)
+    _, writer = _writer_of(view)
+    reader = _SCHEMA if reader_schema is None else parse_for_codec(reader_schema)
+    return _reference.read_record(memoryview(view)[_SINGLE_OBJECT_HEADER:], writer, reader)
