@@ -1,7 +1,9 @@
 """kvevents.schemas: the wire contract shared by producers and consumers.
 
 The event model (TensorRT-LLM's executor types in snake_case), the Avro schemas (``avro/*.avsc``,
-the source of truth) and the codec. This package imports neither the producer nor the consumer.
+the source of truth; ``avro/README.md`` states the compatibility rule they evolve by) and the
+codec (:mod:`.codec`, single-object framing; :mod:`.registry`, the Confluent wire format with a
+schema registry). This package imports neither the producer nor the consumer.
 """
 
 from .codec import (
@@ -9,6 +11,7 @@ from .codec import (
     current_fingerprint,
     decode_batch,
     decode_body,
+    decode_record,
     encode_batch,
     encode_body,
     fast_path_enabled,
@@ -17,6 +20,7 @@ from .codec import (
 from .errors import DecodeError, EncodeError
 from .model import (
     DEFAULT_PRIORITY,
+    MM_HASH_SIZE,
     PRIMARY_LEVEL,
     SECONDARY_LEVEL,
     EventBatch,
@@ -35,6 +39,7 @@ from .model import (
 __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_PRIORITY",
+    "MM_HASH_SIZE",
     "PRIMARY_LEVEL",
     "SECONDARY_LEVEL",
     "DecodeError",
@@ -53,6 +58,7 @@ __all__ = [
     "current_fingerprint",
     "decode_batch",
     "decode_body",
+    "decode_record",
     "encode_batch",
     "encode_body",
     "fast_path_enabled",

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any, Protocol
 
 from . import _reference
-from ._avro import batch_schema, codec_schema, fingerprint_of, parse_for_codec
+from ._avro import SCHEMA_DIR, batch_schema, codec_schema, fingerprint_of, parse_for_codec
 from .errors import DecodeError
 from .model import EventBatch
 
@@ -42,6 +43,7 @@ __all__ = [
     "encode_batch",
     "encode_body",
     "fast_path_enabled",
+    "register_shipped_versions",
     "register_writer_schema",
 ]
 
@@ -134,6 +136,18 @@ def register_writer_schema(schema: dict[str, Any] | str) -> bytes:
     fingerprint = fingerprint_of(parsed)
     _WRITERS.setdefault(fingerprint, parsed)
     return fingerprint
+
+
+def register_shipped_versions(directory: Path = SCHEMA_DIR / "history") -> list[bytes]:
+    """Register every earlier ``EventBatch`` schema shipped in ``directory``; their fingerprints.
+
+    Each ``*.avsc`` there is one full, self-contained schema of a released version (see
+    ``avro/README.md``); this runs at import so single-object readers know them all.
+    """
+    return [register_writer_schema(path.read_text()) for path in sorted(directory.glob("*.avsc"))]
+
+
+register_shipped_versions()
 
 
 def encode_body(batch: EventBatch) -> bytes:

@@ -1,0 +1,86 @@
+"""The compiled codec is installed, matches the schema, and KVEVENTS_PURE_PYTHON switches it off."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from array import array
+
+import pytest
+from kvevents.schemas import (
+    EventBatch,
+    KVCacheEvent,
+    KVCacheRemovedData,
+    KVCacheStoredBlockData,
+    KVCacheStoredData,
+    codec,
+    current_fingerprint,
+    fast_path_enabled,
+)
+
+
+def test_fast_path_is_enabled_after_setup() -> None:
+    if os.environ.get("KVEVENTS_PURE_PYTHON", "") not in ("", "0"):
+        pytest.fail("KVEVENTS_PURE_PYTHON is set in the test environment; the fast path cannot be checked")
+    assert fast_path_enabled(), "kvevents.schemas._fastcodec is not built or does not match the schema; run make setup"
+
+
+def test_compiled_codec_implements_the_current_schema() -> None:
+    from kvevents.schemas import _fastcodec
+
+    assert current_fingerprint() == _fastcodec.SCHEMA_FINGERPRINT, (
+        "the .avsc files changed: update schemas/_fastcodec.pyx and its SCHEMA_FINGERPRINT"
+    )
+
+
+def test_a_stale_compiled_codec_is_not_used(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from kvevents.schemas import _fastcodec
+
+    monkeypatch.setattr(_fastcodec, "SCHEMA_FINGERPRINT", bytes(8))
+    with caplog.at_level(logging.WARNING, logger="kvevents.schemas.codec"):
+        assert codec._load_compiled(current_fingerprint()) is None
+    assert "using fastavro until the fast path is updated" in caplog.text
+
+
+@pytest.mark.parametrize(("value", "enabled"), [("1", False), ("0", True), ("", True)])
+def test_pure_python_switch(value: str, enabled: bool) -> None:
+    script = (
+        "from kvevents.schemas import EventBatch, decode_batch, encode_batch, fast_path_enabled\n"
+        "batch = EventBatch('i', [])\n"
+        "assert decode_batch(encode_batch(batch)) == batch\n"
+        "print(fast_path_enabled())\n"
+    )
+    env = {**os.environ, "KVEVENTS_PURE_PYTHON": value}
+    out = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == str(enabled)
+
+
+def test_encoding_is_reentrant_and_reuses_its_buffer(full_batch: EventBatch) -> None:
+    """The compiled encoder's shared buffer survives an encode that runs inside another."""
+    compiled = codec._COMPILED
+    assert compiled is not None, "the compiled codec is not built; run make setup"
+    inner: list[bytes] = []
+
+    class Reentrant:
+        def __index__(self) -> int:
+            inner.append(compiled.encode_body(full_batch))
+            return 1
+
+    outer = compiled.encode_body(EventBatch("i", [], attention_dp_size=Reentrant()))
+    assert outer == compiled.encode_body(EventBatch("i", []))
+    assert inner == [codec._REFERENCE.encode_body(full_batch)]
+
+
+def test_a_huge_batch_then_small_ones() -> None:
+    """The shared buffer grows for a message of megabytes, is released, and small ones still work."""
+    compiled = codec._COMPILED
+    assert compiled is not None, "the compiled codec is not built; run make setup"
+    tokens = array("i", range(100_000, 100_000 + 2_000_000))
+    huge = EventBatch("i", [KVCacheEvent(1, KVCacheStoredData(None, [KVCacheStoredBlockData(1, tokens)]), 32)])
+    body = compiled.encode_body(huge)
+    assert len(body) > 4 * 1024 * 1024
+    assert compiled.decode_body(body) == huge
+    small = EventBatch("j", [KVCacheEvent(2, KVCacheRemovedData([3]), 32)])
+    assert compiled.decode_body(compiled.encode_body(small)) == small
