@@ -76,7 +76,7 @@ def without_logical_types(schema: Any) -> Any:
 def parse_for_codec(schema: dict[str, Any] | str) -> Any:
     """Parse a schema (JSON text or object) the way the fastavro codec reads and writes it."""
     obj = json.loads(schema) if isinstance(schema, str) else schema
-    return fastavro.parse_schema(without_logical_types(obj), _write_hint=False)
+    return fastavro.parse_schema(without_logical_types(obj))
 
 
 @cache
