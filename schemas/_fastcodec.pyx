@@ -233,6 +233,16 @@ cdef object _sequence(object value, str what):
         raise _EncodeError(f"{what}: expected a sequence, got {type(value).__name__}") from None
 
 
+cdef inline object _item(object seq, Py_ssize_t k, str what):
+    """Item ``k`` of a list or tuple from ``_sequence``, which must not have shrunk meanwhile.
+
+    Converting an item can run Python code (an ``__index__``) that changes a list being encoded.
+    """
+    if k >= PySequence_Fast_GET_SIZE(seq):
+        raise _EncodeError(f"{what}: the sequence changed size while being encoded")
+    return <object>PySequence_Fast_GET_ITEM(seq, k)
+
+
 cdef inline unsigned char* _put_zigzag32(unsigned char* p, int32_t v) noexcept:
     cdef uint32_t z = (<uint32_t>v << 1) ^ <uint32_t>(v >> 31)
     if z < 0x80:
@@ -281,7 +291,7 @@ cdef Py_ssize_t _put_tokens(Writer* w, object tokens) except -1:
     if n:
         _put_long(w, n)
         for k in range(n):
-            _i32(<object>PySequence_Fast_GET_ITEM(seq, k), "tokens", k, &v)
+            _i32(_item(seq, k, "tokens"), "tokens", k, &v)
             w.pos = _put_zigzag32(w.data + w.pos, v) - w.data
     _put_byte(w, 0)
     return n
@@ -319,7 +329,7 @@ cdef int _put_extra_ids(Writer* w, object extra, Py_ssize_t n_tokens) except -1:
     if n:
         _put_long(w, n)
         for k in range(n):
-            _u64(<object>PySequence_Fast_GET_ITEM(seq, k), "token_extra_ids", k, &u)
+            _u64(_item(seq, k, "token_extra_ids"), "token_extra_ids", k, &u)
             _put_long(w, <int64_t>u)
     _put_byte(w, 0)
     return 0
@@ -334,7 +344,7 @@ cdef int _put_mm_keys(Writer* w, object mm_keys) except -1:
     if n:
         _put_long(w, n)
         for k in range(n):
-            key = <object>PySequence_Fast_GET_ITEM(seq, k)
+            key = _item(seq, k, "mm_keys")
             try:
                 content_hash, start_offset = key
             except (TypeError, ValueError):
@@ -426,8 +436,9 @@ cdef int _put_data(Writer* w, object data) except -1:
         if n:
             _put_long(w, n)
             for k in range(n):
+                item = _item(seq, k, "blocks")
                 try:
-                    _put_block(w, <object>PySequence_Fast_GET_ITEM(seq, k))
+                    _put_block(w, item)
                 except EncodeError as exc:
                     raise exc.within(f"blocks[{k}]") from None
         _reserve(w, 1)
@@ -440,7 +451,7 @@ cdef int _put_data(Writer* w, object data) except -1:
         if n:
             _put_long(w, n)
             for k in range(n):
-                _u64(<object>PySequence_Fast_GET_ITEM(seq, k), "block_hashes", k, &u)
+                _u64(_item(seq, k, "block_hashes"), "block_hashes", k, &u)
                 _put_long(w, <int64_t>u)
         _put_byte(w, 0)
     elif cls is _Updated:
@@ -458,7 +469,7 @@ cdef int _put_data(Writer* w, object data) except -1:
         if n:
             _put_long(w, n)
             for k in range(n):
-                _i32(<object>PySequence_Fast_GET_ITEM(seq, k), "num_blocks_per_cache_level", k, &level)
+                _i32(_item(seq, k, "num_blocks_per_cache_level"), "num_blocks_per_cache_level", k, &level)
                 _put_long(w, level)
         _put_byte(w, 0)
     else:
@@ -526,8 +537,9 @@ cdef int _put_batch(Writer* w, object batch) except -1:
     if n:
         _put_long(w, n)
         for k in range(n):
+            item = _item(seq, k, "dropped")
             try:
-                _put_drops(w, <object>PySequence_Fast_GET_ITEM(seq, k))
+                _put_drops(w, item)
             except EncodeError as exc:
                 raise exc.within(f"dropped[{k}]") from None
     _reserve(w, 1)
@@ -541,8 +553,9 @@ cdef int _put_batch(Writer* w, object batch) except -1:
     if n:
         _put_long(w, n)
         for k in range(n):
+            item = _item(seq, k, "events")
             try:
-                _put_event(w, <object>PySequence_Fast_GET_ITEM(seq, k))
+                _put_event(w, item)
             except EncodeError as exc:
                 raise exc.within(f"events[{k}]") from None
     _reserve(w, 1)

@@ -10,6 +10,7 @@ from array import array
 
 import pytest
 from kvevents.schemas import (
+    EncodeError,
     EventBatch,
     KVCacheEvent,
     KVCacheRemovedData,
@@ -84,3 +85,19 @@ def test_a_huge_batch_then_small_ones() -> None:
     assert compiled.decode_body(body) == huge
     small = EventBatch("j", [KVCacheEvent(2, KVCacheRemovedData([3]), 32)])
     assert compiled.decode_body(compiled.encode_body(small)) == small
+
+
+def test_a_list_that_shrinks_while_encoded_is_an_error_not_a_crash() -> None:
+    compiled = codec._COMPILED
+    assert compiled is not None, "the compiled codec is not built; run make setup"
+    hashes: list[object] = []
+
+    class Shrinker:
+        def __index__(self) -> int:
+            hashes.clear()
+            return 5
+
+    hashes.extend([Shrinker(), 1, 2])
+    batch = EventBatch("i", [KVCacheEvent(1, KVCacheRemovedData(hashes), 32)])
+    with pytest.raises(EncodeError, match=r"events\[0\]\.data\.block_hashes: the sequence changed size"):
+        compiled.encode_body(batch)
