@@ -24,7 +24,7 @@ from cpython.bytes cimport (
 )
 from cpython.exc cimport PyErr_Clear, PyErr_ExceptionMatches, PyErr_Occurred
 from cpython.list cimport PyList_AsTuple, PyList_CheckExact, PyList_New, PyList_SET_ITEM
-from cpython.long cimport PyLong_FromLongLong, PyLong_FromUnsignedLongLong
+from cpython.long cimport PyLong_CheckExact, PyLong_FromLongLong, PyLong_FromUnsignedLongLong
 from cpython.object cimport Py_SIZE, PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_CheckExact
@@ -34,6 +34,7 @@ from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 
 from operator import index as _index
+from types import MemberDescriptorType
 
 from .errors import DecodeError, EncodeError
 from .model import (
@@ -56,8 +57,17 @@ cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object unicode, Py_ssize_t* size) except NULL
     Py_ssize_t PySequence_Fast_GET_SIZE(object seq)
     PyObject* PySequence_Fast_GET_ITEM(object seq, Py_ssize_t i)
+    ctypedef struct PyMemberDef:
+        const char* name
+        int type
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
 
-__all__ = ["SCHEMA_FINGERPRINT", "decode_body", "encode_body"]
+cdef enum:
+    T_OBJECT_EX_ = 16   # structmember.h's T_OBJECT_EX (Py_T_OBJECT_EX since 3.12): an object slot
+
+__all__ = ["SCHEMA_FINGERPRINT", "decode_body", "direct_field_access", "encode_body"]
 
 SCHEMA_FINGERPRINT = bytes.fromhex("edf02289072c3f09")
 """CRC-64-AVRO fingerprint of the ``EventBatch`` schema this module implements."""
@@ -104,6 +114,118 @@ cdef struct Writer:
 cdef Writer _shared       # C globals start zeroed: no buffer yet
 cdef bint _shared_busy = False
 cdef Py_ssize_t KEEP_AT_MOST = 4 * 1024 * 1024   # release a shared buffer that grew beyond this
+
+
+cdef enum:
+    # The model fields the encoder reads, by class (the order of _ATTRS below).
+    A_BATCH_INSTANCE_ID = 0
+    A_BATCH_DP_SIZE
+    A_BATCH_PRODUCER_ID
+    A_BATCH_SEQUENCE
+    A_BATCH_CREATED_AT
+    A_BATCH_DROPPED
+    A_BATCH_OFFSET
+    A_BATCH_EVENTS
+    A_EVENT_ID
+    A_EVENT_DATA
+    A_EVENT_WINDOW
+    A_EVENT_RANK
+    A_STORED_PARENT
+    A_STORED_BLOCKS
+    A_REMOVED_HASHES
+    A_UPDATED_HASH
+    A_UPDATED_LEVEL
+    A_UPDATED_PRIORITY
+    A_CREATED_LEVELS
+    A_BLOCK_HASH
+    A_BLOCK_TOKENS
+    A_BLOCK_LORA
+    A_BLOCK_LEVEL
+    A_BLOCK_PRIORITY
+    A_BLOCK_EXTRA
+    A_BLOCK_MM
+    A_BLOCK_SALT
+    A_DIFF_OLD
+    A_DIFF_NEW
+    A_DROPS_RANK
+    A_DROPS_COUNT
+    A_COUNT
+
+_ATTRS = (
+    (EventBatch, "instance_id"),
+    (EventBatch, "attention_dp_size"),
+    (EventBatch, "producer_id"),
+    (EventBatch, "sequence"),
+    (EventBatch, "created_at_us"),
+    (EventBatch, "dropped"),
+    (EventBatch, "first_event_block_offset"),
+    (EventBatch, "events"),
+    (KVCacheEvent, "event_id"),
+    (KVCacheEvent, "data"),
+    (KVCacheEvent, "window_size"),
+    (KVCacheEvent, "attention_dp_rank"),
+    (KVCacheStoredData, "parent_hash"),
+    (KVCacheStoredData, "blocks"),
+    (KVCacheRemovedData, "block_hashes"),
+    (KVCacheUpdatedData, "block_hash"),
+    (KVCacheUpdatedData, "cache_level"),
+    (KVCacheUpdatedData, "priority"),
+    (KVCacheCreatedData, "num_blocks_per_cache_level"),
+    (KVCacheStoredBlockData, "block_hash"),
+    (KVCacheStoredBlockData, "tokens"),
+    (KVCacheStoredBlockData, "lora_id"),
+    (KVCacheStoredBlockData, "cache_level"),
+    (KVCacheStoredBlockData, "priority"),
+    (KVCacheStoredBlockData, "token_extra_ids"),
+    (KVCacheStoredBlockData, "mm_keys"),
+    (KVCacheStoredBlockData, "cache_salt"),
+    (KVCacheEventDiff, "old_value"),
+    (KVCacheEventDiff, "new_value"),
+    (RankDrops, "attention_dp_rank"),
+    (RankDrops, "dropped_events"),
+)
+
+cdef Py_ssize_t _OFFSETS[A_COUNT]
+cdef tuple _ATTR_NAMES = tuple(name for _, name in _ATTRS)
+
+
+def _find_offsets():
+    """Where each field lives in its struct, or -1 where it is not a plain object slot.
+
+    msgspec stores a Struct's fields in slots described by standard member descriptors; reading
+    the slot directly skips the generic attribute lookup (a third of the encoder's time). Any
+    field that is not such a slot is read with getattr instead.
+    """
+    cdef PyMemberDescrObject* member
+    found = 0
+    for i, (cls, name) in enumerate(_ATTRS):
+        descriptor = cls.__dict__.get(name)
+        _OFFSETS[i] = -1
+        if type(descriptor) is MemberDescriptorType:
+            member = <PyMemberDescrObject*><PyObject*>descriptor
+            if member.d_member.type == T_OBJECT_EX_ and member.d_member.offset > 0:
+                _OFFSETS[i] = member.d_member.offset
+                found += 1
+    return found == len(_ATTRS)
+
+
+_DIRECT_FIELD_ACCESS = _find_offsets()
+
+
+def direct_field_access():
+    """Whether the encoder reads every model field straight from its slot (diagnostics)."""
+    return _DIRECT_FIELD_ACCESS
+
+
+cdef inline object _get(object obj, int attr):
+    """Field ``attr`` of ``obj``, whose type has been checked to be exactly the field's class."""
+    cdef Py_ssize_t offset = _OFFSETS[attr]
+    cdef PyObject* value
+    if offset > 0:
+        value = (<PyObject**>((<char*><PyObject*>obj) + offset))[0]
+        if value != NULL:
+            return <object>value
+    return getattr(obj, _ATTR_NAMES[attr])
 
 
 cdef int _grow(Writer* w, Py_ssize_t need) except -1:
@@ -198,7 +320,7 @@ cdef inline int _u64(object value, str what, Py_ssize_t at, uint64_t* out) excep
         return 0
     if overflow < 0:
         return _u64_out_of_range(value, what, at)
-    exact = _index(value)
+    exact = value if PyLong_CheckExact(value) else _index(value)
     u = PyLong_AsUnsignedLongLong(<PyObject*>exact)
     if u == <unsigned long long>-1 and PyErr_Occurred() != NULL:
         PyErr_Clear()
@@ -368,11 +490,11 @@ cdef int _put_block(Writer* w, object block) except -1:
     cdef Py_ssize_t n_tokens
     if type(block) is not _Block:
         raise _EncodeError(f"expected a KVCacheStoredBlockData, got {type(block).__name__}")
-    _u64(block.block_hash, "block_hash", -1, &u)
+    _u64(_get(block, A_BLOCK_HASH), "block_hash", -1, &u)
     _reserve(w, 10)
     _put_long(w, <int64_t>u)
-    n_tokens = _put_tokens(w, block.tokens)
-    lora_id = block.lora_id
+    n_tokens = _put_tokens(w, _get(block, A_BLOCK_TOKENS))
+    lora_id = _get(block, A_BLOCK_LORA)
     _reserve(w, 32)
     if lora_id is None:
         _put_byte(w, 0)
@@ -380,13 +502,13 @@ cdef int _put_block(Writer* w, object block) except -1:
         _u64(lora_id, "lora_id", -1, &u)
         _put_byte(w, 2)
         _put_long(w, <int64_t>u)
-    _i32(block.cache_level, "cache_level", -1, &level)
-    _i32(block.priority, "priority", -1, &priority)
+    _i32(_get(block, A_BLOCK_LEVEL), "cache_level", -1, &level)
+    _i32(_get(block, A_BLOCK_PRIORITY), "priority", -1, &priority)
     _put_long(w, level)
     _put_long(w, priority)
-    _put_extra_ids(w, block.token_extra_ids, n_tokens)
-    _put_mm_keys(w, block.mm_keys)
-    salt = block.cache_salt
+    _put_extra_ids(w, _get(block, A_BLOCK_EXTRA), n_tokens)
+    _put_mm_keys(w, _get(block, A_BLOCK_MM))
+    salt = _get(block, A_BLOCK_SALT)
     if salt is None:
         _reserve(w, 1)
         _put_byte(w, 0)
@@ -407,8 +529,8 @@ cdef int _put_diff(Writer* w, object diff, str what) except -1:
         return 0
     if type(diff) is not _Diff:
         raise _EncodeError(f"{what}: expected a KVCacheEventDiff or None, got {type(diff).__name__}")
-    _i32(diff.old_value, f"{what}.old_value", -1, &old_value)
-    _i32(diff.new_value, f"{what}.new_value", -1, &new_value)
+    _i32(_get(diff, A_DIFF_OLD), f"{what}.old_value", -1, &old_value)
+    _i32(_get(diff, A_DIFF_NEW), f"{what}.new_value", -1, &new_value)
     _put_byte(w, 2)
     _put_long(w, old_value)
     _put_long(w, new_value)
@@ -423,14 +545,14 @@ cdef int _put_data(Writer* w, object data) except -1:
     if cls is _Stored:
         _reserve(w, 12)
         _put_byte(w, 2 * DATA_STORED)
-        parent = data.parent_hash
+        parent = _get(data, A_STORED_PARENT)
         if parent is None:
             _put_byte(w, 0)
         else:
             _u64(parent, "parent_hash", -1, &u)
             _put_byte(w, 2)
             _put_long(w, <int64_t>u)
-        seq = _sequence(data.blocks, "blocks")
+        seq = _sequence(_get(data, A_STORED_BLOCKS), "blocks")
         n = PySequence_Fast_GET_SIZE(seq)
         _reserve(w, 10)
         if n:
@@ -444,7 +566,7 @@ cdef int _put_data(Writer* w, object data) except -1:
         _reserve(w, 1)
         _put_byte(w, 0)
     elif cls is _Removed:
-        seq = _sequence(data.block_hashes, "block_hashes")
+        seq = _sequence(_get(data, A_REMOVED_HASHES), "block_hashes")
         n = PySequence_Fast_GET_SIZE(seq)
         _reserve(w, n * 10 + 12)
         _put_byte(w, 2 * DATA_REMOVED)
@@ -455,14 +577,14 @@ cdef int _put_data(Writer* w, object data) except -1:
                 _put_long(w, <int64_t>u)
         _put_byte(w, 0)
     elif cls is _Updated:
-        _u64(data.block_hash, "block_hash", -1, &u)
+        _u64(_get(data, A_UPDATED_HASH), "block_hash", -1, &u)
         _reserve(w, 11)
         _put_byte(w, 2 * DATA_UPDATED)
         _put_long(w, <int64_t>u)
-        _put_diff(w, data.cache_level, "cache_level")
-        _put_diff(w, data.priority, "priority")
+        _put_diff(w, _get(data, A_UPDATED_LEVEL), "cache_level")
+        _put_diff(w, _get(data, A_UPDATED_PRIORITY), "priority")
     elif cls is _Created:
-        seq = _sequence(data.num_blocks_per_cache_level, "num_blocks_per_cache_level")
+        seq = _sequence(_get(data, A_CREATED_LEVELS), "num_blocks_per_cache_level")
         n = PySequence_Fast_GET_SIZE(seq)
         _reserve(w, n * 5 + 12)
         _put_byte(w, 2 * DATA_CREATED)
@@ -482,15 +604,15 @@ cdef int _put_event(Writer* w, object event) except -1:
     cdef int32_t window_size, rank
     if type(event) is not _Event:
         raise _EncodeError(f"expected a KVCacheEvent, got {type(event).__name__}")
-    _i64(event.event_id, "event_id", -1, &event_id)
+    _i64(_get(event, A_EVENT_ID), "event_id", -1, &event_id)
     _reserve(w, 10)
     _put_long(w, event_id)
     try:
-        _put_data(w, event.data)
+        _put_data(w, _get(event, A_EVENT_DATA))
     except EncodeError as exc:
         raise exc.within("data") from None
-    _i32(event.window_size, "window_size", -1, &window_size)
-    attention_dp_rank = event.attention_dp_rank
+    _i32(_get(event, A_EVENT_WINDOW), "window_size", -1, &window_size)
+    attention_dp_rank = _get(event, A_EVENT_RANK)
     _reserve(w, 16)
     _put_long(w, window_size)
     if attention_dp_rank is None:
@@ -507,8 +629,8 @@ cdef int _put_drops(Writer* w, object drops) except -1:
     cdef int64_t dropped
     if type(drops) is not _Drops:
         raise _EncodeError(f"expected a RankDrops, got {type(drops).__name__}")
-    _i32(drops.attention_dp_rank, "attention_dp_rank", -1, &rank)
-    _i64(drops.dropped_events, "dropped_events", -1, &dropped)
+    _i32(_get(drops, A_DROPS_RANK), "attention_dp_rank", -1, &rank)
+    _i64(_get(drops, A_DROPS_COUNT), "dropped_events", -1, &dropped)
     _reserve(w, 15)
     _put_long(w, rank)
     _put_long(w, dropped)
@@ -521,17 +643,17 @@ cdef int _put_batch(Writer* w, object batch) except -1:
     cdef Py_ssize_t n, k
     if type(batch) is not _Batch:
         raise _EncodeError(f"expected an EventBatch, got {type(batch).__name__}")
-    _put_str(w, batch.instance_id, "instance_id")
-    _i32(batch.attention_dp_size, "attention_dp_size", -1, &dp_size)
-    _i64(batch.producer_id, "producer_id", -1, &producer_id)
-    _i64(batch.sequence, "sequence", -1, &sequence)
-    _i64(batch.created_at_us, "created_at_us", -1, &created_at)
+    _put_str(w, _get(batch, A_BATCH_INSTANCE_ID), "instance_id")
+    _i32(_get(batch, A_BATCH_DP_SIZE), "attention_dp_size", -1, &dp_size)
+    _i64(_get(batch, A_BATCH_PRODUCER_ID), "producer_id", -1, &producer_id)
+    _i64(_get(batch, A_BATCH_SEQUENCE), "sequence", -1, &sequence)
+    _i64(_get(batch, A_BATCH_CREATED_AT), "created_at_us", -1, &created_at)
     _reserve(w, 40)
     _put_long(w, dp_size)
     _put_long(w, producer_id)
     _put_long(w, sequence)
     _put_long(w, created_at)
-    seq = _sequence(batch.dropped, "dropped")
+    seq = _sequence(_get(batch, A_BATCH_DROPPED), "dropped")
     n = PySequence_Fast_GET_SIZE(seq)
     _reserve(w, 10)
     if n:
@@ -544,10 +666,10 @@ cdef int _put_batch(Writer* w, object batch) except -1:
                 raise exc.within(f"dropped[{k}]") from None
     _reserve(w, 1)
     _put_byte(w, 0)
-    _i32(batch.first_event_block_offset, "first_event_block_offset", -1, &offset)
+    _i32(_get(batch, A_BATCH_OFFSET), "first_event_block_offset", -1, &offset)
     _reserve(w, 5)
     _put_long(w, offset)
-    seq = _sequence(batch.events, "events")
+    seq = _sequence(_get(batch, A_BATCH_EVENTS), "events")
     n = PySequence_Fast_GET_SIZE(seq)
     _reserve(w, 10)
     if n:
