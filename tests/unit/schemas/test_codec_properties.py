@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvevents.schemas import (
     DecodeError,
+    EncodeError,
     EventBatch,
     KVCacheCreatedData,
     KVCacheEvent,
@@ -22,6 +24,7 @@ from kvevents.schemas import (
     codec,
     current_fingerprint,
 )
+from msgspec.structs import force_setattr
 
 U64_EDGES = [0, 1, 2**63 - 1, 2**63, 2**64 - 1]
 u64 = st.sampled_from(U64_EDGES) | st.integers(0, 2**64 - 1)
@@ -158,3 +161,56 @@ def test_truncated_messages_raise_decode_error(batch: EventBatch, cut: int) -> N
     for body_codec in (compiled(), REFERENCE):
         with pytest.raises(DecodeError):
             body_codec.decode_body(body[:end])
+
+
+# ------------------------------------------------------------------ bad values: same verdict on both paths
+
+
+class Index:
+    """An integer-like object (as numpy's integers are)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"Index({self.value})"
+
+
+odd_values = st.sampled_from(
+    [None, 1.5, "x", b"xyz", -1, 2**31, 2**63, 2**64, -(2**63) - 1, True, [], (), [1, "a"], Index(3), Index(2**64)]
+)
+
+
+def fields_of(batch: EventBatch) -> list[tuple[Any, str]]:
+    """Every (struct, field name) reachable from ``batch``."""
+    found: list[tuple[Any, str]] = []
+
+    def walk(obj: Any) -> None:
+        for name in obj.__struct_fields__:
+            found.append((obj, name))
+            value = getattr(obj, name)
+            children = value if isinstance(value, list) else [value]
+            for child in children:
+                if hasattr(child, "__struct_fields__"):
+                    walk(child)
+
+    walk(batch)
+    return found
+
+
+def encode_outcome(body_codec: codec.BodyCodec, batch: EventBatch) -> bytes | str:
+    try:
+        return body_codec.encode_body(batch)
+    except EncodeError as exc:
+        return f"EncodeError: {exc}"
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(batches, st.data())
+def test_a_bad_value_anywhere_gets_the_same_verdict_on_both_paths(batch: EventBatch, data: st.DataObject) -> None:
+    target, name = data.draw(st.sampled_from(fields_of(batch)))
+    force_setattr(target, name, data.draw(odd_values))
+    assert encode_outcome(compiled(), batch) == encode_outcome(REFERENCE, batch)
