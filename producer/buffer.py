@@ -1,0 +1,267 @@
+"""``EventBuffer``: the bounded, drop-oldest buffer of built events that consumers read from.
+
+This is the C++ manager's ``mEvents`` with its truncation rule (``worker()``): when adding a
+batch would exceed the capacity, the OLDEST events go first, from the buffer, then from the
+front of the new batch. Unlike the C++ it counts every dropped event (per source attention-DP
+rank and per window size), keeps a high-water mark, and logs a rate-limited warning instead of
+one line per overflowing batch. The arithmetic is on Python ints: no unsigned wraparound.
+
+Who calls what (all methods are thread-safe):
+
+- the manager's background worker: :meth:`extend` with each flushed iteration's events, and
+  :meth:`record_drops` for events it skipped because they would be dropped anyway;
+- the attention-DP gather on rank 0: :meth:`extend` with the events received from rank ``r``
+  (each carries ``attention_dp_rank=r``; drops are counted per event's rank) and
+  :meth:`record_drops` with the drop count rank ``r`` reported for its own buffer;
+- the gather on a rank != 0: :meth:`drain` with ``timeout=0`` to take the rank's events and its
+  drop count, to send them to rank 0;
+- consumers: :meth:`take` (the C++ ``getEvents``) or :meth:`drain` (events plus the drops since
+  the previous drain, for a Kafka sink that reports loss in-band). Use one or the other: ``take``
+  leaves the drop counts for the next ``drain``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import msgspec
+from kvevents.schemas import KVCacheEvent, RankDrops
+
+from .stats import BufferStats
+
+__all__ = ["DEFAULT_DROP_WARNING_INTERVAL_S", "EventBuffer", "EventDrain", "check_timeout"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DROP_WARNING_INTERVAL_S = 10.0
+"""At most one drop warning per this many seconds per buffer."""
+
+
+class EventDrain(msgspec.Struct, frozen=True, gc=False):
+    """What :meth:`EventBuffer.drain` took: the buffered events, oldest first, and per source
+    rank the events dropped since the previous drain (only ranks with drops, sorted by rank;
+    ready for ``EventBatch.dropped``)."""
+
+    events: list[KVCacheEvent]
+    dropped: list[RankDrops]
+
+    @property
+    def dropped_events_total(self) -> int:
+        """Events dropped, all ranks together, since the previous drain."""
+        return sum(d.dropped_events for d in self.dropped)
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """``timeout`` in seconds, checked: ``None`` (wait forever) or a finite number >= 0."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+def _rank_key(rank: int | None) -> int:
+    return 0 if rank is None else rank
+
+
+class EventBuffer:
+    """Holds at most ``capacity`` events; drops the oldest first and counts every drop.
+
+    ``drop_warning_interval_s`` bounds the drop warnings to one per interval (each tells how many
+    events were dropped since the previous one); ``clock`` is ``time.monotonic`` unless a test
+    injects another.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        drop_warning_interval_s: float = DEFAULT_DROP_WARNING_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+            raise ValueError(f"capacity must be an int > 0, got {capacity!r}")
+        if isinstance(drop_warning_interval_s, bool) or not isinstance(drop_warning_interval_s, int | float) or not (
+            drop_warning_interval_s >= 0
+        ):
+            raise ValueError(f"drop_warning_interval_s must be a number >= 0, got {drop_warning_interval_s!r}")
+        self._capacity = capacity
+        self._warning_interval = float(drop_warning_interval_s)
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._events: deque[KVCacheEvent] = deque()
+        self._closed = False
+        self._high_water_mark = 0
+        self._added_total = 0
+        self._dropped_total = 0
+        self._dropped_by_rank: dict[int, int] = {}
+        self._dropped_by_window: dict[int, int] = {}
+        self._undrained_drops: dict[int, int] = {}
+        self._last_warning_at: float | None = None
+        self._dropped_since_warning = 0
+
+    @property
+    def capacity(self) -> int:
+        """The most events the buffer holds."""
+        return self._capacity
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    # -- adding ---------------------------------------------------------------------------
+
+    def extend(self, events: Sequence[KVCacheEvent]) -> int:
+        """Append ``events`` (oldest first), dropping the oldest events beyond the capacity:
+        first from the buffer, then from the front of ``events``. Returns how many were dropped.
+
+        Each dropped event is counted under its own ``attention_dp_rank`` (0 when None) and
+        ``window_size``. Wakes waiting readers.
+        """
+        count = len(events)
+        if count == 0:
+            return 0
+        warning = None
+        with self._cond:
+            buffered = self._events
+            overflow = len(buffered) + count - self._capacity
+            dropped_now = 0
+            if overflow > 0:
+                from_buffer = min(len(buffered), overflow)
+                by_key: dict[tuple[int | None, int], int] = {}
+                popleft = buffered.popleft
+                for _ in range(from_buffer):
+                    event = popleft()
+                    key = (event.attention_dp_rank, event.window_size)
+                    by_key[key] = by_key.get(key, 0) + 1
+                from_batch = overflow - from_buffer
+                for event in events[:from_batch]:
+                    key = (event.attention_dp_rank, event.window_size)
+                    by_key[key] = by_key.get(key, 0) + 1
+                if from_batch:
+                    events = events[from_batch:]
+                for (rank, window_size), n in by_key.items():
+                    self._count_drops_locked(_rank_key(rank), n, window_size)
+                dropped_now = overflow
+                warning = self._warning_locked()
+            buffered.extend(events)
+            self._added_total += count
+            if len(buffered) > self._high_water_mark:
+                self._high_water_mark = len(buffered)
+            self._cond.notify_all()
+        if warning is not None:
+            log.warning(*warning)
+        return dropped_now
+
+    def record_drops(self, source_rank: int, dropped_events: int, *, window_size: int | None = None) -> None:
+        """Count ``dropped_events`` events of ``source_rank`` lost outside this buffer: drops an
+        attention-DP rank reported for its own buffer (rank 0's gather), or events the manager's
+        worker skipped because they would be dropped anyway (with their ``window_size``).
+        They join the per-rank counts, the total, the next :meth:`drain`, and the warning.
+        """
+        if isinstance(source_rank, bool) or not isinstance(source_rank, int) or source_rank < 0:
+            raise ValueError(f"source_rank must be an int >= 0, got {source_rank!r}")
+        if isinstance(dropped_events, bool) or not isinstance(dropped_events, int) or dropped_events < 0:
+            raise ValueError(f"dropped_events must be an int >= 0, got {dropped_events!r}")
+        if dropped_events == 0:
+            return
+        with self._cond:
+            self._count_drops_locked(source_rank, dropped_events, window_size)
+            warning = self._warning_locked()
+            self._cond.notify_all()
+        if warning is not None:
+            log.warning(*warning)
+
+    def _count_drops_locked(self, rank: int, count: int, window_size: int | None) -> None:
+        self._dropped_total += count
+        self._dropped_since_warning += count
+        self._dropped_by_rank[rank] = self._dropped_by_rank.get(rank, 0) + count
+        self._undrained_drops[rank] = self._undrained_drops.get(rank, 0) + count
+        if window_size is not None:
+            self._dropped_by_window[window_size] = self._dropped_by_window.get(window_size, 0) + count
+
+    def _warning_locked(self) -> tuple[object, ...] | None:
+        now = self._clock()
+        if self._last_warning_at is not None and now - self._last_warning_at < self._warning_interval:
+            return None
+        self._last_warning_at = now
+        dropped, self._dropped_since_warning = self._dropped_since_warning, 0
+        return (
+            "The event queue has reached the max size of %d. %d events have been discarded since the "
+            "previous warning (%d in total).",
+            self._capacity,
+            dropped,
+            self._dropped_total,
+        )
+
+    # -- taking ---------------------------------------------------------------------------
+
+    def take(self, timeout: float | None = None) -> list[KVCacheEvent]:
+        """Wait until events are buffered or the buffer is closed (at most ``timeout`` seconds;
+        ``None`` waits forever), then return all buffered events, oldest first, and clear the
+        buffer. Returns ``[]`` when the timeout passes first. The C++ ``getEvents``."""
+        timeout = check_timeout(timeout)
+        with self._cond:
+            if not self._events and not self._closed:
+                self._cond.wait_for(lambda: bool(self._events) or self._closed, timeout)
+            return self._take_locked()
+
+    def drain(self, timeout: float | None = None) -> EventDrain:
+        """Like :meth:`take`, and atomically also take the per-rank drop counts accumulated since
+        the previous drain; also returns when only drops are pending. ``timeout=0`` never waits."""
+        timeout = check_timeout(timeout)
+        with self._cond:
+            if not self._events and not self._undrained_drops and not self._closed:
+                self._cond.wait_for(lambda: bool(self._events or self._undrained_drops) or self._closed, timeout)
+            events = self._take_locked()
+            drops = self._undrained_drops
+            self._undrained_drops = {}
+        return EventDrain(events, [RankDrops(rank, drops[rank]) for rank in sorted(drops)])
+
+    def _take_locked(self) -> list[KVCacheEvent]:
+        if not self._events:
+            return []
+        events = list(self._events)
+        self._events.clear()
+        return events
+
+    # -- lifecycle and counters ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wake every waiting reader; later waits return at once. Events stay readable.
+        Logs drops not yet reported by a warning. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            unreported = self._dropped_since_warning
+            self._dropped_since_warning = 0
+            self._cond.notify_all()
+        if unreported:
+            log.warning(
+                "Event buffer closed: %d events discarded since the previous warning (%d in total).",
+                unreported,
+                self._dropped_total,
+            )
+
+    def stats(self) -> BufferStats:
+        """A consistent snapshot of the buffer's counters."""
+        with self._cond:
+            return BufferStats(
+                capacity=self._capacity,
+                buffered_events=len(self._events),
+                buffer_high_water_mark=self._high_water_mark,
+                events_added_total=self._added_total,
+                events_dropped_total=self._dropped_total,
+                events_dropped_by_rank=dict(self._dropped_by_rank),
+                events_dropped_by_window_size=dict(self._dropped_by_window),
+            )

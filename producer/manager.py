@@ -1,0 +1,347 @@
+"""``KVCacheEventManager``: one rank's KV-cache events, TensorRT-LLM's manager in Python.
+
+The C++ original (``batch_manager/kvCacheEventManager.cpp``) is the specification; every kept
+behaviour is pinned by ``tests/unit/producer/test_manager_conformance.py``.
+
+Threads. The engine thread calls ``enqueue_*`` and ``flush``, as in the C++ (whose event queue
+has no lock): these must not be called from two threads at once. They only *record* what they
+were given — the event id, the window size and a reference to the immutable payload — into a
+plain list, and ``flush()`` hands that list to the background worker through a
+``queue.SimpleQueue``: no condition variable, nothing that waits on a consumer, Kafka or MPI.
+The worker builds the ``KVCacheEvent`` objects and appends them to the bounded
+:class:`~kvevents.producer.buffer.EventBuffer`, which consumers read from any thread with
+``get_events`` or ``drain``.
+
+Differences from the C++, all deliberate:
+
+- every dropped event is counted (per window size, per source rank, in total), with a
+  high-water mark and a rate-limited warning (see :meth:`KVCacheEventManager.stats`);
+- ``close()`` loses nothing: it flushes the events enqueued since the last ``flush()`` and lets
+  the worker buffer every flushed iteration before it stops (the C++ destructor discards both);
+  a ``flush()`` after ``close()`` counts its events as dropped;
+- bad arguments raise ``ValueError``/``TypeError`` naming what was wrong.
+
+Seams for the other parts of the producer:
+
+- :meth:`KVCacheEventManager.drain` — events plus per-rank drop counts since the previous
+  drain, for the Kafka sink (``EventDrain.dropped`` is ready for ``EventBatch.dropped``);
+- :attr:`KVCacheEventManager.buffer` — the attention-DP gather merges rank ``r``'s events into
+  rank 0's buffer with ``buffer.extend(events)`` and adds the drops rank ``r`` reported with
+  ``buffer.record_drops(r, n)``; on a rank != 0 it takes the rank's events and drop count with
+  ``buffer.drain(timeout=0)``;
+- :meth:`KVCacheEventManager.add_close_callback` — lets the gather stop (and do its last
+  exchange) inside ``close()``, after the worker's last events and before readers are woken;
+- :meth:`KVCacheEventManager.settle` — wait until every flushed iteration is in the buffer.
+"""
+
+from __future__ import annotations
+
+import operator
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Self
+
+from kvevents.schemas import KVCacheCreatedData, KVCacheEvent, KVCacheUpdatedData
+
+from ._worker import STOP, Worker
+from .block import U64_MAX, BlockInfo
+from .buffer import DEFAULT_DROP_WARNING_INTERVAL_S, EventBuffer, EventDrain, check_timeout
+from .stats import ManagerStats
+
+__all__ = ["I32_MAX", "KVCacheEventManager"]
+
+I32_MAX = (1 << 31) - 1
+"""Largest window size (``SizeType32`` in the C++)."""
+
+
+class _NoWindow:
+    """Compares unequal to every window size: no Removed event is open for merging."""
+
+    __slots__ = ()
+
+
+_NO_WINDOW = _NoWindow()
+
+
+def _config_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _window(window_size: object) -> int:
+    """Slow path of the window check: accept integer-like values, reject the rest."""
+    if isinstance(window_size, bool):
+        raise TypeError(f"window_size must be an int, got {window_size!r}")
+    try:
+        value = operator.index(window_size)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"window_size must be an int, got {window_size!r}") from None
+    if not 0 < value <= I32_MAX:
+        raise ValueError(f"window_size must be in 1..{I32_MAX}, got {value!r}")
+    return value
+
+
+def _block_hash(block_hash: object) -> int:
+    """Slow path of the hash check: accept integer-like values (numpy), reject the rest."""
+    if isinstance(block_hash, bool):
+        raise TypeError(f"block_hash must be an int, got {block_hash!r}")
+    try:
+        value = operator.index(block_hash)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"block_hash must be an int, got {block_hash!r}") from None
+    if not 0 <= value <= U64_MAX:
+        raise ValueError(f"block_hash must be an unsigned 64-bit int, got {value!r}")
+    return value
+
+
+class KVCacheEventManager:
+    """Collects one rank's KV-cache events and buffers them for readers.
+
+    ``max_kv_event_entries`` bounds the buffer (times ``attention_dp_size`` on attention-DP rank
+    0, which gathers every rank's events); ``attention_dp_rank`` / ``attention_dp_size`` are both
+    set or both None; ``attention_dp_events_gather_period_ms`` is kept for the attention-DP
+    gather. ``drop_warning_interval_s`` rate-limits the drop warning.
+    """
+
+    def __init__(
+        self,
+        max_kv_event_entries: int,
+        attention_dp_rank: int | None = None,
+        attention_dp_size: int | None = None,
+        attention_dp_events_gather_period_ms: float = 5,
+        *,
+        drop_warning_interval_s: float = DEFAULT_DROP_WARNING_INTERVAL_S,
+    ) -> None:
+        # KVCacheEventManager::KVCacheEventManager: TLLM_CHECK(mMaxSize > 0) and the DP checks.
+        _config_int("max_kv_event_entries", max_kv_event_entries, 1)
+        if attention_dp_rank is not None:
+            if attention_dp_size is None:
+                raise ValueError("If attention DP rank is set, the attention DP size must also be set")
+            _config_int("attention_dp_rank", attention_dp_rank, 0)
+            _config_int("attention_dp_size", attention_dp_size, 1)
+            if attention_dp_rank >= attention_dp_size:
+                raise ValueError(
+                    "Attention DP rank must be less than attention DP size "
+                    f"(rank {attention_dp_rank}, size {attention_dp_size})"
+                )
+        elif attention_dp_size is not None:
+            raise ValueError("If attention DP rank is not set, the attention DP size must not be set")
+        period = attention_dp_events_gather_period_ms
+        if isinstance(period, bool) or not isinstance(period, int | float) or not period > 0:
+            raise ValueError(f"attention_dp_events_gather_period_ms must be a number > 0, got {period!r}")
+
+        self._max_entries = max_kv_event_entries
+        self._rank = attention_dp_rank
+        self._size = attention_dp_size
+        self._gather_period_ms = period
+        # Rank 0 gathers the events of every rank: it needs room for all of them.
+        capacity = max_kv_event_entries * attention_dp_size if attention_dp_rank == 0 else max_kv_event_entries
+        self._buffer = EventBuffer(capacity, drop_warning_interval_s=drop_warning_interval_s)
+
+        # Engine-thread state (no lock, as mEventQueue / mEventId in the C++).
+        self._queue: list[tuple[int, int, object]] = []
+        self._next_id = 0
+        self._removed_window: int | _NoWindow = _NO_WINDOW  # window of the last queued Removed
+        self._removed_hashes: list[int] = []  # ... and its hashes, while it is the last record
+        self._iterations_flushed = 0
+
+        self._pending: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._flush_lock = threading.Lock()  # orders flush() against close(); never contended otherwise
+        self._closed = False
+        self._close_callbacks: list[Callable[[], None]] = []
+        self._worker = Worker(self._pending, self._buffer, attention_dp_rank)
+        self._worker.thread.start()
+        # Stops the worker if the manager is dropped without close().
+        self._finalizer = weakref.finalize(self, self._pending.put, STOP)
+
+    # -- configuration ----------------------------------------------------------------------
+
+    @property
+    def max_kv_event_entries(self) -> int:
+        """The per-rank bound given to the constructor."""
+        return self._max_entries
+
+    @property
+    def capacity(self) -> int:
+        """The buffer's bound: ``max_kv_event_entries``, times ``attention_dp_size`` on rank 0."""
+        return self._buffer.capacity
+
+    @property
+    def attention_dp_rank(self) -> int | None:
+        """This rank, stamped on every event; None without attention DP."""
+        return self._rank
+
+    @property
+    def attention_dp_size(self) -> int | None:
+        """How many attention-DP ranks there are; None without attention DP."""
+        return self._size
+
+    @property
+    def attention_dp_events_gather_period_ms(self) -> float:
+        """How often the attention-DP gather moves events to rank 0."""
+        return self._gather_period_ms
+
+    @property
+    def buffer(self) -> EventBuffer:
+        """The bounded buffer readers take from (the attention-DP gather's seam)."""
+        return self._buffer
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    # -- engine thread: record only -----------------------------------------------------------
+
+    def enqueue_created_event(self, num_blocks_per_cache_level: Iterable[int], window_size: int) -> None:
+        """Queue a Created event: the cache's capacity in blocks per cache level."""
+        if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
+            window_size = _window(window_size)
+        levels = [_config_int("num_blocks_per_cache_level item", n, 0) for n in num_blocks_per_cache_level]
+        self._queue.append((self._next_id, window_size, KVCacheCreatedData(levels)))
+        self._next_id += 1
+        self._removed_window = _NO_WINDOW
+
+    def enqueue_stored_event(self, blocks: Sequence[BlockInfo], window_size: int) -> None:
+        """Queue a Stored event for ``blocks`` (in sequence order; parent = first block's
+        ``prev_block_hash``). No blocks: no event, no id. The blocks are referenced, not copied."""
+        if not blocks:
+            return
+        if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
+            window_size = _window(window_size)
+        blocks = tuple(blocks)  # the engine may reuse its list; BlockInfos are immutable
+        for block in blocks:
+            if block.__class__ is not BlockInfo:
+                raise TypeError(f"enqueue_stored_event takes BlockInfo objects, got {block!r}")
+        self._queue.append((self._next_id, window_size, blocks))
+        self._next_id += 1
+        self._removed_window = _NO_WINDOW
+
+    def enqueue_removed_event(self, block_hash: int, window_size: int) -> None:
+        """Queue the removal of one block: merged into the last queued event when that is a
+        Removed event with the same window size (no new id), else a new Removed event."""
+        if block_hash.__class__ is not int or not 0 <= block_hash <= U64_MAX:
+            block_hash = _block_hash(block_hash)
+        # _removed_window is a (checked) window only while the last queued record is Removed.
+        if window_size == self._removed_window:
+            self._removed_hashes.append(block_hash)
+            return
+        if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
+            window_size = _window(window_size)
+        hashes = [block_hash]
+        self._queue.append((self._next_id, window_size, hashes))
+        self._next_id += 1
+        self._removed_window = window_size
+        self._removed_hashes = hashes
+
+    def enqueue_updated_event(self, data: KVCacheUpdatedData, window_size: int) -> None:
+        """Queue an Updated event (a block changed cache level or priority)."""
+        if data.__class__ is not KVCacheUpdatedData:
+            raise TypeError(f"enqueue_updated_event takes a KVCacheUpdatedData, got {data!r}")
+        if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
+            window_size = _window(window_size)
+        self._queue.append((self._next_id, window_size, data))
+        self._next_id += 1
+        self._removed_window = _NO_WINDOW
+
+    def flush(self) -> None:
+        """Hand this iteration's queued events to the background worker; no-op when none.
+        Never waits for the worker or any reader. After :meth:`close` the events are dropped
+        (and counted)."""
+        if not self._queue:
+            return
+        with self._flush_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        records = self._queue
+        if not records:
+            return
+        self._queue = []
+        self._removed_window = _NO_WINDOW
+        if self._closed:
+            self._worker.count_dropped_after_close(records)
+            return
+        self._iterations_flushed += 1
+        self._pending.put(records)
+
+    # -- readers --------------------------------------------------------------------------
+
+    def get_events(self, timeout: float | None = None) -> list[KVCacheEvent]:
+        """Wait until events are buffered or the manager is closed (at most ``timeout`` seconds;
+        None waits forever), then return all buffered events, oldest first, and clear the buffer.
+        Returns ``[]`` when the timeout passes first. On attention-DP rank 0 these are every
+        rank's events (each carries its ``attention_dp_rank``)."""
+        return self._buffer.take(timeout)
+
+    def drain(self, timeout: float | None = None) -> EventDrain:
+        """Like :meth:`get_events`, and atomically also take the per-source-rank counts of events
+        dropped since the previous drain (the Kafka sink's seam: report the loss in-band).
+        Returns when events or drops are pending, the manager is closed, or the timeout passed."""
+        return self._buffer.drain(timeout)
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until every iteration flushed before this call is in the buffer (or dropped and
+        counted). Returns False if ``timeout`` seconds passed first. Not for the engine thread."""
+        timeout = check_timeout(timeout)
+        marker = threading.Event()
+        with self._flush_lock:
+            if self._closed:
+                return True
+            self._pending.put(marker)
+        return marker.wait(timeout)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def add_close_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` during :meth:`close`, after the worker has buffered its last
+        events and before waiting readers are woken (for the attention-DP gather to stop and
+        merge its last exchange). Callbacks run in the order they were added."""
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        self._close_callbacks.append(callback)
+
+    def close(self) -> None:
+        """Flush what is still queued, let the worker buffer every flushed iteration and stop,
+        run the close callbacks, then wake every reader (``get_events`` returns at once from now
+        on; buffered events stay readable). Idempotent; also the context manager's exit."""
+        with self._flush_lock:
+            if self._closed:
+                return
+            self._flush_locked()
+            self._closed = True
+            self._pending.put(STOP)
+        self._finalizer.detach()
+        self._worker.thread.join()
+        try:
+            for callback in self._close_callbacks:
+                callback()
+        finally:
+            self._buffer.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- counters -------------------------------------------------------------------------
+
+    def stats(self) -> ManagerStats:
+        """A snapshot of the counters (see :class:`~kvevents.producer.stats.ManagerStats`)."""
+        worker = self._worker
+        return ManagerStats(
+            events_enqueued_total=self._next_id,
+            iterations_flushed_total=self._iterations_flushed,
+            pending_iterations=self._iterations_flushed - worker.iterations_processed,
+            events_flushed_by_type=dict(worker.events_by_type),
+            stored_blocks_total=worker.stored_blocks,
+            removed_block_hashes_total=worker.removed_hashes,
+            buffer=self._buffer.stats(),
+        )
