@@ -3,11 +3,12 @@
 The C++ original (``batch_manager/kvCacheEventManager.cpp``) is the specification; every kept
 behaviour is pinned by ``tests/unit/producer/test_manager_conformance.py``.
 
-Threads. The engine thread calls ``enqueue_*`` and ``flush``, as in the C++ (whose event queue
-has no lock): these must not be called from two threads at once. They only *record* what they
+Threads. The engine thread calls ``enqueue_*``, ``flush`` and finally ``close``, as in the C++
+(whose event queue has no lock): these must not be called from two threads at once. They only *record* what they
 were given — the event id, the window size and a reference to the immutable payload — into a
-plain list, and ``flush()`` hands that list to the background worker through a
-``queue.SimpleQueue``: no condition variable, nothing that waits on a consumer, Kafka or MPI.
+plain list, and ``flush()`` appends that list to the background worker's deque: no condition
+variable, no system call while events flow, nothing that waits on a consumer, Kafka or MPI
+(see ``_worker`` for the hand-off and its polling).
 The worker builds the ``KVCacheEvent`` objects and appends them to the bounded
 :class:`~kvevents.producer.buffer.EventBuffer`, which consumers read from any thread with
 ``get_events`` or ``drain``.
@@ -37,7 +38,6 @@ Seams for the other parts of the producer:
 from __future__ import annotations
 
 import operator
-import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -46,7 +46,7 @@ from typing import Self
 
 from kvevents.schemas import KVCacheCreatedData, KVCacheEvent, KVCacheUpdatedData
 
-from ._worker import STOP, Worker
+from ._worker import Worker
 from .block import U64_MAX, BlockInfo
 from .buffer import DEFAULT_DROP_WARNING_INTERVAL_S, EventBuffer, EventDrain, check_timeout
 from .stats import ManagerStats
@@ -149,14 +149,14 @@ class KVCacheEventManager:
         self._removed_hashes: list[int] = []  # ... and its hashes, while it is the last record
         self._iterations_flushed = 0
 
-        self._pending: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._flush_lock = threading.Lock()  # orders flush() against close(); never contended otherwise
+        self._close_lock = threading.Lock()  # orders settle() against close(); flush() takes none
         self._closed = False
         self._close_callbacks: list[Callable[[], None]] = []
-        self._worker = Worker(self._pending, self._buffer, attention_dp_rank)
+        self._worker = Worker(self._buffer, attention_dp_rank)
+        self._pending = self._worker.pending
         self._worker.thread.start()
         # Stops the worker if the manager is dropped without close().
-        self._finalizer = weakref.finalize(self, self._pending.put, STOP)
+        self._finalizer = weakref.finalize(self, self._worker.stop_soon)
 
     # -- configuration ----------------------------------------------------------------------
 
@@ -250,24 +250,24 @@ class KVCacheEventManager:
 
     def flush(self) -> None:
         """Hand this iteration's queued events to the background worker; no-op when none.
-        Never waits for the worker or any reader. After :meth:`close` the events are dropped
-        (and counted)."""
-        if not self._queue:
-            return
-        with self._flush_lock:
-            self._flush_locked()
-
-    def _flush_locked(self) -> None:
+        Never waits for the worker or any reader, and takes no lock. After :meth:`close` the
+        events are dropped (and counted)."""
         records = self._queue
         if not records:
             return
         self._queue = []
         self._removed_window = _NO_WINDOW
-        if self._closed:
-            self._worker.count_dropped_after_close(records)
-            return
         self._iterations_flushed += 1
-        self._pending.put(records)
+        self._pending.append(records)
+        worker = self._worker
+        if worker.parked:
+            worker.wake()
+        # Ordering against close() without a lock: close() sets _closed before it stops the
+        # worker and drops what is left behind STOP. Reading _closed False here means the
+        # append came first, so close() sees the records; reading True, whatever the worker
+        # will not buffer any more is dropped (counted) by whoever takes it first.
+        if self._closed and not worker.thread.is_alive():
+            worker.drop_leftovers()
 
     # -- readers --------------------------------------------------------------------------
 
@@ -289,10 +289,14 @@ class KVCacheEventManager:
         counted). Returns False if ``timeout`` seconds passed first. Not for the engine thread."""
         timeout = check_timeout(timeout)
         marker = threading.Event()
-        with self._flush_lock:
-            if self._closed:
-                return True
-            self._pending.put(marker)
+        with self._close_lock:
+            closed = self._closed
+            if not closed:
+                self._pending.append(marker)  # before STOP: the worker sets it
+                self._worker.wake(now=True)
+        if closed:
+            self._worker.thread.join(timeout)
+            return not self._worker.thread.is_alive()
         return marker.wait(timeout)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -308,15 +312,20 @@ class KVCacheEventManager:
     def close(self) -> None:
         """Flush what is still queued, let the worker buffer every flushed iteration and stop,
         run the close callbacks, then wake every reader (``get_events`` returns at once from now
-        on; buffered events stay readable). Idempotent; also the context manager's exit."""
-        with self._flush_lock:
+        on; buffered events stay readable). Idempotent; also the context manager's exit.
+
+        Like the C++ destructor, ``close()`` belongs to the engine side: call it from the engine
+        thread, or once the engine has stopped calling ``enqueue_*``/``flush`` (readers in other
+        threads are fine). A ``flush()`` after ``close()`` counts its events as dropped."""
+        with self._close_lock:
             if self._closed:
                 return
-            self._flush_locked()
+            self.flush()  # what the engine queued since its last flush() is not lost
             self._closed = True
-            self._pending.put(STOP)
+            self._worker.stop_soon()
         self._finalizer.detach()
         self._worker.thread.join()
+        self._worker.drop_leftovers()  # iterations flushed after close() (behind STOP)
         try:
             for callback in self._close_callbacks:
                 callback()

@@ -6,7 +6,6 @@ from array import array
 
 import msgspec
 import pytest
-
 from kvevents.producer import BlockInfo
 from kvevents.schemas import DEFAULT_PRIORITY
 

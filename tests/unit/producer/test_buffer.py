@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-
 from kvevents.producer import EventBuffer, EventDrain
 from kvevents.schemas import KVCacheEvent, KVCacheRemovedData, RankDrops
 

@@ -18,7 +18,6 @@ import threading
 import time
 
 import pytest
-
 from kvevents.producer import BlockInfo, KVCacheEventManager
 from kvevents.schemas import (
     KVCacheCreatedData,
@@ -196,7 +195,7 @@ def test_stored_L102_106_each_block_keeps_all_its_attributes(manager: KVCacheEve
     first = BlockInfo(
         21, 20, [1, 2, 3], lora_id=7, is_primary=True, priority=80,
         token_extra_ids=[0, 9, 0], mm_keys=[(mm, 1)], cache_salt="salt",
-    )  # fmt: skip
+    )
     second = BlockInfo(22, 21, [4, 5, 6], is_primary=False, priority=0)
     manager.enqueue_stored_event([first, second], 128)
     manager.flush()

@@ -5,6 +5,7 @@ sink (drain) and the attention-DP gather (buffer, close callbacks)."""
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import random
 import threading
@@ -12,7 +13,6 @@ import time
 from collections import Counter
 
 import pytest
-
 from kvevents.producer import BlockInfo, EventDrain, KVCacheEventManager
 from kvevents.schemas import (
     KVCacheEvent,
@@ -231,7 +231,7 @@ def test_single_reader_batches_arrive_with_strictly_increasing_ids() -> None:
     t.join(10)
     batches.append(m.get_events(timeout=0))
     ids = [e.event_id for b in batches for e in b]
-    assert all(a < b for a, b in zip(ids, ids[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(ids))
     assert len(ids) == m.stats().events_enqueued_total
     assert len(batches) > 2  # the reader really ran concurrently
 
@@ -264,7 +264,7 @@ def test_concurrent_overflow_received_plus_dropped_is_exactly_what_was_sent() ->
     total = m.stats().events_enqueued_total
     assert total == len(window_of_id)
     ids = [e.event_id for e in received]
-    assert all(a < b for a, b in zip(ids, ids[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(ids))
     assert dropped[0] > 0
     assert len(ids) + dropped[0] == total
     stats = m.stats().buffer
@@ -431,3 +431,39 @@ def test_integer_like_hashes_and_windows_are_accepted() -> None:
         (event,) = delivered(m)
     assert event == KVCacheEvent(0, KVCacheRemovedData([5, 6]), 16)
     assert all(h.__class__ is int for h in event.data.block_hashes)  # type: ignore[union-attr]
+
+
+def test_flushes_after_close_are_counted_while_a_reader_drains() -> None:
+    # close() belongs to the engine side (as the C++ destructor): here the engine thread closes
+    # mid-stream and goes on enqueueing and flushing, while a reader drains concurrently. Every
+    # event id handed out is either read or counted as dropped, exactly once.
+    m = KVCacheEventManager(10_000_000, drop_warning_interval_s=3600)
+    received: list[KVCacheEvent] = []
+    dropped = 0
+    done = threading.Event()
+
+    def read() -> None:
+        nonlocal dropped
+        while not done.is_set():
+            drain = m.drain(timeout=0.001)
+            received.extend(drain.events)
+            dropped += drain.dropped_events_total
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for i in range(3000):
+        m.enqueue_updated_event(KVCacheUpdatedData(i), W)
+        m.enqueue_removed_event(i, W)
+        if i == 2000:
+            m.close()
+        m.flush()
+    done.set()
+    reader.join(10)
+    final = m.drain(timeout=0)
+    received.extend(final.events)
+    dropped += final.dropped_events_total
+    stats = m.stats()
+    # Close flushed the events of iteration 2000 too: ids 0..4001 arrive, 4002.. are dropped.
+    assert [e.event_id for e in received] == list(range(4002))
+    assert dropped == stats.events_dropped_total == stats.events_enqueued_total - 4002 == 1998
+    assert stats.pending_iterations == 0

@@ -14,7 +14,6 @@ from collections import Counter
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-
 from kvevents.producer import BlockInfo, KVCacheEventManager
 from kvevents.schemas import (
     KVCacheCreatedData,
@@ -59,7 +58,7 @@ class CppModel:
                 KVCacheStoredBlockData(
                     b.block_hash, list(b.tokens), b.lora_id, 0 if b.is_primary else 1, b.priority,
                     None if b.token_extra_ids is None else list(b.token_extra_ids), b.mm_keys, b.cache_salt,
-                )  # fmt: skip
+                )
                 for b in blocks
             ],
         )
@@ -191,7 +190,7 @@ class ManagerAgainstModel(RuleBasedStateMachine):
         self.real = KVCacheEventManager(
             self.real.max_kv_event_entries, self.real.attention_dp_rank, self.real.attention_dp_size,
             drop_warning_interval_s=3600,
-        )  # fmt: skip
+        )
         self.model = CppModel(self.real.max_kv_event_entries, self.real.attention_dp_rank, self.real.attention_dp_size)
 
     def teardown(self) -> None:
