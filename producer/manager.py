@@ -201,7 +201,10 @@ class KVCacheEventManager:
         """Queue a Created event: the cache's capacity in blocks per cache level."""
         if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
             window_size = _window(window_size)
-        levels = [_config_int("num_blocks_per_cache_level item", n, 0) for n in num_blocks_per_cache_level]
+        levels = list(num_blocks_per_cache_level)  # a copy, as the C++ takes the vector by value
+        for n in levels:
+            if n.__class__ is not int or n < 0:
+                raise ValueError(f"num_blocks_per_cache_level must hold ints >= 0, got {n!r}")
         self._queue.append((self._next_id, window_size, KVCacheCreatedData(levels)))
         self._next_id += 1
         self._removed_window = _NO_WINDOW
