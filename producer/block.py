@@ -36,7 +36,7 @@ def _u64(name: str, value: object) -> int:
         if isinstance(value, bool):
             raise ValueError(f"BlockInfo.{name} must be an unsigned 64-bit int, got {value!r}")
         try:
-            value = operator.index(value)
+            value = operator.index(value)  # type: ignore[arg-type]
         except TypeError:
             raise ValueError(f"BlockInfo.{name} must be an unsigned 64-bit int, got {value!r}") from None
     if not 0 <= value <= U64_MAX:  # type: ignore[operator]

@@ -40,7 +40,7 @@ from __future__ import annotations
 import operator
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Self
 
@@ -139,7 +139,9 @@ class KVCacheEventManager:
         self._size = attention_dp_size
         self._gather_period_ms = period
         # Rank 0 gathers the events of every rank: it needs room for all of them.
-        capacity = max_kv_event_entries * attention_dp_size if attention_dp_rank == 0 else max_kv_event_entries
+        capacity = max_kv_event_entries
+        if attention_dp_rank == 0 and attention_dp_size is not None:
+            capacity *= attention_dp_size
         self._buffer = EventBuffer(capacity, drop_warning_interval_s=drop_warning_interval_s)
 
         # Engine-thread state (no lock, as mEventQueue / mEventId in the C++).
@@ -209,14 +211,14 @@ class KVCacheEventManager:
         self._next_id += 1
         self._removed_window = _NO_WINDOW
 
-    def enqueue_stored_event(self, blocks: Sequence[BlockInfo], window_size: int) -> None:
+    def enqueue_stored_event(self, blocks: Iterable[BlockInfo], window_size: int) -> None:
         """Queue a Stored event for ``blocks`` (in sequence order; parent = first block's
         ``prev_block_hash``). No blocks: no event, no id. The blocks are referenced, not copied."""
+        blocks = tuple(blocks)  # the engine may reuse its list; BlockInfos are immutable
         if not blocks:
             return
         if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
             window_size = _window(window_size)
-        blocks = tuple(blocks)  # the engine may reuse its list; BlockInfos are immutable
         for block in blocks:
             if block.__class__ is not BlockInfo:
                 raise TypeError(f"enqueue_stored_event takes BlockInfo objects, got {block!r}")

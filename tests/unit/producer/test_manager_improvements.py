@@ -146,13 +146,18 @@ def test_engine_never_blocks_when_nobody_reads() -> None:
 # ---- thread safety: an engine thread and concurrent readers ---------------------------------
 
 
-def _engine(m: KVCacheEventManager, iterations: int, seed: int, log: list[tuple[str, int, int]]) -> list[int]:
+def _engine(
+    m: KVCacheEventManager, iterations: int, seed: int, log: list[tuple[str, int, int]], pause_every: int = 0
+) -> list[int]:
     """Hammer enqueue/flush; log what a reader must see, (kind, window, hash), and return the
-    window of each event id (a Removed hash merges into an open Removed event of its window)."""
+    window of each event id (a Removed hash merges into an open Removed event of its window).
+    With ``pause_every``, sleep 1 ms every that many iterations (GPU time: the GIL is free)."""
     rng = random.Random(seed)
     h = 0
     window_of_id: list[int] = []
-    for _ in range(iterations):
+    for iteration in range(iterations):
+        if pause_every and iteration % pause_every == 0:
+            time.sleep(0.001)
         open_removed: int | None = None
         for _ in range(rng.randint(0, 6)):
             h += 1
@@ -225,7 +230,7 @@ def test_single_reader_batches_arrive_with_strictly_increasing_ids() -> None:
     t = threading.Thread(target=read)
     t.start()
     log: list[tuple[str, int, int]] = []
-    _engine(m, 3_000, seed=2, log=log)
+    _engine(m, 3_000, seed=2, log=log, pause_every=100)
     m.close()
     stop.set()
     t.join(10)
