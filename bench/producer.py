@@ -361,8 +361,10 @@ def bench_worker_throughput(args: argparse.Namespace) -> dict[str, Any]:
             m = KVCacheEventManager(10_000_000, drop_warning_interval_s=3600)
             gate = threading.Event()
             # Private access, bench only: a marker that holds the worker until all is queued.
-            m._pending.append(_GateMarker(gate))
+            marker = _GateMarker(gate)
+            m._pending.append(marker)
             m._worker.wake(now=True)
+            marker.entered.wait(10)  # the worker is held: nothing below is built before the clock
             iterations = max(20, args.iterations)
             for i in range(iterations):
                 op(m, args.calls, i * args.calls)
@@ -383,8 +385,10 @@ class _GateMarker(threading.Event):
     def __init__(self, gate: threading.Event) -> None:
         super().__init__()
         self._gate = gate
+        self.entered = threading.Event()
 
     def set(self) -> None:
+        self.entered.set()
         self._gate.wait()
         super().set()
 

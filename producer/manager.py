@@ -4,12 +4,13 @@ The C++ original (``batch_manager/kvCacheEventManager.cpp``) is the specificatio
 behaviour is pinned by ``tests/unit/producer/test_manager_conformance.py``.
 
 Threads. The engine thread calls ``enqueue_*``, ``flush`` and finally ``close``, as in the C++
-(whose event queue has no lock): these must not be called from two threads at once. They only *record* what they
-were given — the event id, the window size and a reference to the immutable payload — into a
-plain list, and ``flush()`` appends that list to the background worker's deque: no condition
-variable, no system call while events flow, nothing that waits on a consumer, Kafka or MPI
-(see ``_worker`` for the hand-off and its polling).
-The worker builds the ``KVCacheEvent`` objects and appends them to the bounded
+(whose event queue has no lock): these must not be called from two threads at once. They only
+*record* what they were given — the event id, the window size and a reference to the immutable
+payload — into a plain list, and ``flush()`` appends that list to the background worker's deque:
+no lock, no condition variable, no system call while events flow, nothing that waits on a
+consumer, Kafka or MPI. The worker polls that deque every millisecond while events flow (so a
+flushed iteration is readable about 1 ms later; it parks after 1 s idle and the next flush wakes
+it, see ``_worker``), builds the ``KVCacheEvent`` objects and appends them to the bounded
 :class:`~kvevents.producer.buffer.EventBuffer`, which consumers read from any thread with
 ``get_events`` or ``drain``.
 

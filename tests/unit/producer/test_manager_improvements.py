@@ -472,3 +472,50 @@ def test_flushes_after_close_are_counted_while_a_reader_drains() -> None:
     assert [e.event_id for e in received] == list(range(4002))
     assert dropped == stats.events_dropped_total == stats.events_enqueued_total - 4002 == 1998
     assert stats.pending_iterations == 0
+
+
+# ---- the worker's hand-off ------------------------------------------------------------------
+
+
+def test_an_idle_worker_parks_and_the_next_flush_wakes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvevents.producer import _worker
+
+    monkeypatch.setattr(_worker, "PARK_AFTER_IDLE_S", 0.005)  # park after 5 empty polls
+    with KVCacheEventManager(10) as m:
+        deadline = time.monotonic() + 5
+        while not m._worker.parked and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert m._worker.parked
+        for i in range(3):  # parks again between the flushes, woken each time
+            m.enqueue_removed_event(i, W)
+            m.flush()
+            assert [e.event_id for e in m.get_events(timeout=5)] == [i]
+            time.sleep(0.05)
+            assert m._worker.parked
+
+
+def test_a_failure_while_building_is_counted_and_the_worker_survives(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kvevents.producer import _worker
+
+    real_build = _worker.build_event
+    failures = iter([True])
+
+    def flaky(record: _worker.Record, rank: int | None) -> KVCacheEvent:
+        if next(failures, False):
+            raise RuntimeError("boom")
+        return real_build(record, rank)
+
+    monkeypatch.setattr(_worker, "build_event", flaky)
+    with KVCacheEventManager(10) as m, caplog.at_level(logging.ERROR, logger="kvevents.producer._worker"):
+        m.enqueue_removed_event(1, 16)
+        m.enqueue_removed_event(2, 32)
+        m.flush()
+        assert m.settle(5)
+        assert m.get_events(timeout=0) == []
+        assert m.stats().buffer.events_dropped_by_window_size == {16: 1, 32: 1}
+        m.enqueue_removed_event(3, 16)
+        m.flush()
+        assert [e.event_id for e in delivered(m)] == [2]
+    assert any("counted as dropped" in r.getMessage() for r in caplog.records)
