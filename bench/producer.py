@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         result = SECTIONS[name](args)
         result["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         result["seconds"] = round(time.perf_counter() - started, 1)
-        result["command"] = "python bench/producer.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        result["command"] = " ".join(["python bench/producer.py", *(argv if argv is not None else sys.argv[1:])])
         document["sections"][name] = result
         if name == "engine_thread":
             print_engine_table(result)
