@@ -16,6 +16,7 @@ import pytest
 from kvevents.producer import BlockInfo, EventDrain, KVCacheEventManager
 from kvevents.schemas import (
     KVCacheEvent,
+    KVCacheEventDiff,
     KVCacheRemovedData,
     KVCacheStoredData,
     KVCacheUpdatedData,
@@ -519,3 +520,27 @@ def test_a_failure_while_building_is_counted_and_the_worker_survives(
         m.flush()
         assert [e.event_id for e in delivered(m)] == [2]
     assert any("counted as dropped" in r.getMessage() for r in caplog.records)
+
+
+def test_drained_events_and_drops_make_a_batch_that_round_trips_through_the_codec() -> None:
+    # What the Kafka sink will do with a drain: the manager's objects are valid wire values.
+    from kvevents.schemas import EventBatch, decode_batch, encode_batch
+
+    u64_max = (1 << 64) - 1
+    with KVCacheEventManager(3, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600) as m:
+        m.enqueue_created_event([100, 20], W)
+        blocks = [
+            BlockInfo(u64_max, 5, [1, 2, 3], lora_id=9, token_extra_ids=[0, u64_max, 1], mm_keys=[(b"k" * 32, 0)]),
+            BlockInfo(7, u64_max, [4, 5, 6], is_primary=False, priority=90, cache_salt="salt"),
+        ]
+        m.enqueue_stored_event(blocks, W)
+        m.enqueue_removed_event(u64_max, W)
+        m.enqueue_removed_event(0, W)
+        for i in range(5):
+            m.enqueue_updated_event(KVCacheUpdatedData(i, priority=KVCacheEventDiff(35, 36)), 64)
+        m.flush()
+        assert m.settle(5)
+        drain = m.drain(timeout=0)
+    assert drain.dropped == [RankDrops(0, 2)]  # 8 events, capacity 3 x 2
+    batch = EventBatch("engine-a", drain.events, attention_dp_size=2, dropped=drain.dropped)
+    assert decode_batch(encode_batch(batch)) == batch
