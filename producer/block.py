@@ -17,7 +17,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 
 import msgspec
-from kvevents.schemas import DEFAULT_PRIORITY, MmKey
+from kvevents.schemas import DEFAULT_PRIORITY, MM_HASH_SIZE, MmKey
 from msgspec.structs import force_setattr
 
 __all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "U64_MAX", "BlockInfo"]
@@ -27,7 +27,6 @@ U64_MAX = (1 << 64) - 1
 MIN_PRIORITY = 0
 MAX_PRIORITY = 100
 """TensorRT-LLM's retention priorities range from 0 to 100."""
-MM_HASH_BYTES = 32
 
 
 def _u64(name: str, value: object) -> int:
@@ -59,8 +58,8 @@ def _mm_keys(values: Iterable[Sequence[object]]) -> tuple[MmKey, ...]:
             content_hash, offset = item
         except (TypeError, ValueError):
             raise ValueError(f"BlockInfo.mm_keys items must be (32-byte hash, offset) pairs, got {item!r}") from None
-        if not isinstance(content_hash, bytes | bytearray | memoryview) or len(content_hash) != MM_HASH_BYTES:
-            raise ValueError(f"BlockInfo.mm_keys hash must be {MM_HASH_BYTES} bytes, got {content_hash!r}")
+        if not isinstance(content_hash, bytes | bytearray | memoryview) or len(content_hash) != MM_HASH_SIZE:
+            raise ValueError(f"BlockInfo.mm_keys hash must be {MM_HASH_SIZE} bytes, got {content_hash!r}")
         if offset.__class__ is not int or offset < 0:  # type: ignore[operator]
             raise ValueError(f"BlockInfo.mm_keys offset must be a non-negative int, got {offset!r}")
         keys.append((bytes(content_hash), offset))  # type: ignore[arg-type]
