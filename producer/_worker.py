@@ -36,7 +36,6 @@ from kvevents.schemas import (
     SECONDARY_LEVEL,
     KVCacheCreatedData,
     KVCacheEvent,
-    KVCacheEventData,
     KVCacheRemovedData,
     KVCacheStoredBlockData,
     KVCacheStoredData,
@@ -46,7 +45,7 @@ from kvevents.schemas import (
 from .block import BlockInfo
 from .buffer import EventBuffer
 
-__all__ = ["PARK_AFTER_IDLE_S", "POLL_INTERVAL_S", "STOP", "Record", "Worker", "build_event"]
+__all__ = ["PARK_AFTER_IDLE_S", "POLL_INTERVAL_S", "STOP", "Record", "Worker"]
 
 log = logging.getLogger(__name__)
 
@@ -80,23 +79,6 @@ def _stored_block(block: BlockInfo) -> KVCacheStoredBlockData:
         block.mm_keys,
         block.cache_salt,
     )
-
-
-def build_data(payload: object) -> KVCacheEventData:
-    """The event data for one recorded payload (see the module docstring)."""
-    cls = payload.__class__
-    if cls is tuple:
-        blocks: tuple[BlockInfo, ...] = payload  # type: ignore[assignment]
-        return KVCacheStoredData(blocks[0].prev_block_hash, [_stored_block(b) for b in blocks])
-    if cls is list:
-        return KVCacheRemovedData(payload)  # type: ignore[arg-type]
-    return payload  # type: ignore[return-value]
-
-
-def build_event(record: Record, attention_dp_rank: int | None) -> KVCacheEvent:
-    """The ``KVCacheEvent`` for one record."""
-    event_id, window_size, payload = record
-    return KVCacheEvent(event_id, build_data(payload), window_size, attention_dp_rank)
 
 
 class Worker:
@@ -170,6 +152,7 @@ class Worker:
                     self._process(records)
                 except Exception:  # a bug here must neither kill the worker nor lose events silently
                     log.exception("Could not buffer %d KV-cache events; counted as dropped", len(records))
+                    self._count(records)
                     self._drop(records)
             for marker in markers:
                 marker.set()
@@ -180,12 +163,43 @@ class Worker:
         # The oldest new records beyond the capacity would be dropped even from an empty
         # buffer: count them without building them.
         skip = max(0, len(records) - self._buffer.capacity)
-        rank = self._rank
-        events = [build_event(record, rank) for record in records[skip:]]
-        self._count(records)
         if skip:
-            self._drop(records[:skip])
-        self._buffer.extend(events)
+            skipped, records = records[:skip], records[skip:]
+            self._count(skipped)
+            self._drop(skipped)
+        self._buffer.extend(self._build(records))
+
+    def _build(self, records: list[Record]) -> list[KVCacheEvent]:
+        """One pass: build every event and count types, blocks and hashes (this loop is the
+        worker's cost per event, and under a saturated GIL also the engine's)."""
+        rank = self._rank
+        events: list[KVCacheEvent] = []
+        append = events.append
+        stored = removed = created = blocks = hashes = 0
+        for event_id, window_size, payload in records:
+            cls = payload.__class__
+            if cls is tuple:
+                infos: tuple[BlockInfo, ...] = payload  # type: ignore[assignment]
+                data: object = KVCacheStoredData(infos[0].prev_block_hash, [_stored_block(b) for b in infos])
+                stored += 1
+                blocks += len(infos)
+            elif cls is list:
+                data = KVCacheRemovedData(payload)  # type: ignore[arg-type]
+                removed += 1
+                hashes += len(payload)  # type: ignore[arg-type]
+            else:
+                data = payload
+                if cls is KVCacheCreatedData:
+                    created += 1
+            append(KVCacheEvent(event_id, data, window_size, rank))  # type: ignore[arg-type]
+        by_type = self.events_by_type
+        by_type["stored"] += stored
+        by_type["removed"] += removed
+        by_type["created"] += created
+        by_type["updated"] += len(records) - stored - removed - created
+        self.stored_blocks += blocks
+        self.removed_hashes += hashes
+        return events
 
     def _count(self, records: list[Record]) -> None:
         by_type = self.events_by_type

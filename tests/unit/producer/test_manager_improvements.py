@@ -500,15 +500,15 @@ def test_a_failure_while_building_is_counted_and_the_worker_survives(
 ) -> None:
     from kvevents.producer import _worker
 
-    real_build = _worker.build_event
     failures = iter([True])
+    real_removed = _worker.KVCacheRemovedData
 
-    def flaky(record: _worker.Record, rank: int | None) -> KVCacheEvent:
+    def flaky(block_hashes: list[int]) -> KVCacheRemovedData:
         if next(failures, False):
             raise RuntimeError("boom")
-        return real_build(record, rank)
+        return real_removed(block_hashes)
 
-    monkeypatch.setattr(_worker, "build_event", flaky)
+    monkeypatch.setattr(_worker, "KVCacheRemovedData", flaky)
     with KVCacheEventManager(10) as m, caplog.at_level(logging.ERROR, logger="kvevents.producer._worker"):
         m.enqueue_removed_event(1, 16)
         m.enqueue_removed_event(2, 32)
@@ -516,6 +516,7 @@ def test_a_failure_while_building_is_counted_and_the_worker_survives(
         assert m.settle(5)
         assert m.get_events(timeout=0) == []
         assert m.stats().buffer.events_dropped_by_window_size == {16: 1, 32: 1}
+        assert m.stats().events_flushed_by_type["removed"] == 2
         m.enqueue_removed_event(3, 16)
         m.flush()
         assert [e.event_id for e in delivered(m)] == [2]
