@@ -1,0 +1,80 @@
+"""Is a Kafka broker answering? A metadata request through confluent_kafka's AdminClient."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["BrokerNotAnswering", "metadata_answers", "quiet_client_config", "wait_for_metadata"]
+
+
+class BrokerNotAnswering(TimeoutError):
+    """No metadata answer within the time allowed."""
+
+
+def quiet_client_config(bootstrap_servers: str, **overrides: Any) -> dict[str, Any]:
+    """A librdkafka client config that reconnects quickly and does not print connection errors.
+
+    While a broker starts, every refused connection would otherwise be logged to stderr.
+    """
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers,
+        "log_level": 0,
+        "reconnect.backoff.ms": 50,
+        "reconnect.backoff.max.ms": 250,
+        "socket.connection.setup.timeout.ms": 2000,
+    }
+    config.update(overrides)
+    return config
+
+
+def metadata_answers(bootstrap_servers: str, timeout: float = 2.0) -> bool:
+    """Whether a broker at ``bootstrap_servers`` answers a metadata request within ``timeout``."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(quiet_client_config(bootstrap_servers))
+    try:
+        return bool(admin.list_topics(timeout=timeout).brokers)
+    except KafkaException:
+        return False
+
+
+def wait_for_metadata(
+    bootstrap_servers: str,
+    timeout: float,
+    failed: Callable[[], str | None] = lambda: None,
+    interval: float = 0.1,
+) -> float:
+    """Poll until a metadata request is answered; return the seconds waited.
+
+    ``failed`` is asked between attempts and returns a reason when waiting is pointless (the
+    broker process exited): that reason is raised as ``RuntimeError`` at once. After
+    ``timeout`` seconds raise :class:`BrokerNotAnswering`.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    started = time.monotonic()
+    deadline = started + timeout
+    admin = AdminClient(quiet_client_config(bootstrap_servers))
+    last_error = "no attempt made"
+    while True:
+        reason = failed()
+        if reason is not None:
+            raise RuntimeError(reason)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BrokerNotAnswering(
+                f"no metadata answer from {bootstrap_servers} within {timeout:.0f} s (last error: {last_error})"
+            )
+        try:
+            metadata = admin.list_topics(timeout=min(1.0, max(remaining, 0.05)))
+        except KafkaException as exc:
+            last_error = str(exc.args[0]) if exc.args else repr(exc)
+        else:
+            if metadata.brokers:
+                return time.monotonic() - started
+            last_error = "metadata listed no broker"
+        time.sleep(interval)
