@@ -1,0 +1,55 @@
+# kvevents: `make test` bootstraps everything it needs (a .venv, the packages, Kafka's jars).
+# Needs python3.11 (or python3 >= 3.11), java >= 17, mvn and gcc on PATH; nothing else.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvevents-installed
+PYTEST_ARGS ?=
+
+# Tests spawn mpiexec (from PyPI's mpich) and the kvevents CLI: both live in the venv.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: setup test lint bench broker-start broker-stop broker-status clean distclean
+
+setup: $(STAMP)
+
+# Reinstalled when the packaging or a compiled extension's source changes.
+$(STAMP): pyproject.toml setup.py $(wildcard schemas/*.pyx producer/*.pyx consumer/*.pyx)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+# The Kafka fixture in tests/conftest.py starts (and stops) the broker the tests need.
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	@set -e; found=0; for script in bench/*.py; do \
+		[ -e "$$script" ] || continue; found=1; \
+		echo "== $$script"; $(BIN)/python "$$script"; \
+	done; [ $$found = 1 ] || echo "no benchmark in bench/ yet"
+
+# A broker for working by hand; state in ./.kvevents/broker (see `kvevents broker --help`).
+broker-start: setup
+	$(BIN)/kvevents broker start
+
+broker-stop:
+	@if [ -x $(BIN)/kvevents ]; then $(BIN)/kvevents broker stop; fi
+
+broker-status: setup
+	@$(BIN)/kvevents broker status || true
+
+# Build outputs, caches and the local broker's state; `make distclean` drops the venv too.
+clean: broker-stop
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis .kvevents
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+	rm -f schemas/_fastcodec.c producer/_*.c consumer/_*.c $(STAMP)
+	find schemas producer consumer -name '*.so' -delete
+
+distclean: clean
+	rm -rf $(VENV)
