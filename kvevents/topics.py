@@ -203,7 +203,47 @@ def create_topic(bootstrap_servers: str, spec: TopicSpec, timeout: float = 30.0)
     return True
 
 
+_NOT_READY_YET = frozenset(
+    {
+        "NOT_LEADER_FOR_PARTITION",
+        "LEADER_NOT_AVAILABLE",
+        "UNKNOWN_TOPIC_OR_PART",
+        "_UNKNOWN_PARTITION",
+        "_UNKNOWN_TOPIC",
+    }
+)
+
+
+def _not_ready_yet(error: Any) -> bool:
+    """Errors a broker gives for a topic created a moment ago, until its metadata settles."""
+    return bool(error.retriable()) or error.name() in _NOT_READY_YET
+
+
+def _watermarks(
+    admin: Any, name: str, ids: list[int], deadline: float
+) -> tuple[dict[int, int], dict[int, int]]:
+    """Low and high watermark per partition, retrying while a new topic's leaders settle."""
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    while True:
+        request_timeout = max(1.0, min(10.0, deadline - time.monotonic()))
+        try:
+            marks = []
+            for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+                futures = admin.list_offsets(
+                    {TopicPartition(name, i): spec for i in ids}, request_timeout=request_timeout
+                )
+                marks.append({tp.partition: future.result().offset for tp, future in futures.items()})
+            return marks[0], marks[1]
+        except KafkaException as exc:
+            if not _not_ready_yet(exc.args[0]) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.05)
+
+
 def _wait_for_leaders(admin: Any, name: str, partitions: int, timeout: float) -> None:
+    """Wait until every partition has a leader that answers offset requests."""
     from confluent_kafka import KafkaException, TopicCollection
 
     deadline = time.monotonic() + timeout
@@ -212,6 +252,7 @@ def _wait_for_leaders(admin: Any, name: str, partitions: int, timeout: float) ->
             found = admin.describe_topics(TopicCollection([name]), request_timeout=5)[name].result()
             leaders = [p.leader for p in found.partitions]
             if len(leaders) == partitions and all(leader is not None for leader in leaders):
+                _watermarks(admin, name, [p.id for p in found.partitions], deadline)
                 return
         except KafkaException:
             pass  # not yet known to the broker we asked
@@ -224,9 +265,10 @@ def _wait_for_leaders(admin: Any, name: str, partitions: int, timeout: float) ->
 
 def describe_topic(bootstrap_servers: str, name: str, timeout: float = 30.0) -> TopicDescription:
     """Partitions (leader, replicas, in-sync replicas, watermarks) and configs of a topic."""
-    from confluent_kafka import KafkaError, KafkaException, TopicCollection, TopicPartition
-    from confluent_kafka.admin import ConfigResource, OffsetSpec, ResourceType
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+    from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 
+    deadline = time.monotonic() + timeout
     admin = _admin(bootstrap_servers)
     try:
         topic = admin.describe_topics(TopicCollection([name]), request_timeout=timeout)[name].result()
@@ -238,21 +280,11 @@ def describe_topic(bootstrap_servers: str, name: str, timeout: float = 30.0) -> 
     try:
         resource = ConfigResource(ResourceType.TOPIC, name)
         entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
-        ids = [p.id for p in topic.partitions]
-        earliest = admin.list_offsets(
-            {TopicPartition(name, i): OffsetSpec.earliest() for i in ids}, request_timeout=timeout
-        )
-        latest = admin.list_offsets(
-            {TopicPartition(name, i): OffsetSpec.latest() for i in ids}, request_timeout=timeout
-        )
-        low = {tp.partition: future.result().offset for tp, future in earliest.items()}
-        high = {tp.partition: future.result().offset for tp, future in latest.items()}
+        low, high = _watermarks(admin, name, [p.id for p in topic.partitions], deadline)
     except KafkaException as exc:
         raise TopicError(
             f"cannot describe topic {name!r} on {bootstrap_servers}: {exc.args[0].str()}"
         ) from exc
-    from confluent_kafka.admin import ConfigSource
-
     partitions = tuple(
         PartitionInfo(
             partition=p.id,
