@@ -73,6 +73,7 @@ FAST_START_JVM_OPTIONS: tuple[str, ...] = (
 the class-data archive). ``KVEVENTS_BROKER_JVM_OPTS`` replaces them, e.g. for throughput runs."""
 DEFAULT_HEAP = "512m"
 _TAIL_LINES = 40
+_ARCHIVE_DUMP_STOP_TIMEOUT = 60.0
 _PORT_CLASH_MARKERS = ("Address already in use", "BindException")
 
 
@@ -132,14 +133,15 @@ class StopResult:
     pid: int | None
     killed: bool
     seconds: float
+    timeout: float = 0.0
+    """How long it waited after SIGTERM before SIGKILL."""
 
-    def describe(self, timeout: float) -> str:
+    def describe(self) -> str:
+        """One line for people."""
         if not self.was_running:
             return "no broker was running"
         if self.killed:
-            return (
-                f"broker pid {self.pid} did not exit within {timeout:.0f} s of SIGTERM: killed with SIGKILL"
-            )
+            return f"broker pid {self.pid} did not exit within {self.timeout:.0f} s of SIGTERM: killed with SIGKILL"
         return f"broker pid {self.pid} stopped cleanly in {self.seconds:.1f} s"
 
 
@@ -334,6 +336,9 @@ class LocalBroker:
                 self.layout.clear_pid()
                 self._settle_class_data_archive(state, keep=False)
                 return StopResult(False, None, False, 0.0)
+            if state is not None and state.cds_pending:
+                # The JVM dumps its class-data archive on the way out: a few seconds more.
+                timeout = max(timeout, _ARCHIVE_DUMP_STOP_TIMEOUT)
             started = time.monotonic()
             killed = False
             with _suppress_gone():
@@ -348,7 +353,7 @@ class LocalBroker:
             self.layout.clear_pid()
             self._settle_class_data_archive(state, keep=not killed)
             self._process = None
-            return StopResult(True, pid, killed, time.monotonic() - started)
+            return StopResult(True, pid, killed, time.monotonic() - started, timeout)
 
     def status(self, probe: bool = False) -> BrokerStatus:
         """Running or stopped, pid, bootstrap address; with ``probe``, whether it answers metadata."""

@@ -129,7 +129,7 @@ def _start(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         result = broker.stop()
-        print(result.describe(broker.stop_timeout))
+        print(result.describe())
         return 0
 
 
@@ -142,7 +142,7 @@ def _stop(args: argparse.Namespace) -> int:
     except BrokerError as exc:
         print(f"kvevents broker stop: {exc}", file=sys.stderr)
         return 1
-    print(result.describe(args.timeout) + ("" if result.was_running else f" in {broker.state_dir}"))
+    print(result.describe() + ("" if result.was_running else f" in {broker.state_dir}"))
     return 0
 
 
