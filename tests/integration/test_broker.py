@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,12 +23,19 @@ from kvevents.topics import TopicMismatch, TopicSpec, create_topic, describe_top
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
-def produce(bootstrap: str, topic: str, values: list[bytes], **config: object) -> list[KafkaError | None]:
-    """Produce and flush; the delivery error of each message (None when delivered)."""
+def produce(bootstrap: str, topic: str, values: list[bytes], **config: object) -> list[str | None]:
+    """Produce and flush; per message, in the order given, its delivery error's name or None."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **config})
-    errors: list[KafkaError | None] = []
-    for value in values:
-        producer.produce(topic, value=value, on_delivery=lambda err, _msg: errors.append(err))
+    errors: list[str | None] = [None] * len(values)
+
+    def delivered(index: int) -> Callable[[KafkaError | None, object], None]:
+        def record(err: KafkaError | None, _msg: object) -> None:
+            errors[index] = None if err is None else err.name()
+
+        return record
+
+    for index, value in enumerate(values):
+        producer.produce(topic, value=value, on_delivery=delivered(index))
     assert producer.flush(30) == 0
     return errors
 
@@ -149,9 +157,9 @@ def test_topic_settings_are_applied_and_enforced(kafka_topic_factory, kafka_boot
     assert topic.overrides == {"retention.ms": "3600000", "max.message.bytes": str(limit)}
     assert topic.messages == 0
 
-    errors = produce(kafka_bootstrap, name, [b"x" * 100] * 5 + [b"y" * (2 * limit)], **{"batch.size": 1000})
-    assert errors[:5] == [None] * 5
-    assert errors[5] is not None and errors[5].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    assert produce(kafka_bootstrap, name, [b"x" * 100] * 5) == [None] * 5
+    # Under the producer's own 1 MB limit, over the topic's: the broker refuses it.
+    assert produce(kafka_bootstrap, name, [b"y" * (2 * limit)]) == ["MSG_SIZE_TOO_LARGE"]
     after = describe_topic(kafka_bootstrap, name)
     assert after.messages == 5
     assert sum(p.high_watermark for p in after.partitions) == 5
