@@ -527,7 +527,7 @@ class LocalBroker:
             self._after_failed_start(state)
             tails = self._log_tails(log_offset)
             if check_clash and any(marker in tails for marker in _PORT_CLASH_MARKERS):
-                raise _PortClash(f"port clash on {ports}") from exc
+                raise _PortClash(f"a port of {ports} was taken before the broker bound it.\n{tails}") from exc
             raise BrokerStartError(
                 f"Kafka broker in {self.state_dir} failed to start: {exc}.\n{tails}"
             ) from exc
