@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 
 from kvevents.broker import BrokerStartError, LocalBroker, _pid_alive
-from kvevents.broker_config import BrokerLayout, BrokerState, free_port
+from kvevents.broker_config import BrokerLayout, BrokerPorts, BrokerState, free_port
 from kvevents.cli import main
 from kvevents.kafka_probe import metadata_answers
 from kvevents.topics import TopicMismatch, TopicSpec, create_topic, describe_topic
@@ -132,6 +132,34 @@ def test_a_taken_port_fails_the_start_with_the_log_quoted(tmp_path: Path) -> Non
     assert "Address already in use" in message
     assert not broker.status().running
     assert BrokerLayout(tmp_path / "kafka").read_pid() is None
+
+
+def test_a_free_port_taken_before_the_jvm_binds_it_is_retried_with_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvevents.broker as broker_module
+
+    real_choose = broker_module.choose_ports
+    calls: list[BrokerPorts] = []
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+
+        def choose(*args: object, **kwargs: object) -> BrokerPorts:
+            ports = (
+                real_choose(*args, **kwargs)
+                if calls
+                else BrokerPorts(taken, free_port(exclude=frozenset({taken})))
+            )
+            calls.append(ports)
+            return ports
+
+        monkeypatch.setattr(broker_module, "choose_ports", choose)
+        with LocalBroker(tmp_path / "kafka", stop_with_parent=True) as broker:
+            assert len(calls) == 2 and calls[0].client == taken
+            assert broker.bootstrap_servers == f"127.0.0.1:{calls[1].client}"
+            assert metadata_answers(broker.bootstrap_servers)
 
 
 def test_a_bad_setting_fails_the_start_quoting_the_broker_log(tmp_path: Path) -> None:
