@@ -218,8 +218,15 @@ def choose_ports(
 
 
 def new_cluster_id() -> str:
-    """A Kafka cluster id: a random 16-byte UUID in unpadded base64url, as ``random-uuid`` prints."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+    """A Kafka cluster id: a random 16-byte UUID in unpadded base64url, as ``random-uuid`` prints.
+
+    Like Kafka's ``Uuid.randomUuid`` it never starts with ``-``: the storage tool's argument
+    parser would take such an id for an option (1 id in 64 otherwise).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _escape(value: str) -> str:

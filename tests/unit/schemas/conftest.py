@@ -110,7 +110,9 @@ def body_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     """
     if request.param == "compiled":
         if codec._COMPILED is None:
-            pytest.fail("kvevents.schemas._fastcodec is not built or does not match the schema; run make setup")
+            pytest.fail(
+                "kvevents.schemas._fastcodec is not built or does not match the schema; run make setup"
+            )
         body = codec._COMPILED
     else:
         body = codec._REFERENCE

@@ -56,9 +56,9 @@ BLOCK_TAIL = zz(0) + zz(0) + zz(35) + zz(0) + zz(0) + zz(0)  # lora, level, prio
 def test_hand_written_block_is_valid() -> None:
     """The fragments below are right, so each malformed variant differs by one fault only."""
     expected = KVCacheStoredBlockData(3, [5, 6])
-    assert compiled().decode_body(body_with_event(stored_event(BLOCK_HEAD + BLOCK_TAIL))).events[0].data.blocks == [
-        expected
-    ]
+    assert compiled().decode_body(body_with_event(stored_event(BLOCK_HEAD + BLOCK_TAIL))).events[
+        0
+    ].data.blocks == [expected]
 
 
 # ------------------------------------------------------------------ decoding, compiled: the message says what
@@ -131,17 +131,32 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ),
     (
         "extra ids for fewer tokens",
-        body_with_event(stored_event(BLOCK_HEAD + zz(0) + zz(0) + zz(35) + zz(1) + zz(1) + zz(7) + zz(0) + zz(0) + zz(0))),
+        body_with_event(
+            stored_event(BLOCK_HEAD + zz(0) + zz(0) + zz(35) + zz(1) + zz(1) + zz(7) + zz(0) + zz(0) + zz(0))
+        ),
         r"events\[0\]\.data\.blocks\[0\]\.token_extra_ids: 1 ids for 2 tokens \(one per token\)",
     ),
     (
         "truncated multimodal hash",
-        HEAD + zz(1) + zz(1) + zz(0) + zz(1) + BLOCK_HEAD + zz(0) + zz(0) + zz(35) + zz(0) + zz(1) + b"\x01" * 20,
+        HEAD
+        + zz(1)
+        + zz(1)
+        + zz(0)
+        + zz(1)
+        + BLOCK_HEAD
+        + zz(0)
+        + zz(0)
+        + zz(35)
+        + zz(0)
+        + zz(1)
+        + b"\x01" * 20,
         r"events\[0\]\.data\.blocks\[0\]\.mm_keys: array block of 1 items cannot fit",
     ),
     (
         "invalid UTF-8 in a salt",
-        body_with_event(stored_event(BLOCK_HEAD + zz(0) + zz(0) + zz(35) + zz(0) + zz(0) + zz(1) + zz(1) + b"\x80")),
+        body_with_event(
+            stored_event(BLOCK_HEAD + zz(0) + zz(0) + zz(35) + zz(0) + zz(0) + zz(1) + zz(1) + b"\x80")
+        ),
         r"events\[0\]\.data\.blocks\[0\]\.cache_salt: invalid UTF-8",
     ),
     (
@@ -157,7 +172,9 @@ MALFORMED: list[tuple[str, bytes, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("body", "pattern"), [(b, p) for _, b, p in MALFORMED], ids=[n for n, _, _ in MALFORMED])
+@pytest.mark.parametrize(
+    ("body", "pattern"), [(b, p) for _, b, p in MALFORMED], ids=[n for n, _, _ in MALFORMED]
+)
 def test_compiled_decoder_names_the_fault(body: bytes, pattern: str) -> None:
     with pytest.raises(DecodeError, match=pattern):
         compiled().decode_body(body)
@@ -188,7 +205,9 @@ def test_both_decoders_reject(body: bytes, body_path: codec.BodyCodec) -> None:
         decode_batch(b"\xc3\x01" + current_fingerprint() + body)
 
 
-def test_every_truncation_of_a_message_is_a_decode_error(full_batch: EventBatch, body_path: codec.BodyCodec) -> None:
+def test_every_truncation_of_a_message_is_a_decode_error(
+    full_batch: EventBatch, body_path: codec.BodyCodec
+) -> None:
     message = encode_batch(full_batch)
     for end in range(len(message)):
         with pytest.raises(DecodeError):
@@ -232,7 +251,9 @@ def test_wrong_magic(full_batch: EventBatch) -> None:
 def test_unknown_fingerprint_names_it_and_the_way_out(full_batch: EventBatch) -> None:
     message = encode_batch(full_batch)
     forged = b"\xc3\x01" + bytes.fromhex("0011223344556677") + message[10:]
-    with pytest.raises(DecodeError, match=r"unknown schema fingerprint 0011223344556677.*register_writer_schema"):
+    with pytest.raises(
+        DecodeError, match=r"unknown schema fingerprint 0011223344556677.*register_writer_schema"
+    ):
         decode_batch(forged)
 
 
@@ -255,7 +276,9 @@ def test_short_headers(data: bytes, pattern: str) -> None:
         decode_batch(data)
 
 
-def test_single_object_header_is_magic_then_fingerprint(full_batch: EventBatch, body_path: codec.BodyCodec) -> None:
+def test_single_object_header_is_magic_then_fingerprint(
+    full_batch: EventBatch, body_path: codec.BodyCodec
+) -> None:
     message = encode_batch(full_batch)
     assert message == b"\xc3\x01" + current_fingerprint() + encode_body(full_batch)
     assert len(current_fingerprint()) == 8
@@ -451,7 +474,9 @@ BAD_VALUES: list[tuple[str, Any, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("batch", "message"), [(b, m) for _, b, m in BAD_VALUES], ids=[n for n, _, _ in BAD_VALUES])
+@pytest.mark.parametrize(
+    ("batch", "message"), [(b, m) for _, b, m in BAD_VALUES], ids=[n for n, _, _ in BAD_VALUES]
+)
 def test_encode_error_names_the_field(batch: Any, message: str, body_path: codec.BodyCodec) -> None:
     with pytest.raises(EncodeError) as raised:
         encode_batch(batch)
@@ -468,9 +493,12 @@ def test_integer_like_values_are_integers(body_path: codec.BodyCodec) -> None:
 
 
 def test_sequences_other_than_lists_encode_like_lists(body_path: codec.BodyCodec) -> None:
-    as_lists = _batch(KVCacheEvent(1, KVCacheRemovedData([1, 2, 3]), 32), KVCacheEvent(2, KVCacheCreatedData([4]), 32))
+    as_lists = _batch(
+        KVCacheEvent(1, KVCacheRemovedData([1, 2, 3]), 32), KVCacheEvent(2, KVCacheCreatedData([4]), 32)
+    )
     as_others = _batch(
-        KVCacheEvent(1, KVCacheRemovedData(h for h in (1, 2, 3)), 32), KVCacheEvent(2, KVCacheCreatedData((4,)), 32)
+        KVCacheEvent(1, KVCacheRemovedData(h for h in (1, 2, 3)), 32),
+        KVCacheEvent(2, KVCacheCreatedData((4,)), 32),
     )
     force_setattr(as_others, "events", tuple(as_others.events))
     assert encode_batch(as_others) == encode_batch(as_lists)

@@ -122,7 +122,11 @@ def test_random_bytes_only_raise_decode_error(data: bytes) -> None:
 
 
 mutations = st.lists(
-    st.tuples(st.sampled_from(["flip", "set", "insert", "delete", "truncate", "repeat"]), st.integers(0, 10**6), st.binary(min_size=1, max_size=8)),
+    st.tuples(
+        st.sampled_from(["flip", "set", "insert", "delete", "truncate", "repeat"]),
+        st.integers(0, 10**6),
+        st.binary(min_size=1, max_size=8),
+    ),
     min_size=1,
     max_size=4,
 )
@@ -149,7 +153,9 @@ def mutate(data: bytes, ops: list[tuple[str, int, bytes]]) -> bytes:
 
 @FUZZ
 @given(batches, mutations)
-def test_mutated_messages_only_raise_decode_error(batch: EventBatch, ops: list[tuple[str, int, bytes]]) -> None:
+def test_mutated_messages_only_raise_decode_error(
+    batch: EventBatch, ops: list[tuple[str, int, bytes]]
+) -> None:
     check_decoders(mutate(REFERENCE.encode_body(batch), ops))
 
 
@@ -180,7 +186,23 @@ class Index:
 
 
 odd_values = st.sampled_from(
-    [None, 1.5, "x", b"xyz", -1, 2**31, 2**63, 2**64, -(2**63) - 1, True, [], (), [1, "a"], Index(3), Index(2**64)]
+    [
+        None,
+        1.5,
+        "x",
+        b"xyz",
+        -1,
+        2**31,
+        2**63,
+        2**64,
+        -(2**63) - 1,
+        True,
+        [],
+        (),
+        [1, "a"],
+        Index(3),
+        Index(2**64),
+    ]
 )
 
 
@@ -210,7 +232,9 @@ def encode_outcome(body_codec: codec.BodyCodec, batch: EventBatch) -> bytes | st
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(batches, st.data())
-def test_a_bad_value_anywhere_gets_the_same_verdict_on_both_paths(batch: EventBatch, data: st.DataObject) -> None:
+def test_a_bad_value_anywhere_gets_the_same_verdict_on_both_paths(
+    batch: EventBatch, data: st.DataObject
+) -> None:
     target, name = data.draw(st.sampled_from(fields_of(batch)))
     force_setattr(target, name, data.draw(odd_values))
     assert encode_outcome(compiled(), batch) == encode_outcome(REFERENCE, batch)

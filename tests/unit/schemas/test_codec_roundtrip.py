@@ -64,7 +64,9 @@ def test_full_batch_round_trips(full_batch: EventBatch, body_path: codec.BodyCod
     assert decode_body(encode_body(full_batch)) == full_batch
 
 
-def test_decoding_accepts_bytearray_and_memoryview(full_batch: EventBatch, body_path: codec.BodyCodec) -> None:
+def test_decoding_accepts_bytearray_and_memoryview(
+    full_batch: EventBatch, body_path: codec.BodyCodec
+) -> None:
     message = encode_batch(full_batch)
     assert decode_batch(bytearray(message)) == full_batch
     assert decode_batch(memoryview(message)) == full_batch
@@ -114,16 +116,36 @@ def test_bytes_of_a_small_batch_follow_the_spec(body_path: codec.BodyCodec) -> N
         b"\x02a"  # instance_id: length 1, "a"
         + ENVELOPE_DEFAULTS
         + zz(2)  # events: one block of two
-        + zz(1) + zz(2)  # event_id 1, data union branch 2 (Removed)
-        + zz(2) + zz(-1) + zz(-(2**63)) + zz(0)  # 2^64-1 and 2^63 by two's complement
-        + zz(32) + zz(0)  # window_size, attention_dp_rank null
-        + zz(2) + zz(1) + zz(0)  # event_id 2, Stored, parent_hash null
+        + zz(1)
+        + zz(2)  # event_id 1, data union branch 2 (Removed)
+        + zz(2)
+        + zz(-1)
+        + zz(-(2**63))
+        + zz(0)  # 2^64-1 and 2^63 by two's complement
+        + zz(32)
+        + zz(0)  # window_size, attention_dp_rank null
+        + zz(2)
+        + zz(1)
+        + zz(0)  # event_id 2, Stored, parent_hash null
         + zz(1)  # one block
-        + zz(3) + zz(3) + zz(1) + zz(-1) + zz(300) + zz(0)  # block_hash, tokens
-        + zz(0) + zz(0) + zz(35) + zz(0) + zz(0)  # lora null, level, priority, extra null, mm []
-        + zz(1) + zz(2) + "é".encode()  # cache_salt: branch 1, 2 UTF-8 bytes
+        + zz(3)
+        + zz(3)
+        + zz(1)
+        + zz(-1)
+        + zz(300)
+        + zz(0)  # block_hash, tokens
+        + zz(0)
+        + zz(0)
+        + zz(35)
+        + zz(0)
+        + zz(0)  # lora null, level, priority, extra null, mm []
+        + zz(1)
+        + zz(2)
+        + "é".encode()  # cache_salt: branch 1, 2 UTF-8 bytes
         + zz(0)  # end of blocks
-        + zz(32) + zz(1) + zz(1)  # window_size, attention_dp_rank branch 1 = 1
+        + zz(32)
+        + zz(1)
+        + zz(1)  # window_size, attention_dp_rank branch 1 = 1
         + zz(0)  # end of events
     )
     assert encode_body(batch) == expected
@@ -135,23 +157,55 @@ def test_arrays_in_several_blocks_and_negative_counts_are_read(body_path: codec.
     tokens_block_1 = zz(7) + zz(8)
     body = (
         b"\x02a"
-        + zz(1) + zz(0) + zz(0) + zz(0)
-        + zz(-1) + zz(len(zz(2) + zz(9))) + zz(2) + zz(9)  # dropped: block of -1 item, sized
-        + zz(1) + zz(5) + zz(3)  # dropped: a second block
+        + zz(1)
+        + zz(0)
+        + zz(0)
+        + zz(0)
+        + zz(-1)
+        + zz(len(zz(2) + zz(9)))
+        + zz(2)
+        + zz(9)  # dropped: block of -1 item, sized
+        + zz(1)
+        + zz(5)
+        + zz(3)  # dropped: a second block
         + zz(0)
         + zz(0)  # first_event_block_offset
         + zz(1)  # events: first block, one event
-        + zz(1) + zz(1) + zz(0)  # Stored, parent null
+        + zz(1)
+        + zz(1)
+        + zz(0)  # Stored, parent null
         + zz(1)
         + zz(4)
-        + zz(-2) + zz(len(tokens_block_1)) + tokens_block_1 + zz(1) + zz(9) + zz(0)  # tokens 7 8 | 9
-        + zz(0) + zz(0) + zz(35)
-        + zz(1) + zz(2) + zz(1) + zz(2) + zz(1) + zz(3) + zz(0)  # extra ids in two blocks: 1 2 | 3
-        + zz(0) + zz(0)
+        + zz(-2)
+        + zz(len(tokens_block_1))
+        + tokens_block_1
+        + zz(1)
+        + zz(9)
+        + zz(0)  # tokens 7 8 | 9
         + zz(0)
-        + zz(32) + zz(0)
-        + zz(-1) + zz(len(zz(2) + zz(2) + zz(1) + zz(5) + zz(0) + zz(32) + zz(0)))  # events: sized block
-        + zz(2) + zz(2) + zz(1) + zz(5) + zz(0) + zz(32) + zz(0)  # Removed [5]
+        + zz(0)
+        + zz(35)
+        + zz(1)
+        + zz(2)
+        + zz(1)
+        + zz(2)
+        + zz(1)
+        + zz(3)
+        + zz(0)  # extra ids in two blocks: 1 2 | 3
+        + zz(0)
+        + zz(0)
+        + zz(0)
+        + zz(32)
+        + zz(0)
+        + zz(-1)
+        + zz(len(zz(2) + zz(2) + zz(1) + zz(5) + zz(0) + zz(32) + zz(0)))  # events: sized block
+        + zz(2)
+        + zz(2)
+        + zz(1)
+        + zz(5)
+        + zz(0)
+        + zz(32)
+        + zz(0)  # Removed [5]
         + zz(0)
     )
     expected = EventBatch(

@@ -25,7 +25,9 @@ from kvevents.schemas import (
 def test_fast_path_is_enabled_after_setup() -> None:
     if os.environ.get("KVEVENTS_PURE_PYTHON", "") not in ("", "0"):
         pytest.fail("KVEVENTS_PURE_PYTHON is set in the test environment; the fast path cannot be checked")
-    assert fast_path_enabled(), "kvevents.schemas._fastcodec is not built or does not match the schema; run make setup"
+    assert fast_path_enabled(), (
+        "kvevents.schemas._fastcodec is not built or does not match the schema; run make setup"
+    )
 
 
 def test_compiled_codec_implements_the_current_schema() -> None:
@@ -36,7 +38,9 @@ def test_compiled_codec_implements_the_current_schema() -> None:
     )
 
 
-def test_a_stale_compiled_codec_is_not_used(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_stale_compiled_codec_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from kvevents.schemas import _fastcodec
 
     monkeypatch.setattr(_fastcodec, "SCHEMA_FINGERPRINT", bytes(8))
@@ -54,7 +58,9 @@ def test_pure_python_switch(value: str, enabled: bool) -> None:
         "print(fast_path_enabled())\n"
     )
     env = {**os.environ, "KVEVENTS_PURE_PYTHON": value}
-    out = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True, timeout=120
+    )
     assert out.stdout.strip() == str(enabled)
 
 
@@ -79,7 +85,9 @@ def test_a_huge_batch_then_small_ones() -> None:
     compiled = codec._COMPILED
     assert compiled is not None, "the compiled codec is not built; run make setup"
     tokens = array("i", range(100_000, 100_000 + 2_000_000))
-    huge = EventBatch("i", [KVCacheEvent(1, KVCacheStoredData(None, [KVCacheStoredBlockData(1, tokens)]), 32)])
+    huge = EventBatch(
+        "i", [KVCacheEvent(1, KVCacheStoredData(None, [KVCacheStoredBlockData(1, tokens)]), 32)]
+    )
     body = compiled.encode_body(huge)
     assert len(body) > 4 * 1024 * 1024
     assert compiled.decode_body(body) == huge

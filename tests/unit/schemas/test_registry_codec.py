@@ -35,7 +35,9 @@ def test_message_is_zero_schema_id_then_body(
     assert registry_codec.decode_batch(message) == full_batch
 
 
-def test_a_reader_fetches_the_writer_schema_once(full_batch: EventBatch, registry: SchemaRegistryClient) -> None:
+def test_a_reader_fetches_the_writer_schema_once(
+    full_batch: EventBatch, registry: SchemaRegistryClient
+) -> None:
     message = RegistryCodec(registry, TOPIC).encode_batch(full_batch)
     calls: list[int] = []
     original = registry.get_schema
@@ -78,7 +80,9 @@ def test_subject_can_be_named(full_batch: EventBatch, registry: SchemaRegistryCl
         registry.get_latest_version(f"{TOPIC}-value")
 
 
-def test_without_auto_register_the_schema_must_exist(full_batch: EventBatch, registry: SchemaRegistryClient) -> None:
+def test_without_auto_register_the_schema_must_exist(
+    full_batch: EventBatch, registry: SchemaRegistryClient
+) -> None:
     looker = RegistryCodec(registry, TOPIC, auto_register=False)
     with pytest.raises(SchemaRegistryError):
         looker.encode_batch(full_batch)
