@@ -1,0 +1,152 @@
+"""Test helpers for the engine simulator: a recording event manager and a naive replay model.
+
+``RecordingEventManager`` keeps every ``enqueue_*`` call and ``flush`` in order. ``ReplayModel``
+applies those calls to a plain dict per window size, checking on the way that the stream is
+self-consistent (a Stored block's parent is held, nothing is stored twice, only held leaves are
+removed, every Updated diff starts from the value the model holds), so that comparing it with
+the simulator's ground truth at each flush proves the events say exactly what the cache did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvevents.schemas import KVCacheUpdatedData
+
+try:  # the real BlockInfo lands with the event manager
+    from kvevents.producer.block import BlockInfo
+except ImportError:  # pragma: no cover - until producer/block.py is on main
+
+    @dataclass(frozen=True)
+    class BlockInfo:  # type: ignore[no-redef]
+        """Test-only stand-in with the public signature of ``kvevents.producer.BlockInfo``."""
+
+        block_hash: int
+        prev_block_hash: int | None
+        tokens: Any
+        lora_id: int | None = None
+        is_primary: bool = True
+        priority: int = 35
+        token_extra_ids: Any = None
+        mm_keys: tuple = ()
+        cache_salt: str | None = None
+
+
+@dataclass
+class RecordingEventManager:
+    """Records calls as tuples: ("created", levels, w), ("stored", blocks, w), ("removed", hash, w),
+    ("updated", data, w) and ("flush",). ``on_flush`` is called after each flush is recorded."""
+
+    calls: list[tuple] = field(default_factory=list)
+    on_flush: Any = None
+
+    def enqueue_created_event(self, num_blocks_per_cache_level: list[int], window_size: int) -> None:
+        self.calls.append(("created", list(num_blocks_per_cache_level), window_size))
+
+    def enqueue_stored_event(self, blocks: list[Any], window_size: int) -> None:
+        self.calls.append(("stored", list(blocks), window_size))
+
+    def enqueue_removed_event(self, block_hash: int, window_size: int) -> None:
+        self.calls.append(("removed", block_hash, window_size))
+
+    def enqueue_updated_event(self, data: KVCacheUpdatedData, window_size: int) -> None:
+        self.calls.append(("updated", data, window_size))
+
+    def flush(self) -> None:
+        self.calls.append(("flush",))
+        if self.on_flush is not None:
+            self.on_flush()
+
+    def of_kind(self, kind: str, since: int = 0) -> list[tuple]:
+        """The calls of one kind, from index ``since`` on (see :meth:`mark`)."""
+        return [c for c in self.calls[since:] if c[0] == kind]
+
+    def mark(self) -> int:
+        """A position in the recording, for ``of_kind(kind, since=mark)``."""
+        return len(self.calls)
+
+
+@dataclass
+class _ModelBlock:
+    parent: int | None
+    level: int
+    priority: int
+    tokens: tuple[int, ...]
+    lora_id: int | None
+
+
+class ReplayModel:
+    """A naive per-window dict of held blocks, rebuilt from recorded calls only."""
+
+    def __init__(self) -> None:
+        self.windows: dict[int, dict[int, _ModelBlock]] = {}
+        self.children: dict[int, dict[int, int]] = {}
+        self.capacity: dict[int, list[int]] = {}
+        self.applied = 0
+
+    def apply(self, calls: list[tuple]) -> None:
+        for call in calls[self.applied :]:
+            self._apply(call)
+        self.applied = len(calls)
+
+    def _apply(self, call: tuple) -> None:
+        kind = call[0]
+        if kind == "flush":
+            return
+        window = call[-1]
+        if kind == "created":
+            self.windows[window] = {}
+            self.children[window] = {}
+            self.capacity[window] = call[1]
+            return
+        assert window in self.windows, f"event for window {window} before its Created event"
+        blocks = self.windows[window]
+        children = self.children[window]
+        if kind == "stored":
+            infos = call[1]
+            assert infos, "empty Stored event"
+            parent = infos[0].prev_block_hash
+            for info in infos:
+                assert info.prev_block_hash == parent, "Stored blocks are not a chain"
+                assert parent is None or parent in blocks, f"Stored block's parent {parent} is not held"
+                assert info.block_hash not in blocks, f"block {info.block_hash} stored twice"
+                blocks[info.block_hash] = _ModelBlock(
+                    parent, 0 if info.is_primary else 1, info.priority, tuple(info.tokens), info.lora_id
+                )
+                if parent is not None:
+                    children[parent] = children.get(parent, 0) + 1
+                parent = info.block_hash
+        elif kind == "removed":
+            h = call[1]
+            assert h in blocks, f"removed block {h} is not held"
+            assert not children.get(h), f"block {h} removed before its children"
+            parent = blocks.pop(h).parent
+            if parent is not None:
+                children[parent] -= 1
+        elif kind == "updated":
+            data: KVCacheUpdatedData = call[1]
+            b = blocks.get(data.block_hash)
+            assert b is not None, f"updated block {data.block_hash} is not held"
+            if data.cache_level is not None:
+                assert data.cache_level.old_value == b.level, "cache level diff starts from a wrong level"
+                b.level = data.cache_level.new_value
+            if data.priority is not None:
+                assert data.priority.old_value == b.priority, "priority diff starts from a wrong priority"
+                b.priority = data.priority.new_value
+        else:  # pragma: no cover
+            raise AssertionError(f"unknown call {kind}")
+
+    def held(self, window: int) -> dict[int, tuple]:
+        """hash → (parent, level, priority, tokens, lora_id): comparable with the ground truth."""
+        return {
+            h: (b.parent, b.level, b.priority, b.tokens, b.lora_id) for h, b in self.windows[window].items()
+        }
+
+    def count(self, window: int, level: int) -> int:
+        return sum(1 for b in self.windows[window].values() if b.level == level)
+
+
+def truth_tuples(held: dict[int, Any]) -> dict[int, tuple]:
+    """A cache's ``held_blocks()`` in :meth:`ReplayModel.held`'s shape."""
+    return {h: (b.parent_hash, b.cache_level, b.priority, b.tokens, b.lora_id) for h, b in held.items()}
