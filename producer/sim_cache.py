@@ -415,7 +415,9 @@ class PagedBlockCache:
             self._events.enqueue_created_event(self.num_blocks_per_cache_level, self.window_size)
         self.stats.created_events += 1
 
-    def _prompt_hashes(self, prompt: array, lora_id: int | None, hashes: Sequence[int] | None) -> Sequence[int]:
+    def _prompt_hashes(
+        self, prompt: array, lora_id: int | None, hashes: Sequence[int] | None
+    ) -> Sequence[int]:
         limit = max(len(prompt) - 1, 0) // self.block_size
         if hashes is None:
             return block_hashes(prompt, self.block_size, lora_id, max_blocks=limit)
@@ -706,7 +708,9 @@ class PagedBlockCache:
             self._used[SECONDARY_LEVEL] += 1
             victim.level = SECONDARY_LEVEL
             parent = victim.parent
-            self._emit_updated(victim.block_hash, cache_level=KVCacheEventDiff(PRIMARY_LEVEL, SECONDARY_LEVEL))
+            self._emit_updated(
+                victim.block_hash, cache_level=KVCacheEventDiff(PRIMARY_LEVEL, SECONDARY_LEVEL)
+            )
             self.stats.offloads += 1
             if parent is not None:
                 parent.primary_children -= 1
