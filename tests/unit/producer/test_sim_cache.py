@@ -377,3 +377,15 @@ def test_bad_calls_raise_clear_errors() -> None:
 def test_created_event_carries_both_levels() -> None:
     _, events = make_cache(10, secondary=3)
     assert events.calls[0] == ("created", [10, 3], WINDOW)
+
+
+def test_a_parent_whose_children_were_offloaded_is_next_in_lru_order() -> None:
+    cache, events = make_cache(4, secondary=8, block_size=2)
+    chain = tokens(95, 5)  # blocks p, c (released leaf first: c is older than p)
+    serve(cache, "chain", chain, [1])
+    p, c = block_hashes(chain, 2)
+    one_block_request(cache, "o", 96)  # newer than the chain
+    one_block_request(cache, "x", 97)  # c goes (the oldest leaf); p becomes a leaf
+    one_block_request(cache, "y", 98)  # p is now older than o: p goes
+    assert level_moves(events) == [(c, 0, 1), (p, 0, 1)]
+    check(cache, events)
