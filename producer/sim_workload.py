@@ -22,6 +22,7 @@ LoRA id (:func:`answer_tokens`, like greedy decoding), and the request carries i
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import random
 import struct
@@ -163,6 +164,11 @@ class WorkloadConfig:
             raise ValueError(
                 f"max_prompt_tokens={self.max_prompt_tokens} is below the longest first turn ({first_turn} tokens)"
             )
+
+    def for_worker(self, instance_id: str, attention_dp_rank: int | None) -> WorkloadConfig:
+        """This workload for one worker: the same shared content, a request stream of its own
+        (``seed`` derived from this config's seed, the instance id and the rank)."""
+        return dataclasses.replace(self, seed=derive_seed(self.seed, instance_id, attention_dp_rank))
 
     @property
     def max_sequence_tokens(self) -> int:

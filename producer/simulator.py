@@ -113,6 +113,8 @@ class SimulatorConfig:
     """Sleep so that iterations also keep that pace on the wall clock."""
     max_batch_size: int = 64
     """Most requests running at once."""
+    max_waiting_requests: int = 10_000
+    """Most requests waiting for admission; later arrivals are rejected (and counted)."""
     decode_tokens_per_iteration: int = 1
 
     def __post_init__(self) -> None:
@@ -120,7 +122,13 @@ class SimulatorConfig:
             raise ValueError(f"window_sizes must be distinct and non-empty, got {self.window_sizes!r}")
         if not self.iterations_per_second > 0:
             raise ValueError(f"iterations_per_second must be > 0, got {self.iterations_per_second}")
-        for name in ("max_batch_size", "decode_tokens_per_iteration", "block_size", "num_primary_blocks"):
+        for name in (
+            "max_batch_size",
+            "max_waiting_requests",
+            "decode_tokens_per_iteration",
+            "block_size",
+            "num_primary_blocks",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.attention_dp_rank is not None and self.attention_dp_rank < 0:
@@ -137,7 +145,8 @@ class SimulatorStats:
     requests_admitted: int = 0
     requests_served: int = 0
     requests_rejected: int = 0
-    """Requests larger than a whole cache: dropped, and counted here."""
+    """Requests dropped, and counted here: larger than a whole cache, or arriving at a full
+    waiting queue (``max_waiting_requests``)."""
     requests_waiting: int = 0
     requests_running: int = 0
     prompt_tokens: int = 0
@@ -344,10 +353,17 @@ class EngineSimulator:
         for cache in self.caches.values():
             cache.emit_created()
 
-    def submit(self, request: Request) -> None:
-        """Queue a request for admission at the next iteration (a router handing it over)."""
-        self._waiting.append(_Waiting(request))
+    def submit(self, request: Request) -> bool:
+        """Queue a request for admission at the next iteration (a router handing it over).
+
+        Returns False, and counts the request as rejected, when the waiting queue is full.
+        """
         self._stats.requests_arrived += 1
+        if len(self._waiting) >= self.config.max_waiting_requests:
+            self._stats.requests_rejected += 1
+            return False
+        self._waiting.append(_Waiting(request))
+        return True
 
     def close_arrivals(self) -> None:
         """Take no more requests from the workload (running and waiting ones still finish)."""
@@ -368,8 +384,7 @@ class EngineSimulator:
                     return
             if self._pending.arrival_time > now:
                 return
-            self._waiting.append(_Waiting(self._pending))
-            self._stats.requests_arrived += 1
+            self.submit(self._pending)
             self._pending = None
 
     def _fits_at_all(self, request: Request) -> bool:

@@ -238,3 +238,11 @@ def test_hashes_in_events_are_the_chained_hashes_of_the_tokens() -> None:
         for b in blocks:
             assert block_hashes(list(b.tokens), 16, b.lora_id, parent_hash=parent) == [b.block_hash]
             parent = b.block_hash
+
+
+def test_arrivals_at_a_full_waiting_queue_are_rejected_and_counted() -> None:
+    sim, _ = simulator(workload=None, max_waiting_requests=2, max_batch_size=1)
+    accepted = [sim.submit(request(i, list(range(i, i + 20)))) for i in range(5)]
+    assert accepted == [True, True, False, False, False]
+    s = sim.run(drain=True, max_iterations=0)
+    assert s.requests_arrived == 5 and s.requests_rejected == 3 and s.requests_served == 2

@@ -199,3 +199,13 @@ def test_bad_configs_are_refused_with_the_field_named() -> None:
 def test_derived_seeds_differ_per_part_and_are_stable() -> None:
     assert derive_seed(1, "inst", 0) == derive_seed(1, "inst", 0)
     assert len({derive_seed(1, "inst", r) for r in range(16)}) == 16
+
+
+def test_each_worker_gets_its_own_stream_over_the_same_content() -> None:
+    base = WorkloadConfig(seed=3, content_seed=4)
+    a, b = base.for_worker("inst-0", 0), base.for_worker("inst-0", 1)
+    assert a.seed != b.seed and a.content_seed == b.content_seed == 4
+    assert a == base.for_worker("inst-0", 0) and a != base.for_worker("inst-1", 0)
+    ga, gb = WorkloadGenerator(a), WorkloadGenerator(b)
+    assert ga.system_prompt(1) == gb.system_prompt(1)
+    assert [r.prompt for r in ga.take(20)] != [r.prompt for r in gb.take(20)]
