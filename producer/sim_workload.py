@@ -109,14 +109,14 @@ class WorkloadConfig:
     """Mean requests per simulated second (Poisson arrivals)."""
     num_system_prompts: int = 4
     system_prompt_tokens: tuple[int, int] = (256, 1024)
-    num_documents: int = 64
+    num_documents: int = 128
     document_tokens: tuple[int, int] = (256, 1536)
     zipf_exponent: float = 1.1
     document_probability: float = 0.5
     """Probability that a new conversation starts with a document after the system prompt."""
     user_tokens: tuple[int, int] = (16, 192)
     output_tokens: tuple[int, int] = (16, 192)
-    follow_up_probability: float = 0.5
+    follow_up_probability: float = 0.6
     """Probability that a request is the next turn of an ongoing conversation (if one is ready)."""
     follow_up_delay_s: float = 2.0
     """A conversation's next turn comes at least this long (simulated) after its previous one."""
