@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvevents.schemas import KVCacheUpdatedData
+from kvevents.schemas import (
+    KVCacheCreatedData,
+    KVCacheEvent,
+    KVCacheRemovedData,
+    KVCacheStoredData,
+    KVCacheUpdatedData,
+)
 
 try:  # the real BlockInfo lands with the event manager
     from kvevents.producer.block import BlockInfo
@@ -86,56 +92,84 @@ class ReplayModel:
         self.applied = 0
 
     def apply(self, calls: list[tuple]) -> None:
+        """Apply the recorded calls not applied yet (see :class:`RecordingEventManager`)."""
         for call in calls[self.applied :]:
-            self._apply(call)
+            kind = call[0]
+            if kind == "created":
+                self.created(call[2], call[1])
+            elif kind == "stored":
+                infos = call[1]
+                assert infos, "empty Stored event"
+                blocks = [
+                    (i.block_hash, 0 if i.is_primary else 1, i.priority, tuple(i.tokens), i.lora_id)
+                    for i in infos
+                ]
+                prevs = [i.prev_block_hash for i in infos]
+                assert prevs[1:] == [b[0] for b in blocks[:-1]], "Stored blocks are not a chain"
+                self.stored(call[2], prevs[0], blocks)
+            elif kind == "removed":
+                self.removed(call[2], call[1])
+            elif kind == "updated":
+                self.updated(call[2], call[1])
+            else:
+                assert kind == "flush", f"unknown call {kind}"
         self.applied = len(calls)
 
-    def _apply(self, call: tuple) -> None:
-        kind = call[0]
-        if kind == "flush":
-            return
-        window = call[-1]
-        if kind == "created":
-            self.windows[window] = {}
-            self.children[window] = {}
-            self.capacity[window] = call[1]
-            return
+    def apply_events(self, events: list[KVCacheEvent]) -> None:
+        """Apply events as a ``KVCacheEventManager`` delivers them."""
+        for event in events:
+            data, window = event.data, event.window_size
+            if isinstance(data, KVCacheCreatedData):
+                self.created(window, list(data.num_blocks_per_cache_level))
+            elif isinstance(data, KVCacheStoredData):
+                blocks = [
+                    (b.block_hash, b.cache_level, b.priority, tuple(b.tokens), b.lora_id) for b in data.blocks
+                ]
+                self.stored(window, data.parent_hash, blocks)
+            elif isinstance(data, KVCacheRemovedData):
+                for h in data.block_hashes:
+                    self.removed(window, h)
+            else:
+                self.updated(window, data)
+
+    def created(self, window: int, levels: list[int]) -> None:
+        self.windows[window] = {}
+        self.children[window] = {}
+        self.capacity[window] = levels
+
+    def _window(self, window: int) -> tuple[dict[int, _ModelBlock], dict[int, int]]:
         assert window in self.windows, f"event for window {window} before its Created event"
-        blocks = self.windows[window]
-        children = self.children[window]
-        if kind == "stored":
-            infos = call[1]
-            assert infos, "empty Stored event"
-            parent = infos[0].prev_block_hash
-            for info in infos:
-                assert info.prev_block_hash == parent, "Stored blocks are not a chain"
-                assert parent is None or parent in blocks, f"Stored block's parent {parent} is not held"
-                assert info.block_hash not in blocks, f"block {info.block_hash} stored twice"
-                blocks[info.block_hash] = _ModelBlock(
-                    parent, 0 if info.is_primary else 1, info.priority, tuple(info.tokens), info.lora_id
-                )
-                if parent is not None:
-                    children[parent] = children.get(parent, 0) + 1
-                parent = info.block_hash
-        elif kind == "removed":
-            h = call[1]
-            assert h in blocks, f"removed block {h} is not held"
-            assert not children.get(h), f"block {h} removed before its children"
-            parent = blocks.pop(h).parent
+        return self.windows[window], self.children[window]
+
+    def stored(self, window: int, parent: int | None, blocks: list[tuple]) -> None:
+        held, children = self._window(window)
+        assert blocks, "empty Stored event"
+        for block_hash, level, priority, tokens, lora_id in blocks:
+            assert parent is None or parent in held, f"Stored block's parent {parent} is not held"
+            assert block_hash not in held, f"block {block_hash} stored twice"
+            held[block_hash] = _ModelBlock(parent, level, priority, tokens, lora_id)
             if parent is not None:
-                children[parent] -= 1
-        elif kind == "updated":
-            data: KVCacheUpdatedData = call[1]
-            b = blocks.get(data.block_hash)
-            assert b is not None, f"updated block {data.block_hash} is not held"
-            if data.cache_level is not None:
-                assert data.cache_level.old_value == b.level, "cache level diff starts from a wrong level"
-                b.level = data.cache_level.new_value
-            if data.priority is not None:
-                assert data.priority.old_value == b.priority, "priority diff starts from a wrong priority"
-                b.priority = data.priority.new_value
-        else:  # pragma: no cover
-            raise AssertionError(f"unknown call {kind}")
+                children[parent] = children.get(parent, 0) + 1
+            parent = block_hash
+
+    def removed(self, window: int, block_hash: int) -> None:
+        held, children = self._window(window)
+        assert block_hash in held, f"removed block {block_hash} is not held"
+        assert not children.get(block_hash), f"block {block_hash} removed before its children"
+        parent = held.pop(block_hash).parent
+        if parent is not None:
+            children[parent] -= 1
+
+    def updated(self, window: int, data: KVCacheUpdatedData) -> None:
+        held, _ = self._window(window)
+        b = held.get(data.block_hash)
+        assert b is not None, f"updated block {data.block_hash} is not held"
+        if data.cache_level is not None:
+            assert data.cache_level.old_value == b.level, "cache level diff starts from a wrong level"
+            b.level = data.cache_level.new_value
+        if data.priority is not None:
+            assert data.priority.old_value == b.priority, "priority diff starts from a wrong priority"
+            b.priority = data.priority.new_value
 
     def held(self, window: int) -> dict[int, tuple]:
         """hash → (parent, level, priority, tokens, lora_id): comparable with the ground truth."""
