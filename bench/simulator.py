@@ -7,7 +7,7 @@ and the median:
 - ``none``: no event manager (the cost of the simulation alone);
 - ``counting``: a manager that only counts calls;
 - ``recording``: a fake that appends every call to a list (the unit tests' recording fake);
-- ``manager``: the real ``KVCacheEventManager`` (when installed), with a buffer large enough to
+- ``manager``: the real ``KVCacheEventManager``, with a buffer large enough to
   drop nothing; its background worker builds the events, so the time until ``settle()`` is
   reported too.
 
@@ -27,30 +27,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from kvevents.producer import KVCacheEventManager
 from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import CountingEventManager, EngineSimulator, SimulatorConfig
 
-try:
-    from kvevents.producer.block import BlockInfo
-    from kvevents.producer.manager import KVCacheEventManager
-except ImportError:  # the real manager is not installed in this checkout
-    BlockInfo = None  # type: ignore[assignment,misc]
-    KVCacheEventManager = None  # type: ignore[assignment,misc]
-
 RESULTS = Path(__file__).resolve().parent / "results" / "simulator.json"
-
-
-class _TupleBlock(NamedTuple):
-    """Stand-in for ``BlockInfo`` when the real one is not installed (same positional fields)."""
-
-    block_hash: int
-    prev_block_hash: int | None
-    tokens: Any
-    lora_id: int | None = None
-    is_primary: bool = True
-    priority: int = 35
 
 
 class RecordingSink:
@@ -102,30 +85,24 @@ SCENARIOS = [
 ]
 
 
-def _sinks() -> dict[str, Callable[[], Any] | None]:
-    sinks: dict[str, Callable[[], Any] | None] = {
+def _sinks() -> dict[str, Callable[[], Any]]:
+    return {
         "none": lambda: None,
         "counting": CountingEventManager,
         "recording": RecordingSink,
+        "manager": lambda: KVCacheEventManager(max_kv_event_entries=50_000_000),
     }
-    sinks["manager"] = (
-        None
-        if KVCacheEventManager is None
-        else (lambda: KVCacheEventManager(max_kv_event_entries=50_000_000))
-    )
-    return sinks
 
 
 def run_once(scenario: Scenario, make_sink: Callable[[], Any]) -> dict[str, float]:
     sink = make_sink()
-    block_info = BlockInfo if BlockInfo is not None else _TupleBlock
-    sim = EngineSimulator(scenario.config, sink, WorkloadGenerator(scenario.workload), block_info=block_info)
+    sim = EngineSimulator(scenario.config, sink, WorkloadGenerator(scenario.workload))
     start = time.perf_counter()
     stats = sim.run(duration_s=scenario.simulated_seconds)
     engine_s = time.perf_counter() - start
     settled_s = engine_s
     dropped = 0
-    if KVCacheEventManager is not None and isinstance(sink, KVCacheEventManager):
+    if isinstance(sink, KVCacheEventManager):
         sink.settle(timeout=600)
         settled_s = time.perf_counter() - start
         dropped = sink.stats().buffer.events_dropped_total
@@ -171,13 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                 scenario.workload,
                 scenario.simulated_seconds / 10,
             )
-        runs: dict[str, list[dict[str, float]]] = {
-            name: [] for name, make in sinks.items() if make is not None
-        }
-        run_once(scenario, sinks["counting"])  # type: ignore[arg-type]  # warm-up, discarded
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in sinks}
+        run_once(scenario, sinks["counting"])  # warm-up, discarded
         for _ in range(args.repeat):
             for name in runs:  # interleaved, so noise hits every sink alike
-                runs[name].append(run_once(scenario, sinks[name]))  # type: ignore[arg-type]
+                runs[name].append(run_once(scenario, sinks[name]))
         base = max(r["events_per_s"] for r in runs["none"])
         for name, rs in runs.items():
             best = max(rs, key=lambda r: r["events_per_s"])
@@ -198,13 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{best['blocks_touched_per_s']:>14,.0f} {best['requests_per_s']:>8,.0f} "
                 f"{best['events_per_s_settled']:>13,.0f} {row['ratio_to_none']:>8.2f}"
             )
-        if "manager" not in runs:
-            print(f"{scenario.name:<9} manager    (the real KVCacheEventManager is not installed here)")
     payload = {
         "name": "simulator",
         "python": sys.version.split()[0],
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "real_manager": KVCacheEventManager is not None,
         "results": results,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

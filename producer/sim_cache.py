@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import xxhash
+from kvevents.producer.block import BlockInfo
 from kvevents.schemas import (
     DEFAULT_PRIORITY,
     PRIMARY_LEVEL,
@@ -296,7 +297,8 @@ class PagedBlockCache:
     finishes, then :meth:`release`. Events go to ``events`` (a ``KVCacheEventManager`` or
     anything with its ``enqueue_*`` methods); the caller flushes it once per iteration.
     ``block_info`` builds the objects handed to ``enqueue_stored_event`` (the producer's
-    ``BlockInfo`` by default).
+    :class:`~kvevents.producer.block.BlockInfo` by default; positional arguments
+    ``(block_hash, prev_block_hash, tokens, lora_id, is_primary, priority)``).
     """
 
     def __init__(
@@ -324,11 +326,7 @@ class PagedBlockCache:
         self.num_secondary_blocks = num_secondary_blocks
         self.offload_min_priority = offload_min_priority
         self._events = events
-        if block_info is None and events is not None:
-            from kvevents.producer.block import BlockInfo  # imported late until block.py is on main
-
-            block_info = BlockInfo
-        self._block_info = block_info
+        self._block_info = BlockInfo if block_info is None else block_info
         self._blocks: dict[int, _Block] = {}
         self._seqs: dict[object, _Sequence] = {}
         self._used = [0, 0]  # slots in use per level (primary includes private blocks)
@@ -597,7 +595,6 @@ class PagedBlockCache:
         if self._events is None:
             return
         make = self._block_info
-        assert make is not None
         infos = []
         prev = None if parent is None else parent.block_hash
         for b in stored:

@@ -20,24 +20,6 @@ from kvevents.schemas import (
     KVCacheUpdatedData,
 )
 
-try:  # the real BlockInfo lands with the event manager
-    from kvevents.producer.block import BlockInfo
-except ImportError:  # pragma: no cover - until producer/block.py is on main
-
-    @dataclass(frozen=True)
-    class BlockInfo:  # type: ignore[no-redef]
-        """Test-only stand-in with the public signature of ``kvevents.producer.BlockInfo``."""
-
-        block_hash: int
-        prev_block_hash: int | None
-        tokens: Any
-        lora_id: int | None = None
-        is_primary: bool = True
-        priority: int = 35
-        token_extra_ids: Any = None
-        mm_keys: tuple = ()
-        cache_salt: str | None = None
-
 
 @dataclass
 class RecordingEventManager:

@@ -18,7 +18,7 @@ from kvevents.producer.sim_cache import (
     chained_block_hash,
 )
 from kvevents.schemas import KVCacheEventDiff
-from sim_support import BlockInfo, RecordingEventManager, ReplayModel, truth_tuples
+from sim_support import RecordingEventManager, ReplayModel, truth_tuples
 
 WINDOW = 4096
 
@@ -38,7 +38,6 @@ def make_cache(
         num_secondary_blocks=secondary,
         window_size=WINDOW,
         events=events,
-        block_info=BlockInfo,
         **kwargs,
     )
     cache.emit_created()

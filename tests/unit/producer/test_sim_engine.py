@@ -15,7 +15,7 @@ from kvevents.producer.simulator import (
     GroundTruth,
     SimulatorConfig,
 )
-from sim_support import BlockInfo, RecordingEventManager, ReplayModel, truth_tuples
+from sim_support import RecordingEventManager, ReplayModel, truth_tuples
 
 SMALL = WorkloadConfig(
     seed=1,
@@ -36,7 +36,7 @@ def simulator(
     events = RecordingEventManager()
     cfg = SimulatorConfig(**{"block_size": 16, "num_primary_blocks": 256, **config})
     gen = None if workload is None else WorkloadGenerator(workload)
-    return EngineSimulator(cfg, events, gen, block_info=BlockInfo), events
+    return EngineSimulator(cfg, events, gen), events
 
 
 def request(rid: int, prompt: list[int], output_len: int = 3, **kwargs) -> Request:
@@ -188,7 +188,6 @@ def test_counting_event_manager_counts_every_call() -> None:
         SimulatorConfig(block_size=16, num_primary_blocks=128, num_secondary_blocks=32),
         counter,
         WorkloadGenerator(SMALL),
-        block_info=BlockInfo,
     )
     s = sim.run(duration_s=4.0)
     assert counter.calls == s.events_enqueued and counter.flushes == s.iterations

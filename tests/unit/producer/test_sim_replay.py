@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, SimulatorConfig
-from sim_support import BlockInfo, RecordingEventManager, ReplayModel, truth_tuples
+from sim_support import RecordingEventManager, ReplayModel, truth_tuples
 
 
 @st.composite
@@ -55,7 +55,7 @@ def _check_at_every_flush(
     config: SimulatorConfig, workload: WorkloadConfig, iterations: int
 ) -> EngineSimulator:
     events = RecordingEventManager()
-    sim = EngineSimulator(config, events, WorkloadGenerator(workload), block_info=BlockInfo)
+    sim = EngineSimulator(config, events, WorkloadGenerator(workload))
     model = ReplayModel()
     flushes = []
 
