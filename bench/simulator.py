@@ -102,10 +102,13 @@ def run_once(scenario: Scenario, make_sink: Callable[[], Any]) -> dict[str, floa
     engine_s = time.perf_counter() - start
     settled_s = engine_s
     dropped = 0
+    delivered = None
     if isinstance(sink, KVCacheEventManager):
         sink.settle(timeout=600)
         settled_s = time.perf_counter() - start
-        dropped = sink.stats().buffer.events_dropped_total
+        manager_stats = sink.stats()
+        dropped = manager_stats.buffer.events_dropped_total
+        delivered = manager_stats.buffer.events_added_total
         sink.close()
     events = stats.events_enqueued
     touched = stats.stored_blocks + stats.removed_blocks + stats.updated_events
@@ -124,6 +127,7 @@ def run_once(scenario: Scenario, make_sink: Callable[[], Any]) -> dict[str, floa
         "events_per_s_settled": events / settled_s,
         "hit_rate": stats.hit_rate,
         "dropped": dropped,
+        "events_delivered": delivered,  # by the real manager, consecutive Removed calls merged
     }
 
 

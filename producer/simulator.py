@@ -477,9 +477,11 @@ class EngineSimulator:
         should_stop: Callable[[], bool] | None = None,
         max_iterations: int | None = None,
     ) -> SimulatorStats:
-        """Iterate until ``duration_s`` simulated seconds have passed, ``max_requests`` have
-        arrived, the workload is exhausted, or a stop is requested; with ``drain``, then keep
-        iterating (taking no new arrivals) until every admitted and waiting request finished.
+        """Iterate until ``duration_s`` simulated seconds have passed, ``max_requests`` more
+        requests have arrived (the workload is then closed for good), ``max_iterations`` ran,
+        the workload is exhausted, or a stop is requested; with ``drain``, then keep iterating
+        (taking no new arrivals) until every admitted and waiting request finished. Returns
+        :meth:`stats`.
         """
         unbounded = (
             duration_s is None and max_requests is None and max_iterations is None and should_stop is None
