@@ -1,0 +1,776 @@
+"""A simulated paged KV-cache block manager that emits the events an engine would.
+
+It models TensorRT-LLM's ``WindowBlockManager`` (one per attention window size) closely enough
+that its event stream has the same shape and meaning:
+
+- **Blocks.** The cache holds ``num_primary_blocks`` blocks of ``block_size`` tokens in primary
+  (GPU) memory and optionally ``num_secondary_blocks`` in secondary (host) memory. Only FULL
+  blocks are identified and reusable; a request's partial last block and its not-yet-stored
+  blocks are *private*: they take a primary slot but have no identity and emit no event.
+- **Identity.** A block is identified by a chained hash (see :func:`chained_block_hash`) of its
+  parent's hash, its token ids and the request's LoRA id, so equal prefixes give equal hashes in
+  every process and run. Cached blocks form a radix tree (parent → children).
+- **Reuse.** A new request reuses the longest cached prefix of full blocks of ``prompt[:-1]``
+  (the last prompt token is always recomputed, as in TensorRT-LLM). Reused blocks get a
+  reference; a reused block in secondary memory is onboarded back to primary (an Updated event,
+  cache level 1 → 0); a reused block whose retention priority differs from the one the request
+  asks for gets the new priority (an Updated event with a priority diff), exactly as
+  TensorRT-LLM's ``loadOrAllocateBlocks`` does.
+- **Storing.** The engine stores blocks for reuse twice per request, as TensorRT-LLM does: after
+  the context phase (the prompt's full blocks) and when the request finishes (the full blocks
+  of prompt + output minus the last token, whose KV state is never computed). Newly cached
+  blocks of one call form ONE Stored event whose parent is the first block's predecessor. A
+  block some other request stored meanwhile is adopted instead (no event; the private copy is
+  returned, and an offloaded copy is brought back to primary with an Updated event).
+- **Eviction.** When a primary slot is needed, the victim is the unreferenced primary block
+  with the lowest retention priority, least recently used first — among *leaves* only (blocks
+  with no child in primary memory), so a child is never held without its parent. TensorRT-LLM
+  gets the same result differently: its LRU queue is filled leaf-first (a finished request's
+  blocks are released in reverse order) and, should a victim still have descendants, it frees
+  them first (``freeChildren``), emitting Removed for each. vLLM also frees in reverse order but
+  may evict a middle block and leave unreachable descendants behind; we never do.
+  The victim is offloaded to secondary memory (Updated, 0 → 1) when the secondary level exists
+  and the victim's priority is at least ``offload_min_priority`` (TensorRT-LLM's
+  ``secondary_offload_min_priority``, default 30); making room in secondary evicts its
+  lowest-priority LRU leaf (Removed). Otherwise the victim leaves the cache (Removed), after its
+  descendants in secondary memory (post-order, leaves first).
+
+Deliberate simplifications (documented, not hidden): blocks are reserved for the whole request
+at admission (TensorRT-LLM's ``GUARANTEED_NO_EVICT`` scheduling), so a running request never
+fails; priority durations/expiry are not modelled (TensorRT-LLM resets an expired priority
+without an event); partial-block reuse, beams and sliding-window block dropping are not
+modelled; when a freed secondary slot is evicted to make room for an offload, the Removed event
+comes before the victim's Updated event (TensorRT-LLM emits them the other way round), so that
+replaying the events never sees a level over capacity except during an onboarding swap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+import sys
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import xxhash
+from kvevents.producer.block import BlockInfo
+from kvevents.schemas import (
+    DEFAULT_PRIORITY,
+    PRIMARY_LEVEL,
+    SECONDARY_LEVEL,
+    KVCacheEventDiff,
+    KVCacheUpdatedData,
+)
+
+__all__ = [
+    "DEFAULT_OFFLOAD_MIN_PRIORITY",
+    "DEFAULT_WINDOW_SIZE",
+    "CacheFullError",
+    "CacheStats",
+    "HeldBlock",
+    "KVEventSink",
+    "PagedBlockCache",
+    "RetentionRange",
+    "block_hashes",
+    "chained_block_hash",
+    "to_token_array",
+]
+
+DEFAULT_WINDOW_SIZE = 8192
+"""Attention window size used when the caller names none (one window size per cache)."""
+DEFAULT_OFFLOAD_MIN_PRIORITY = 30
+"""TensorRT-LLM's default ``secondary_offload_min_priority``: lower-priority victims are dropped."""
+
+_ROOT_SEED = 0
+_LORA = struct.Struct("<Q")
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+class KVEventSink(Protocol):
+    """What the cache calls on a ``KVCacheEventManager`` (the enqueue side of its public API)."""
+
+    def enqueue_created_event(self, num_blocks_per_cache_level: list[int], window_size: int) -> None: ...
+
+    def enqueue_stored_event(self, blocks: list[Any], window_size: int) -> None: ...
+
+    def enqueue_removed_event(self, block_hash: int, window_size: int) -> None: ...
+
+    def enqueue_updated_event(self, data: KVCacheUpdatedData, window_size: int) -> None: ...
+
+
+def to_token_array(tokens: Iterable[int]) -> array:
+    """``tokens`` as ``array('i')`` (returned as is when it already is one)."""
+    if tokens.__class__ is array and tokens.typecode == "i":  # type: ignore[attr-defined]
+        return tokens  # type: ignore[return-value]
+    try:
+        return array("i", tokens)
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"token ids must be int32 values: {exc}") from None
+
+
+def chained_block_hash(parent_hash: int | None, tokens: Iterable[int], lora_id: int | None = None) -> int:
+    """The unsigned 64-bit hash of one block, chained to its parent.
+
+    ``xxh3_64(data, seed=parent_hash or 0)`` where ``data`` is the block's token ids packed as
+    little-endian int32, followed by the LoRA id as little-endian uint64 when there is one. The
+    parent hash as seed chains the blocks (equal hashes mean equal whole prefixes, with
+    overwhelming probability); it is deterministic across processes, runs and machines.
+    TensorRT-LLM's own V1 hash is a different mixer with the same inputs; consumers only need
+    hashes to be chained and deterministic.
+    """
+    arr = to_token_array(tokens)
+    if _BIG_ENDIAN:
+        arr = array("i", arr)
+        arr.byteswap()
+    data = arr.tobytes()
+    if lora_id is not None:
+        data += _LORA.pack(lora_id)
+    return xxhash.xxh3_64_intdigest(data, seed=_ROOT_SEED if parent_hash is None else parent_hash)
+
+
+def block_hashes(
+    tokens: Iterable[int],
+    block_size: int,
+    lora_id: int | None = None,
+    *,
+    parent_hash: int | None = None,
+    max_blocks: int | None = None,
+) -> list[int]:
+    """The chained hashes of the full blocks of ``tokens`` (a partial last block has none)."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    arr = to_token_array(tokens)
+    count = len(arr) // block_size
+    if max_blocks is not None:
+        count = min(count, max_blocks)
+    hashes: list[int] = []
+    parent = parent_hash
+    for i in range(count):
+        parent = chained_block_hash(parent, arr[i * block_size : (i + 1) * block_size], lora_id)
+        hashes.append(parent)
+    return hashes
+
+
+class RetentionRange(NamedTuple):
+    """A retention priority for the blocks within ``[start, end)`` tokens of a sequence.
+
+    Like TensorRT-LLM's ``TokenRangeRetentionConfig``: ``end=None`` reaches to the end of the
+    sequence (generated tokens included). A block takes the priority of the first range that
+    covers all its tokens; a block no range covers keeps its priority (new blocks: 35).
+    """
+
+    start: int
+    end: int | None
+    priority: int
+
+
+def _block_priority(ranges: Sequence[RetentionRange], index: int, block_size: int) -> int | None:
+    first = index * block_size
+    last = first + block_size
+    for r in ranges:
+        if r.start <= first and (r.end is None or last <= r.end):
+            return r.priority
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBlock:
+    """One block the cache holds: the ground truth a consumer's index must reproduce."""
+
+    block_hash: int
+    parent_hash: int | None
+    cache_level: int
+    priority: int
+    tokens: tuple[int, ...]
+    lora_id: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (hashes as unsigned ints)."""
+        return {
+            "block_hash": self.block_hash,
+            "parent_hash": self.parent_hash,
+            "cache_level": self.cache_level,
+            "priority": self.priority,
+            "tokens": list(self.tokens),
+            "lora_id": self.lora_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HeldBlock:
+        """The inverse of :meth:`to_json`."""
+        return cls(
+            block_hash=int(data["block_hash"]),
+            parent_hash=None if data["parent_hash"] is None else int(data["parent_hash"]),
+            cache_level=int(data["cache_level"]),
+            priority=int(data["priority"]),
+            tokens=tuple(int(t) for t in data["tokens"]),
+            lora_id=None if data.get("lora_id") is None else int(data["lora_id"]),
+        )
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """Counters of one cache (one window size). Event counters count ``enqueue_*`` calls."""
+
+    sequences_added: int = 0
+    matchable_blocks: int = 0
+    """Full blocks of ``prompt[:-1]`` over all admitted requests (the most that could hit)."""
+    hit_blocks: int = 0
+    """Blocks reused from the cache at admission (prefix-cache hits)."""
+    stored_events: int = 0
+    stored_blocks: int = 0
+    adopted_blocks: int = 0
+    """Blocks another request cached first: the private copy was dropped, no Stored event."""
+    removed_blocks: int = 0
+    evictions: int = 0
+    """Victims taken from primary memory (each then offloaded or removed)."""
+    offloads: int = 0
+    onboards: int = 0
+    priority_updates: int = 0
+    created_events: int = 0
+
+    @property
+    def updated_events(self) -> int:
+        return self.offloads + self.onboards + self.priority_updates
+
+
+class CacheFullError(RuntimeError):
+    """A request does not fit: every primary slot is referenced by running requests."""
+
+
+class _Block:
+    """A cached block: a node of the radix tree."""
+
+    __slots__ = (
+        "alive",
+        "block_hash",
+        "children",
+        "last_used",
+        "level",
+        "lora_id",
+        "parent",
+        "primary_children",
+        "priority",
+        "ref_count",
+        "tokens",
+    )
+
+    def __init__(
+        self, block_hash: int, parent: _Block | None, tokens: array, lora_id: int | None, priority: int
+    ) -> None:
+        self.block_hash = block_hash
+        self.parent = parent
+        self.tokens = tokens
+        self.lora_id = lora_id
+        self.priority = priority
+        self.level = PRIMARY_LEVEL
+        self.ref_count = 0
+        self.last_used = 0
+        self.children: set[_Block] = set()
+        self.primary_children = 0
+        self.alive = True
+
+    def is_leaf_at(self, level: int) -> bool:
+        # Invariant: a child's level is never below its parent's, so a secondary block's
+        # children are all in secondary memory.
+        return self.primary_children == 0 if level == PRIMARY_LEVEL else not self.children
+
+
+@dataclass(slots=True)
+class _Sequence:
+    lora_id: int | None
+    retention: Sequence[RetentionRange]
+    blocks: list[_Block] = field(default_factory=list)
+    private: int = 0
+
+
+_CandidateEntry = tuple[int, int, int, _Block]
+
+
+class PagedBlockCache:
+    """One window size's paged KV cache: allocation, prefix reuse, eviction, offload, events.
+
+    The engine calls, per request: :meth:`can_admit`, :meth:`add_sequence` (reuse + allocate),
+    :meth:`store_blocks` after the context phase and again with prompt + output when it
+    finishes, then :meth:`release`. Events go to ``events`` (a ``KVCacheEventManager`` or
+    anything with its ``enqueue_*`` methods); the caller flushes it once per iteration.
+    ``block_info`` builds the objects handed to ``enqueue_stored_event`` (the producer's
+    :class:`~kvevents.producer.block.BlockInfo` by default; positional arguments
+    ``(block_hash, prev_block_hash, tokens, lora_id, is_primary, priority)``).
+    """
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        num_primary_blocks: int,
+        num_secondary_blocks: int = 0,
+        window_size: int = DEFAULT_WINDOW_SIZE,
+        events: KVEventSink | None = None,
+        offload_min_priority: int = DEFAULT_OFFLOAD_MIN_PRIORITY,
+        block_info: Callable[..., Any] | None = None,
+    ) -> None:
+        for name, value, minimum in (
+            ("block_size", block_size, 1),
+            ("num_primary_blocks", num_primary_blocks, 1),
+            ("num_secondary_blocks", num_secondary_blocks, 0),
+            ("window_size", window_size, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        self.block_size = block_size
+        self.window_size = window_size
+        self.num_primary_blocks = num_primary_blocks
+        self.num_secondary_blocks = num_secondary_blocks
+        self.offload_min_priority = offload_min_priority
+        self._events = events
+        self._block_info = BlockInfo if block_info is None else block_info
+        self._blocks: dict[int, _Block] = {}
+        self._seqs: dict[object, _Sequence] = {}
+        self._used = [0, 0]  # slots in use per level (primary includes private blocks)
+        self._private = 0  # primary slots held by running requests' unidentified blocks
+        self._referenced_primary = 0  # cached primary blocks with ref_count > 0
+        self._candidates: list[list[_CandidateEntry]] = [[], []]
+        self._push_count = 0
+        self._tick = 0
+        self.stats = CacheStats()
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def num_blocks_per_cache_level(self) -> list[int]:
+        """Capacity per level, as the Created event carries it."""
+        return [self.num_primary_blocks, self.num_secondary_blocks]
+
+    def num_cached(self, level: int | None = None) -> int:
+        """Cached (identified) blocks, at one level or in total."""
+        if level is None:
+            return len(self._blocks)
+        return self._used[level] - (self._private if level == PRIMARY_LEVEL else 0)
+
+    @property
+    def num_private(self) -> int:
+        """Primary slots held by running requests' blocks that are not (yet) cached."""
+        return self._private
+
+    @property
+    def num_running(self) -> int:
+        return len(self._seqs)
+
+    def blocks_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        """Blocks one request occupies while it runs (prompt + output, the last one partial)."""
+        return -(-(prompt_len + max_new_tokens) // self.block_size)
+
+    def match_hashes(self, hashes: Iterable[int]) -> int:
+        """How many leading hashes of a chain the cache holds (any level)."""
+        blocks = self._blocks
+        count = 0
+        for h in hashes:
+            if h not in blocks:
+                break
+            count += 1
+        return count
+
+    def match(self, tokens: Sequence[int], lora_id: int | None = None) -> int:
+        """How many leading full blocks of ``tokens`` the cache holds now (any level).
+
+        No side effect. The engine reuses at most ``(len(prompt) - 1) // block_size`` blocks
+        of a prompt, since the last prompt token is always recomputed.
+        """
+        arr = to_token_array(tokens)
+        bs = self.block_size
+        blocks = self._blocks
+        parent: int | None = None
+        count = 0
+        for i in range(len(arr) // bs):
+            parent = chained_block_hash(parent, arr[i * bs : (i + 1) * bs], lora_id)
+            if parent not in blocks:
+                break
+            count += 1
+        return count
+
+    def held_blocks(self) -> dict[int, HeldBlock]:
+        """Every cached block: hash → (parent, level, priority, tokens, LoRA id)."""
+        return {
+            h: HeldBlock(
+                block_hash=h,
+                parent_hash=None if b.parent is None else b.parent.block_hash,
+                cache_level=b.level,
+                priority=b.priority,
+                tokens=tuple(b.tokens),
+                lora_id=b.lora_id,
+            )
+            for h, b in self._blocks.items()
+        }
+
+    # ------------------------------------------------------------------ engine calls
+
+    def emit_created(self) -> None:
+        """The Created event an engine sends when it builds this cache."""
+        if self._events is not None:
+            self._events.enqueue_created_event(self.num_blocks_per_cache_level, self.window_size)
+        self.stats.created_events += 1
+
+    def _prompt_hashes(
+        self, prompt: array, lora_id: int | None, hashes: Sequence[int] | None
+    ) -> Sequence[int]:
+        limit = max(len(prompt) - 1, 0) // self.block_size
+        if hashes is None:
+            return block_hashes(prompt, self.block_size, lora_id, max_blocks=limit)
+        return hashes[:limit]
+
+    def _slots_needed(self, matched: Sequence[_Block], total_blocks: int) -> tuple[int, int]:
+        """(primary slots the request needs, slots it may take from the evictable pool)."""
+        onboards = sum(1 for b in matched if b.level != PRIMARY_LEVEL)
+        unreferenced_matched = sum(1 for b in matched if b.level == PRIMARY_LEVEL and b.ref_count == 0)
+        needed = total_blocks - len(matched) + onboards
+        available = self.num_primary_blocks - self._referenced_primary - self._private - unreferenced_matched
+        return needed, available
+
+    def _matched(self, hashes: Sequence[int]) -> list[_Block]:
+        matched: list[_Block] = []
+        blocks = self._blocks
+        for h in hashes:
+            b = blocks.get(h)
+            if b is None:
+                break
+            matched.append(b)
+        return matched
+
+    def can_admit(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        lora_id: int | None = None,
+        *,
+        hashes: Sequence[int] | None = None,
+    ) -> bool:
+        """Whether :meth:`add_sequence` would succeed now (evicting unreferenced blocks)."""
+        arr = to_token_array(prompt)
+        matched = self._matched(self._prompt_hashes(arr, lora_id, hashes))
+        needed, available = self._slots_needed(matched, self.blocks_needed(len(arr), max_new_tokens))
+        return needed <= available
+
+    def add_sequence(
+        self,
+        request_id: object,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        lora_id: int | None = None,
+        *,
+        retention: Sequence[RetentionRange] = (),
+        hashes: Sequence[int] | None = None,
+    ) -> int:
+        """Admit a request: reuse its cached prefix, reserve its other blocks; return the hits.
+
+        ``hashes`` may pass the prompt's precomputed :func:`block_hashes` (same block size and
+        LoRA id). Raises :class:`CacheFullError` when the request does not fit and
+        ``ValueError`` for a request id already running.
+        """
+        if request_id in self._seqs:
+            raise ValueError(f"request {request_id!r} is already running in this cache")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        arr = to_token_array(prompt)
+        if not arr:
+            raise ValueError("a request needs at least one prompt token")
+        prompt_hashes = self._prompt_hashes(arr, lora_id, hashes)
+        matched = self._matched(prompt_hashes)
+        total_blocks = self.blocks_needed(len(arr), max_new_tokens)
+        needed, available = self._slots_needed(matched, total_blocks)
+        if needed > available:
+            raise CacheFullError(
+                f"request {request_id!r} needs {needed} primary blocks, only {available} can be freed "
+                f"(window {self.window_size}, {self.num_primary_blocks} primary blocks)"
+            )
+        seq = _Sequence(lora_id=lora_id, retention=retention)
+        self._seqs[request_id] = seq
+        stats = self.stats
+        stats.sequences_added += 1
+        stats.matchable_blocks += len(prompt_hashes)
+        stats.hit_blocks += len(matched)
+        # Reference the whole reused prefix first, so no eviction below can take any of it.
+        for b in matched:
+            if b.ref_count == 0 and b.level == PRIMARY_LEVEL:
+                self._referenced_primary += 1
+            b.ref_count += 1
+        for i, b in enumerate(matched):
+            priority = _block_priority(retention, i, self.block_size) if retention else None
+            if priority is not None and priority != b.priority:
+                self._emit_updated(b.block_hash, priority=KVCacheEventDiff(b.priority, priority))
+                b.priority = priority
+                stats.priority_updates += 1
+            if b.level != PRIMARY_LEVEL:
+                self._onboard(b)
+        seq.blocks = matched
+        new_blocks = total_blocks - len(matched)
+        for _ in range(new_blocks):
+            self._make_primary_room()
+            self._used[PRIMARY_LEVEL] += 1
+        seq.private = new_blocks
+        self._private += new_blocks
+        return len(matched)
+
+    def store_blocks(self, request_id: object, tokens: Sequence[int]) -> int:
+        """Cache the full blocks of ``tokens`` (a running request's sequence whose KV state is
+        computed) beyond those the request already holds; return how many were newly cached
+        (blocks found already cached are adopted and not counted).
+
+        Emits one Stored event for the new blocks (parent: the block before the first one).
+        """
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            raise KeyError(f"request {request_id!r} is not running in this cache")
+        arr = to_token_array(tokens)
+        bs = self.block_size
+        full = len(arr) // bs
+        start = len(seq.blocks)
+        if full <= start:
+            return 0
+        if full - start > seq.private:
+            raise ValueError(
+                f"request {request_id!r} stores {full - start} blocks but reserved only {seq.private} "
+                f"(sequence longer than prompt + max_new_tokens?)"
+            )
+        parent = seq.blocks[-1] if seq.blocks else None
+        blocks = self._blocks
+        lora_id = seq.lora_id
+        stored: list[_Block] = []
+        stored_parent = parent
+        newly_stored = 0
+        for i in range(start, full):
+            block_tokens = arr[i * bs : (i + 1) * bs]
+            h = chained_block_hash(None if parent is None else parent.block_hash, block_tokens, lora_id)
+            seq.private -= 1
+            self._private -= 1
+            existing = blocks.get(h)
+            if existing is not None:
+                if stored:  # cannot happen without a hash collision; keep events consistent anyway
+                    self._emit_stored(stored, stored_parent)
+                    stored = []
+                self._adopt(existing)
+                seq.blocks.append(existing)
+                parent = stored_parent = existing
+                continue
+            priority = _block_priority(seq.retention, i, bs) if seq.retention else None
+            b = _Block(h, parent, block_tokens, lora_id, DEFAULT_PRIORITY if priority is None else priority)
+            b.ref_count = 1
+            blocks[h] = b
+            if parent is not None:
+                parent.children.add(b)
+                parent.primary_children += 1
+            self._referenced_primary += 1
+            seq.blocks.append(b)
+            stored.append(b)
+            newly_stored += 1
+            parent = b
+        if stored:
+            self._emit_stored(stored, stored_parent)
+        return newly_stored
+
+    def release(self, request_id: object) -> None:
+        """Finish a request: drop its references (leaf first) and free its private blocks."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            raise KeyError(f"request {request_id!r} is not running in this cache")
+        for b in reversed(seq.blocks):
+            b.ref_count -= 1
+            if b.ref_count == 0:
+                self._referenced_primary -= 1
+                self._tick += 1
+                b.last_used = self._tick
+                self._push_candidate(b)
+        self._used[PRIMARY_LEVEL] -= seq.private
+        self._private -= seq.private
+        seq.private = 0
+
+    # ------------------------------------------------------------------ internals
+
+    def _emit_stored(self, stored: list[_Block], parent: _Block | None) -> None:
+        stats = self.stats
+        stats.stored_events += 1
+        stats.stored_blocks += len(stored)
+        if self._events is None:
+            return
+        make = self._block_info
+        infos = []
+        prev = None if parent is None else parent.block_hash
+        for b in stored:
+            infos.append(make(b.block_hash, prev, b.tokens, b.lora_id, True, b.priority))
+            prev = b.block_hash
+        self._events.enqueue_stored_event(infos, self.window_size)
+
+    def _emit_updated(
+        self,
+        block_hash: int,
+        *,
+        cache_level: KVCacheEventDiff | None = None,
+        priority: KVCacheEventDiff | None = None,
+    ) -> None:
+        if self._events is not None:
+            self._events.enqueue_updated_event(
+                KVCacheUpdatedData(block_hash, cache_level=cache_level, priority=priority), self.window_size
+            )
+
+    def _adopt(self, b: _Block) -> None:
+        """A request computed a block that is already cached: use the cached one."""
+        self.stats.adopted_blocks += 1
+        if b.level != PRIMARY_LEVEL:
+            # The fresh primary copy replaces the offloaded one: the private slot becomes its home.
+            self._used[SECONDARY_LEVEL] -= 1
+            b.level = PRIMARY_LEVEL
+            if b.parent is not None:
+                b.parent.primary_children += 1
+            self._emit_updated(b.block_hash, cache_level=KVCacheEventDiff(SECONDARY_LEVEL, PRIMARY_LEVEL))
+            self.stats.onboards += 1
+            self._referenced_primary += 1
+        else:
+            self._used[PRIMARY_LEVEL] -= 1  # the private copy is freed
+            if b.ref_count == 0:
+                self._referenced_primary += 1
+        b.ref_count += 1
+
+    def _onboard(self, b: _Block) -> None:
+        """Bring a referenced secondary block back to primary, swapping a victim out if full."""
+        self._used[SECONDARY_LEVEL] -= 1  # its secondary slot is free for the victim
+        self._make_primary_room()
+        self._used[PRIMARY_LEVEL] += 1
+        b.level = PRIMARY_LEVEL
+        if b.parent is not None:
+            b.parent.primary_children += 1
+        self._referenced_primary += 1
+        self._emit_updated(b.block_hash, cache_level=KVCacheEventDiff(SECONDARY_LEVEL, PRIMARY_LEVEL))
+        self.stats.onboards += 1
+
+    def _push_candidate(self, b: _Block) -> None:
+        if b.ref_count == 0 and b.is_leaf_at(b.level):
+            self._push_count += 1
+            heap = self._candidates[b.level]
+            heapq.heappush(heap, (b.priority, b.last_used, self._push_count, b))
+            if len(heap) > 4 * (self.num_primary_blocks + self.num_secondary_blocks) + 64:
+                self._compact(b.level)
+
+    def _valid(self, entry: _CandidateEntry, level: int) -> bool:
+        priority, last_used, _, b = entry
+        return (
+            b.alive
+            and b.level == level
+            and b.ref_count == 0
+            and b.priority == priority
+            and b.last_used == last_used
+            and b.is_leaf_at(level)
+        )
+
+    def _compact(self, level: int) -> None:
+        seen: set[int] = set()
+        kept = []
+        for entry in self._candidates[level]:
+            if self._valid(entry, level) and id(entry[3]) not in seen:
+                seen.add(id(entry[3]))
+                kept.append(entry)
+        heapq.heapify(kept)
+        self._candidates[level] = kept
+
+    def _pop_candidate(self, level: int) -> _Block | None:
+        heap = self._candidates[level]
+        while heap:
+            entry = heapq.heappop(heap)
+            if self._valid(entry, level):
+                return entry[3]
+        return None
+
+    def _make_primary_room(self) -> None:
+        while self._used[PRIMARY_LEVEL] >= self.num_primary_blocks:
+            victim = self._pop_candidate(PRIMARY_LEVEL)
+            if victim is None:
+                raise CacheFullError(f"no evictable primary block (window {self.window_size})")
+            self._evict_primary(victim)
+
+    def _make_secondary_room(self) -> bool:
+        if self.num_secondary_blocks == 0:
+            return False
+        while self._used[SECONDARY_LEVEL] >= self.num_secondary_blocks:
+            victim = self._pop_candidate(SECONDARY_LEVEL)
+            if victim is None:
+                return False
+            self._remove(victim)
+        return True
+
+    def _evict_primary(self, victim: _Block) -> None:
+        self.stats.evictions += 1
+        if victim.priority >= self.offload_min_priority and self._make_secondary_room():
+            self._used[PRIMARY_LEVEL] -= 1
+            self._used[SECONDARY_LEVEL] += 1
+            victim.level = SECONDARY_LEVEL
+            parent = victim.parent
+            self._emit_updated(
+                victim.block_hash, cache_level=KVCacheEventDiff(PRIMARY_LEVEL, SECONDARY_LEVEL)
+            )
+            self.stats.offloads += 1
+            if parent is not None:
+                parent.primary_children -= 1
+                self._push_candidate(parent)
+            self._push_candidate(victim)
+        else:
+            self._remove_subtree(victim)
+
+    def _remove_subtree(self, root: _Block) -> None:
+        """Remove ``root`` and its descendants, children before parents."""
+        stack: list[tuple[_Block, bool]] = [(root, False)]
+        while stack:
+            b, expanded = stack.pop()
+            if expanded or not b.children:
+                self._remove(b)
+            else:
+                stack.append((b, True))
+                stack.extend((c, False) for c in b.children)
+
+    def _remove(self, b: _Block) -> None:
+        assert b.ref_count == 0 and not b.children, "only unreferenced leaves leave the cache"
+        if self._events is not None:
+            self._events.enqueue_removed_event(b.block_hash, self.window_size)
+        self.stats.removed_blocks += 1
+        self._used[b.level] -= 1
+        del self._blocks[b.block_hash]
+        b.alive = False
+        parent = b.parent
+        if parent is not None:
+            parent.children.discard(b)
+            if b.level == PRIMARY_LEVEL:
+                parent.primary_children -= 1
+            self._push_candidate(parent)
+
+    # ------------------------------------------------------------------ checks
+
+    def check_invariants(self) -> None:
+        """Recount everything from scratch; raise ``AssertionError`` on any inconsistency."""
+        used = [0, 0]
+        referenced = 0
+        for h, b in self._blocks.items():
+            assert b.alive and b.block_hash == h
+            used[b.level] += 1
+            if b.ref_count > 0:
+                assert b.level == PRIMARY_LEVEL, f"referenced block {h:#x} is not in primary memory"
+                referenced += 1
+            if b.parent is not None:
+                assert b.parent.alive and self._blocks.get(b.parent.block_hash) is b.parent, (
+                    f"block {h:#x} is held without its parent"
+                )
+                assert b in b.parent.children
+                assert b.parent.level <= b.level, f"block {h:#x} is in a faster level than its parent"
+            assert b.primary_children == sum(1 for c in b.children if c.level == PRIMARY_LEVEL)
+        private = sum(s.private for s in self._seqs.values())
+        assert private == self._private, (private, self._private)
+        assert used[PRIMARY_LEVEL] + private == self._used[PRIMARY_LEVEL], (used, private, self._used)
+        assert used[SECONDARY_LEVEL] == self._used[SECONDARY_LEVEL], (used, self._used)
+        assert referenced == self._referenced_primary, (referenced, self._referenced_primary)
+        assert self._used[PRIMARY_LEVEL] <= self.num_primary_blocks, "primary capacity exceeded"
+        assert self._used[SECONDARY_LEVEL] <= self.num_secondary_blocks, "secondary capacity exceeded"
+        refs: dict[int, int] = {}
+        for s in self._seqs.values():
+            for b in s.blocks:
+                refs[id(b)] = refs.get(id(b), 0) + 1
+        for b in self._blocks.values():
+            assert b.ref_count == refs.get(id(b), 0), f"block {b.block_hash:#x} has a wrong reference count"
