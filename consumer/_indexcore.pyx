@@ -1,0 +1,1977 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled index core: compact C tables behind ``CacheIndex`` (same results as ``_pycore``).
+
+Layout (about 40 bytes per unshared held block, 4-8 bytes per further holder of a shared one):
+
+- nodes: one 32-byte record per engine block hash held by anyone, in chunks of 2**14 (so no
+  big reallocation ever moves them): engine hash, content hash, holders, the links of its
+  content-hash chain, and the holder count with two flag bits;
+- two open-addressing tables of u32 node ids (linear probing, backward-shift deletion, load
+  at most 0.7): by engine hash, and by content hash (to the head of the chain of nodes with
+  that content, one per engine hash that stands for it);
+- holders: a node held by one cache keeps its packed holder inline
+  (``slot | level << 20 | priority << 24``); more holders live in a u32 pool in power-of-two
+  runs, recycled through per-size free lists;
+- per slot (worker, window size) and per worker: small C arrays (counts, cursors); degraded
+  reasons and capacities stay Python objects (rarely touched).
+
+``apply_encoded`` reads the Avro body itself (the current ``EventBatch`` schema, checked by its
+fingerprint) into scratch arrays without building Python objects, then applies the batch;
+``apply_batch`` fills the same scratch arrays from model objects. A malformed body raises
+``DecodeError`` before anything is applied. Bodies of any other schema version go through
+``decode_batch`` (schema resolution) and ``apply_batch``.
+"""
+
+from cpython cimport array as carray
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport qsort
+from libc.string cimport memcmp, memcpy, memset
+
+from kvevents.schemas import (
+    DecodeError,
+    KVCacheCreatedData,
+    KVCacheRemovedData,
+    KVCacheStoredData,
+    KVCacheUpdatedData,
+    current_fingerprint,
+    decode_batch,
+)
+
+from . import _reasons
+from ._state import IndexState, InstanceState, WindowState, WorkerState
+from .hashing import content_hashes_for_tokens
+
+cdef extern from *:
+    """
+    #define KV_NIL 0xFFFFFFFFu
+    #define KV_K1 0x9E3779B97F4A7C15ull
+    #define KV_K2 0xBF58476D1CE4E5B9ull
+    #define KV_K3 0x94D049BB133111EBull
+    #define KV_ROOT 0x6B766576656E7473ull
+    #define KV_SALT_SEED 0x73616C7473616C74ull
+    #define KV_CHUNK_BITS 14
+    #define KV_CHUNK (1u << KV_CHUNK_BITS)
+    #define KV_CHUNK_MASK (KV_CHUNK - 1u)
+    #define KV_HAS_CONTENT 0x80000000u
+    #define KV_USED 0x40000000u
+    #define KV_COUNT_MASK 0x3FFFFFFFu
+    #define KV_SLOT_BITS 20
+    #define KV_SLOT_MASK 0xFFFFFu
+    """
+    const uint32_t KV_NIL
+    const uint64_t KV_K1
+    const uint64_t KV_K2
+    const uint64_t KV_K3
+    const uint64_t KV_ROOT
+    const uint64_t KV_SALT_SEED
+    const int KV_CHUNK_BITS
+    const uint32_t KV_CHUNK
+    const uint32_t KV_CHUNK_MASK
+    const uint32_t KV_HAS_CONTENT
+    const uint32_t KV_USED
+    const uint32_t KV_COUNT_MASK
+    const int KV_SLOT_BITS
+    const uint32_t KV_SLOT_MASK
+
+cdef enum:
+    LEVELS = 16
+    LEVEL_MAX = 15
+    PRIORITY_MAX = 255
+    MAX_REASONS = 8
+    POOL_CLASSES = 32
+
+cdef enum Kind:
+    K_CREATED = 0
+    K_STORED = 1
+    K_REMOVED = 2
+    K_UPDATED = 3
+
+FUSED_FINGERPRINT = bytes.fromhex("edf02289072c3f09")
+"""The fingerprint of the ``EventBatch`` schema the fused reader was written for."""
+
+
+# ---------------------------------------------------------------------------- records
+
+ctypedef struct Node:
+    uint64_t engine
+    uint64_t content
+    uint32_t holders     # the packed holder when count == 1, else a pool offset
+    uint32_t next_c      # content chain (or free list) link
+    uint32_t prev_c
+    uint32_t n           # count | KV_HAS_CONTENT | KV_USED
+
+ctypedef struct Table:
+    uint32_t *ids
+    uint64_t mask
+    uint64_t count
+    int bits
+
+ctypedef struct Slot:
+    int64_t levels[LEVELS]
+    int64_t total
+    uint32_t worker
+    uint32_t next_slot
+    int32_t window
+    uint8_t active
+
+ctypedef struct Worker:
+    int64_t cursor
+    int64_t split_blocks
+    uint64_t split_tail
+    int64_t gaps
+    uint32_t inst
+    int32_t rank
+    uint32_t first_slot
+    uint8_t has_cursor
+    uint8_t last_created
+    uint8_t session_fresh
+    uint8_t has_split_tail
+
+ctypedef struct SEvent:
+    int64_t event_id
+    uint64_t parent      # Stored parent, or Updated block hash
+    int32_t window
+    int32_t rank
+    uint32_t first       # first block / hash / level in the scratch arrays
+    uint32_t count
+    int32_t new_level
+    int32_t new_prio
+    uint8_t kind
+    uint8_t has_parent
+    uint8_t has_level
+    uint8_t has_prio
+
+ctypedef struct SBlock:
+    uint64_t engine
+    uint64_t lora
+    uint64_t salt
+    uint32_t tok
+    uint32_t ntok
+    uint32_t ext         # offset in the extra ids scratch when has_extra
+    uint32_t next        # how many extra ids
+    uint32_t mm
+    uint32_t nmm
+    int32_t level
+    int32_t prio
+    uint8_t has_lora
+    uint8_t has_extra
+    uint8_t has_salt
+
+ctypedef struct Reader:
+    const uint8_t *p
+    const uint8_t *end
+    int err
+
+ctypedef struct EngineId:
+    uint64_t engine
+    uint32_t id
+
+
+# ---------------------------------------------------------------------------- kvh64
+
+cdef inline uint64_t absorb(uint64_t h, uint64_t w) noexcept nogil:
+    cdef uint64_t x = (h ^ w) * KV_K1
+    return x ^ (x >> 31)
+
+
+cdef inline uint64_t finish(uint64_t h) noexcept nogil:
+    h ^= h >> 30
+    h *= KV_K2
+    h ^= h >> 27
+    h *= KV_K3
+    return h ^ (h >> 31)
+
+
+cdef uint64_t salt_hash_bytes(const uint8_t *data, Py_ssize_t n) noexcept nogil:
+    cdef uint64_t h = absorb(KV_SALT_SEED, <uint64_t>n)
+    cdef uint64_t w
+    cdef Py_ssize_t i = 0, j
+    while i < n:
+        w = 0
+        j = 0
+        while j < 8 and i + j < n:
+            w |= (<uint64_t>data[i + j]) << (8 * j)
+            j += 1
+        h = absorb(h, w)
+        i += 8
+    return finish(h)
+
+
+cdef uint64_t block_content(uint64_t start, bint root, const SBlock *b, const uint32_t *tok,
+                            const uint64_t *ext, const uint64_t *mm) noexcept nogil:
+    cdef uint32_t n = b.ntok, i
+    cdef bint extra = False
+    cdef uint64_t flags = 0, h
+    if b.has_extra:
+        for i in range(b.next):
+            if ext[b.ext + i] != 0:
+                extra = True
+                break
+    if b.has_lora:
+        flags |= 1
+    if extra:
+        flags |= 2
+    if root and b.has_salt:
+        flags |= 4
+    if b.nmm:
+        flags |= 8
+    h = absorb(KV_ROOT if root else start, <uint64_t>n | (flags << 32) | ((<uint64_t>b.nmm) << 40))
+    if b.has_lora:
+        h = absorb(h, b.lora)
+    if root and b.has_salt:
+        h = absorb(h, b.salt)
+    cdef const uint32_t *t = tok + b.tok
+    i = 0
+    while i + 1 < n:
+        h = absorb(h, <uint64_t>t[i] | ((<uint64_t>t[i + 1]) << 32))
+        i += 2
+    if n & 1:
+        h = absorb(h, <uint64_t>t[n - 1])
+    if extra:
+        h = absorb(h, <uint64_t>b.next)
+        for i in range(b.next):
+            h = absorb(h, ext[b.ext + i])
+    for i in range(b.nmm * 5):
+        h = absorb(h, mm[b.mm + i])
+    return finish(h)
+
+
+# ---------------------------------------------------------------------------- Avro reading
+
+cdef enum ReadError:
+    E_TRUNCATED = 1
+    E_VARINT = 2
+    E_UNION = 3
+    E_COUNT = 4
+    E_LENGTH = 5
+    E_INT_RANGE = 6
+
+_READ_ERRORS = {
+    1: "truncated Avro body",
+    2: "a varint longer than 10 bytes",
+    3: "an invalid union branch index",
+    4: "an array count larger than the bytes left",
+    5: "a negative or too large string/bytes length",
+    6: "an int outside the 32-bit range",
+}
+
+
+cdef inline uint64_t read_varint(Reader *r) noexcept nogil:
+    cdef uint64_t result = 0, b
+    cdef int shift = 0
+    while r.p < r.end:
+        b = r.p[0]
+        r.p += 1
+        result |= (b & 0x7F) << shift
+        if not (b & 0x80):
+            return result
+        shift += 7
+        if shift >= 70:
+            r.err = E_VARINT
+            return 0
+    r.err = E_TRUNCATED
+    return 0
+
+
+cdef inline int64_t read_long(Reader *r) noexcept nogil:
+    cdef uint64_t v = read_varint(r)
+    return <int64_t>((v >> 1) ^ (0 - (v & 1)))
+
+
+cdef inline int32_t read_int(Reader *r) noexcept nogil:
+    cdef int64_t v = read_long(r)
+    if v < -2147483648 or v > 2147483647:
+        r.err = E_INT_RANGE
+        return 0
+    return <int32_t>v
+
+
+cdef inline int64_t read_union(Reader *r, int64_t branches) noexcept nogil:
+    cdef int64_t v = read_long(r)
+    if not r.err and (v < 0 or v >= branches):
+        r.err = E_UNION
+    return v
+
+
+cdef inline int64_t read_count(Reader *r) noexcept nogil:
+    """The next array block's item count (0 ends the array); each item takes at least a byte."""
+    cdef int64_t n = read_long(r)
+    if r.err:
+        return 0
+    if n < 0:
+        n = -n
+        read_long(r)
+    if n > r.end - r.p:
+        r.err = E_COUNT
+        return 0
+    return n
+
+
+cdef inline Py_ssize_t read_len(Reader *r) noexcept nogil:
+    cdef int64_t n = read_long(r)
+    if r.err:
+        return 0
+    if n < 0 or n > r.end - r.p:
+        r.err = E_LENGTH
+        return 0
+    return <Py_ssize_t>n
+
+
+# ---------------------------------------------------------------------------- helpers
+
+cdef int grow(void **ptr, size_t *cap, size_t need, size_t item) except -1:
+    """Make ``*ptr`` hold at least ``need`` items (growing by half again)."""
+    if need <= cap[0]:
+        return 0
+    cdef size_t new_cap = cap[0] + cap[0] // 2 + 16
+    if new_cap < need:
+        new_cap = need
+    cdef void *p = PyMem_Realloc(ptr[0], new_cap * item)
+    if p == NULL:
+        raise MemoryError()
+    ptr[0] = p
+    cap[0] = new_cap
+    return 0
+
+
+cdef inline uint32_t pack_holder(uint32_t slot, int32_t level, int32_t prio) noexcept nogil:
+    if level < 0:
+        level = 0
+    elif level > LEVEL_MAX:
+        level = LEVEL_MAX
+    if prio < 0:
+        prio = 0
+    elif prio > PRIORITY_MAX:
+        prio = PRIORITY_MAX
+    return slot | (<uint32_t>level << KV_SLOT_BITS) | (<uint32_t>prio << 24)
+
+
+cdef inline int pool_class(uint32_t n) noexcept nogil:
+    """log2 of the pool run that holds ``n`` >= 2 holders (the next power of two)."""
+    cdef int c = 1
+    while (1u << c) < n:
+        c += 1
+    return c
+
+
+cdef int cmp_engine(const void *a, const void *b) noexcept nogil:
+    cdef uint64_t x = (<const EngineId *>a).engine, y = (<const EngineId *>b).engine
+    return (x > y) - (x < y)
+
+
+cdef int cmp_u32_slot(const void *a, const void *b) noexcept nogil:
+    cdef uint32_t x = (<const uint32_t *>a)[0] & KV_SLOT_MASK, y = (<const uint32_t *>b)[0] & KV_SLOT_MASK
+    return (x > y) - (x < y)
+
+
+cdef class _Instance:
+    """An engine instance's producer session and its workers (rank -> worker index)."""
+
+    cdef public str instance_id
+    cdef public object producer_id
+    cdef public int64_t sequence
+    cdef public set retired
+    cdef public int64_t dp_size
+    cdef public dict workers
+    cdef public uint32_t idx
+
+    def __init__(self, str instance_id, uint32_t idx):
+        self.instance_id = instance_id
+        self.idx = idx
+        self.producer_id = None
+        self.sequence = 0
+        self.retired = set()
+        self.dp_size = 1
+        self.workers = {}
+
+
+# ---------------------------------------------------------------------------- the core
+
+cdef class IndexCore:
+    """Compact C-table index core (see ``CacheIndex`` for the semantics)."""
+
+    compiled = True
+
+    # nodes and tables
+    cdef Node **chunks
+    cdef size_t nchunks
+    cdef uint32_t node_top
+    cdef uint32_t free_node
+    cdef int64_t nodes_used
+    cdef int64_t held
+    cdef Table etab
+    cdef Table ctab
+    cdef uint32_t *pool
+    cdef size_t pool_len
+    cdef size_t pool_cap
+    cdef uint32_t pool_free[POOL_CLASSES]
+    # slots and workers
+    cdef Slot *slots
+    cdef size_t nslots
+    cdef size_t slots_cap
+    cdef Worker *wrk
+    cdef size_t nworkers
+    cdef size_t workers_cap
+    cdef list w_reasons
+    cdef list w_keys
+    cdef list s_capacity
+    cdef list s_keys
+    cdef list instances
+    cdef dict inst_by_id
+    cdef object key_factory
+    cdef bytes last_inst_bytes
+    cdef _Instance last_inst
+    # query scratch
+    cdef uint32_t *stamp
+    cdef uint32_t *run
+    cdef uint32_t *prim
+    cdef uint32_t *pstep
+    cdef uint32_t *touched
+    cdef size_t score_cap
+    cdef uint32_t epoch
+    cdef uint64_t *qkeys
+    cdef size_t qkeys_cap
+    # batch scratch
+    cdef SEvent *ev
+    cdef size_t ev_cap
+    cdef SBlock *blk
+    cdef size_t blk_cap
+    cdef uint32_t *tok
+    cdef size_t tok_cap
+    cdef uint64_t *ext
+    cdef size_t ext_cap
+    cdef uint64_t *mm
+    cdef size_t mm_cap
+    cdef int64_t *vals
+    cdef size_t vals_cap
+    cdef int64_t *drops
+    cdef size_t drops_cap
+    cdef size_t nev, nblk, ntok, next_, nmm, nvals, ndrops
+    # counters
+    cdef int64_t c_batches_applied, c_batches_replayed, c_batches_stale, c_events_applied
+    cdef int64_t c_events_duplicate, c_blocks_stored, c_blocks_removed, c_orphan_blocks
+    cdef int64_t c_unknown_removed, c_unknown_updated, c_content_conflicts, c_gaps
+    cdef bint fused
+
+    def __cinit__(self):
+        self.chunks = NULL
+        self.pool = NULL
+        self.slots = NULL
+        self.wrk = NULL
+        self.etab.ids = NULL
+        self.ctab.ids = NULL
+        self.stamp = self.run = self.prim = self.pstep = self.touched = NULL
+        self.qkeys = NULL
+        self.ev = NULL
+        self.blk = NULL
+        self.tok = NULL
+        self.ext = NULL
+        self.mm = NULL
+        self.vals = NULL
+        self.drops = NULL
+
+    def __init__(self, key_factory=tuple):
+        self.key_factory = key_factory
+        self._reset_all()
+        self.fused = current_fingerprint() == FUSED_FINGERPRINT
+
+    def __dealloc__(self):
+        self._free_all()
+
+    cdef void _free_all(self) noexcept:
+        cdef size_t i
+        if self.chunks != NULL:
+            for i in range(self.nchunks):
+                PyMem_Free(self.chunks[i])
+            PyMem_Free(self.chunks)
+            self.chunks = NULL
+        self.nchunks = 0
+        PyMem_Free(self.etab.ids)
+        self.etab.ids = NULL
+        PyMem_Free(self.ctab.ids)
+        self.ctab.ids = NULL
+        PyMem_Free(self.pool)
+        self.pool = NULL
+        PyMem_Free(self.slots)
+        self.slots = NULL
+        PyMem_Free(self.wrk)
+        self.wrk = NULL
+        PyMem_Free(self.stamp)
+        PyMem_Free(self.run)
+        PyMem_Free(self.prim)
+        PyMem_Free(self.pstep)
+        PyMem_Free(self.touched)
+        self.stamp = self.run = self.prim = self.pstep = self.touched = NULL
+        PyMem_Free(self.qkeys)
+        self.qkeys = NULL
+        PyMem_Free(self.ev)
+        self.ev = NULL
+        PyMem_Free(self.blk)
+        self.blk = NULL
+        PyMem_Free(self.tok)
+        self.tok = NULL
+        PyMem_Free(self.ext)
+        self.ext = NULL
+        PyMem_Free(self.mm)
+        self.mm = NULL
+        PyMem_Free(self.vals)
+        self.vals = NULL
+        PyMem_Free(self.drops)
+        self.drops = NULL
+
+    cdef int _reset_all(self) except -1:
+        cdef int i
+        self._free_all()
+        self.node_top = 0
+        self.free_node = KV_NIL
+        self.nodes_used = 0
+        self.held = 0
+        self._table_init(&self.etab, 10)
+        self._table_init(&self.ctab, 10)
+        self.pool_len = self.pool_cap = 0
+        for i in range(POOL_CLASSES):
+            self.pool_free[i] = KV_NIL
+        self.nslots = self.slots_cap = 0
+        self.nworkers = self.workers_cap = 0
+        self.w_reasons = []
+        self.w_keys = []
+        self.s_capacity = []
+        self.s_keys = []
+        self.instances = []
+        self.inst_by_id = {}
+        self.last_inst_bytes = None
+        self.last_inst = None
+        self.score_cap = 0
+        self.epoch = 0
+        self.qkeys_cap = 0
+        self.ev_cap = self.blk_cap = self.tok_cap = self.ext_cap = self.mm_cap = 0
+        self.vals_cap = self.drops_cap = 0
+        self.c_batches_applied = self.c_batches_replayed = self.c_batches_stale = 0
+        self.c_events_applied = self.c_events_duplicate = self.c_blocks_stored = 0
+        self.c_blocks_removed = self.c_orphan_blocks = self.c_unknown_removed = 0
+        self.c_unknown_updated = self.c_content_conflicts = self.c_gaps = 0
+        return 0
+
+    # ------------------------------------------------------------------ nodes
+
+    cdef inline Node *N(self, uint32_t id) noexcept nogil:
+        return &self.chunks[id >> KV_CHUNK_BITS][id & KV_CHUNK_MASK]
+
+    cdef uint32_t _node_alloc(self) except? 0xFFFFFFFF:
+        cdef uint32_t id
+        cdef Node **chunks
+        if self.free_node != KV_NIL:
+            id = self.free_node
+            self.free_node = self.N(id).next_c
+        else:
+            if self.node_top >= 0xFFFFFFF0u:
+                raise OverflowError("more than 2**32 - 16 distinct blocks in one index")
+            if (self.node_top >> KV_CHUNK_BITS) >= self.nchunks:
+                chunks = <Node **>PyMem_Realloc(self.chunks, (self.nchunks + 1) * sizeof(Node *))
+                if chunks == NULL:
+                    raise MemoryError()
+                self.chunks = chunks
+                self.chunks[self.nchunks] = <Node *>PyMem_Malloc(KV_CHUNK * sizeof(Node))
+                if self.chunks[self.nchunks] == NULL:
+                    raise MemoryError()
+                self.nchunks += 1
+            id = self.node_top
+            self.node_top += 1
+        cdef Node *node = self.N(id)
+        node.engine = 0
+        node.content = 0
+        node.holders = 0
+        node.next_c = KV_NIL
+        node.prev_c = KV_NIL
+        node.n = KV_USED
+        self.nodes_used += 1
+        return id
+
+    cdef void _node_free(self, uint32_t id) noexcept:
+        cdef Node *node = self.N(id)
+        node.n = 0
+        node.next_c = self.free_node
+        self.free_node = id
+        self.nodes_used -= 1
+
+    # ------------------------------------------------------------------ tables
+
+    cdef int _table_init(self, Table *t, int bits) except -1:
+        cdef size_t cap = (<size_t>1) << bits
+        PyMem_Free(t.ids)
+        t.ids = <uint32_t *>PyMem_Malloc(cap * sizeof(uint32_t))
+        if t.ids == NULL:
+            raise MemoryError()
+        memset(t.ids, 0xFF, cap * sizeof(uint32_t))
+        t.mask = cap - 1
+        t.count = 0
+        t.bits = bits
+        return 0
+
+    cdef inline uint64_t _key(self, uint32_t id, bint by_content) noexcept nogil:
+        cdef Node *node = self.N(id)
+        return node.content if by_content else node.engine
+
+    cdef inline uint64_t _home(self, const Table *t, uint64_t key) noexcept nogil:
+        return (key * KV_K1) >> (64 - t.bits)
+
+    cdef inline uint32_t _find(self, const Table *t, uint64_t key, bint by_content) noexcept nogil:
+        cdef uint64_t i = self._home(t, key)
+        cdef uint32_t id
+        while True:
+            id = t.ids[i]
+            if id == KV_NIL:
+                return KV_NIL
+            if self._key(id, by_content) == key:
+                return id
+            i = (i + 1) & t.mask
+
+    cdef inline uint64_t _find_pos(self, const Table *t, uint64_t key, bint by_content) noexcept nogil:
+        cdef uint64_t i = self._home(t, key)
+        cdef uint32_t id
+        while True:
+            id = t.ids[i]
+            if id == KV_NIL:
+                return <uint64_t>-1
+            if self._key(id, by_content) == key:
+                return i
+            i = (i + 1) & t.mask
+
+    cdef int _reserve(self, Table *t, uint64_t count, bint by_content) except -1:
+        """Make room for ``count`` entries at load <= 0.7, rehashing when the table grows."""
+        cdef int bits = t.bits
+        while count * 10 > ((<uint64_t>1) << bits) * 7:
+            bits += 1
+        if bits == t.bits:
+            return 0
+        cdef uint32_t *old = t.ids
+        cdef uint64_t old_cap = t.mask + 1, j, i
+        cdef uint32_t id
+        cdef uint64_t n = t.count
+        t.ids = NULL
+        try:
+            self._table_init(t, bits)
+        except MemoryError:
+            t.ids = old
+            raise
+        for j in range(old_cap):
+            id = old[j]
+            if id != KV_NIL:
+                i = self._home(t, self._key(id, by_content))
+                while t.ids[i] != KV_NIL:
+                    i = (i + 1) & t.mask
+                t.ids[i] = id
+        t.count = n
+        PyMem_Free(old)
+        return 0
+
+    cdef int _insert(self, Table *t, uint32_t id, bint by_content) except -1:
+        """Insert ``id`` (its key must not be in the table)."""
+        if (t.count + 1) * 10 > (t.mask + 1) * 7:
+            self._reserve(t, t.count + 1, by_content)
+        cdef uint64_t i = self._home(t, self._key(id, by_content))
+        while t.ids[i] != KV_NIL:
+            i = (i + 1) & t.mask
+        t.ids[i] = id
+        t.count += 1
+        return 0
+
+    cdef void _delete_at(self, Table *t, uint64_t i, bint by_content) noexcept nogil:
+        """Remove the entry at position ``i``, shifting later entries of the cluster back."""
+        cdef uint64_t j = i, k
+        while True:
+            j = (j + 1) & t.mask
+            if t.ids[j] == KV_NIL:
+                break
+            k = self._home(t, self._key(t.ids[j], by_content))
+            if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
+                t.ids[i] = t.ids[j]
+                i = j
+        t.ids[i] = KV_NIL
+        t.count -= 1
+
+    # ------------------------------------------------------------------ content chains
+
+    cdef int _set_content(self, uint32_t id, uint64_t content) except -1:
+        cdef Node *node = self.N(id)
+        node.content = content
+        node.n |= KV_HAS_CONTENT
+        cdef uint32_t head = self._find(&self.ctab, content, True)
+        cdef Node *h
+        if head == KV_NIL:
+            node.prev_c = KV_NIL
+            node.next_c = KV_NIL
+            self._insert(&self.ctab, id, True)
+        else:
+            h = self.N(head)
+            node.prev_c = head
+            node.next_c = h.next_c
+            if h.next_c != KV_NIL:
+                self.N(h.next_c).prev_c = id
+            h.next_c = id
+        return 0
+
+    cdef void _unlink_content(self, uint32_t id) noexcept:
+        cdef Node *node = self.N(id)
+        cdef uint64_t pos
+        if node.prev_c != KV_NIL:
+            self.N(node.prev_c).next_c = node.next_c
+            if node.next_c != KV_NIL:
+                self.N(node.next_c).prev_c = node.prev_c
+        else:
+            pos = self._find_pos(&self.ctab, node.content, True)
+            if node.next_c != KV_NIL:
+                self.ctab.ids[pos] = node.next_c
+                self.N(node.next_c).prev_c = KV_NIL
+            else:
+                self._delete_at(&self.ctab, pos, True)
+        node.prev_c = KV_NIL
+        node.next_c = KV_NIL
+
+    cdef void _release_node(self, uint32_t id) noexcept:
+        """Forget a node whose last holder left."""
+        cdef Node *node = self.N(id)
+        if node.n & KV_HAS_CONTENT:
+            self._unlink_content(id)
+        self._delete_at(&self.etab, self._find_pos(&self.etab, node.engine, False), False)
+        self._node_free(id)
+
+    # ------------------------------------------------------------------ holder pool
+
+    cdef uint32_t _pool_alloc(self, int c) except? 0xFFFFFFFF:
+        cdef uint32_t off = self.pool_free[c]
+        cdef size_t size = (<size_t>1) << c
+        if off != KV_NIL:
+            self.pool_free[c] = self.pool[off]
+            return off
+        if self.pool_len + size > 0xFFFFFFF0u:
+            raise OverflowError("holder pool exceeds 2**32 entries")
+        grow(<void **>&self.pool, &self.pool_cap, self.pool_len + size, sizeof(uint32_t))
+        off = <uint32_t>self.pool_len
+        self.pool_len += size
+        return off
+
+    cdef inline void _pool_free(self, uint32_t off, int c) noexcept nogil:
+        self.pool[off] = self.pool_free[c]
+        self.pool_free[c] = off
+
+    cdef inline uint32_t *_holders(self, Node *node) noexcept nogil:
+        return &node.holders if (node.n & KV_COUNT_MASK) == 1 else self.pool + node.holders
+
+    cdef inline int64_t _holder_index(self, Node *node, uint32_t slot) noexcept nogil:
+        cdef uint32_t n = node.n & KV_COUNT_MASK, i
+        cdef uint32_t *hs
+        if n == 0:
+            return -1
+        hs = self._holders(node)
+        for i in range(n):
+            if (hs[i] & KV_SLOT_MASK) == slot:
+                return i
+        return -1
+
+    cdef int _add_holder(self, uint32_t id, uint32_t packed) except -1:
+        cdef Node *node = self.N(id)
+        cdef uint32_t slot = packed & KV_SLOT_MASK, n = node.n & KV_COUNT_MASK, off, old
+        cdef int64_t i = self._holder_index(node, slot)
+        cdef uint32_t *hs
+        cdef int c
+        cdef Slot *s = &self.slots[slot]
+        if i >= 0:
+            hs = self._holders(node)
+            s.levels[(hs[i] >> KV_SLOT_BITS) & 0xF] -= 1
+            s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
+            hs[i] = packed
+            return 0
+        if n == 0:
+            node.holders = packed
+        elif n == 1:
+            off = self._pool_alloc(1)
+            self.pool[off] = node.holders
+            self.pool[off + 1] = packed
+            node.holders = off
+        else:
+            if (n & (n - 1)) == 0:  # full run: move to one twice as long
+                c = pool_class(n)
+                off = self._pool_alloc(c + 1)
+                memcpy(self.pool + off, self.pool + node.holders, n * sizeof(uint32_t))
+                self._pool_free(node.holders, c)
+                node.holders = off
+            self.pool[node.holders + n] = packed
+        node.n += 1
+        s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
+        s.total += 1
+        self.held += 1
+        return 0
+
+    cdef int _remove_holder_at(self, uint32_t id, uint32_t i) except -1:
+        """Remove holder ``i`` of node ``id``; release the node when it was the last."""
+        cdef Node *node = self.N(id)
+        cdef uint32_t n = node.n & KV_COUNT_MASK, off, base
+        cdef uint32_t *hs = self._holders(node)
+        cdef uint32_t packed = hs[i]
+        cdef Slot *s = &self.slots[packed & KV_SLOT_MASK]
+        cdef int c
+        s.levels[(packed >> KV_SLOT_BITS) & 0xF] -= 1
+        s.total -= 1
+        self.held -= 1
+        if n == 1:
+            node.n -= 1
+            self._release_node(id)
+            return 0
+        base = node.holders
+        if n == 2:
+            node.holders = self.pool[base + (1 - i)]
+            self._pool_free(base, 1)
+        else:
+            self.pool[base + i] = self.pool[base + n - 1]
+            if ((n - 1) & (n - 2)) == 0:  # n - 1 is a power of two: shrink the run
+                c = pool_class(n - 1)
+                off = self._pool_alloc(c)
+                memcpy(self.pool + off, self.pool + base, (n - 1) * sizeof(uint32_t))
+                self._pool_free(base, c + 1)
+                node.holders = off
+        node.n -= 1
+        return 0
+
+    cdef bint _remove_holder(self, uint64_t engine, uint32_t slot) except -1:
+        cdef uint32_t id = self._find(&self.etab, engine, False)
+        if id == KV_NIL:
+            return False
+        cdef int64_t i = self._holder_index(self.N(id), slot)
+        if i < 0:
+            return False
+        self._remove_holder_at(id, <uint32_t>i)
+        return True
+
+    cdef int _clear_slot(self, uint32_t slot) except -1:
+        """Drop every block of ``slot`` (a scan of all nodes: Created and resets are rare)."""
+        cdef uint32_t id
+        cdef int64_t i
+        cdef Node *node
+        if self.slots[slot].total == 0:
+            return 0
+        for id in range(self.node_top):
+            node = self.N(id)
+            if node.n & KV_USED:
+                i = self._holder_index(node, slot)
+                if i >= 0:
+                    self._remove_holder_at(id, <uint32_t>i)
+                    if self.slots[slot].total == 0:
+                        break
+        return 0
+
+    # ------------------------------------------------------------------ workers and slots
+
+    cdef _Instance _instance(self, str instance_id):
+        cdef _Instance inst = self.inst_by_id.get(instance_id)
+        if inst is None:
+            inst = _Instance(instance_id, len(self.instances))
+            self.inst_by_id[instance_id] = inst
+            self.instances.append(inst)
+        return inst
+
+    cdef uint32_t _worker(self, _Instance inst, int32_t rank) except? 0xFFFFFFFF:
+        cdef object found = inst.workers.get(rank)
+        if found is not None:
+            return <uint32_t>found
+        grow(<void **>&self.wrk, &self.workers_cap, self.nworkers + 1, sizeof(Worker))
+        cdef uint32_t widx = <uint32_t>self.nworkers
+        cdef Worker *w = &self.wrk[widx]
+        memset(w, 0, sizeof(Worker))
+        w.inst = inst.idx
+        w.rank = rank
+        w.first_slot = KV_NIL
+        w.session_fresh = 1
+        self.nworkers += 1
+        self.w_reasons.append([])
+        self.w_keys.append(self.key_factory(inst.instance_id, rank))
+        inst.workers[rank] = widx
+        return widx
+
+    cdef int64_t _find_worker(self, str instance_id, int32_t rank) except -2:
+        cdef _Instance inst = self.inst_by_id.get(instance_id)
+        if inst is None:
+            return -1
+        cdef object found = inst.workers.get(rank)
+        return -1 if found is None else <int64_t>found
+
+    cdef uint32_t _slot(self, uint32_t widx, int32_t window, bint create) except? 0xFFFFFFFE:
+        """The active slot of (worker, window); KV_NIL when absent and not ``create``."""
+        cdef uint32_t slot = self.wrk[widx].first_slot
+        cdef Slot *s
+        while slot != KV_NIL:
+            s = &self.slots[slot]
+            if s.window == window:
+                if s.active:
+                    return slot
+                if not create:
+                    return KV_NIL
+                s.active = 1
+                self.s_capacity[slot] = None
+                return slot
+            slot = s.next_slot
+        if not create:
+            return KV_NIL
+        if self.nslots > KV_SLOT_MASK:
+            raise OverflowError(f"more than {KV_SLOT_MASK} (worker, window size) caches in one index")
+        grow(<void **>&self.slots, &self.slots_cap, self.nslots + 1, sizeof(Slot))
+        slot = <uint32_t>self.nslots
+        s = &self.slots[slot]
+        memset(s, 0, sizeof(Slot))
+        s.worker = widx
+        s.window = window
+        s.active = 1
+        s.next_slot = self.wrk[widx].first_slot
+        self.wrk[widx].first_slot = slot
+        self.nslots += 1
+        self.s_capacity.append(None)
+        self.s_keys.append(self.w_keys[widx])
+        self._score_reserve(self.nslots)
+        return slot
+
+    cdef int _score_reserve(self, size_t n) except -1:
+        cdef size_t old = self.score_cap, cap
+        if n <= old:
+            return 0
+        cap = old
+        grow(<void **>&self.stamp, &cap, n, sizeof(uint32_t))
+        cap = old
+        grow(<void **>&self.run, &cap, n, sizeof(uint32_t))
+        cap = old
+        grow(<void **>&self.prim, &cap, n, sizeof(uint32_t))
+        cap = old
+        grow(<void **>&self.pstep, &cap, n, sizeof(uint32_t))
+        cap = old
+        grow(<void **>&self.touched, &cap, n, sizeof(uint32_t))
+        memset(self.stamp + old, 0, (cap - old) * sizeof(uint32_t))
+        self.score_cap = cap
+        return 0
+
+    cdef int _drop_worker_windows(self, uint32_t widx) except -1:
+        cdef uint32_t slot = self.wrk[widx].first_slot
+        while slot != KV_NIL:
+            if self.slots[slot].active:
+                self._clear_slot(slot)
+                self.slots[slot].active = 0
+                self.s_capacity[slot] = None
+            slot = self.slots[slot].next_slot
+        return 0
+
+    cdef int _degrade(self, uint32_t widx, str reason) except -1:
+        cdef list reasons = self.w_reasons[widx]
+        if len(reasons) < MAX_REASONS:
+            reasons.append(reason)
+        self.wrk[widx].gaps += 1
+        self.c_gaps += 1
+        return 0
+
+    cdef int _degrade_all(self, _Instance inst, int64_t dp_size, str reason) except -1:
+        ranks = set(range(dp_size if dp_size > 1 else 1)) | set(inst.workers)
+        for rank in sorted(ranks):
+            self._degrade(self._worker(inst, rank), reason)
+        return 0
+
+    # ------------------------------------------------------------------ storing
+
+    cdef int _store(self, uint32_t slot, bint has_parent, uint64_t parent, uint32_t first,
+                    uint32_t count) except -1:
+        cdef int state = 0  # 0: root of a prefix, 1: parent content known, 2: unknown (orphan)
+        cdef uint64_t pc = 0, c = 0
+        cdef uint32_t id, i
+        cdef Node *node
+        cdef SBlock *b
+        cdef bint known
+        if has_parent:
+            id = self._find(&self.etab, parent, False)
+            if id != KV_NIL and (self.N(id).n & KV_HAS_CONTENT):
+                state = 1
+                pc = self.N(id).content
+            else:
+                state = 2
+        for i in range(first, first + count):
+            b = &self.blk[i]
+            known = state != 2
+            if known:
+                c = block_content(pc, state == 0, b, self.tok, self.ext, self.mm)
+            id = self._find(&self.etab, b.engine, False)
+            if id == KV_NIL:
+                id = self._node_alloc()
+                self.N(id).engine = b.engine
+                self._insert(&self.etab, id, False)
+            node = self.N(id)
+            if not (node.n & KV_HAS_CONTENT):
+                if known:
+                    self._set_content(id, c)
+            elif known and node.content != c:
+                self.c_content_conflicts += 1
+            self._add_holder(id, pack_holder(slot, b.level, b.prio))
+            node = self.N(id)
+            if not (node.n & KV_HAS_CONTENT):
+                self.c_orphan_blocks += 1
+            if known:
+                state = 1
+                pc = c
+            elif node.n & KV_HAS_CONTENT:
+                state = 1
+                pc = node.content
+            else:
+                state = 2
+        self.c_blocks_stored += count
+        return 0
+
+    # ------------------------------------------------------------------ applying
+
+    cdef int _apply_scratch(self, _Instance inst, int64_t pid, int64_t seq, int64_t dp_size,
+                            int64_t offset) except -1:
+        """Apply the batch held in the scratch arrays (the rules are in ``_pycore``)."""
+        cdef bint replay = False
+        cdef size_t k
+        cdef SEvent *e
+        cdef uint32_t widx = 0
+        cdef int32_t cached_rank = -1
+        if inst.producer_id is None:
+            inst.producer_id = pid
+            inst.sequence = seq
+        elif pid != inst.producer_id:
+            if pid in inst.retired:
+                self.c_batches_stale += 1
+                return 0
+            inst.retired.add(inst.producer_id)
+            inst.producer_id = pid
+            inst.sequence = seq
+            for w in inst.workers.values():
+                self.wrk[<uint32_t>w].session_fresh = 1
+            if seq != 0:
+                self._degrade_all(inst, dp_size, _reasons.new_session_not_at_zero(pid, seq))
+        elif seq <= inst.sequence:
+            replay = True
+        else:
+            if seq > inst.sequence + 1:
+                self._degrade_all(inst, dp_size, _reasons.batches_lost(pid, inst.sequence, seq))
+            inst.sequence = seq
+        if replay:
+            self.c_batches_replayed += 1
+        else:
+            inst.dp_size = dp_size
+            for k in range(self.ndrops):
+                if self.drops[2 * k + 1] > 0:
+                    self._degrade(self._worker(inst, <int32_t>self.drops[2 * k]),
+                                  _reasons.events_dropped(self.drops[2 * k + 1], seq))
+        self.c_batches_applied += 1
+        for k in range(self.nev):
+            e = &self.ev[k]
+            if e.rank != cached_rank:
+                widx = self._worker(inst, e.rank)
+                cached_rank = e.rank
+            self._apply_event(widx, e, offset if k == 0 else 0)
+        return 0
+
+    cdef int _apply_event(self, uint32_t widx, SEvent *e, int64_t offset) except -1:
+        cdef Worker *w = &self.wrk[widx]
+        cdef uint8_t kind = e.kind
+        cdef bint is_created = kind == K_CREATED, is_stored = kind == K_STORED, tail_parent = False
+        cdef int64_t event_id = e.event_id, cursor, expected
+        cdef uint32_t start = 0, slot, i
+        cdef bint has_parent
+        cdef uint64_t parent
+        if not is_stored:
+            offset = 0
+        if w.session_fresh:
+            w.session_fresh = 0
+            expected = w.cursor + 1 if w.has_cursor else 0
+            if not is_created and not (offset == 0 and event_id == expected):
+                if not w.has_cursor:
+                    self._degrade(widx, _reasons.joined_mid_stream(event_id))
+                else:
+                    pid = self.instances[w.inst].producer_id
+                    self._degrade(widx, _reasons.new_session_not_continuous(pid or 0, w.cursor, event_id))
+        else:
+            cursor = w.cursor if w.has_cursor else -1
+            if event_id < cursor:
+                self.c_events_duplicate += 1
+                return 0
+            if event_id == cursor:
+                if offset > 0 and w.split_blocks > 0:
+                    if offset <= w.split_blocks:
+                        start = <uint32_t>(w.split_blocks - offset)
+                        if start >= e.count:
+                            self.c_events_duplicate += 1
+                            return 0
+                        tail_parent = True
+                    else:
+                        self._degrade(widx, _reasons.missing_fragment(event_id, offset, w.split_blocks))
+                else:
+                    self.c_events_duplicate += 1
+                    return 0
+            elif event_id == cursor + 1:
+                if offset > 0:
+                    self._degrade(widx, _reasons.missing_fragment(event_id, offset, 0))
+            else:
+                self._degrade(widx, _reasons.event_ids_jumped(cursor, event_id))
+        self.c_events_applied += 1
+        if is_stored:
+            slot = self._slot(widx, e.window, True)
+            w = &self.wrk[widx]
+            if tail_parent:
+                has_parent = w.has_split_tail
+                parent = w.split_tail
+            else:
+                has_parent = e.has_parent
+                parent = e.parent
+            self._store(slot, has_parent, parent, e.first + start, e.count - start)
+            w = &self.wrk[widx]
+            if e.count:
+                w.split_blocks = offset + e.count
+                w.split_tail = self.blk[e.first + e.count - 1].engine
+                w.has_split_tail = 1
+            else:
+                w.split_blocks = 0
+                w.has_split_tail = 0
+        else:
+            w.split_blocks = 0
+            w.has_split_tail = 0
+            if is_created:
+                if not w.last_created:
+                    self._drop_worker_windows(widx)
+                    self.w_reasons[widx] = []
+                    self.wrk[widx].gaps = 0
+                slot = self._slot(widx, e.window, True)
+                self._clear_slot(slot)
+                self.s_capacity[slot] = [self.vals[e.first + i] for i in range(e.count)]
+            elif kind == K_REMOVED:
+                slot = self._slot(widx, e.window, False)
+                for i in range(e.first, e.first + e.count):
+                    if slot != KV_NIL and self._remove_holder(<uint64_t>self.vals[i], slot):
+                        self.c_blocks_removed += 1
+                    else:
+                        self.c_unknown_removed += 1
+            else:
+                self._update(widx, e)
+        w = &self.wrk[widx]
+        w.cursor = event_id
+        w.has_cursor = 1
+        w.last_created = is_created
+        return 0
+
+    cdef int _update(self, uint32_t widx, SEvent *e) except -1:
+        cdef uint32_t slot = self._slot(widx, e.window, False), id = KV_NIL, packed, level
+        cdef int64_t i = -1
+        cdef uint32_t *hs
+        cdef Slot *s
+        if slot != KV_NIL:
+            id = self._find(&self.etab, e.parent, False)
+            if id != KV_NIL:
+                i = self._holder_index(self.N(id), slot)
+        if i < 0:
+            self.c_unknown_updated += 1
+            return 0
+        hs = self._holders(self.N(id))
+        packed = hs[i]
+        level = (packed >> KV_SLOT_BITS) & 0xF
+        if e.has_level:
+            s = &self.slots[slot]
+            s.levels[level] -= 1
+            level = (pack_holder(slot, e.new_level, 0) >> KV_SLOT_BITS) & 0xF
+            s.levels[level] += 1
+        hs[i] = pack_holder(slot, level, e.new_prio if e.has_prio else <int32_t>(packed >> 24))
+        return 0
+
+    # ------------------------------------------------------------------ scratch
+
+    cdef inline int _need_events(self, size_t n) except -1:
+        return grow(<void **>&self.ev, &self.ev_cap, n, sizeof(SEvent))
+
+    cdef inline int _need_blocks(self, size_t n) except -1:
+        return grow(<void **>&self.blk, &self.blk_cap, n, sizeof(SBlock))
+
+    cdef inline int _need_tokens(self, size_t n) except -1:
+        return grow(<void **>&self.tok, &self.tok_cap, n, sizeof(uint32_t))
+
+    cdef inline int _need_ext(self, size_t n) except -1:
+        return grow(<void **>&self.ext, &self.ext_cap, n, sizeof(uint64_t))
+
+    cdef inline int _need_mm(self, size_t n) except -1:
+        return grow(<void **>&self.mm, &self.mm_cap, n, sizeof(uint64_t))
+
+    cdef inline int _need_vals(self, size_t n) except -1:
+        return grow(<void **>&self.vals, &self.vals_cap, n, sizeof(int64_t))
+
+    cdef inline int _need_drops(self, size_t n) except -1:
+        return grow(<void **>&self.drops, &self.drops_cap, n, sizeof(int64_t))
+
+    cdef void _scratch_clear(self) noexcept:
+        self.nev = self.nblk = self.ntok = self.next_ = self.nmm = self.nvals = self.ndrops = 0
+
+    cdef int _read_block(self, Reader *r) except -1:
+        """One KVCacheStoredBlockData into the scratch arrays (r.err set on bad bytes)."""
+        cdef int64_t n, i, branch
+        cdef Py_ssize_t length
+        cdef SBlock *b
+        self._need_blocks(self.nblk + 1)
+        b = &self.blk[self.nblk]
+        memset(b, 0, sizeof(SBlock))
+        b.engine = <uint64_t>read_long(r)
+        b.tok = <uint32_t>self.ntok
+        while True:
+            n = read_count(r)
+            if r.err or n == 0:
+                break
+            self._need_tokens(self.ntok + n)
+            for i in range(n):
+                self.tok[self.ntok] = <uint32_t>read_int(r)
+                self.ntok += 1
+            if r.err:
+                return 0
+        b.ntok = <uint32_t>(self.ntok - b.tok)
+        branch = read_union(r, 2)
+        if branch == 1:
+            b.has_lora = 1
+            b.lora = <uint64_t>read_long(r)
+        b.level = read_int(r)
+        b.prio = read_int(r)
+        branch = read_union(r, 2)
+        if branch == 1 and not r.err:
+            b.has_extra = 1
+            b.ext = <uint32_t>self.next_
+            while True:
+                n = read_count(r)
+                if r.err or n == 0:
+                    break
+                self._need_ext(self.next_ + n)
+                for i in range(n):
+                    self.ext[self.next_] = <uint64_t>read_long(r)
+                    self.next_ += 1
+            b.next = <uint32_t>(self.next_ - b.ext)
+        b.mm = <uint32_t>self.nmm
+        while not r.err:
+            n = read_count(r)
+            if r.err or n == 0:
+                break
+            self._need_mm(self.nmm + 5 * n)
+            for i in range(n):
+                if r.end - r.p < 32:
+                    r.err = E_TRUNCATED
+                    return 0
+                memcpy(&self.mm[self.nmm], r.p, 32)  # four little-endian words
+                r.p += 32
+                self.mm[self.nmm + 4] = <uint32_t>read_int(r)
+                self.nmm += 5
+                b.nmm += 1
+        branch = read_union(r, 2)
+        if branch == 1 and not r.err:
+            length = read_len(r)
+            if not r.err:
+                b.has_salt = 1
+                b.salt = salt_hash_bytes(r.p, length)
+                r.p += length
+        self.nblk += 1
+        return 0
+
+    cdef int _read_event(self, Reader *r) except -1:
+        cdef int64_t n, i, branch
+        cdef SEvent *e
+        self._need_events(self.nev + 1)
+        e = &self.ev[self.nev]
+        memset(e, 0, sizeof(SEvent))
+        e.event_id = read_long(r)
+        branch = read_union(r, 4)
+        if r.err:
+            return 0
+        e.kind = <uint8_t>branch
+        if branch == K_CREATED:
+            e.first = <uint32_t>self.nvals
+            while True:
+                n = read_count(r)
+                if r.err or n == 0:
+                    break
+                self._need_vals(self.nvals + n)
+                for i in range(n):
+                    self.vals[self.nvals] = read_int(r)
+                    self.nvals += 1
+            e.count = <uint32_t>(self.nvals - e.first)
+        elif branch == K_STORED:
+            if read_union(r, 2) == 1:
+                e.has_parent = 1
+                e.parent = <uint64_t>read_long(r)
+            e.first = <uint32_t>self.nblk
+            while not r.err:
+                n = read_count(r)
+                if r.err or n == 0:
+                    break
+                for i in range(n):
+                    self._read_block(r)
+                    if r.err:
+                        return 0
+            e.count = <uint32_t>(self.nblk - e.first)
+        elif branch == K_REMOVED:
+            e.first = <uint32_t>self.nvals
+            while True:
+                n = read_count(r)
+                if r.err or n == 0:
+                    break
+                self._need_vals(self.nvals + n)
+                for i in range(n):
+                    self.vals[self.nvals] = read_long(r)
+                    self.nvals += 1
+            e.count = <uint32_t>(self.nvals - e.first)
+        else:
+            e.parent = <uint64_t>read_long(r)
+            if read_union(r, 2) == 1:
+                e.has_level = 1
+                read_int(r)
+                e.new_level = read_int(r)
+            if read_union(r, 2) == 1:
+                e.has_prio = 1
+                read_int(r)
+                e.new_prio = read_int(r)
+        e.window = read_int(r)
+        if read_union(r, 2) == 1:
+            e.rank = read_int(r)
+        self.nev += 1
+        return 0
+
+    def apply_encoded(self, data):
+        """Decode a single-object encoded batch straight into the index (see module doc)."""
+        cdef Py_buffer view
+        cdef Reader r
+        cdef const uint8_t *base
+        cdef Py_ssize_t size, length
+        cdef int64_t dp_size, pid, seq, offset, n, i
+        cdef _Instance inst
+        cdef bytes name
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise DecodeError(f"expected bytes, got {type(data).__name__}")
+        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+        try:
+            base = <const uint8_t *>view.buf
+            size = view.len
+            if (not self.fused or size < 10 or base[0] != 0xC3 or base[1] != 0x01
+                    or memcmp(base + 2, PyBytes_AS_STRING(FUSED_FINGERPRINT), 8) != 0):
+                self.apply_batch(decode_batch(data))
+                return
+            r.p = base + 10
+            r.end = base + size
+            r.err = 0
+            self._scratch_clear()
+            length = read_len(&r)
+            if r.err:
+                raise DecodeError(f"malformed Avro body: {_READ_ERRORS[r.err]} in instance_id")
+            if self.last_inst_bytes is not None and length == len(self.last_inst_bytes) and \
+                    memcmp(r.p, PyBytes_AS_STRING(self.last_inst_bytes), length) == 0:
+                inst = self.last_inst
+            else:
+                name = PyBytes_FromStringAndSize(<const char *>r.p, length)
+                try:
+                    inst = self._instance(name.decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    raise DecodeError(f"invalid UTF-8 in a string field: {exc}") from exc
+                self.last_inst_bytes = name
+                self.last_inst = inst
+            r.p += length
+            dp_size = read_int(&r)
+            pid = read_long(&r)
+            seq = read_long(&r)
+            read_long(&r)  # created_at
+            while not r.err:
+                n = read_count(&r)
+                if r.err or n == 0:
+                    break
+                self._need_drops(2 * (self.ndrops + n))
+                for i in range(n):
+                    self.drops[2 * self.ndrops] = read_int(&r)
+                    self.drops[2 * self.ndrops + 1] = read_long(&r)
+                    self.ndrops += 1
+            offset = read_int(&r)
+            while not r.err:
+                n = read_count(&r)
+                if r.err or n == 0:
+                    break
+                for i in range(n):
+                    self._read_event(&r)
+                    if r.err:
+                        raise DecodeError(
+                            f"malformed Avro body: {_READ_ERRORS[r.err]} in event {self.nev}"
+                        )
+            if r.err:
+                raise DecodeError(f"malformed Avro body: {_READ_ERRORS[r.err]} in the batch envelope")
+            if r.p != r.end:
+                raise DecodeError(f"{r.end - r.p} trailing bytes after the Avro body")
+            self._apply_scratch(inst, pid, seq, dp_size, offset)
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef int _fill_block(self, object block) except -1:
+        cdef carray.array tokens = block.tokens
+        cdef carray.array extra
+        cdef SBlock *b
+        cdef Py_ssize_t n = len(tokens), i
+        cdef bytes key_hash
+        cdef bytes salt
+        self._need_blocks(self.nblk + 1)
+        self._need_tokens(self.ntok + n)
+        b = &self.blk[self.nblk]
+        memset(b, 0, sizeof(SBlock))
+        b.engine = block.block_hash
+        b.tok = <uint32_t>self.ntok
+        b.ntok = <uint32_t>n
+        if n:
+            memcpy(self.tok + self.ntok, tokens.data.as_ints, n * sizeof(uint32_t))
+        self.ntok += n
+        lora = block.lora_id
+        if lora is not None:
+            b.has_lora = 1
+            b.lora = lora
+        b.level = block.cache_level
+        b.prio = block.priority
+        if block.token_extra_ids is not None:
+            extra = block.token_extra_ids
+            m = len(extra)
+            self._need_ext(self.next_ + m)
+            b.has_extra = 1
+            b.ext = <uint32_t>self.next_
+            b.next = <uint32_t>m
+            if m:
+                memcpy(self.ext + self.next_, extra.data.as_ulonglongs, m * sizeof(uint64_t))
+            self.next_ += m
+        b.mm = <uint32_t>self.nmm
+        for key_hash, key_offset in block.mm_keys:
+            if len(key_hash) != 32:
+                raise ValueError(f"block {block.block_hash}: a multimodal key hash must be 32 bytes")
+            self._need_mm(self.nmm + 5)
+            memcpy(&self.mm[self.nmm], PyBytes_AS_STRING(key_hash), 32)
+            self.mm[self.nmm + 4] = <uint32_t>(<int64_t>key_offset & 0xFFFFFFFF)
+            self.nmm += 5
+            b.nmm += 1
+        if block.cache_salt is not None:
+            salt = block.cache_salt.encode("utf-8")
+            b.has_salt = 1
+            b.salt = salt_hash_bytes(<const uint8_t *>PyBytes_AS_STRING(salt), len(salt))
+        self.nblk += 1
+        return 0
+
+    cdef int _fill_event(self, object event) except -1:
+        cdef SEvent *e
+        self._need_events(self.nev + 1)
+        e = &self.ev[self.nev]
+        memset(e, 0, sizeof(SEvent))
+        e.event_id = event.event_id
+        e.window = event.window_size
+        rank = event.attention_dp_rank
+        e.rank = 0 if rank is None else rank
+        data = event.data
+        cls = type(data)
+        if cls is KVCacheStoredData:
+            e.kind = K_STORED
+            if data.parent_hash is not None:
+                e.has_parent = 1
+                e.parent = data.parent_hash
+            e.first = <uint32_t>self.nblk
+            for block in data.blocks:
+                self._fill_block(block)
+            e.count = <uint32_t>(self.nblk - e.first)
+        elif cls is KVCacheRemovedData:
+            e.kind = K_REMOVED
+            e.first = <uint32_t>self.nvals
+            hashes = data.block_hashes
+            self._need_vals(self.nvals + len(hashes))
+            e = &self.ev[self.nev]
+            for h in hashes:
+                self.vals[self.nvals] = <int64_t>(<uint64_t>h)
+                self.nvals += 1
+            e.count = <uint32_t>(self.nvals - e.first)
+        elif cls is KVCacheUpdatedData:
+            e.kind = K_UPDATED
+            e.parent = data.block_hash
+            if data.cache_level is not None:
+                e.has_level = 1
+                e.new_level = data.cache_level.new_value
+            if data.priority is not None:
+                e.has_prio = 1
+                e.new_prio = data.priority.new_value
+        elif cls is KVCacheCreatedData:
+            e.kind = K_CREATED
+            levels = data.num_blocks_per_cache_level
+            self._need_vals(self.nvals + len(levels))
+            e = &self.ev[self.nev]
+            e.first = <uint32_t>self.nvals
+            for v in levels:
+                self.vals[self.nvals] = v
+                self.nvals += 1
+            e.count = <uint32_t>(self.nvals - e.first)
+        else:
+            raise TypeError(f"unknown event data type {cls.__name__}")
+        self.nev += 1
+        return 0
+
+    def apply_batch(self, batch):
+        """Apply one ``EventBatch`` (model objects)."""
+        cdef size_t k
+        self._scratch_clear()
+        drops = batch.dropped
+        self._need_drops(2 * len(drops))
+        for d in drops:
+            self.drops[2 * self.ndrops] = d.attention_dp_rank
+            self.drops[2 * self.ndrops + 1] = d.dropped_events
+            self.ndrops += 1
+        for event in batch.events:
+            self._fill_event(event)
+        self._apply_scratch(self._instance(batch.instance_id), batch.producer_id, batch.sequence,
+                            batch.attention_dp_size, batch.first_event_block_offset)
+
+    # ------------------------------------------------------------------ queries
+
+    cdef Py_ssize_t _load_keys(self, object hashes) except -1:
+        cdef Py_ssize_t n = len(hashes), i = 0
+        grow(<void **>&self.qkeys, &self.qkeys_cap, n if n else 1, sizeof(uint64_t))
+        if isinstance(hashes, carray.array) and hashes.typecode == 'Q':
+            if n:
+                memcpy(self.qkeys, (<carray.array>hashes).data.as_ulonglongs, n * sizeof(uint64_t))
+            return n
+        for h in hashes:
+            self.qkeys[i] = h
+            i += 1
+        return n
+
+    cdef size_t _match(self, Py_ssize_t n, bint by_content, bint has_window, int32_t window,
+                       int max_level) noexcept:
+        """Score the ``n`` keys in ``qkeys``; the slots with a run are ``touched[:result]``."""
+        cdef size_t ntouched = 0
+        cdef Py_ssize_t i
+        cdef uint32_t id, cnt, j, h, slot, lvl, r, step
+        cdef uint32_t *hs
+        cdef Node *node
+        cdef bint extended
+        cdef uint32_t *stamp = self.stamp
+        cdef uint32_t *run = self.run
+        cdef uint32_t *prim = self.prim
+        cdef uint32_t *pstep = self.pstep
+        cdef uint32_t epoch
+        self.epoch += 1
+        if self.epoch == 0:
+            memset(self.stamp, 0, self.score_cap * sizeof(uint32_t))
+            self.epoch = 1
+        epoch = self.epoch
+        for i in range(n):
+            extended = False
+            step = <uint32_t>i + 1
+            if by_content:
+                id = self._find(&self.ctab, self.qkeys[i], True)
+            else:
+                id = self._find(&self.etab, self.qkeys[i], False)
+            while id != KV_NIL:
+                node = self.N(id)
+                cnt = node.n & KV_COUNT_MASK
+                hs = self._holders(node)
+                for j in range(cnt):
+                    h = hs[j]
+                    lvl = (h >> KV_SLOT_BITS) & 0xF
+                    if lvl > <uint32_t>max_level:
+                        continue
+                    slot = h & KV_SLOT_MASK
+                    if has_window and self.slots[slot].window != window:
+                        continue
+                    if stamp[slot] != epoch:
+                        if i == 0:
+                            stamp[slot] = epoch
+                            run[slot] = 1
+                            prim[slot] = lvl == 0
+                            pstep[slot] = 1 if lvl == 0 else 0
+                            self.touched[ntouched] = slot
+                            ntouched += 1
+                            extended = True
+                        continue
+                    r = run[slot]
+                    if r == <uint32_t>i:
+                        run[slot] = step
+                        if lvl == 0:
+                            prim[slot] += 1
+                            pstep[slot] = step
+                        extended = True
+                    elif r == step and lvl == 0 and pstep[slot] != step:
+                        prim[slot] += 1
+                        pstep[slot] = step
+                id = node.next_c if by_content else KV_NIL
+            if not extended:
+                break
+        return ntouched
+
+    def match(self, hashes, bint by_content, window, int max_level):
+        """Per slot holding the first key: (slot, contiguous run length, primary blocks in it)."""
+        cdef Py_ssize_t n = self._load_keys(hashes)
+        cdef size_t t = self._match(n, by_content, window is not None, 0 if window is None else window,
+                                    max_level)
+        cdef size_t k
+        cdef uint32_t slot
+        out = []
+        for k in range(t):
+            slot = self.touched[k]
+            out.append((slot, self.run[slot], self.prim[slot]))
+        out.sort()
+        return out
+
+    def match_counts(self, hashes, bint by_content, window, int max_level):
+        """{worker key: best run over its window caches} (the hot path of find_matches)."""
+        cdef Py_ssize_t n = self._load_keys(hashes)
+        cdef size_t t = self._match(n, by_content, window is not None, 0 if window is None else window,
+                                    max_level)
+        cdef size_t k
+        cdef uint32_t slot
+        cdef dict out = {}
+        cdef list keys = self.s_keys
+        for k in range(t):
+            slot = self.touched[k]
+            key = keys[slot]
+            value = self.run[slot]
+            old = out.get(key)
+            if old is None or old < value:
+                out[key] = value
+        return out
+
+    def content_hashes(self, tokens, Py_ssize_t block_size, lora_id, cache_salt, token_extra_ids, mm_keys):
+        """Chained content hashes of the full blocks of ``tokens`` (see ``hashing``)."""
+        cdef Py_ssize_t n, nblocks, b, i
+        cdef SBlock blk
+        cdef uint64_t h = 0
+        cdef bytes salt
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        if token_extra_ids is not None or mm_keys is not None:
+            return content_hashes_for_tokens(tokens, block_size, lora_id, cache_salt=cache_salt,
+                                             token_extra_ids=token_extra_ids, mm_keys=mm_keys)
+        n = len(tokens)
+        self._need_tokens(n if n else 1)
+        if isinstance(tokens, carray.array) and tokens.typecode == 'i':
+            if n:
+                memcpy(self.tok, (<carray.array>tokens).data.as_ints, n * sizeof(uint32_t))
+        else:
+            i = 0
+            for t in tokens:
+                self.tok[i] = <uint32_t>(<int64_t>t & 0xFFFFFFFF)
+                i += 1
+        memset(&blk, 0, sizeof(SBlock))
+        blk.ntok = <uint32_t>block_size
+        if lora_id is not None:
+            blk.has_lora = 1
+            blk.lora = <uint64_t>(lora_id & 0xFFFFFFFFFFFFFFFF)
+        if cache_salt is not None:
+            salt = cache_salt.encode("utf-8") if isinstance(cache_salt, str) else bytes(cache_salt)
+            blk.has_salt = 1
+            blk.salt = salt_hash_bytes(<const uint8_t *>PyBytes_AS_STRING(salt), len(salt))
+        nblocks = n // block_size
+        out = []
+        for b in range(nblocks):
+            blk.tok = <uint32_t>(b * block_size)
+            h = block_content(h, b == 0, &blk, self.tok, NULL, NULL)
+            out.append(h)
+        return out
+
+    # ------------------------------------------------------------------ introspection
+
+    def slot_key(self, uint32_t slot):
+        cdef Slot *s = &self.slots[slot]
+        cdef Worker *w = &self.wrk[s.worker]
+        return (<_Instance>self.instances[w.inst]).instance_id, w.rank, s.window
+
+    def workers(self):
+        return sorted((inst.instance_id, r) for inst in self.instances for r in inst.workers)
+
+    def worker_info(self, str instance_id, int32_t rank):
+        cdef int64_t widx = self._find_worker(instance_id, rank)
+        cdef uint32_t slot
+        cdef Slot *s
+        cdef int lvl
+        if widx < 0:
+            return None
+        cdef Worker *w = &self.wrk[widx]
+        windows = {}
+        slot = w.first_slot
+        while slot != KV_NIL:
+            s = &self.slots[slot]
+            if s.active:
+                cap = self.s_capacity[slot]
+                windows[s.window] = (
+                    {lvl: s.levels[lvl] for lvl in range(LEVELS) if s.levels[lvl]},
+                    None if cap is None else tuple(cap),
+                )
+            slot = s.next_slot
+        inst = <_Instance>self.instances[w.inst]
+        return {
+            "reasons": tuple(self.w_reasons[widx]),
+            "gaps": w.gaps,
+            "cursor": w.cursor if w.has_cursor else None,
+            "producer_id": inst.producer_id,
+            "sequence": None if inst.producer_id is None else inst.sequence,
+            "windows": dict(sorted(windows.items())),
+        }
+
+    def worker_blocks(self, str instance_id, int32_t rank, int32_t window):
+        cdef int64_t widx = self._find_worker(instance_id, rank)
+        cdef uint32_t slot, id
+        cdef int64_t i
+        cdef Node *node
+        cdef uint32_t packed
+        if widx < 0:
+            return []
+        slot = self._slot(<uint32_t>widx, window, False)
+        if slot == KV_NIL:
+            return []
+        out = []
+        for id in range(self.node_top):
+            node = self.N(id)
+            if node.n & KV_USED:
+                i = self._holder_index(node, slot)
+                if i >= 0:
+                    packed = self._holders(node)[i]
+                    out.append((node.engine, node.content if node.n & KV_HAS_CONTENT else None,
+                                (packed >> KV_SLOT_BITS) & 0xF, packed >> 24))
+        out.sort()
+        return out
+
+    def counters(self):
+        return {
+            "batches_applied": self.c_batches_applied,
+            "batches_replayed": self.c_batches_replayed,
+            "batches_stale": self.c_batches_stale,
+            "events_applied": self.c_events_applied,
+            "events_duplicate": self.c_events_duplicate,
+            "blocks_stored": self.c_blocks_stored,
+            "blocks_removed": self.c_blocks_removed,
+            "orphan_blocks": self.c_orphan_blocks,
+            "unknown_removed": self.c_unknown_removed,
+            "unknown_updated": self.c_unknown_updated,
+            "content_conflicts": self.c_content_conflicts,
+            "gaps": self.c_gaps,
+        }
+
+    def held_blocks(self):
+        """Worker-block pairs held (a block held by k caches counts k times)."""
+        return self.held
+
+    def node_count(self):
+        return self.nodes_used
+
+    def memory_bytes(self):
+        """Bytes of the C tables and arrays, plus an estimate for the per-worker Python objects."""
+        cdef size_t total = 0
+        total += self.nchunks * (KV_CHUNK * sizeof(Node) + sizeof(Node *))
+        total += (self.etab.mask + 1 + self.ctab.mask + 1) * sizeof(uint32_t)
+        total += self.pool_cap * sizeof(uint32_t)
+        total += self.slots_cap * sizeof(Slot) + self.workers_cap * sizeof(Worker)
+        total += self.score_cap * 5 * sizeof(uint32_t) + self.qkeys_cap * sizeof(uint64_t)
+        total += self.ev_cap * sizeof(SEvent) + self.blk_cap * sizeof(SBlock)
+        total += self.tok_cap * 4 + (self.ext_cap + self.mm_cap + self.vals_cap + self.drops_cap) * 8
+        total += 300 * self.nworkers + 100 * self.nslots + 500 * len(self.instances)
+        return total
+
+    # ------------------------------------------------------------------ seams for snapshots
+
+    def reset_worker(self, str instance_id, int32_t rank, bint clear_degraded):
+        cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
+        self._drop_worker_windows(widx)
+        self.wrk[widx].split_blocks = 0
+        self.wrk[widx].has_split_tail = 0
+        if clear_degraded:
+            self.w_reasons[widx] = []
+            self.wrk[widx].gaps = 0
+
+    def mark_degraded(self, str instance_id, int32_t rank, str reason):
+        self._degrade(self._worker(self._instance(instance_id), rank), reason)
+
+    def load_window(self, str instance_id, int32_t rank, int32_t window, capacity, stored):
+        cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
+        cdef uint32_t slot = self._slot(widx, window, True)
+        if capacity is not None:
+            self.s_capacity[slot] = list(capacity)
+        for data in stored:
+            self._scratch_clear()
+            for block in data.blocks:
+                self._fill_block(block)
+            self._store(slot, data.parent_hash is not None,
+                        0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.nblk)
+
+    def set_cursor(self, str instance_id, int32_t rank, event_id):
+        cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
+        cdef Worker *w = &self.wrk[widx]
+        w.has_cursor = event_id is not None
+        w.cursor = 0 if event_id is None else event_id
+        w.session_fresh = event_id is None
+        w.last_created = 0
+        w.split_blocks = 0
+        w.has_split_tail = 0
+
+    # ------------------------------------------------------------------ state
+
+    def export_state(self):
+        cdef size_t wi
+        cdef list order = sorted(
+            [((<_Instance>self.instances[self.wrk[wi].inst]).instance_id, self.wrk[wi].rank, wi)
+             for wi in range(self.nworkers)]
+        )
+        cdef uint64_t *pe
+        cdef uint64_t *pc
+        cdef uint8_t *pf
+        cdef uint32_t *pn
+        cdef uint32_t *ph
+        cdef uint32_t *canon = <uint32_t *>PyMem_Malloc((self.nslots + 1) * sizeof(uint32_t))
+        cdef EngineId *ids = NULL
+        cdef uint32_t ncanon = 0, slot, id, cnt, j
+        cdef uint64_t k, nn = 0, nh = 0
+        cdef Worker *w
+        cdef Node *node
+        cdef uint32_t *hs
+        if canon == NULL:
+            raise MemoryError()
+        try:
+            workers = []
+            for _, _, widx in order:
+                w = &self.wrk[<uint32_t>widx]
+                slots = []
+                slot = w.first_slot
+                while slot != KV_NIL:
+                    if self.slots[slot].active:
+                        slots.append((self.slots[slot].window, slot))
+                    slot = self.slots[slot].next_slot
+                slots.sort()
+                windows = []
+                for window, slot in slots:
+                    canon[slot] = ncanon
+                    ncanon += 1
+                    cap = self.s_capacity[slot]
+                    windows.append(WindowState(window, None if cap is None else list(cap)))
+                workers.append(WorkerState(
+                    (<_Instance>self.instances[w.inst]).instance_id, w.rank,
+                    w.cursor if w.has_cursor else None, bool(w.last_created), bool(w.session_fresh),
+                    w.split_blocks, w.split_tail if w.has_split_tail else None,
+                    list(self.w_reasons[<uint32_t>widx]), w.gaps, windows,
+                ))
+            instances = [
+                InstanceState(i.instance_id, i.producer_id, i.sequence, sorted(i.retired), i.dp_size)
+                for i in sorted(self.instances, key=lambda i: i.instance_id)
+            ]
+            ids = <EngineId *>PyMem_Malloc((self.nodes_used + 1) * sizeof(EngineId))
+            if ids == NULL:
+                raise MemoryError()
+            for id in range(self.node_top):
+                node = self.N(id)
+                if node.n & KV_USED:
+                    ids[nn].engine = node.engine
+                    ids[nn].id = id
+                    nn += 1
+                    nh += node.n & KV_COUNT_MASK
+            qsort(ids, nn, sizeof(EngineId), cmp_engine)
+            engine = PyBytes_FromStringAndSize(NULL, nn * 8)
+            content = PyBytes_FromStringAndSize(NULL, nn * 8)
+            flags = PyBytes_FromStringAndSize(NULL, nn)
+            counts = PyBytes_FromStringAndSize(NULL, nn * 4)
+            holders = PyBytes_FromStringAndSize(NULL, nh * 4)
+            pe = <uint64_t *>PyBytes_AS_STRING(engine)
+            pc = <uint64_t *>PyBytes_AS_STRING(content)
+            pf = <uint8_t *>PyBytes_AS_STRING(flags)
+            pn = <uint32_t *>PyBytes_AS_STRING(counts)
+            ph = <uint32_t *>PyBytes_AS_STRING(holders)
+            nh = 0
+            for k in range(nn):
+                node = self.N(ids[k].id)
+                pe[k] = node.engine
+                pf[k] = 1 if node.n & KV_HAS_CONTENT else 0
+                pc[k] = node.content if pf[k] else 0
+                cnt = node.n & KV_COUNT_MASK
+                pn[k] = cnt
+                hs = self._holders(node)
+                for j in range(cnt):
+                    ph[nh + j] = (hs[j] & ~KV_SLOT_MASK) | canon[hs[j] & KV_SLOT_MASK]
+                qsort(ph + nh, cnt, sizeof(uint32_t), cmp_u32_slot)
+                nh += cnt
+            return IndexState(instances, workers, engine, content, flags, counts, holders)
+        finally:
+            PyMem_Free(canon)
+            PyMem_Free(ids)
+
+    def import_state(self, state):
+        """Replace everything with ``state`` (counters start from zero)."""
+        cdef const uint8_t[::1] engine = state.engine
+        cdef const uint8_t[::1] content = state.content
+        cdef const uint8_t[::1] flags = state.has_content
+        cdef const uint8_t[::1] counts = state.holder_counts
+        cdef const uint8_t[::1] holders = state.holders
+        cdef uint64_t nn = len(engine) // 8, k, pos = 0, total = 0, e, prev = 0
+        cdef uint32_t cnt, j, id, packed, canon_slot, c, nslots_canon
+        cdef uint32_t *canon = NULL
+        cdef Node *node
+        cdef const uint64_t *pe
+        cdef const uint64_t *pc
+        cdef const uint32_t *pn
+        cdef const uint32_t *ph
+        cdef Worker *w
+        cdef uint32_t widx, slot
+        if len(engine) != nn * 8 or len(content) != nn * 8 or len(flags) != nn or len(counts) != nn * 4:
+            raise ValueError(f"corrupt index state: node columns of unequal lengths ({nn} nodes)")
+        pn = <const uint32_t *>&counts[0] if nn else NULL
+        for k in range(nn):
+            if pn[k] == 0:
+                raise ValueError(f"corrupt index state: node {k} has no holder")
+            total += pn[k]
+        if len(holders) != total * 4:
+            raise ValueError(f"corrupt index state: {len(holders) // 4} holders, the counts say {total}")
+        self._reset_all()
+        for i in state.instances:
+            inst = self._instance(i.instance_id)
+            inst.producer_id = i.producer_id
+            inst.sequence = i.sequence
+            inst.retired = set(i.retired)
+            inst.dp_size = i.attention_dp_size
+        canon_list = []
+        for ws in state.workers:
+            widx = self._worker(self._instance(ws.instance_id), ws.rank)
+            w = &self.wrk[<uint32_t>widx]
+            w.has_cursor = ws.cursor is not None
+            w.cursor = 0 if ws.cursor is None else ws.cursor
+            w.last_created = ws.last_created
+            w.session_fresh = ws.session_fresh
+            w.split_blocks = ws.split_blocks
+            w.has_split_tail = ws.split_tail is not None
+            w.split_tail = 0 if ws.split_tail is None else ws.split_tail
+            w.gaps = ws.gaps
+            self.w_reasons[<uint32_t>widx] = list(ws.degraded_reasons)
+            for win in ws.windows:
+                slot = self._slot(<uint32_t>widx, win.window_size, True)
+                self.s_capacity[slot] = None if win.capacity is None else list(win.capacity)
+                canon_list.append(slot)
+        nslots_canon = len(canon_list)
+        if nn == 0:
+            return
+        canon = <uint32_t *>PyMem_Malloc((nslots_canon + 1) * sizeof(uint32_t))
+        if canon == NULL:
+            raise MemoryError()
+        try:
+            for j in range(nslots_canon):
+                canon[j] = canon_list[j]
+            self._reserve(&self.etab, nn, False)
+            self._reserve(&self.ctab, nn, True)
+            pe = <const uint64_t *>&engine[0]
+            pc = <const uint64_t *>&content[0]
+            ph = <const uint32_t *>&holders[0]
+            for k in range(nn):
+                e = pe[k]
+                if k and e <= prev:
+                    raise ValueError(f"corrupt index state: block hashes not strictly ascending at node {k}")
+                prev = e
+                id = self._node_alloc()
+                node = self.N(id)
+                node.engine = e
+                self._insert(&self.etab, id, False)
+                if flags[k]:
+                    self._set_content(id, pc[k])
+                cnt = pn[k]
+                for j in range(cnt):
+                    packed = ph[pos + j]
+                    canon_slot = packed & KV_SLOT_MASK
+                    if canon_slot >= nslots_canon:
+                        raise ValueError(f"corrupt index state: holder slot {canon_slot} of {nslots_canon}")
+                    self._add_holder(id, (packed & ~KV_SLOT_MASK) | canon[canon_slot])
+                pos += cnt
+        finally:
+            PyMem_Free(canon)

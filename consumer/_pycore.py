@@ -1,0 +1,654 @@
+"""The pure-Python index core: the executable specification of the compiled one (``_indexcore``).
+
+Both cores implement the same methods with the same results; ``CacheIndex`` wraps either.
+This one keeps plain dicts (about ten times the memory of the compiled core's tables) and is
+used when the extension is not built or ``KVEVENTS_PURE_PYTHON`` is set.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kvevents.schemas import (
+    EventBatch,
+    KVCacheCreatedData,
+    KVCacheRemovedData,
+    KVCacheStoredBlockData,
+    KVCacheStoredData,
+    KVCacheUpdatedData,
+    decode_batch,
+)
+
+from . import _reasons
+from ._state import (
+    LEVEL_MAX,
+    MAX_REASONS,
+    PRIORITY_MAX,
+    SLOT_BITS,
+    SLOT_MAX,
+    IndexState,
+    InstanceState,
+    WindowState,
+    WorkerState,
+)
+from .hashing import content_hash_of_block, content_hashes_for_tokens
+
+__all__ = ["COUNTER_NAMES", "PyIndexCore"]
+
+COUNTER_NAMES = (
+    "batches_applied",
+    "batches_replayed",
+    "batches_stale",
+    "events_applied",
+    "events_duplicate",
+    "blocks_stored",
+    "blocks_removed",
+    "orphan_blocks",
+    "unknown_removed",
+    "unknown_updated",
+    "content_conflicts",
+    "gaps",
+)
+
+_UNKNOWN = -1  # parent content not known (orphan chain); None means "root of a prefix"
+
+
+def _level(value: int) -> int:
+    return LEVEL_MAX if value > LEVEL_MAX else (0 if value < 0 else value)
+
+
+def _priority(value: int) -> int:
+    return PRIORITY_MAX if value > PRIORITY_MAX else (0 if value < 0 else value)
+
+
+class _Slot:
+    """One (worker, window size) cache."""
+
+    __slots__ = ("active", "capacity", "levels", "window", "worker")
+
+    def __init__(self, worker: _Worker, window: int) -> None:
+        self.worker = worker
+        self.window = window
+        self.active = True
+        self.capacity: list[int] | None = None
+        self.levels = [0] * (LEVEL_MAX + 1)
+
+
+class _Worker:
+    __slots__ = (
+        "cursor",
+        "gaps",
+        "instance",
+        "last_created",
+        "rank",
+        "reasons",
+        "session_fresh",
+        "slots",
+        "split_blocks",
+        "split_tail",
+    )
+
+    def __init__(self, instance: _Instance, rank: int) -> None:
+        self.instance = instance
+        self.rank = rank
+        self.cursor: int | None = None
+        self.last_created = False
+        self.session_fresh = True
+        self.split_blocks = 0
+        self.split_tail: int | None = None
+        self.reasons: list[str] = []
+        self.gaps = 0
+        self.slots: dict[int, int] = {}  # window size -> slot id (active or not)
+
+
+class _Instance:
+    __slots__ = ("dp_size", "instance_id", "producer_id", "retired", "sequence", "workers")
+
+    def __init__(self, instance_id: str) -> None:
+        self.instance_id = instance_id
+        self.producer_id: int | None = None
+        self.sequence = 0
+        self.retired: set[int] = set()
+        self.dp_size = 1
+        self.workers: dict[int, _Worker] = {}
+
+
+class _Node:
+    """One engine block hash: its content hash (None for an orphan) and holders."""
+
+    __slots__ = ("content", "holders")
+
+    def __init__(self) -> None:
+        self.content: int | None = None
+        self.holders: dict[int, list[int]] = {}  # slot -> [level, priority]
+
+
+class PyIndexCore:
+    """Dict-based index core (see ``CacheIndex`` for the semantics)."""
+
+    compiled = False
+
+    def __init__(self, key_factory: Any = tuple) -> None:
+        self._key_factory = key_factory
+        self._instances: dict[str, _Instance] = {}
+        self._slots: list[_Slot] = []
+        self._nodes: dict[int, _Node] = {}
+        self._by_content: dict[int, set[int]] = {}
+        self._counters = dict.fromkeys(COUNTER_NAMES, 0)
+
+    # ------------------------------------------------------------------ workers and slots
+
+    def _instance(self, instance_id: str) -> _Instance:
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            inst = self._instances[instance_id] = _Instance(instance_id)
+        return inst
+
+    def _worker(self, inst: _Instance, rank: int) -> _Worker:
+        w = inst.workers.get(rank)
+        if w is None:
+            w = inst.workers[rank] = _Worker(inst, rank)
+        return w
+
+    def _find_worker(self, instance_id: str, rank: int) -> _Worker | None:
+        inst = self._instances.get(instance_id)
+        return None if inst is None else inst.workers.get(rank)
+
+    def _slot(self, w: _Worker, window: int, create: bool) -> int:
+        """The active slot of ``(w, window)``; -1 when absent and not ``create``."""
+        slot = w.slots.get(window)
+        if slot is not None:
+            s = self._slots[slot]
+            if s.active:
+                return slot
+            if not create:
+                return -1
+            s.active = True
+            s.capacity = None
+            return slot
+        if not create:
+            return -1
+        slot = len(self._slots)
+        if slot > SLOT_MAX:
+            raise OverflowError(f"more than {SLOT_MAX} (worker, window size) caches in one index")
+        self._slots.append(_Slot(w, window))
+        w.slots[window] = slot
+        return slot
+
+    def _degrade(self, w: _Worker, reason: str) -> None:
+        if len(w.reasons) < MAX_REASONS:
+            w.reasons.append(reason)
+        w.gaps += 1
+        self._counters["gaps"] += 1
+
+    # ------------------------------------------------------------------ block store
+
+    def _add_holder(self, node: _Node, slot: int, level: int, priority: int) -> None:
+        s = self._slots[slot]
+        held = node.holders.get(slot)
+        if held is None:
+            node.holders[slot] = [level, priority]
+            s.levels[level] += 1
+        else:
+            s.levels[held[0]] -= 1
+            s.levels[level] += 1
+            held[0] = level
+            held[1] = priority
+
+    def _free_node_if_empty(self, engine: int, node: _Node) -> None:
+        if node.holders:
+            return
+        del self._nodes[engine]
+        if node.content is not None:
+            same = self._by_content[node.content]
+            same.discard(engine)
+            if not same:
+                del self._by_content[node.content]
+
+    def _remove_holder(self, engine: int, slot: int) -> bool:
+        node = self._nodes.get(engine)
+        if node is None:
+            return False
+        held = node.holders.pop(slot, None)
+        if held is None:
+            return False
+        self._slots[slot].levels[held[0]] -= 1
+        self._free_node_if_empty(engine, node)
+        return True
+
+    def _clear_slot(self, slot: int) -> None:
+        for engine in [e for e, n in self._nodes.items() if slot in n.holders]:
+            self._remove_holder(engine, slot)
+
+    def _drop_worker_windows(self, w: _Worker) -> None:
+        for slot in w.slots.values():
+            s = self._slots[slot]
+            if s.active:
+                if any(s.levels):
+                    self._clear_slot(slot)
+                s.active = False
+                s.capacity = None
+
+    def _set_content(self, engine: int, node: _Node, content: int) -> None:
+        node.content = content
+        self._by_content.setdefault(content, set()).add(engine)
+
+    def _store(
+        self, slot: int, parent: int | None, blocks: Sequence[KVCacheStoredBlockData], start: int
+    ) -> None:
+        """Store ``blocks[start:]`` in ``slot``, the first one a child of engine hash ``parent``."""
+        if parent is None:
+            parent_content: int | None = None
+        else:
+            pnode = self._nodes.get(parent)
+            parent_content = _UNKNOWN if pnode is None or pnode.content is None else pnode.content
+        counters = self._counters
+        for i in range(start, len(blocks)):
+            block = blocks[i]
+            content = None if parent_content == _UNKNOWN else content_hash_of_block(parent_content, block)
+            node = self._nodes.get(block.block_hash)
+            if node is None:
+                node = self._nodes[block.block_hash] = _Node()
+            if node.content is None:
+                if content is not None:
+                    self._set_content(block.block_hash, node, content)
+            elif content is not None and content != node.content:
+                counters["content_conflicts"] += 1
+            self._add_holder(node, slot, _level(block.cache_level), _priority(block.priority))
+            if node.content is None:
+                counters["orphan_blocks"] += 1
+            parent_content = content if content is not None else (
+                node.content if node.content is not None else _UNKNOWN
+            )
+        counters["blocks_stored"] += max(0, len(blocks) - start)
+
+    # ------------------------------------------------------------------ applying batches
+
+    def apply_encoded(self, data: bytes | bytearray | memoryview) -> None:
+        self.apply_batch(decode_batch(data))
+
+    def apply_batch(self, batch: EventBatch) -> None:
+        counters = self._counters
+        inst = self._instance(batch.instance_id)
+        pid, seq = batch.producer_id, batch.sequence
+        replay = False
+        if inst.producer_id is None:
+            inst.producer_id, inst.sequence = pid, seq
+        elif pid != inst.producer_id:
+            if pid in inst.retired:
+                counters["batches_stale"] += 1
+                return
+            inst.retired.add(inst.producer_id)
+            inst.producer_id, inst.sequence = pid, seq
+            for w in inst.workers.values():
+                w.session_fresh = True
+            if seq != 0:
+                reason = _reasons.new_session_not_at_zero(pid, seq)
+                for rank in self._all_ranks(inst, batch.attention_dp_size):
+                    self._degrade(self._worker(inst, rank), reason)
+        elif seq <= inst.sequence:
+            replay = True
+        else:
+            if seq > inst.sequence + 1:
+                reason = _reasons.batches_lost(pid, inst.sequence, seq)
+                for rank in self._all_ranks(inst, batch.attention_dp_size):
+                    self._degrade(self._worker(inst, rank), reason)
+            inst.sequence = seq
+        if replay:
+            counters["batches_replayed"] += 1
+        else:
+            inst.dp_size = batch.attention_dp_size
+            for drop in batch.dropped:
+                if drop.dropped_events > 0:
+                    w = self._worker(inst, drop.attention_dp_rank)
+                    self._degrade(w, _reasons.events_dropped(drop.dropped_events, seq))
+        counters["batches_applied"] += 1
+        offset = batch.first_event_block_offset
+        for k, event in enumerate(batch.events):
+            rank = event.attention_dp_rank or 0
+            self._apply_event(self._worker(inst, rank), event, offset if k == 0 else 0)
+
+    @staticmethod
+    def _all_ranks(inst: _Instance, dp_size: int) -> list[int]:
+        return sorted(set(range(max(dp_size, 1))) | set(inst.workers))
+
+    def _apply_event(self, w: _Worker, event: Any, offset: int) -> None:
+        data = event.data
+        cls = data.__class__
+        is_created = cls is KVCacheCreatedData
+        is_stored = cls is KVCacheStoredData
+        if not is_stored:
+            offset = 0
+        event_id = event.event_id
+        start = 0
+        tail_parent = False
+        if w.session_fresh:
+            w.session_fresh = False
+            if not is_created and not (offset == 0 and event_id == (0 if w.cursor is None else w.cursor + 1)):
+                if w.cursor is None:
+                    self._degrade(w, _reasons.joined_mid_stream(event_id))
+                else:
+                    pid = w.instance.producer_id or 0
+                    self._degrade(w, _reasons.new_session_not_continuous(pid, w.cursor, event_id))
+        else:
+            cursor = w.cursor if w.cursor is not None else -1
+            if event_id < cursor:
+                self._counters["events_duplicate"] += 1
+                return
+            if event_id == cursor:
+                if offset > 0 and w.split_blocks > 0:
+                    if offset <= w.split_blocks:
+                        start = w.split_blocks - offset
+                        if start >= len(data.blocks):
+                            self._counters["events_duplicate"] += 1
+                            return
+                        tail_parent = True
+                    else:
+                        self._degrade(w, _reasons.missing_fragment(event_id, offset, w.split_blocks))
+                else:
+                    self._counters["events_duplicate"] += 1
+                    return
+            elif event_id == cursor + 1:
+                if offset > 0:
+                    self._degrade(w, _reasons.missing_fragment(event_id, offset, 0))
+            else:
+                self._degrade(w, _reasons.event_ids_jumped(cursor, event_id))
+        self._counters["events_applied"] += 1
+        window = event.window_size
+        if is_stored:
+            slot = self._slot(w, window, True)
+            parent = w.split_tail if tail_parent else data.parent_hash
+            self._store(slot, parent, data.blocks, start)
+            if data.blocks:
+                w.split_blocks = offset + len(data.blocks)
+                w.split_tail = data.blocks[-1].block_hash
+            else:
+                w.split_blocks, w.split_tail = 0, None
+        else:
+            w.split_blocks, w.split_tail = 0, None
+            if is_created:
+                if not w.last_created:
+                    self._drop_worker_windows(w)
+                    w.reasons.clear()
+                    w.gaps = 0
+                slot = self._slot(w, window, True)
+                if any(self._slots[slot].levels):
+                    self._clear_slot(slot)
+                self._slots[slot].capacity = list(data.num_blocks_per_cache_level)
+            elif cls is KVCacheRemovedData:
+                slot = self._slot(w, window, False)
+                for engine in data.block_hashes:
+                    if slot >= 0 and self._remove_holder(engine, slot):
+                        self._counters["blocks_removed"] += 1
+                    else:
+                        self._counters["unknown_removed"] += 1
+            elif cls is KVCacheUpdatedData:
+                self._update(w, window, data)
+        w.cursor = event_id
+        w.last_created = is_created
+
+    def _update(self, w: _Worker, window: int, data: KVCacheUpdatedData) -> None:
+        slot = self._slot(w, window, False)
+        node = self._nodes.get(data.block_hash) if slot >= 0 else None
+        held = None if node is None else node.holders.get(slot)
+        if held is None:
+            self._counters["unknown_updated"] += 1
+            return
+        if data.cache_level is not None:
+            level = _level(data.cache_level.new_value)
+            levels = self._slots[slot].levels
+            levels[held[0]] -= 1
+            levels[level] += 1
+            held[0] = level
+        if data.priority is not None:
+            held[1] = _priority(data.priority.new_value)
+
+    # ------------------------------------------------------------------ queries
+
+    def content_hashes(
+        self,
+        tokens: Sequence[int],
+        block_size: int,
+        lora_id: int | None,
+        cache_salt: str | None,
+        token_extra_ids: Sequence[int] | None,
+        mm_keys: Sequence[Sequence[Any]] | None,
+    ) -> list[int]:
+        return content_hashes_for_tokens(
+            tokens, block_size, lora_id, cache_salt=cache_salt, token_extra_ids=token_extra_ids, mm_keys=mm_keys
+        )
+
+    def _holders_of(self, key: int, by_content: bool) -> Iterable[tuple[int, list[int]]]:
+        if not by_content:
+            node = self._nodes.get(key)
+            return () if node is None else node.holders.items()
+        engines = self._by_content.get(key)
+        if not engines:
+            return ()
+        return [item for engine in sorted(engines) for item in self._nodes[engine].holders.items()]
+
+    def match(
+        self, hashes: Sequence[int], by_content: bool, window: int | None, max_level: int
+    ) -> list[tuple[int, int, int]]:
+        """Per slot holding ``hashes[0]``: (slot, blocks of the contiguous run, primary ones)."""
+        score: dict[int, list[int]] = {}  # slot -> [run length, primary blocks, step of primary mark]
+        slots = self._slots
+        for i, key in enumerate(hashes):
+            extended = False
+            for slot, (level, _) in self._holders_of(key, by_content):
+                if level > max_level or (window is not None and slots[slot].window != window):
+                    continue
+                entry = score.get(slot)
+                if i == 0 and entry is None:
+                    score[slot] = [1, 1 if level == 0 else 0, 1 if level == 0 else -1]
+                    extended = True
+                elif entry is not None and entry[0] == i:
+                    entry[0] = i + 1
+                    if level == 0:
+                        entry[1] += 1
+                        entry[2] = i + 1
+                    extended = True
+                elif entry is not None and entry[0] == i + 1 and level == 0 and entry[2] != i + 1:
+                    entry[1] += 1  # the same content held twice by one slot: the primary copy counts
+                    entry[2] = i + 1
+            if not extended:
+                break
+        return sorted((slot, e[0], e[1]) for slot, e in score.items())
+
+    def match_counts(
+        self, hashes: Sequence[int], by_content: bool, window: int | None, max_level: int
+    ) -> dict[Any, int]:
+        """{worker key: best run over its window caches}."""
+        out: dict[Any, int] = {}
+        for slot, run, _ in self.match(hashes, by_content, window, max_level):
+            w = self._slots[slot].worker
+            key = self._key_factory(w.instance.instance_id, w.rank)
+            if out.get(key, 0) < run:
+                out[key] = run
+        return out
+
+    # ------------------------------------------------------------------ introspection
+
+    def slot_key(self, slot: int) -> tuple[str, int, int]:
+        s = self._slots[slot]
+        return s.worker.instance.instance_id, s.worker.rank, s.window
+
+    def workers(self) -> list[tuple[str, int]]:
+        return sorted((i.instance_id, r) for i in self._instances.values() for r in i.workers)
+
+    def worker_info(self, instance_id: str, rank: int) -> dict[str, Any] | None:
+        w = self._find_worker(instance_id, rank)
+        if w is None:
+            return None
+        windows = {}
+        for window, slot in sorted(w.slots.items()):
+            s = self._slots[slot]
+            if s.active:
+                windows[window] = (
+                    {lvl: n for lvl, n in enumerate(s.levels) if n},
+                    None if s.capacity is None else tuple(s.capacity),
+                )
+        inst = w.instance
+        return {
+            "reasons": tuple(w.reasons),
+            "gaps": w.gaps,
+            "cursor": w.cursor,
+            "producer_id": inst.producer_id,
+            "sequence": None if inst.producer_id is None else inst.sequence,
+            "windows": windows,
+        }
+
+    def worker_blocks(self, instance_id: str, rank: int, window: int) -> list[tuple[int, int | None, int, int]]:
+        w = self._find_worker(instance_id, rank)
+        slot = -1 if w is None else self._slot(w, window, False)
+        if slot < 0:
+            return []
+        out = []
+        for engine, node in self._nodes.items():
+            held = node.holders.get(slot)
+            if held is not None:
+                out.append((engine, node.content, held[0], held[1]))
+        out.sort()
+        return out
+
+    def counters(self) -> dict[str, int]:
+        return dict(self._counters)
+
+    def held_blocks(self) -> int:
+        """Worker-block pairs held (a block held by k caches counts k times)."""
+        return sum(len(n.holders) for n in self._nodes.values())
+
+    def node_count(self) -> int:
+        return len(self._nodes)
+
+    def memory_bytes(self) -> int:
+        """A rough estimate: measured dict and object sizes of this layout, not a walk."""
+        holders = self.held_blocks()
+        return 64 + 250 * len(self._nodes) + 130 * holders + 120 * len(self._by_content) + 400 * len(self._slots)
+
+    # ------------------------------------------------------------------ seams for snapshots
+
+    def reset_worker(self, instance_id: str, rank: int, clear_degraded: bool) -> None:
+        w = self._worker(self._instance(instance_id), rank)
+        self._drop_worker_windows(w)
+        w.split_blocks, w.split_tail = 0, None
+        if clear_degraded:
+            w.reasons.clear()
+            w.gaps = 0
+
+    def mark_degraded(self, instance_id: str, rank: int, reason: str) -> None:
+        self._degrade(self._worker(self._instance(instance_id), rank), reason)
+
+    def load_window(
+        self, instance_id: str, rank: int, window: int, capacity: Sequence[int] | None, stored: Iterable[Any]
+    ) -> None:
+        w = self._worker(self._instance(instance_id), rank)
+        slot = self._slot(w, window, True)
+        if capacity is not None:
+            self._slots[slot].capacity = list(capacity)
+        for data in stored:
+            self._store(slot, data.parent_hash, data.blocks, 0)
+
+    def set_cursor(self, instance_id: str, rank: int, event_id: int | None) -> None:
+        w = self._worker(self._instance(instance_id), rank)
+        w.cursor = event_id
+        w.session_fresh = event_id is None
+        w.last_created = False
+        w.split_blocks, w.split_tail = 0, None
+
+    # ------------------------------------------------------------------ state
+
+    def export_state(self) -> IndexState:
+        worker_list = sorted(
+            (w for inst in self._instances.values() for w in inst.workers.values()),
+            key=lambda w: (w.instance.instance_id, w.rank),
+        )
+        canonical: dict[int, int] = {}
+        workers = []
+        for w in worker_list:
+            windows = []
+            for window, slot in sorted(w.slots.items()):
+                s = self._slots[slot]
+                if s.active:
+                    canonical[slot] = len(canonical)
+                    windows.append(WindowState(window, None if s.capacity is None else list(s.capacity)))
+            workers.append(
+                WorkerState(
+                    w.instance.instance_id, w.rank, w.cursor, w.last_created, w.session_fresh,
+                    w.split_blocks, w.split_tail, list(w.reasons), w.gaps, windows,
+                )
+            )
+        instances = [
+            InstanceState(i.instance_id, i.producer_id, i.sequence, sorted(i.retired), i.dp_size)
+            for i in sorted(self._instances.values(), key=lambda i: i.instance_id)
+        ]
+        engine, content, has_content, counts, holders = (
+            array("Q"), array("Q"), array("B"), array("I"), array("I")
+        )
+        for e in sorted(self._nodes):
+            node = self._nodes[e]
+            engine.append(e)
+            content.append(node.content or 0)
+            has_content.append(node.content is not None)
+            packed = sorted(canonical[s] | lvl << SLOT_BITS | prio << 24 for s, (lvl, prio) in node.holders.items())
+            counts.append(len(packed))
+            holders.extend(packed)
+        if sys.byteorder == "big":
+            for col in (engine, content, counts, holders):
+                col.byteswap()
+        return IndexState(
+            instances, workers, engine.tobytes(), content.tobytes(), has_content.tobytes(),
+            counts.tobytes(), holders.tobytes(),
+        )
+
+    def import_state(self, state: IndexState) -> None:
+        """Replace everything with ``state`` (counters start from zero)."""
+        self.__init__(self._key_factory)  # type: ignore[misc]
+        for i in state.instances:
+            inst = self._instance(i.instance_id)
+            inst.producer_id, inst.sequence, inst.retired = i.producer_id, i.sequence, set(i.retired)
+            inst.dp_size = i.attention_dp_size
+        canonical: list[int] = []
+        for ws in state.workers:
+            w = self._worker(self._instance(ws.instance_id), ws.rank)
+            w.cursor, w.last_created, w.session_fresh = ws.cursor, ws.last_created, ws.session_fresh
+            w.split_blocks, w.split_tail = ws.split_blocks, ws.split_tail
+            w.reasons, w.gaps = list(ws.degraded_reasons), ws.gaps
+            for win in ws.windows:
+                slot = self._slot(w, win.window_size, True)
+                self._slots[slot].capacity = None if win.capacity is None else list(win.capacity)
+                canonical.append(slot)
+        columns = _columns(state)
+        engine, content, has_content, counts, holders = columns
+        pos = 0
+        for n, e in enumerate(engine):
+            node = self._nodes[e] = _Node()
+            if has_content[n]:
+                self._set_content(e, node, content[n])
+            for packed in holders[pos : pos + counts[n]]:
+                slot = canonical[packed & SLOT_MAX]
+                level, prio = (packed >> SLOT_BITS) & 0xF, packed >> 24
+                node.holders[slot] = [level, prio]
+                self._slots[slot].levels[level] += 1
+            pos += counts[n]
+
+
+def _columns(state: IndexState) -> tuple[array, array, array, array, array]:
+    """The node columns of ``state`` as arrays (checked for consistent lengths)."""
+    engine, content, has_content, counts, holders = (
+        array("Q", state.engine), array("Q", state.content), array("B", state.has_content),
+        array("I", state.holder_counts), array("I", state.holders),
+    )
+    if sys.byteorder == "big":
+        for col in (engine, content, counts, holders):
+            col.byteswap()
+    n = len(engine)
+    if not len(content) == len(has_content) == len(counts) == n or sum(counts) != len(holders):
+        raise ValueError(
+            f"corrupt index state: {n} nodes but {len(content)} content hashes, {len(has_content)} flags, "
+            f"{len(counts)} holder counts and {len(holders)} holders (expected {sum(counts)})"
+        )
+    return engine, content, has_content, counts, holders

@@ -1,0 +1,415 @@
+"""The global KV-cache index: which worker holds which blocks, rebuilt from kvevents batches.
+
+:class:`CacheIndex` keeps, per :class:`WorkerKey` (an engine instance's attention-DP rank) and
+window size, the blocks held, each with its cache level (0 primary, 1 secondary; up to 15)
+and priority (0..255, saturated). The rules, in the order a batch is applied:
+
+Producer sessions (``EventBatch.producer_id`` / ``sequence``, per ``instance_id``)
+    The first batch of an instance starts its session. A batch of the current producer whose
+    ``sequence`` is not above the last one is a *replay*: its events go through the replay
+    filter below and its ``dropped`` entries are ignored (they were counted the first time).
+    A jump of the sequence by more than one means batches were lost: every rank of the
+    instance (``range(attention_dp_size)`` and any rank seen) is marked degraded.
+    A new ``producer_id`` starts a new session (the old id is retired: later batches of a
+    retired id are stale and ignored whole). Its sequence must start at 0, else every rank is
+    degraded. Event ids of the new session are not compared with the old ones for replays
+    (a restarted engine counts from 0 again): each worker's first event of the new session is
+    accepted as is, and it keeps the worker clean only if it is a Created event or continues
+    the old cursor exactly (``event_id == cursor + 1``); otherwise the worker is degraded.
+
+In-band drops
+    ``dropped`` entries with ``dropped_events > 0`` mark their rank degraded (the loss happened
+    before this batch's events, so a Created event in this same batch still rebuilds it).
+
+Replays and duplicates (per worker cursor: the last applied ``event_id``)
+    An event whose id is below the cursor, or equal to it, is skipped, so applying the same
+    batch twice changes nothing. The exception is a split Stored event: when a batch has
+    ``first_event_block_offset = k > 0``, its first event continues the Stored event with the
+    same id, from block ``k`` on. If the worker has applied exactly ``k`` blocks of that event,
+    the fragment is applied, its first block chained to the last block applied (not to the
+    fragment's ``parent_hash``); if it has applied more, only the blocks not yet applied are
+    (a replayed fragment changes nothing); if fewer, blocks were lost: the worker is degraded
+    and the fragment applied from its ``parent_hash``. A fragment whose event id is new
+    (``cursor + 1``) also means its first blocks were lost.
+
+Gaps
+    An event id above ``cursor + 1`` marks the worker degraded ("event ids jumped"); so does a
+    worker's first event ever when it is neither a Created event nor event id 0 ("joined
+    mid-stream", e.g. a topic whose head was deleted by retention). Events are applied anyway:
+    a degraded worker's blocks are the best known view, flagged incomplete. The flag and its
+    reasons stay (visible in :meth:`worker_stats`, :meth:`degraded_workers` and ``stats()``)
+    until a Created event or a snapshot (:meth:`load_worker_snapshot`) rebuilds the worker.
+
+Created (several window sizes)
+    TensorRT-LLM emits one Created event per window size, back to back, when it builds a cache
+    manager. So a Created event that follows any other event of the worker (or is its first)
+    starts a new cache generation: *all* the worker's windows are dropped and its degraded flag
+    cleared, then this window size is created empty with its capacity. A Created event that
+    directly follows another Created event of the same worker only (re)creates its own window
+    size, keeping the windows created just before it.
+
+Stored / Removed / Updated
+    Stored adds blocks to (worker, window) at their level and priority; block ``i`` is the
+    child of block ``i-1``, the first one of ``parent_hash`` (None: the start of a prefix).
+    Storing a block the worker already holds updates its level and priority. A block whose
+    parent the index does not know (Dynamo's tree refuses it: "Failed to find parent block")
+    is stored as an *orphan*: held and found by its engine hash, but without a content hash
+    (counted in ``stats()["orphan_blocks"]``), and so are its descendants in that event; it
+    gains a content hash when any worker stores the same engine hash with a known prefix.
+    Removed deletes the listed blocks from (worker, window); Updated sets a held block's level
+    and/or priority to the diffs' ``new_value``. Removing or updating a block the worker does
+    not hold is counted (``unknown_removed`` / ``unknown_updated``) and otherwise ignored.
+
+Matching
+    :meth:`find_matches` takes engine block hashes (meaningful across workers when the engine's
+    hashes are deterministic, as TensorRT-LLM's are); :meth:`find_matches_for_tokens` takes
+    token ids and matches the *content hashes* the index computed from the Stored events'
+    tokens (see :mod:`kvevents.consumer.hashing`), so a router needs no knowledge of the
+    engine's hash function. Both return, per worker, how many leading blocks of the query it
+    holds contiguously from the first (workers with 0 are omitted); with ``window_size`` None
+    each of a worker's window caches is matched separately and the best one counts.
+    Cache levels: by default a secondary-level block counts like a primary one.
+    ``max_cache_level=0`` makes matching stop at the first block a worker holds only at a
+    higher level; :meth:`weighted_matches` instead scores the contiguous run as
+    ``primary + secondary_weight * secondary`` blocks.
+
+Engine hash and content: the index trusts an engine hash to stand for one content (every
+engine's hash is a digest of the prefix); a Stored block whose computed content hash differs
+from the one already known for its engine hash keeps the first and is counted
+(``content_conflicts``).
+
+Not thread-safe: apply and query from one thread, or serialize calls (each call of the
+compiled core runs under the GIL without releasing it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import msgspec
+from kvevents.schemas import EventBatch, KVCacheStoredData, MmKey
+
+from ._pycore import COUNTER_NAMES, PyIndexCore
+from ._state import LEVEL_MAX, decode_state, encode_state
+from .workers import BlockEntry, WindowStats, WorkerKey, WorkerStats
+
+__all__ = ["CacheIndex", "IndexStats", "Match", "compiled_core_available"]
+
+log = logging.getLogger(__name__)
+
+try:
+    from ._indexcore import IndexCore as _CompiledCore  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - depends on the build
+    _CompiledCore = None
+
+
+def compiled_core_available() -> bool:
+    """Whether the compiled core (``kvevents.consumer._indexcore``) is built."""
+    return _CompiledCore is not None
+
+
+class Match(NamedTuple):
+    """A worker's contiguous run of matched blocks and how many of them are at level 0."""
+
+    blocks: int
+    primary_blocks: int
+
+    @property
+    def secondary_blocks(self) -> int:
+        """Blocks of the run held at a level above 0 (offloaded)."""
+        return self.blocks - self.primary_blocks
+
+    def score(self, secondary_weight: float) -> float:
+        """``primary_blocks + secondary_weight * secondary_blocks``."""
+        return self.primary_blocks + secondary_weight * (self.blocks - self.primary_blocks)
+
+
+class IndexStats(msgspec.Struct, frozen=True):
+    """Index-wide figures: counters since construction (or restore) and current sizes."""
+
+    counters: dict[str, int]
+    workers: int
+    degraded_workers: int
+    held_blocks: int
+    """Worker-block pairs (a block held by k window caches counts k times)."""
+    distinct_blocks: int
+    memory_bytes: int
+
+
+def _make_core(core: str) -> Any:
+    if core not in ("auto", "compiled", "python"):
+        raise ValueError(f"core must be 'auto', 'compiled' or 'python', got {core!r}")
+    if core == "python" or (core == "auto" and os.environ.get("KVEVENTS_PURE_PYTHON")):
+        return PyIndexCore(WorkerKey)
+    if _CompiledCore is None:
+        if core == "compiled":
+            raise RuntimeError(
+                "the compiled index core kvevents.consumer._indexcore is not built "
+                "(pip install -e . with Cython and a C compiler)"
+            )
+        log.debug("kvevents.consumer._indexcore is not built; using the pure-Python core")
+        return PyIndexCore(WorkerKey)
+    return _CompiledCore(WorkerKey)
+
+
+class CacheIndex:
+    """Global prefix-cache index of every worker's KV blocks (rules in the module docstring).
+
+    ``core``: "auto" (the compiled core when built, unless ``KVEVENTS_PURE_PYTHON`` is set),
+    "compiled" or "python". Both cores give identical results.
+    """
+
+    def __init__(self, *, core: str = "auto") -> None:
+        self._core = _make_core(core)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether this index runs on the compiled core."""
+        return bool(self._core.compiled)
+
+    # ------------------------------------------------------------------ applying
+
+    def apply(self, batch: EventBatch) -> None:
+        """Apply one batch of events (see the module docstring for every rule)."""
+        self._core.apply_batch(batch)
+
+    def apply_encoded(self, data: bytes | bytearray | memoryview) -> None:
+        """Decode one single-object encoded batch and apply it; the compiled core reads the
+        Avro body directly into the index. Malformed bytes raise
+        :class:`kvevents.schemas.DecodeError` and change nothing."""
+        self._core.apply_encoded(data)
+
+    # ------------------------------------------------------------------ matching
+
+    def find_matches(
+        self, block_hashes: Sequence[int], window_size: int | None = None, *, max_cache_level: int | None = None
+    ) -> dict[WorkerKey, int]:
+        """Per worker, how many leading blocks of ``block_hashes`` (engine hashes) it holds
+        contiguously from the first; workers with none are omitted.
+
+        ``window_size`` restricts to that window size's caches (None: each worker's best).
+        ``max_cache_level=0`` stops a worker's run at a block it holds only at a higher level.
+        An ``array('Q')`` of hashes is read without conversion.
+        """
+        return self._core.match_counts(block_hashes, False, window_size, _max_level(max_cache_level))
+
+    def find_matches_by_content(
+        self, content_hashes: Sequence[int], window_size: int | None = None, *, max_cache_level: int | None = None
+    ) -> dict[WorkerKey, int]:
+        """:meth:`find_matches` on content hashes (from :meth:`content_hashes`)."""
+        return self._core.match_counts(content_hashes, True, window_size, _max_level(max_cache_level))
+
+    def find_matches_for_tokens(
+        self,
+        tokens: Sequence[int],
+        block_size: int,
+        lora_id: int | None = None,
+        *,
+        window_size: int | None = None,
+        max_cache_level: int | None = None,
+        cache_salt: str | None = None,
+        token_extra_ids: Sequence[int] | None = None,
+        mm_keys: Sequence[Sequence[MmKey]] | None = None,
+    ) -> dict[WorkerKey, int]:
+        """Per worker, how many leading full blocks of ``tokens`` it holds, by content.
+
+        The query's blocks must be described as the engine described the stored ones:
+        the same ``block_size``, LoRA id, cache salt (it applies to the first block), and
+        per-token extra ids / per-block multimodal keys when the engine reported them.
+        """
+        hashes = self.content_hashes(
+            tokens, block_size, lora_id, cache_salt=cache_salt, token_extra_ids=token_extra_ids, mm_keys=mm_keys
+        )
+        return self._core.match_counts(hashes, True, window_size, _max_level(max_cache_level))
+
+    def match_details(
+        self,
+        hashes: Sequence[int],
+        *,
+        by_content: bool = False,
+        window_size: int | None = None,
+        max_cache_level: int | None = None,
+    ) -> dict[WorkerKey, Match]:
+        """Per worker, its best contiguous run (blocks, of which at level 0)."""
+        best: dict[WorkerKey, Match] = {}
+        for slot, run, primary in self._core.match(hashes, by_content, window_size, _max_level(max_cache_level)):
+            key = self._slot_worker(slot)
+            match = Match(run, primary)
+            if key not in best or match > best[key]:
+                best[key] = match
+        return best
+
+    def weighted_matches(
+        self,
+        hashes: Sequence[int],
+        *,
+        secondary_weight: float = 0.5,
+        by_content: bool = False,
+        window_size: int | None = None,
+    ) -> dict[WorkerKey, float]:
+        """Per worker, its contiguous run scored ``primary + secondary_weight * secondary``.
+
+        A secondary-level (offloaded) block still continues the run (the engine can onboard
+        it), but is worth ``secondary_weight`` of a primary block.
+        """
+        if not 0.0 <= secondary_weight <= 1.0:
+            raise ValueError(f"secondary_weight must be within 0..1, got {secondary_weight}")
+        best: dict[WorkerKey, float] = {}
+        for slot, run, primary in self._core.match(hashes, by_content, window_size, LEVEL_MAX):
+            key = self._slot_worker(slot)
+            score = primary + secondary_weight * (run - primary)
+            if score > best.get(key, 0.0):
+                best[key] = score
+        return best
+
+    def content_hashes(
+        self,
+        tokens: Sequence[int],
+        block_size: int,
+        lora_id: int | None = None,
+        *,
+        cache_salt: str | None = None,
+        token_extra_ids: Sequence[int] | None = None,
+        mm_keys: Sequence[Sequence[MmKey]] | None = None,
+    ) -> list[int]:
+        """The chained content hashes of the full blocks of ``tokens`` (see ``hashing``)."""
+        return self._core.content_hashes(tokens, block_size, lora_id, cache_salt, token_extra_ids, mm_keys)
+
+    def _slot_worker(self, slot: int) -> WorkerKey:
+        instance_id, rank, _ = self._core.slot_key(slot)
+        return WorkerKey(instance_id, rank)
+
+    # ------------------------------------------------------------------ introspection
+
+    def workers(self) -> list[WorkerKey]:
+        """Every worker the index has seen, sorted."""
+        return [WorkerKey(i, r) for i, r in self._core.workers()]
+
+    def degraded_workers(self) -> list[WorkerKey]:
+        """Workers whose view may be incomplete, sorted."""
+        return [k for k in self.workers() if self._core.worker_info(*k)["gaps"]]
+
+    def is_degraded(self, key: WorkerKey) -> bool:
+        """Whether ``key``'s view may be incomplete (KeyError for an unknown worker)."""
+        return bool(self._info(key)["gaps"])
+
+    def _info(self, key: WorkerKey) -> dict[str, Any]:
+        info = self._core.worker_info(key[0], key[1])
+        if info is None:
+            raise KeyError(f"unknown worker {key!r}")
+        return info
+
+    def worker_stats(self, key: WorkerKey) -> WorkerStats:
+        """Blocks per window size and cache level, degraded flag and reasons, cursor, session."""
+        info = self._info(key)
+        windows = {
+            window: WindowStats(window, sum(levels.values()), levels, capacity)
+            for window, (levels, capacity) in info["windows"].items()
+        }
+        reasons = info["reasons"]
+        if info["gaps"] > len(reasons):
+            reasons = (*reasons, f"... {info['gaps'] - len(reasons)} more")
+        return WorkerStats(
+            key=WorkerKey(*key),
+            degraded=bool(info["gaps"]),
+            degraded_reasons=reasons,
+            last_event_id=info["cursor"],
+            producer_id=info["producer_id"],
+            last_batch_sequence=info["sequence"],
+            windows=windows,
+        )
+
+    def worker_blocks(self, key: WorkerKey, window_size: int) -> list[BlockEntry]:
+        """Every block ``key`` holds in its ``window_size`` cache, sorted by engine hash.
+
+        Walks the whole index (for tests, snapshots and debugging, not for the hot path).
+        """
+        return [BlockEntry(*b) for b in self._core.worker_blocks(key[0], key[1], window_size)]
+
+    def stats(self) -> IndexStats:
+        """Counters and sizes of the whole index."""
+        workers = self.workers()
+        return IndexStats(
+            counters=self._core.counters(),
+            workers=len(workers),
+            degraded_workers=sum(1 for k in workers if self._core.worker_info(*k)["gaps"]),
+            held_blocks=self._core.held_blocks(),
+            distinct_blocks=self._core.node_count(),
+            memory_bytes=self._core.memory_bytes(),
+        )
+
+    def held_blocks(self) -> int:
+        """Worker-block pairs held (a block held by k window caches counts k times)."""
+        return int(self._core.held_blocks())
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes the index uses (exact for the compiled core's C tables)."""
+        return int(self._core.memory_bytes())
+
+    # ------------------------------------------------------------------ seams for snapshots
+
+    def reset_worker(self, key: WorkerKey, *, clear_degraded: bool = False) -> None:
+        """Drop every window and block of ``key`` (its cursor stays). ``clear_degraded`` also
+        clears its degraded flag; otherwise it stays as it was."""
+        self._core.reset_worker(key[0], key[1], clear_degraded)
+
+    def mark_degraded(self, key: WorkerKey, reason: str) -> None:
+        """Flag ``key`` as incomplete (e.g. a reader that skipped a malformed message)."""
+        self._core.mark_degraded(key[0], key[1], reason)
+
+    def load_worker_snapshot(
+        self,
+        key: WorkerKey,
+        windows: Mapping[int, Iterable[KVCacheStoredData]],
+        *,
+        last_event_id: int | None,
+        capacities: Mapping[int, Sequence[int]] | None = None,
+    ) -> None:
+        """Replace everything ``key`` holds with a snapshot of its cache, and clear its flag.
+
+        ``windows`` maps each window size to the snapshot's Stored data, parents before
+        children (a block whose parent is unknown is stored as an orphan, as for events).
+        ``last_event_id`` is the id of the last event the snapshot reflects: later events
+        apply on top, earlier ones are replays. None leaves the cursor unset (the next
+        event is accepted as if it were the worker's first).
+        """
+        instance_id, rank = key[0], key[1]
+        self._core.reset_worker(instance_id, rank, True)
+        capacities = capacities or {}
+        for window, stored in windows.items():
+            self._core.load_window(instance_id, rank, window, capacities.get(window), stored)
+        for window, capacity in capacities.items():
+            if window not in windows:
+                self._core.load_window(instance_id, rank, window, capacity, ())
+        self._core.set_cursor(instance_id, rank, last_event_id)
+
+    def to_bytes(self) -> bytes:
+        """The whole index state (blocks, sessions, cursors, degraded flags), canonical:
+        equal states give equal bytes, whichever core. Counters are not included."""
+        return encode_state(self._core.export_state())
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview, *, core: str = "auto") -> CacheIndex:
+        """An index restored from :meth:`to_bytes` (ValueError naming what is wrong)."""
+        index = cls(core=core)
+        index._core.import_state(decode_state(data))
+        return index
+
+    def same_state(self, other: CacheIndex) -> bool:
+        """Whether both indexes hold the same state (what :meth:`to_bytes` saves)."""
+        return self.to_bytes() == other.to_bytes()
+
+
+def _max_level(value: int | None) -> int:
+    if value is None:
+        return LEVEL_MAX
+    if value < 0:
+        raise ValueError(f"max_cache_level must be >= 0, got {value}")
+    return min(value, LEVEL_MAX)
+
+
+COUNTERS = COUNTER_NAMES
+"""Names of the counters in ``IndexStats.counters``."""
