@@ -593,7 +593,10 @@ class PyIndexCore:
             engine.append(e)
             content.append(node.content or 0)
             has_content.append(node.content is not None)
-            packed = sorted(canonical[s] | lvl << SLOT_BITS | prio << 24 for s, (lvl, prio) in node.holders.items())
+            packed = [
+                canonical[s] | lvl << SLOT_BITS | prio << 24
+                for s, (lvl, prio) in sorted(node.holders.items(), key=lambda item: canonical[item[0]])
+            ]
             counts.append(len(packed))
             holders.extend(packed)
         if sys.byteorder == "big":

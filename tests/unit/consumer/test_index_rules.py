@@ -1,0 +1,447 @@
+"""Every rule of CacheIndex, on both cores, fed model objects and real Avro bytes."""
+
+from __future__ import annotations
+
+import pytest
+from _index_helpers import (
+    BLOCK,
+    WINDOW,
+    batch,
+    block,
+    created,
+    removed,
+    stored,
+    stored_blocks,
+    tokens_of,
+    updated,
+)
+from kvevents.consumer import CacheIndex, WorkerKey
+from kvevents.schemas import KVCacheStoredData
+
+W0 = WorkerKey("i0", 0)
+W1 = WorkerKey("i0", 1)
+
+
+@pytest.fixture
+def index(core: str) -> CacheIndex:
+    return CacheIndex(core=core)
+
+
+def tokens_for(hashes: list[int]) -> list[int]:
+    return [t for h in hashes for t in tokens_of(h)]
+
+
+# ---------------------------------------------------------------- Stored / Removed / Updated
+
+
+def test_find_matches_counts_leading_blocks_held_contiguously(index, feed):
+    feed(index, batch([created(0), stored(1, [1, 2, 3])], 0))
+    assert index.find_matches([1, 2, 3]) == {W0: 3}
+    assert index.find_matches([1, 2, 9, 3]) == {W0: 2}
+    assert index.find_matches([2, 3]) == {W0: 2}
+    assert index.find_matches([9, 1, 2]) == {}
+    assert index.find_matches([]) == {}
+
+
+def test_workers_are_scored_separately_and_zero_matches_are_omitted(index, feed):
+    feed(index, batch([created(0, rank=0), created(0, rank=1), created(0, rank=2),
+                       stored(1, [1, 2, 3], rank=0), stored(1, [1, 2], rank=1), stored(1, [5], rank=2)], 0, dp=3))
+    assert index.find_matches([1, 2, 3]) == {W0: 3, W1: 2}
+    assert set(index.workers()) == {W0, W1, WorkerKey("i0", 2)}
+
+
+def test_removed_deletes_blocks_of_that_worker_only(index, feed):
+    feed(index, batch([created(0, rank=0), created(0, rank=1), stored(1, [1, 2, 3], rank=0),
+                       stored(1, [1, 2, 3], rank=1), removed(2, [2], rank=0)], 0, dp=2))
+    assert index.find_matches([1, 2, 3]) == {W0: 1, W1: 3}
+    assert [b.block_hash for b in index.worker_blocks(W0, WINDOW)] == [1, 3]
+    assert index.stats().counters["blocks_removed"] == 1
+
+
+def test_updated_moves_level_and_priority(index, feed):
+    feed(index, batch([created(0), stored(1, [1, 2, 3]), updated(2, 2, level=(0, 1), priority=(35, 80))], 0))
+    entries = {b.block_hash: b for b in index.worker_blocks(W0, WINDOW)}
+    assert (entries[2].cache_level, entries[2].priority) == (1, 80)
+    assert (entries[1].cache_level, entries[1].priority) == (0, 35)
+    stats = index.worker_stats(W0)
+    assert stats.windows[WINDOW].blocks_by_level == {0: 2, 1: 1}
+    feed(index, batch([updated(3, 2, level=(1, 0))], 1))
+    assert index.worker_stats(W0).windows[WINDOW].blocks_by_level == {0: 3}
+
+
+def test_storing_a_held_block_again_updates_its_level(index, feed):
+    feed(index, batch([created(0), stored(1, [1, 2]), stored(2, [2], parent=1, level=1)], 0))
+    assert index.worker_stats(W0).windows[WINDOW].blocks_by_level == {0: 1, 1: 1}
+    assert index.held_blocks() == 2
+
+
+def test_unknown_removed_and_updated_are_counted_and_ignored(index, feed):
+    feed(index, batch([created(0), stored(1, [1]), removed(2, [9]), updated(3, 8, level=(0, 1)),
+                       removed(4, [1], window=WINDOW * 2)], 0))
+    counters = index.stats().counters
+    assert (counters["unknown_removed"], counters["unknown_updated"]) == (2, 1)
+    assert index.find_matches([1]) == {W0: 1}
+
+
+def test_levels_and_priorities_saturate(index, feed):
+    feed(index, batch([created(0), stored_blocks(1, [block(1, level=99, priority=999), block(2, priority=-5)])], 0))
+    entries = index.worker_blocks(W0, WINDOW)
+    assert [(e.cache_level, e.priority) for e in entries] == [(15, 255), (0, 0)]
+
+
+# ---------------------------------------------------------------- cache levels in matching
+
+
+def test_secondary_blocks_count_by_default_stop_with_max_level_and_weigh_fractionally(index, feed):
+    feed(index, batch([created(0, rank=0), created(0, rank=1),
+                       stored(1, [1, 2, 3, 4], rank=0), stored(1, [1, 2, 3, 4], rank=1),
+                       updated(2, 2, level=(0, 1), rank=1)], 0, dp=2))
+    assert index.find_matches([1, 2, 3, 4]) == {W0: 4, W1: 4}
+    assert index.find_matches([1, 2, 3, 4], max_cache_level=0) == {W0: 4, W1: 1}
+    assert index.weighted_matches([1, 2, 3, 4], secondary_weight=0.25) == {W0: 4.0, W1: 3.25}
+    details = index.match_details([1, 2, 3, 4])
+    assert (details[W1].blocks, details[W1].primary_blocks, details[W1].secondary_blocks) == (4, 3, 1)
+    by_tokens = index.find_matches_for_tokens(tokens_for([1, 2, 3, 4]), BLOCK, max_cache_level=0)
+    assert by_tokens == {W0: 4, W1: 1}
+    with pytest.raises(ValueError, match="secondary_weight"):
+        index.weighted_matches([1], secondary_weight=2)
+    with pytest.raises(ValueError, match="max_cache_level"):
+        index.find_matches([1], max_cache_level=-1)
+
+
+# ---------------------------------------------------------------- window sizes
+
+
+def test_window_sizes_are_separate_caches(index, feed):
+    feed(index, batch([created(0, window=64), created(1, window=128),
+                       stored(2, [1, 2, 3], window=64), stored(3, [1, 2], window=128)], 0))
+    assert index.find_matches([1, 2, 3]) == {W0: 3}
+    assert index.find_matches([1, 2, 3], window_size=128) == {W0: 2}
+    assert index.find_matches([1, 2, 3], window_size=32) == {}
+    assert {w: s.blocks for w, s in index.worker_stats(W0).windows.items()} == {64: 3, 128: 2}
+    assert index.held_blocks() == 5
+
+
+def test_created_run_resets_all_windows_then_builds_each(index, feed):
+    feed(index, batch([created(0, window=64), created(1, window=128), stored(2, [1], window=64),
+                       stored(3, [2], window=128)], 0))
+    # a Created directly after a Created keeps the window created just before
+    feed(index, batch([created(4, window=64, levels=(7, 0)), created(5, window=32)], 1))
+    stats = index.worker_stats(W0)
+    assert sorted(stats.windows) == [32, 64]  # window 128 was not re-created: dropped
+    assert stats.blocks == 0
+    assert stats.windows[64].capacity == (7, 0)
+    assert index.find_matches([1]) == {} and index.find_matches([2]) == {}
+
+
+def test_created_after_other_events_drops_every_window(index, feed):
+    feed(index, batch([created(0, window=64), created(1, window=128), stored(2, [1], window=64),
+                       stored(3, [2], window=128), created(4, window=64)], 0))
+    assert sorted(index.worker_stats(W0).windows) == [64]
+    assert index.held_blocks() == 0
+
+
+def test_duplicate_created_in_a_run_empties_its_window(index, feed):
+    feed(index, batch([created(0, window=64), created(1, window=64)], 0))
+    assert index.worker_stats(W0).windows[64].blocks == 0
+
+
+# ---------------------------------------------------------------- replays and duplicates
+
+
+def test_applying_the_same_batch_twice_changes_nothing(index, feed):
+    first = batch([created(0), stored(1, [1, 2, 3]), removed(2, [3]), updated(3, 2, level=(0, 1))], 0)
+    feed(index, first)
+    state = index.to_bytes()
+    feed(index, first)
+    assert index.to_bytes() == state
+    counters = index.stats().counters
+    assert counters["events_duplicate"] == 4 and counters["batches_replayed"] == 1
+
+
+def test_old_events_in_a_new_batch_are_skipped(index, feed):
+    feed(index, batch([created(0), stored(1, [1])], 0))
+    feed(index, batch([stored(1, [1]), removed(1, [1]), stored(2, [2], parent=1)], 1))
+    assert [b.block_hash for b in index.worker_blocks(W0, WINDOW)] == [1, 2]
+    assert not index.is_degraded(W0)
+
+
+# ---------------------------------------------------------------- split Stored events
+
+
+def test_split_stored_event_applies_and_chains_to_the_previous_fragment(index, feed):
+    feed(index, batch([created(0), stored(1, [1, 2])], 0))
+    # the fragment says parent None: the index chains it to block 2, the last one applied
+    feed(index, batch([stored(1, [3, 4], parent=None), stored(2, [5], parent=4)], 1, offset=2))
+    assert index.find_matches([1, 2, 3, 4, 5]) == {W0: 5}
+    assert index.find_matches_for_tokens(tokens_for([1, 2, 3, 4, 5]), BLOCK) == {W0: 5}
+    assert not index.is_degraded(W0)
+
+
+def test_replayed_fragment_changes_nothing_and_overlap_applies_only_new_blocks(index, feed):
+    feed(index, batch([created(0), stored(1, [1, 2])], 0))
+    fragment = batch([stored(1, [3, 4], parent=2)], 1, offset=2)
+    feed(index, fragment)
+    state = index.to_bytes()
+    feed(index, fragment)
+    assert index.to_bytes() == state
+    # a re-split replay overlapping what was applied: only block 5 is new
+    feed(index, batch([stored(1, [4, 5], parent=3)], 2, offset=3))
+    assert index.find_matches_for_tokens(tokens_for([1, 2, 3, 4, 5]), BLOCK) == {W0: 5}
+    assert not index.is_degraded(W0)
+
+
+def test_lost_fragment_degrades(index, feed):
+    feed(index, batch([created(0), stored(1, [1, 2])], 0))
+    feed(index, batch([stored(1, [5, 6], parent=4)], 1, offset=4))
+    assert index.is_degraded(W0)
+    assert "missing blocks of split Stored event 1" in index.worker_stats(W0).degraded_reasons[0]
+    assert index.find_matches([5, 6]) == {W0: 2}
+
+
+def test_fragment_of_an_unseen_event_degrades(index, feed):
+    feed(index, batch([created(0)], 0))
+    feed(index, batch([stored(1, [3, 4], parent=2)], 1, offset=2))
+    assert index.is_degraded(W0)
+
+
+# ---------------------------------------------------------------- gaps
+
+
+def test_event_id_jump_degrades_until_created(index, feed):
+    feed(index, batch([created(0), stored(1, [1])], 0))
+    feed(index, batch([stored(5, [2], parent=1)], 1))
+    stats = index.worker_stats(W0)
+    assert stats.degraded and stats.degraded_reasons == ("event ids jumped from 1 to 5",)
+    assert index.find_matches([1, 2]) == {W0: 2}  # still applied: the best known view
+    assert index.degraded_workers() == [W0]
+    feed(index, batch([created(6)], 2))
+    assert not index.is_degraded(W0) and index.held_blocks() == 0
+
+
+def test_sequence_jump_degrades_every_rank_of_the_instance(index, feed):
+    feed(index, batch([created(0, rank=0)], 0, dp=2))
+    feed(index, batch([stored(1, [1], rank=0)], 3, dp=2))
+    assert index.degraded_workers() == [W0, W1]
+    assert index.worker_stats(W1).degraded_reasons == ("batches lost: producer 7 sequence jumped from 0 to 3",)
+    assert index.worker_stats(W0).last_batch_sequence == 3
+
+
+def test_in_band_drops_degrade_their_rank_only(index, feed):
+    feed(index, batch([created(0, rank=0), created(0, rank=1)], 0, dp=2))
+    feed(index, batch([stored(1, [1], rank=0)], 1, dp=2, dropped=[(1, 3), (0, 0)]))
+    assert index.degraded_workers() == [W1]
+    assert index.worker_stats(W1).degraded_reasons == ("3 events dropped before batch 1",)
+
+
+def test_drops_in_a_replayed_batch_are_not_counted_again(index, feed):
+    lossy = batch([stored(5, [1])], 1, dropped=[(0, 4)])
+    feed(index, batch([created(0)], 0))
+    feed(index, lossy)
+    feed(index, batch([created(6)], 2))  # rebuilt
+    feed(index, lossy)  # replayed (e.g. a reader resuming from an older offset)
+    assert not index.is_degraded(W0)
+
+
+def test_drop_before_a_created_in_the_same_batch_is_healed(index, feed):
+    feed(index, batch([created(0), stored(1, [1])], 0))
+    feed(index, batch([created(9)], 1, dropped=[(0, 7)]))
+    assert not index.is_degraded(W0)
+
+
+def test_joining_mid_stream_degrades_unless_first_event_is_created_or_id_zero(index, feed):
+    feed(index, batch([stored(40, [1], rank=0), created(40, rank=1)], 5, dp=3))
+    feed(index, batch([stored(0, [2], rank=2)], 6, dp=3))
+    assert index.degraded_workers() == [W0]
+    assert "joined mid-stream" in index.worker_stats(W0).degraded_reasons[0]
+
+
+# ---------------------------------------------------------------- producer sessions
+
+
+def test_new_producer_restarting_event_ids_with_created_is_clean(index, feed):
+    feed(index, batch([created(0), stored(1, [1]), stored(2, [2], parent=1)], 0, pid=1))
+    feed(index, batch([created(0), stored(1, [3])], 0, pid=2))
+    assert not index.is_degraded(W0)
+    assert index.find_matches([3]) == {W0: 1} and index.find_matches([1]) == {}
+    stats = index.worker_stats(W0)
+    assert (stats.producer_id, stats.last_batch_sequence, stats.last_event_id) == (2, 0, 1)
+
+
+def test_new_producer_continuing_event_ids_is_clean(index, feed):
+    feed(index, batch([created(0), stored(1, [1])], 0, pid=1))
+    feed(index, batch([stored(2, [2], parent=1)], 0, pid=2))
+    assert not index.is_degraded(W0)
+    assert index.find_matches([1, 2]) == {W0: 2}
+
+
+def test_new_producer_without_created_or_continuity_degrades(index, feed):
+    feed(index, batch([created(0), stored(1, [1]), stored(2, [2], parent=1)], 0, pid=1))
+    feed(index, batch([stored(0, [3])], 0, pid=2))
+    assert index.is_degraded(W0)
+    assert index.worker_stats(W0).degraded_reasons == (
+        "new producer session 2: first event id 0 neither follows 2 nor is a Created event",
+    )
+    assert index.find_matches([3]) == {W0: 1}  # applied, not mistaken for a duplicate
+
+
+def test_new_producer_not_starting_at_sequence_zero_degrades(index, feed):
+    feed(index, batch([created(0)], 0, pid=1))
+    feed(index, batch([stored(1, [1])], 4, pid=2))
+    assert index.worker_stats(W0).degraded_reasons == ("new producer session 2 started at sequence 4, not 0",)
+
+
+def test_batches_of_a_retired_producer_are_stale(index, feed):
+    feed(index, batch([created(0), stored(1, [1])], 0, pid=1))
+    feed(index, batch([created(0)], 0, pid=2))
+    feed(index, batch([stored(2, [5])], 1, pid=1))
+    assert index.find_matches([5]) == {}
+    assert index.stats().counters["batches_stale"] == 1
+
+
+# ---------------------------------------------------------------- orphans and content
+
+
+def test_block_with_unknown_parent_is_an_orphan_found_by_engine_hash_only(index, feed):
+    feed(index, batch([created(0), stored(1, [5, 6], parent=4)], 0))
+    assert index.find_matches([5, 6]) == {W0: 2}
+    assert index.find_matches_for_tokens(tokens_for([4, 5, 6]), BLOCK) == {}
+    assert [b.content_hash for b in index.worker_blocks(W0, WINDOW)] == [None, None]
+    assert index.stats().counters["orphan_blocks"] == 2
+
+
+def test_orphan_gains_content_when_another_worker_stores_its_prefix(index, feed):
+    feed(index, batch([created(0, rank=0), created(0, rank=1), stored(1, [5], parent=4, rank=0),
+                       stored(1, [4, 5], rank=1)], 0, dp=2))
+    assert index.find_matches_for_tokens(tokens_for([4, 5]), BLOCK) == {W1: 2}
+    assert index.find_matches_by_content(index.content_hashes(tokens_for([4, 5]), BLOCK)[1:]) == {W0: 1, W1: 1}
+
+
+def test_tokens_match_across_workers_whose_engine_hashes_differ(index, feed):
+    # vLLM-style: each engine seeds its hashes, so the same tokens have other hashes
+    a = [block(100 + i, tokens=tokens_of(i)) for i in (1, 2, 3)]
+    b = [block(200 + i, tokens=tokens_of(i)) for i in (1, 2)]
+    feed(index, batch([created(0), stored_blocks(1, a)], 0, instance="a"))
+    feed(index, batch([created(0), stored_blocks(1, b)], 0, instance="b"))
+    query = [*tokens_for([1, 2, 3]), 0, 1]  # a trailing partial block is ignored
+    assert index.find_matches_for_tokens(query, BLOCK) == {WorkerKey("a", 0): 3, WorkerKey("b", 0): 2}
+    assert index.find_matches([101, 102, 103]) == {WorkerKey("a", 0): 3}  # engine hashes: "a" only
+    feed(index, batch([removed(2, [202])], 1, instance="b"))
+    assert index.find_matches_for_tokens(query, BLOCK) == {WorkerKey("a", 0): 3, WorkerKey("b", 0): 1}
+
+
+def test_content_depends_on_the_prefix(index, feed):
+    feed(index, batch([created(0), stored_blocks(1, [block(1), block(2)]),
+                       stored_blocks(2, [block(3, tokens=tokens_of(2))])], 0))
+    # block 3 has block 2's tokens but no parent: it matches a query starting with those tokens
+    assert index.find_matches_for_tokens(tokens_of(2), BLOCK) == {W0: 1}
+    assert index.find_matches_for_tokens(tokens_for([1, 2]), BLOCK) == {W0: 2}
+
+
+@pytest.mark.parametrize(
+    ("stored_kw", "query_kw"),
+    [
+        ({"lora_id": 3}, {"lora_id": 3}),
+        ({"cache_salt": "tenant-a"}, {"cache_salt": "tenant-a"}),
+    ],
+)
+def test_lora_and_salt_separate_content(index, feed, stored_kw, query_kw):
+    blocks = [block(1, **stored_kw), block(2, **stored_kw)]
+    feed(index, batch([created(0), stored_blocks(1, blocks)], 0))
+    query = tokens_for([1, 2])
+    assert index.find_matches_for_tokens(query, BLOCK) == {}
+    assert index.find_matches_for_tokens(query, BLOCK, **query_kw) == {W0: 2}
+    other = {k: (4 if k == "lora_id" else "tenant-b") for k in query_kw}
+    assert index.find_matches_for_tokens(query, BLOCK, **other) == {}
+
+
+def test_salt_counts_on_the_first_block_only(index, feed):
+    blocks = [block(1, cache_salt="s"), block(2, cache_salt="other, ignored")]
+    feed(index, batch([created(0), stored_blocks(1, blocks)], 0))
+    assert index.find_matches_for_tokens(tokens_for([1, 2]), BLOCK, cache_salt="s") == {W0: 2}
+
+
+def test_extra_ids_and_multimodal_keys_separate_content(index, feed):
+    mm = ((bytes(range(32)), 1),)
+    blocks = [block(1, token_extra_ids=[0, 9, 0, 0], mm_keys=mm)]
+    feed(index, batch([created(0), stored_blocks(1, blocks)], 0))
+    plain = tokens_of(1)
+    assert index.find_matches_for_tokens(plain, BLOCK) == {}
+    assert index.find_matches_for_tokens(plain, BLOCK, token_extra_ids=[0, 9, 0, 0]) == {}
+    assert index.find_matches_for_tokens(plain, BLOCK, token_extra_ids=[0, 9, 0, 0], mm_keys=[mm]) == {W0: 1}
+    assert index.find_matches_for_tokens(plain, BLOCK, token_extra_ids=[0, 9, 0, 0], mm_keys=[((bytes(32), 1),)]) == {}
+
+
+def test_all_zero_extra_ids_are_the_same_as_none(index, feed):
+    feed(index, batch([created(0), stored_blocks(1, [block(1, token_extra_ids=[0, 0, 0, 0])])], 0))
+    assert index.find_matches_for_tokens(tokens_of(1), BLOCK) == {W0: 1}
+
+
+def test_rank_none_is_rank_zero(index, feed):
+    feed(index, batch([created(0, rank=None), stored(1, [1], rank=None)], 0))
+    assert index.find_matches([1]) == {W0: 1}
+
+
+def test_conflicting_content_for_one_engine_hash_keeps_the_first_and_counts(index, feed):
+    feed(index, batch([created(0), stored_blocks(1, [block(1, tokens=[1, 2, 3, 4])])], 0, instance="a"))
+    feed(index, batch([created(0), stored_blocks(1, [block(1, tokens=[5, 6, 7, 8])])], 0, instance="b"))
+    assert index.stats().counters["content_conflicts"] == 1
+    assert index.find_matches_for_tokens([1, 2, 3, 4], BLOCK) == {WorkerKey("a", 0): 1, WorkerKey("b", 0): 1}
+
+
+# ---------------------------------------------------------------- stats and seams
+
+
+def test_worker_stats_report_cursor_session_levels_and_capacity(index, feed):
+    feed(index, batch([created(0, levels=(100, 20)), stored(1, [1, 2]), updated(2, 1, level=(0, 1))], 3, pid=11))
+    stats = index.worker_stats(W0)
+    assert (stats.last_event_id, stats.producer_id, stats.last_batch_sequence) == (2, 11, 3)
+    assert stats.windows[WINDOW].capacity == (100, 20)
+    assert stats.blocks_by_level == {0: 1, 1: 1} and stats.blocks == 2
+    with pytest.raises(KeyError, match="unknown worker"):
+        index.worker_stats(WorkerKey("nope", 0))
+
+
+def test_degraded_reasons_are_capped_and_the_rest_counted(index, feed):
+    feed(index, batch([created(0)], 0))
+    for i in range(12):
+        feed(index, batch([stored(2 + 2 * i, [i])], 1 + i))
+    reasons = index.worker_stats(W0).degraded_reasons
+    assert len(reasons) == 9 and reasons[-1] == "... 4 more"
+
+
+def test_memory_estimate_grows_with_blocks(index, feed):
+    feed(index, batch([created(0)], 0))
+    before = index.memory_bytes()
+    feed(index, batch([stored(1, list(range(1, 40001)))], 1))
+    assert index.memory_bytes() - before >= 40000 * 32
+
+
+def test_snapshot_replaces_a_worker_and_clears_degraded(index, feed):
+    feed(index, batch([created(0), stored(1, [1, 2]), stored(5, [9])], 0))
+    assert index.is_degraded(W0)
+    index.load_worker_snapshot(
+        W0,
+        {64: [KVCacheStoredData(None, [block(1), block(3)])], 128: [KVCacheStoredData(None, [block(7)])]},
+        last_event_id=10,
+        capacities={64: [50, 5]},
+    )
+    assert not index.is_degraded(W0)
+    assert [b.block_hash for b in index.worker_blocks(W0, 64)] == [1, 3]
+    assert index.find_matches_for_tokens(tokens_for([1, 3]), BLOCK) == {W0: 2}
+    assert index.worker_stats(W0).windows[64].capacity == (50, 5)
+    feed(index, batch([stored(10, [4], parent=3), removed(11, [3])], 1))
+    assert [b.block_hash for b in index.worker_blocks(W0, 64)] == [1]  # event 10 is a replay, 11 applies
+    assert not index.is_degraded(W0)
+
+
+def test_reset_and_mark_degraded(index, feed):
+    feed(index, batch([created(0), stored(1, [1])], 0))
+    index.mark_degraded(W0, "reader skipped a malformed message")
+    assert index.worker_stats(W0).degraded_reasons == ("reader skipped a malformed message",)
+    index.reset_worker(W0)
+    assert index.held_blocks() == 0 and index.is_degraded(W0)
+    index.reset_worker(W0, clear_degraded=True)
+    assert not index.is_degraded(W0)
+    feed(index, batch([stored(2, [2])], 1))
+    assert index.find_matches([2]) == {W0: 1} and not index.is_degraded(W0)
