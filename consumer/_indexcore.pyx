@@ -103,8 +103,12 @@ ctypedef struct Node:
     uint32_t prev_c
     uint32_t n           # count | KV_HAS_CONTENT | KV_USED
 
+ctypedef struct Entry:
+    uint32_t id          # node id, KV_NIL when empty
+    uint32_t fp          # top 32 bits of the mixed key: the home slot, and a cheap first compare
+
 ctypedef struct Table:
-    uint32_t *ids
+    Entry *ids
     uint64_t mask
     uint64_t count
     int bits
@@ -159,6 +163,7 @@ ctypedef struct SBlock:
     uint8_t has_lora
     uint8_t has_extra
     uint8_t has_salt
+    uint64_t content     # filled by _store when the chain is known up front
 
 ctypedef struct Reader:
     const uint8_t *p
@@ -168,6 +173,21 @@ ctypedef struct Reader:
 ctypedef struct EngineId:
     uint64_t engine
     uint32_t id
+
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__)
+    #define KV_PREFETCH(p) __builtin_prefetch((const void *)(p))
+    #else
+    #define KV_PREFETCH(p) ((void)0)
+    #endif
+    """
+    void prefetch "KV_PREFETCH"(const void *p) noexcept nogil
+
+
+cdef inline uint32_t fingerprint(uint64_t key) noexcept nogil:
+    return <uint32_t>((key * KV_K1) >> 32)
 
 
 # ---------------------------------------------------------------------------- kvh64
@@ -262,6 +282,35 @@ _READ_ERRORS = {
 cdef inline uint64_t read_varint(Reader *r) noexcept nogil:
     cdef uint64_t result = 0, b
     cdef int shift = 0
+    cdef const uint8_t *p = r.p
+    if r.end - p >= 10:  # no bounds check per byte; small values first
+        b = p[0]
+        if b < 0x80:
+            r.p = p + 1
+            return b
+        result = b & 0x7F
+        b = p[1]
+        if b < 0x80:
+            r.p = p + 2
+            return result | (b << 7)
+        result |= (b & 0x7F) << 7
+        b = p[2]
+        if b < 0x80:
+            r.p = p + 3
+            return result | (b << 14)
+        result |= (b & 0x7F) << 14
+        p += 3
+        shift = 21
+        while shift < 70:
+            b = p[0]
+            p += 1
+            result |= (b & 0x7F) << shift
+            if b < 0x80:
+                r.p = p
+                return result
+            shift += 7
+        r.err = E_VARINT
+        return 0
     while r.p < r.end:
         b = r.p[0]
         r.p += 1
@@ -601,11 +650,13 @@ cdef class IndexCore:
 
     cdef int _table_init(self, Table *t, int bits) except -1:
         cdef size_t cap = (<size_t>1) << bits
+        if bits > 32:
+            raise OverflowError("a hash table of more than 2**32 entries")
         PyMem_Free(t.ids)
-        t.ids = <uint32_t *>PyMem_Malloc(cap * sizeof(uint32_t))
+        t.ids = <Entry *>PyMem_Malloc(cap * sizeof(Entry))
         if t.ids == NULL:
             raise MemoryError()
-        memset(t.ids, 0xFF, cap * sizeof(uint32_t))
+        memset(t.ids, 0xFF, cap * sizeof(Entry))
         t.mask = cap - 1
         t.count = 0
         t.bits = bits
@@ -615,41 +666,45 @@ cdef class IndexCore:
         cdef Node *node = self.N(id)
         return node.content if by_content else node.engine
 
-    cdef inline uint64_t _home(self, const Table *t, uint64_t key) noexcept nogil:
-        return (key * KV_K1) >> (64 - t.bits)
+    cdef inline uint64_t _home(self, const Table *t, uint32_t fp) noexcept nogil:
+        return fp >> (32 - t.bits)
 
     cdef inline uint32_t _find(self, const Table *t, uint64_t key, bint by_content) noexcept nogil:
-        cdef uint64_t i = self._home(t, key)
-        cdef uint32_t id
+        cdef uint32_t fp = fingerprint(key)
+        cdef uint64_t i = self._home(t, fp)
+        cdef Entry *e
         while True:
-            id = t.ids[i]
-            if id == KV_NIL:
+            e = &t.ids[i]
+            if e.id == KV_NIL:
                 return KV_NIL
-            if self._key(id, by_content) == key:
-                return id
+            if e.fp == fp and self._key(e.id, by_content) == key:
+                return e.id
             i = (i + 1) & t.mask
 
     cdef inline uint64_t _find_pos(self, const Table *t, uint64_t key, bint by_content) noexcept nogil:
-        cdef uint64_t i = self._home(t, key)
-        cdef uint32_t id
+        cdef uint32_t fp = fingerprint(key)
+        cdef uint64_t i = self._home(t, fp)
+        cdef Entry *e
         while True:
-            id = t.ids[i]
-            if id == KV_NIL:
+            e = &t.ids[i]
+            if e.id == KV_NIL:
                 return <uint64_t>-1
-            if self._key(id, by_content) == key:
+            if e.fp == fp and self._key(e.id, by_content) == key:
                 return i
             i = (i + 1) & t.mask
 
-    cdef int _reserve(self, Table *t, uint64_t count, bint by_content) except -1:
-        """Make room for ``count`` entries at load <= 0.7, rehashing when the table grows."""
+    cdef inline void _prefetch(self, const Table *t, uint64_t key) noexcept nogil:
+        prefetch(&t.ids[self._home(t, fingerprint(key))])
+
+    cdef int _reserve(self, Table *t, uint64_t count) except -1:
+        """Make room for ``count`` entries at load <= 0.7 (rehashing from the fingerprints)."""
         cdef int bits = t.bits
         while count * 10 > ((<uint64_t>1) << bits) * 7:
             bits += 1
         if bits == t.bits:
             return 0
-        cdef uint32_t *old = t.ids
+        cdef Entry *old = t.ids
         cdef uint64_t old_cap = t.mask + 1, j, i
-        cdef uint32_t id
         cdef uint64_t n = t.count
         t.ids = NULL
         try:
@@ -658,39 +713,40 @@ cdef class IndexCore:
             t.ids = old
             raise
         for j in range(old_cap):
-            id = old[j]
-            if id != KV_NIL:
-                i = self._home(t, self._key(id, by_content))
-                while t.ids[i] != KV_NIL:
+            if old[j].id != KV_NIL:
+                i = self._home(t, old[j].fp)
+                while t.ids[i].id != KV_NIL:
                     i = (i + 1) & t.mask
-                t.ids[i] = id
+                t.ids[i] = old[j]
         t.count = n
         PyMem_Free(old)
         return 0
 
-    cdef int _insert(self, Table *t, uint32_t id, bint by_content) except -1:
-        """Insert ``id`` (its key must not be in the table)."""
+    cdef int _insert(self, Table *t, uint32_t id, uint64_t key) except -1:
+        """Insert node ``id`` under ``key`` (which must not be in the table)."""
         if (t.count + 1) * 10 > (t.mask + 1) * 7:
-            self._reserve(t, t.count + 1, by_content)
-        cdef uint64_t i = self._home(t, self._key(id, by_content))
-        while t.ids[i] != KV_NIL:
+            self._reserve(t, t.count + 1)
+        cdef uint32_t fp = fingerprint(key)
+        cdef uint64_t i = self._home(t, fp)
+        while t.ids[i].id != KV_NIL:
             i = (i + 1) & t.mask
-        t.ids[i] = id
+        t.ids[i].id = id
+        t.ids[i].fp = fp
         t.count += 1
         return 0
 
-    cdef void _delete_at(self, Table *t, uint64_t i, bint by_content) noexcept nogil:
+    cdef void _delete_at(self, Table *t, uint64_t i) noexcept nogil:
         """Remove the entry at position ``i``, shifting later entries of the cluster back."""
         cdef uint64_t j = i, k
         while True:
             j = (j + 1) & t.mask
-            if t.ids[j] == KV_NIL:
+            if t.ids[j].id == KV_NIL:
                 break
-            k = self._home(t, self._key(t.ids[j], by_content))
+            k = self._home(t, t.ids[j].fp)
             if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
                 t.ids[i] = t.ids[j]
                 i = j
-        t.ids[i] = KV_NIL
+        t.ids[i].id = KV_NIL
         t.count -= 1
 
     # ------------------------------------------------------------------ content chains
@@ -704,7 +760,7 @@ cdef class IndexCore:
         if head == KV_NIL:
             node.prev_c = KV_NIL
             node.next_c = KV_NIL
-            self._insert(&self.ctab, id, True)
+            self._insert(&self.ctab, id, content)
         else:
             h = self.N(head)
             node.prev_c = head
@@ -724,10 +780,10 @@ cdef class IndexCore:
         else:
             pos = self._find_pos(&self.ctab, node.content, True)
             if node.next_c != KV_NIL:
-                self.ctab.ids[pos] = node.next_c
+                self.ctab.ids[pos].id = node.next_c
                 self.N(node.next_c).prev_c = KV_NIL
             else:
-                self._delete_at(&self.ctab, pos, True)
+                self._delete_at(&self.ctab, pos)
         node.prev_c = KV_NIL
         node.next_c = KV_NIL
 
@@ -736,7 +792,7 @@ cdef class IndexCore:
         cdef Node *node = self.N(id)
         if node.n & KV_HAS_CONTENT:
             self._unlink_content(id)
-        self._delete_at(&self.etab, self._find_pos(&self.etab, node.engine, False), False)
+        self._delete_at(&self.etab, self._find_pos(&self.etab, node.engine, False))
         self._node_free(id)
 
     # ------------------------------------------------------------------ holder pool
@@ -984,6 +1040,8 @@ cdef class IndexCore:
         cdef Node *node
         cdef SBlock *b
         cdef bint known
+        cdef uint32_t end = first + count, ahead = first + 32 if count > 32 else end
+        cdef bint hashed
         if has_parent:
             id = self._find(&self.etab, parent, False)
             if id != KV_NIL and (self.N(id).n & KV_HAS_CONTENT):
@@ -991,16 +1049,34 @@ cdef class IndexCore:
                 pc = self.N(id).content
             else:
                 state = 2
-        for i in range(first, first + count):
+        hashed = state != 2
+        if hashed:
+            # the whole chain's content is known now: hash it, and start fetching both tables
+            c = pc
+            for i in range(first, end):
+                b = &self.blk[i]
+                c = block_content(c, i == first and state == 0, b, self.tok, self.ext, self.mm)
+                b.content = c
+                if i < ahead:
+                    self._prefetch(&self.etab, b.engine)
+                    self._prefetch(&self.ctab, c)
+        for i in range(first, end):
             b = &self.blk[i]
+            if i + 2 < end:
+                self._prefetch_key(self.blk[i + 2].engine, 1)
+                if i + 32 < end:
+                    self._prefetch(&self.etab, self.blk[i + 32].engine)
+                    if hashed:
+                        self._prefetch(&self.ctab, self.blk[i + 32].content)
             known = state != 2
             if known:
-                c = block_content(pc, state == 0, b, self.tok, self.ext, self.mm)
+                # an orphan chain that found its content on the way is hashed as it goes
+                c = b.content if hashed else block_content(pc, False, b, self.tok, self.ext, self.mm)
             id = self._find(&self.etab, b.engine, False)
             if id == KV_NIL:
                 id = self._node_alloc()
                 self.N(id).engine = b.engine
-                self._insert(&self.etab, id, False)
+                self._insert(&self.etab, id, b.engine)
             node = self.N(id)
             if not (node.n & KV_HAS_CONTENT):
                 if known:
@@ -1062,12 +1138,45 @@ cdef class IndexCore:
                                   _reasons.events_dropped(self.drops[2 * k + 1], seq))
         self.c_batches_applied += 1
         for k in range(self.nev):
+            if k + 3 < self.nev:
+                self._prefetch_keys(&self.ev[k + 3], 0)
+            if k + 1 < self.nev:
+                self._prefetch_keys(&self.ev[k + 1], 1)
             e = &self.ev[k]
             if e.rank != cached_rank:
                 widx = self._worker(inst, e.rank)
                 cached_rank = e.rank
             self._apply_event(widx, e, offset if k == 0 else 0)
         return 0
+
+    cdef void _prefetch_keys(self, const SEvent *e, int stage) noexcept nogil:
+        """Stage 0: pull the table entries of an event's first keys into the cache; stage 1
+        (those entries now cached): pull in the nodes their fingerprints point to."""
+        cdef uint32_t i, n = e.count if e.count < 16 else 16
+        if e.kind == K_STORED:
+            for i in range(n):
+                self._prefetch_key(self.blk[e.first + i].engine, stage)
+        elif e.kind == K_REMOVED:
+            for i in range(n):
+                self._prefetch_key(<uint64_t>self.vals[e.first + i], stage)
+        elif e.kind == K_UPDATED:
+            self._prefetch_key(e.parent, stage)
+
+    cdef inline void _prefetch_key(self, uint64_t key, int stage) noexcept nogil:
+        cdef uint32_t fp = fingerprint(key)
+        cdef uint64_t i = self._home(&self.etab, fp)
+        cdef Entry *entry
+        if stage == 0:
+            prefetch(&self.etab.ids[i])
+            return
+        while True:
+            entry = &self.etab.ids[i]
+            if entry.id == KV_NIL:
+                return
+            if entry.fp == fp:
+                prefetch(self.N(entry.id))
+                return
+            i = (i + 1) & self.etab.mask
 
     cdef int _apply_event(self, uint32_t widx, SEvent *e, int64_t offset) except -1:
         cdef Worker *w = &self.wrk[widx]
@@ -1144,6 +1253,10 @@ cdef class IndexCore:
             elif kind == K_REMOVED:
                 slot = self._slot(widx, e.window, False)
                 for i in range(e.first, e.first + e.count):
+                    if i + 2 < e.first + e.count:
+                        self._prefetch_key(<uint64_t>self.vals[i + 2], 1)
+                        if i + 16 < e.first + e.count:
+                            self._prefetch(&self.etab, <uint64_t>self.vals[i + 16])
                     if slot != KV_NIL and self._remove_holder(<uint64_t>self.vals[i], slot):
                         self.c_blocks_removed += 1
                     else:
@@ -1208,6 +1321,7 @@ cdef class IndexCore:
     cdef int _read_block(self, Reader *r) except -1:
         """One KVCacheStoredBlockData into the scratch arrays (r.err set on bad bytes)."""
         cdef int64_t n, i, branch
+        cdef uint32_t *tok
         cdef Py_ssize_t length
         cdef SBlock *b
         self._need_blocks(self.nblk + 1)
@@ -1220,9 +1334,10 @@ cdef class IndexCore:
             if r.err or n == 0:
                 break
             self._need_tokens(self.ntok + n)
+            tok = self.tok + self.ntok
             for i in range(n):
-                self.tok[self.ntok] = <uint32_t>read_int(r)
-                self.ntok += 1
+                tok[i] = <uint32_t>read_int(r)
+            self.ntok += n
             if r.err:
                 return 0
         b.ntok = <uint32_t>(self.ntok - b.tok)
@@ -1557,6 +1672,8 @@ cdef class IndexCore:
         for i in range(n):
             extended = False
             step = <uint32_t>i + 1
+            if i + 2 < n:
+                self._prefetch(&self.ctab if by_content else &self.etab, self.qkeys[i + 2])
             if by_content:
                 id = self._find(&self.ctab, self.qkeys[i], True)
             else:
@@ -1649,7 +1766,7 @@ cdef class IndexCore:
         else:
             i = 0
             for t in tokens:
-                self.tok[i] = <uint32_t>(<int64_t>t & 0xFFFFFFFF)
+                self.tok[i] = <uint32_t><int64_t>t  # the low 32 bits, as the hash takes them
                 i += 1
         memset(&blk, 0, sizeof(SBlock))
         blk.ntok = <uint32_t>block_size
@@ -1757,7 +1874,7 @@ cdef class IndexCore:
         """Bytes of the C tables and arrays, plus an estimate for the per-worker Python objects."""
         cdef size_t total = 0
         total += self.nchunks * (KV_CHUNK * sizeof(Node) + sizeof(Node *))
-        total += (self.etab.mask + 1 + self.ctab.mask + 1) * sizeof(uint32_t)
+        total += (self.etab.mask + 1 + self.ctab.mask + 1) * sizeof(Entry)
         total += self.pool_cap * sizeof(uint32_t)
         total += self.slots_cap * sizeof(Slot) + self.workers_cap * sizeof(Worker)
         total += self.score_cap * 5 * sizeof(uint32_t) + self.qkeys_cap * sizeof(uint64_t)
@@ -1949,8 +2066,8 @@ cdef class IndexCore:
         try:
             for j in range(nslots_canon):
                 canon[j] = canon_list[j]
-            self._reserve(&self.etab, nn, False)
-            self._reserve(&self.ctab, nn, True)
+            self._reserve(&self.etab, nn)
+            self._reserve(&self.ctab, nn)
             pe = <const uint64_t *>&engine[0]
             pc = <const uint64_t *>&content[0]
             ph = <const uint32_t *>&holders[0]
@@ -1962,7 +2079,7 @@ cdef class IndexCore:
                 id = self._node_alloc()
                 node = self.N(id)
                 node.engine = e
-                self._insert(&self.etab, id, False)
+                self._insert(&self.etab, id, e)
                 if flags[k]:
                     self._set_content(id, pc[k])
                 cnt = pn[k]
