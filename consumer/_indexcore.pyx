@@ -30,6 +30,10 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport qsort
 from libc.string cimport memcmp, memcpy, memset
 
+
+cdef extern from "Python.h":
+    dict _PyDict_NewPresized(Py_ssize_t minused)
+
 from kvevents.schemas import (
     DecodeError,
     KVCacheCreatedData,
@@ -102,6 +106,7 @@ ctypedef struct Node:
     uint32_t next_c      # content chain (or free list) link
     uint32_t prev_c
     uint32_t n           # count | KV_HAS_CONTENT | KV_USED
+    uint64_t sig         # XOR of holder_sig() over the holders: equal sets have equal sigs
 
 ctypedef struct Entry:
     uint32_t id          # node id, KV_NIL when empty
@@ -133,6 +138,7 @@ ctypedef struct Worker:
     uint8_t last_created
     uint8_t session_fresh
     uint8_t has_split_tail
+    uint32_t nactive     # active window caches (slots)
 
 ctypedef struct SEvent:
     int64_t event_id
@@ -188,6 +194,14 @@ cdef extern from *:
 
 cdef inline uint32_t fingerprint(uint64_t key) noexcept nogil:
     return <uint32_t>((key * KV_K1) >> 32)
+
+
+cdef inline uint64_t holder_sig(uint32_t packed) noexcept nogil:
+    """A 64-bit mix of a holder's slot and level (not its priority)."""
+    cdef uint64_t x = (<uint64_t>(packed & 0xFFFFFFu) + 1) * KV_K2
+    x ^= x >> 31
+    x *= KV_K3
+    return x ^ (x >> 29)
 
 
 # ---------------------------------------------------------------------------- kvh64
@@ -479,10 +493,14 @@ cdef class IndexCore:
     cdef uint32_t *prim
     cdef uint32_t *pstep
     cdef uint32_t *touched
+    cdef uint32_t *alive
+    cdef uint8_t *slvl
     cdef size_t score_cap
     cdef uint32_t epoch
     cdef uint64_t *qkeys
     cdef size_t qkeys_cap
+    cdef list qlist
+    cdef Py_ssize_t qready
     # batch scratch
     cdef SEvent *ev
     cdef size_t ev_cap
@@ -512,7 +530,8 @@ cdef class IndexCore:
         self.wrk = NULL
         self.etab.ids = NULL
         self.ctab.ids = NULL
-        self.stamp = self.run = self.prim = self.pstep = self.touched = NULL
+        self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
+        self.slvl = NULL
         self.qkeys = NULL
         self.ev = NULL
         self.blk = NULL
@@ -553,7 +572,10 @@ cdef class IndexCore:
         PyMem_Free(self.prim)
         PyMem_Free(self.pstep)
         PyMem_Free(self.touched)
-        self.stamp = self.run = self.prim = self.pstep = self.touched = NULL
+        PyMem_Free(self.alive)
+        PyMem_Free(self.slvl)
+        self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
+        self.slvl = NULL
         PyMem_Free(self.qkeys)
         self.qkeys = NULL
         PyMem_Free(self.ev)
@@ -636,6 +658,7 @@ cdef class IndexCore:
         node.next_c = KV_NIL
         node.prev_c = KV_NIL
         node.n = KV_USED
+        node.sig = 0
         self.nodes_used += 1
         return id
 
@@ -839,8 +862,10 @@ cdef class IndexCore:
             hs = self._holders(node)
             s.levels[(hs[i] >> KV_SLOT_BITS) & 0xF] -= 1
             s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
+            node.sig ^= holder_sig(hs[i]) ^ holder_sig(packed)
             hs[i] = packed
             return 0
+        node.sig ^= holder_sig(packed)
         if n == 0:
             node.holders = packed
         elif n == 1:
@@ -873,6 +898,7 @@ cdef class IndexCore:
         s.levels[(packed >> KV_SLOT_BITS) & 0xF] -= 1
         s.total -= 1
         self.held -= 1
+        node.sig ^= holder_sig(packed)
         if n == 1:
             node.n -= 1
             self._release_node(id)
@@ -966,6 +992,7 @@ cdef class IndexCore:
                 if not create:
                     return KV_NIL
                 s.active = 1
+                self.wrk[widx].nactive += 1
                 self.s_capacity[slot] = None
                 return slot
             slot = s.next_slot
@@ -982,6 +1009,7 @@ cdef class IndexCore:
         s.active = 1
         s.next_slot = self.wrk[widx].first_slot
         self.wrk[widx].first_slot = slot
+        self.wrk[widx].nactive += 1
         self.nslots += 1
         self.s_capacity.append(None)
         self.s_keys.append(self.w_keys[widx])
@@ -1002,6 +1030,10 @@ cdef class IndexCore:
         grow(<void **>&self.pstep, &cap, n, sizeof(uint32_t))
         cap = old
         grow(<void **>&self.touched, &cap, n, sizeof(uint32_t))
+        cap = old
+        grow(<void **>&self.alive, &cap, n, sizeof(uint32_t))
+        cap = old
+        grow(<void **>&self.slvl, &cap, n, sizeof(uint8_t))
         memset(self.stamp + old, 0, (cap - old) * sizeof(uint32_t))
         self.score_cap = cap
         return 0
@@ -1012,6 +1044,7 @@ cdef class IndexCore:
             if self.slots[slot].active:
                 self._clear_slot(slot)
                 self.slots[slot].active = 0
+                self.wrk[widx].nactive -= 1
                 self.s_capacity[slot] = None
             slot = self.slots[slot].next_slot
         return 0
@@ -1290,6 +1323,7 @@ cdef class IndexCore:
             level = (pack_holder(slot, e.new_level, 0) >> KV_SLOT_BITS) & 0xF
             s.levels[level] += 1
         hs[i] = pack_holder(slot, level, e.new_prio if e.has_prio else <int32_t>(packed >> 24))
+        self.N(id).sig ^= holder_sig(packed) ^ holder_sig(hs[i])
         return 0
 
     # ------------------------------------------------------------------ scratch
@@ -1639,30 +1673,62 @@ cdef class IndexCore:
     # ------------------------------------------------------------------ queries
 
     cdef Py_ssize_t _load_keys(self, object hashes) except -1:
+        """Prepare ``qkeys``: an array('Q') is copied, a list is converted lazily by
+        ``_keys_upto`` (a query that stops matching early never converts its tail)."""
         cdef Py_ssize_t n = len(hashes), i = 0
         grow(<void **>&self.qkeys, &self.qkeys_cap, n if n else 1, sizeof(uint64_t))
+        self.qlist = None
+        self.qready = n
         if isinstance(hashes, carray.array) and hashes.typecode == 'Q':
             if n:
                 memcpy(self.qkeys, (<carray.array>hashes).data.as_ulonglongs, n * sizeof(uint64_t))
+            return n
+        if type(hashes) is list:
+            self.qlist = hashes
+            self.qready = 0
             return n
         for h in hashes:
             self.qkeys[i] = h
             i += 1
         return n
 
+    cdef inline int _keys_upto(self, Py_ssize_t upto) except -1:
+        """Make ``qkeys[:upto]`` valid (converting the query list 32 keys at a time)."""
+        cdef Py_ssize_t i, end
+        cdef list src = self.qlist
+        if upto <= self.qready or src is None:
+            return 0
+        end = min(len(src), max(upto, self.qready + 32))
+        for i in range(self.qready, end):
+            self.qkeys[i] = src[i]
+        self.qready = end
+        return 0
+
     cdef size_t _match(self, Py_ssize_t n, bint by_content, bint has_window, int32_t window,
-                       int max_level) noexcept:
-        """Score the ``n`` keys in ``qkeys``; the slots with a run are ``touched[:result]``."""
-        cdef size_t ntouched = 0
+                       int max_level) except? <size_t>-1:
+        """Score the ``n`` keys in ``qkeys``; the slots with a run are ``touched[:result]``.
+
+        Block by block, the slots whose run is still going ("alive") extend when they hold the
+        block. Shortcut: when every holder of the previous block was alive and extended, and
+        this block's node has the same holder set and levels (equal count and signature), all
+        alive slots extend without a look at the holders; such steps are counted in
+        ``pending`` and added to the alive slots when the set changes. Long shared prefixes
+        thus cost one table lookup per block. (A signature collision between two different
+        holder sets of equal size, about 2**-64 per comparison, would be missed.)
+        """
+        cdef size_t ntouched = 0, nalive = 0, nnew, k
         cdef Py_ssize_t i
-        cdef uint32_t id, cnt, j, h, slot, lvl, r, step
+        cdef uint32_t id, cnt, j, h, slot, lvl, r, step, pending = 0, prev_cnt = 0
+        cdef uint64_t prev_sig = 0
         cdef uint32_t *hs
         cdef Node *node
-        cdef bint extended
+        cdef bint single, full = False
         cdef uint32_t *stamp = self.stamp
         cdef uint32_t *run = self.run
         cdef uint32_t *prim = self.prim
         cdef uint32_t *pstep = self.pstep
+        cdef uint32_t *alive = self.alive
+        cdef uint8_t *slvl = self.slvl
         cdef uint32_t epoch
         self.epoch += 1
         if self.epoch == 0:
@@ -1670,14 +1736,32 @@ cdef class IndexCore:
             self.epoch = 1
         epoch = self.epoch
         for i in range(n):
-            extended = False
             step = <uint32_t>i + 1
+            self._keys_upto(i + 3)
             if i + 2 < n:
                 self._prefetch(&self.ctab if by_content else &self.etab, self.qkeys[i + 2])
             if by_content:
                 id = self._find(&self.ctab, self.qkeys[i], True)
             else:
                 id = self._find(&self.etab, self.qkeys[i], False)
+            if id == KV_NIL:
+                break
+            node = self.N(id)
+            cnt = node.n & KV_COUNT_MASK
+            single = not by_content or node.next_c == KV_NIL
+            if full and single and cnt == prev_cnt and node.sig == prev_sig:
+                pending += 1
+                continue
+            if pending:
+                for k in range(nalive):
+                    slot = alive[k]
+                    run[slot] += pending
+                    if slvl[slot] == 0:
+                        prim[slot] += pending
+                pending = 0
+            prev_cnt = cnt
+            prev_sig = node.sig
+            nnew = 0
             while id != KV_NIL:
                 node = self.N(id)
                 cnt = node.n & KV_COUNT_MASK
@@ -1696,23 +1780,36 @@ cdef class IndexCore:
                             run[slot] = 1
                             prim[slot] = lvl == 0
                             pstep[slot] = 1 if lvl == 0 else 0
+                            slvl[slot] = <uint8_t>lvl
                             self.touched[ntouched] = slot
                             ntouched += 1
-                            extended = True
+                            alive[nnew] = slot
+                            nnew += 1
                         continue
                     r = run[slot]
                     if r == <uint32_t>i:
                         run[slot] = step
+                        slvl[slot] = <uint8_t>lvl
                         if lvl == 0:
                             prim[slot] += 1
                             pstep[slot] = step
-                        extended = True
+                        alive[nnew] = slot
+                        nnew += 1
                     elif r == step and lvl == 0 and pstep[slot] != step:
                         prim[slot] += 1
                         pstep[slot] = step
+                        slvl[slot] = 0
                 id = node.next_c if by_content else KV_NIL
-            if not extended:
+            if nnew == 0:
                 break
+            nalive = nnew
+            full = single and nnew == prev_cnt
+        if pending:
+            for k in range(nalive):
+                slot = alive[k]
+                run[slot] += pending
+                if slvl[slot] == 0:
+                    prim[slot] += pending
         return ntouched
 
     def match(self, hashes, bint by_content, window, int max_level):
@@ -1736,12 +1833,15 @@ cdef class IndexCore:
                                     max_level)
         cdef size_t k
         cdef uint32_t slot
-        cdef dict out = {}
+        cdef dict out = _PyDict_NewPresized(t)
         cdef list keys = self.s_keys
         for k in range(t):
             slot = self.touched[k]
             key = keys[slot]
             value = self.run[slot]
+            if self.wrk[self.slots[slot].worker].nactive == 1:
+                out[key] = value
+                continue
             old = out.get(key)
             if old is None or old < value:
                 out[key] = value
@@ -1877,7 +1977,7 @@ cdef class IndexCore:
         total += (self.etab.mask + 1 + self.ctab.mask + 1) * sizeof(Entry)
         total += self.pool_cap * sizeof(uint32_t)
         total += self.slots_cap * sizeof(Slot) + self.workers_cap * sizeof(Worker)
-        total += self.score_cap * 5 * sizeof(uint32_t) + self.qkeys_cap * sizeof(uint64_t)
+        total += self.score_cap * (6 * sizeof(uint32_t) + 1) + self.qkeys_cap * sizeof(uint64_t)
         total += self.ev_cap * sizeof(SEvent) + self.blk_cap * sizeof(SBlock)
         total += self.tok_cap * 4 + (self.ext_cap + self.mm_cap + self.vals_cap + self.drops_cap) * 8
         total += 300 * self.nworkers + 100 * self.nslots + 500 * len(self.instances)

@@ -445,3 +445,37 @@ def test_reset_and_mark_degraded(index, feed):
     assert not index.is_degraded(W0)
     feed(index, batch([stored(2, [2])], 1))
     assert index.find_matches([2]) == {W0: 1} and not index.is_degraded(W0)
+
+
+# ---------------------------------------------------------------- inputs and cores
+
+
+def test_queries_accept_arrays_and_lists_alike(index, feed):
+    from array import array
+
+    feed(index, batch([created(0), stored(1, [1, 2, 2**64 - 1])], 0))
+    assert index.find_matches(array("Q", [1, 2, 2**64 - 1])) == index.find_matches([1, 2, 2**64 - 1]) == {W0: 3}
+    tokens = tokens_for([1, 2])
+    assert index.content_hashes(array("i", tokens), BLOCK) == index.content_hashes(tokens, BLOCK)
+
+
+def test_core_choice(monkeypatch):
+    assert CacheIndex(core="python").compiled is False
+    assert CacheIndex(core="compiled").compiled is True
+    monkeypatch.setenv("KVEVENTS_PURE_PYTHON", "1")
+    assert CacheIndex().compiled is False
+    with pytest.raises(ValueError, match="core must be"):
+        CacheIndex(core="rust")
+
+
+def test_runs_over_equal_sized_but_different_holder_sets(index, feed):
+    # ranks 0 and 1 hold blocks 1-3; ranks 1 and 2 hold 4-6: same count, other set at block 4
+    feed(index, batch([created(0, rank=r) for r in range(3)]
+                      + [stored(1, [1, 2, 3], rank=0), stored(1, [1, 2, 3, 4, 5, 6], rank=1),
+                         stored(1, [4, 5, 6], parent=3, rank=2)], 0, dp=3))
+    assert index.find_matches([1, 2, 3, 4, 5, 6]) == {W0: 3, W1: 6}
+    assert index.find_matches([4, 5, 6]) == {W1: 3, WorkerKey("i0", 2): 3}
+    feed(index, batch([updated(2, 5, level=(0, 1), rank=1)], 1, dp=3))
+    details = index.match_details([1, 2, 3, 4, 5, 6])
+    assert details[W1] == (6, 5)
+    assert index.find_matches([1, 2, 3, 4, 5, 6], max_cache_level=0) == {W0: 3, W1: 4}
