@@ -1,0 +1,381 @@
+"""Cut drained events into Kafka-sized chunks, and write a chunk as a message at hand-off time.
+
+A *chunk* is the encoded events of one future Kafka message, without its envelope. The envelope
+(``producer_id``, ``sequence``, ``created_at_us``, ``dropped``, ``first_event_block_offset``) is
+only known when the sink hands the message to librdkafka: the sequence number is assigned then
+(so events the sink drops while they wait never leave a sequence gap) and ``dropped`` carries
+whatever was lost until that moment. :class:`EnvelopeWriter` therefore encodes events once, when
+they are chunked, and later puts an envelope in front of those bytes.
+
+That works because ``events`` is the last field of ``EventBatch``: an Avro record is its fields'
+encodings one after the other, so ``encode(batch)`` is ``encode(envelope with no events)``
+without its final ``00`` (the empty array) followed by the encoded events array. The writer
+checks this on a probe batch the first time it is used, for the codec it was given; should a
+future schema break it, the writer falls back to decoding the chunk and encoding it again with
+the envelope (slower, same bytes).
+
+Splitting (:class:`Chunker`): events go into a message in order until the message would exceed
+the size budget; one Stored event that is too large alone is cut at block boundaries into
+fragments of one message each (same ``event_id``; a fragment's ``parent_hash`` is the last block
+hash of the fragment before it; its message's ``first_event_block_offset`` is the index of its
+first block in the original event). An event that cannot fit even so (any other event type, or a
+single block over the budget) or cannot be encoded is returned as lost, never silently skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+from kvevents.schemas import (
+    EncodeError,
+    EventBatch,
+    KVCacheEvent,
+    KVCacheRemovedData,
+    KVCacheStoredData,
+    RankDrops,
+    decode_batch,
+    encode_batch,
+)
+
+__all__ = [
+    "DATA_ERRORS",
+    "BatchCodec",
+    "Chunk",
+    "Chunker",
+    "EnvelopeWriter",
+    "LostEvent",
+    "SingleObjectCodec",
+    "SplitEvent",
+]
+
+DATA_ERRORS = (EncodeError, ValueError, TypeError, OverflowError)
+"""What an encoder raises for an event it cannot write (as opposed to, say, a registry outage)."""
+
+_I63_MAX = (1 << 63) - 1
+_I31_MAX = (1 << 31) - 1
+_FILL = 0.9
+"""Aim chunks at this share of the budget, so that slices cut by estimate mostly fit at once."""
+
+
+class BatchCodec(Protocol):
+    """Writes and reads whole framed messages (``kvevents.schemas.registry.RegistryCodec`` is one)."""
+
+    def encode_batch(self, batch: EventBatch) -> bytes: ...
+
+    def decode_batch(self, data: bytes | bytearray | memoryview) -> EventBatch: ...
+
+
+class SingleObjectCodec:
+    """The default framing: Avro single-object encoding (:func:`kvevents.schemas.encode_batch`)."""
+
+    def encode_batch(self, batch: EventBatch) -> bytes:
+        return encode_batch(batch)
+
+    def decode_batch(self, data: bytes | bytearray | memoryview) -> EventBatch:
+        return decode_batch(data)
+
+
+def rank_of(event: KVCacheEvent) -> int:
+    """The source rank an event is counted under (0 without attention DP)."""
+    rank = event.attention_dp_rank
+    return 0 if rank is None else rank
+
+
+@dataclass(slots=True, eq=False)
+class SplitEvent:
+    """One Stored event cut into ``fragments`` messages; counts it exactly once as delivered
+    (all fragments delivered) or lost (the first fragment lost, whichever it is)."""
+
+    rank: int
+    event_id: int
+    fragments: int
+    delivered: int = 0
+    lost: bool = False
+
+    def lose(self) -> int:
+        """A fragment is lost: 1 the first time (the event counts as dropped), then 0."""
+        if self.lost:
+            return 0
+        self.lost = True
+        return 1
+
+    def deliver(self) -> int:
+        """A fragment was delivered: 1 when it completes an event nothing of which was lost."""
+        self.delivered += 1
+        return 1 if self.delivered == self.fragments and not self.lost else 0
+
+
+@dataclass(slots=True, eq=False)
+class Chunk:
+    """The encoded events of one future message (Avro array: count, items, ``00``).
+
+    ``by_rank``: whole events per source rank (empty for a fragment, which counts through its
+    ``split``); ``last_event_ids``: the last event id per rank, for delivery reports.
+    """
+
+    part: bytes
+    events: int
+    by_rank: dict[int, int]
+    last_event_ids: dict[int, int]
+    first_event_block_offset: int = 0
+    split: SplitEvent | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.part)
+
+
+EMPTY_EVENTS = b"\x00"
+"""An empty Avro array: the events of a batch that only reports drops."""
+
+
+@dataclass(frozen=True, slots=True)
+class LostEvent:
+    """An event the chunker could not put in any message: too large or not encodable."""
+
+    rank: int
+    event_id: int
+    reason: str
+    """``oversized`` or ``unencodable``."""
+    detail: str
+
+
+class EnvelopeWriter:
+    """Encodes events without an envelope, and puts one in front of them at hand-off time."""
+
+    def __init__(self, codec: BatchCodec, instance_id: str, attention_dp_size: int) -> None:
+        self._codec = codec
+        self._instance_id = instance_id
+        self._dp_size = attention_dp_size
+        self._template_prefix: bytes | None = None
+        self._splice: bool | None = None
+        self._max_prefix: int | None = None
+
+    @property
+    def splices(self) -> bool | None:
+        """Whether messages are assembled by splicing (None until first used)."""
+        return self._splice
+
+    def template_prefix(self) -> bytes:
+        """The envelope :meth:`events_part` strips: ``template_prefix() + part`` is a whole message."""
+        if self._template_prefix is None:
+            empty = self._codec.encode_batch(EventBatch(self._instance_id, [], self._dp_size))
+            if not empty.endswith(EMPTY_EVENTS):
+                raise RuntimeError("the codec does not end an EventBatch with its events array")
+            self._template_prefix = empty[:-1]
+        return self._template_prefix
+
+    def events_part(self, events: Sequence[KVCacheEvent]) -> bytes:
+        """The Avro encoding of ``events`` as a batch's events array."""
+        prefix = self.template_prefix()
+        full = self._codec.encode_batch(EventBatch(self._instance_id, list(events), self._dp_size))
+        if not full.startswith(prefix):
+            raise RuntimeError("the codec wrote a different envelope for the same envelope fields")
+        return full[len(prefix) :]
+
+    def _envelope(
+        self, producer_id: int, sequence: int, created_at_us: int, dropped: list[RankDrops], offset: int
+    ) -> EventBatch:
+        return EventBatch(
+            self._instance_id,
+            [],
+            attention_dp_size=self._dp_size,
+            producer_id=producer_id,
+            sequence=sequence,
+            created_at_us=created_at_us,
+            dropped=dropped,
+            first_event_block_offset=offset,
+        )
+
+    def message(
+        self,
+        part: bytes,
+        *,
+        producer_id: int,
+        sequence: int,
+        created_at_us: int,
+        dropped: list[RankDrops],
+        first_event_block_offset: int,
+    ) -> bytes:
+        """The framed message: the envelope, then the events ``part`` encoded earlier."""
+        if self._splice is None:
+            self._splice = self._check_splice()
+        envelope = self._envelope(producer_id, sequence, created_at_us, dropped, first_event_block_offset)
+        if self._splice:
+            return self._codec.encode_batch(envelope)[:-1] + part
+        events = self._codec.decode_batch(self.template_prefix() + part).events
+        return self._codec.encode_batch(msgspec.structs.replace(envelope, events=events))
+
+    def max_prefix_size(self) -> int:
+        """An upper bound of the envelope's encoded size before the events array, for a batch
+        reporting drops of up to ``attention_dp_size`` ranks."""
+        if self._max_prefix is None:
+            ranks = max(1, self._dp_size)
+            dropped = [RankDrops(_I31_MAX, _I63_MAX) for _ in range(ranks)]
+            envelope = self._envelope(_I63_MAX, _I63_MAX, _I63_MAX, dropped, _I31_MAX)
+            self._max_prefix = len(self._codec.encode_batch(envelope)) - 1
+        return self._max_prefix
+
+    def _check_splice(self) -> bool:
+        probe = [
+            KVCacheEvent(7, KVCacheRemovedData([1, 2**64 - 1]), 32, 1),
+            KVCacheEvent(8, KVCacheRemovedData([3]), 16, None),
+        ]
+        fields = {
+            "producer_id": 2**62 + 3,
+            "sequence": 300,
+            "created_at_us": 1_700_000_000_000_000,
+            "dropped": [RankDrops(1, 5)],
+            "first_event_block_offset": 2,
+        }
+        direct = self._codec.encode_batch(
+            EventBatch(self._instance_id, probe, attention_dp_size=self._dp_size, **fields)  # type: ignore[arg-type]
+        )
+        envelope = self._envelope(
+            fields["producer_id"],  # type: ignore[arg-type]
+            fields["sequence"],  # type: ignore[arg-type]
+            fields["created_at_us"],  # type: ignore[arg-type]
+            fields["dropped"],  # type: ignore[arg-type]
+            fields["first_event_block_offset"],  # type: ignore[arg-type]
+        )
+        spliced = self._codec.encode_batch(envelope)[:-1] + self.events_part(probe)
+        return spliced == direct
+
+
+@dataclass(slots=True)
+class Chunker:
+    """Cuts events into chunks whose encoded events fit ``budget`` bytes (see module doc).
+
+    ``single_rank``: every event has the same source rank (a manager without attention DP), which
+    spares a loop over the events to count them per rank.
+    """
+
+    writer: EnvelopeWriter
+    single_rank: bool = False
+    bytes_per_event: float = field(default=0.0)
+    """Running estimate, used to cut large drains into slices before encoding them."""
+
+    def chunks(self, events: Sequence[KVCacheEvent], budget: int) -> Iterator[Chunk | LostEvent]:
+        """Chunks (and lost events) for ``events``, in order; each chunk's ``part`` <= ``budget``."""
+        if budget < 16:
+            raise ValueError(f"a message budget of {budget} bytes cannot hold any event")
+        n = len(events)
+        if n == 0:
+            return
+        estimate = self.bytes_per_event
+        if estimate > 0 and n * estimate > 2 * budget:
+            step = max(1, int(budget * _FILL / estimate))
+            for start in range(0, n, step):
+                yield from self._fit(events[start : start + step], budget)
+        else:
+            yield from self._fit(events, budget)
+
+    def _fit(self, events: Sequence[KVCacheEvent], budget: int) -> Iterator[Chunk | LostEvent]:
+        n = len(events)
+        try:
+            part = self.writer.events_part(events)
+        except DATA_ERRORS as exc:
+            if n == 1:
+                event = events[0]
+                yield LostEvent(rank_of(event), event.event_id, "unencodable", str(exc))
+                return
+            half = n // 2
+            yield from self._fit(events[:half], budget)
+            yield from self._fit(events[half:], budget)
+            return
+        size = len(part)
+        self.bytes_per_event = size / n
+        if size <= budget:
+            yield self._chunk(events, part)
+            return
+        if n == 1:
+            yield from self._split_event(events[0], budget, size)
+            return
+        pieces = max(2, math.ceil(size / (budget * _FILL)))
+        step = math.ceil(n / pieces)
+        for start in range(0, n, step):
+            yield from self._fit(events[start : start + step], budget)
+
+    def _chunk(self, events: Sequence[KVCacheEvent], part: bytes) -> Chunk:
+        if self.single_rank:
+            last = events[-1]
+            rank = rank_of(last)
+            return Chunk(part, len(events), {rank: len(events)}, {rank: last.event_id})
+        by_rank: dict[int, int] = {}
+        last_ids: dict[int, int] = {}
+        for event in events:
+            rank = event.attention_dp_rank
+            if rank is None:
+                rank = 0
+            by_rank[rank] = by_rank.get(rank, 0) + 1
+            last_ids[rank] = event.event_id
+        return Chunk(part, len(events), by_rank, last_ids)
+
+    # -- one event too large for a message ----------------------------------------------------
+
+    def _split_event(self, event: KVCacheEvent, budget: int, size: int) -> Iterator[Chunk | LostEvent]:
+        data = event.data
+        rank = rank_of(event)
+        if not isinstance(data, KVCacheStoredData) or len(data.blocks) < 2:
+            kind = type(data).__name__
+            yield LostEvent(
+                rank, event.event_id, "oversized",
+                f"a {kind} event of {size} bytes does not fit the message budget of {budget} bytes",
+            )  # fmt: skip
+            return
+        pieces: list[tuple[int, bytes]] = []
+        try:
+            self._fragments(event, data, 0, len(data.blocks), budget, size, pieces)
+        except _BlockTooLarge as exc:
+            yield LostEvent(rank, event.event_id, "oversized", str(exc))
+            return
+        split = SplitEvent(rank, event.event_id, len(pieces))
+        for start, part in pieces:
+            yield Chunk(part, 1, {}, {rank: event.event_id}, first_event_block_offset=start, split=split)
+
+    def _fragments(
+        self,
+        event: KVCacheEvent,
+        data: KVCacheStoredData,
+        start: int,
+        end: int,
+        budget: int,
+        size: int,
+        out: list[tuple[int, bytes]],
+    ) -> None:
+        """Append ``(first block index, part)`` for blocks ``start:end`` (encoded ``size`` bytes
+        together) cut into fragments that fit, in order."""
+        count = end - start
+        pieces = max(2, math.ceil(size / (budget * _FILL)))
+        step = math.ceil(count / pieces)
+        for lo in range(start, end, step):
+            hi = min(end, lo + step)
+            part = self.writer.events_part([_fragment(event, data, lo, hi)])
+            if len(part) <= budget:
+                out.append((lo, part))
+            elif hi - lo == 1:
+                raise _BlockTooLarge(
+                    f"block {lo} of Stored event {event.event_id} alone needs {len(part)} bytes, "
+                    f"over the message budget of {budget} bytes"
+                )
+            else:
+                self._fragments(event, data, lo, hi, budget, len(part), out)
+
+
+class _BlockTooLarge(Exception):
+    pass
+
+
+def _fragment(event: KVCacheEvent, data: KVCacheStoredData, start: int, end: int) -> KVCacheEvent:
+    """Blocks ``start:end`` of a Stored event, as the event a consumer reassembles them from."""
+    parent = data.parent_hash if start == 0 else data.blocks[start - 1].block_hash
+    return KVCacheEvent(
+        event.event_id,
+        KVCacheStoredData(parent, data.blocks[start:end]),
+        event.window_size,
+        event.attention_dp_rank,
+    )

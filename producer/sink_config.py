@@ -1,0 +1,118 @@
+"""The Kafka sink's librdkafka configuration: defaults, pass-through, and the message size budget.
+
+Every setting the caller gives is passed to librdkafka unchanged (security settings included);
+the defaults below only fill in what the caller left out. ``bootstrap.servers`` comes from the
+config or, failing that, from ``KAFKA_BOOTSTRAP_SERVERS``.
+
+Why these defaults:
+
+- ``enable.idempotence``/``acks=all``: no duplicates and no reordering on retries (librdkafka's
+  own default is off); ``partitioner=murmur2_random``: keys hash like the Java client, so every
+  producer of an instance lands on the same partition;
+- ``compression.type=zstd``: Avro batches of token ids compress to about 85%, hashes not at all;
+  zstd costs least CPU for that;
+- ``linger.ms=5``: the sink already hands librdkafka whole batches; 5 ms lets librdkafka pack
+  the batches of a few engine iterations into one request without adding much latency
+  (``bench/producer.py`` measured 5, 10 and 20 ms);
+- ``message.timeout.ms=0`` (never): a message handed to librdkafka waits for the broker however
+  long it is away, so only the sink's own bounded queue decides what is lost during an outage
+  (oldest first, counted per rank) and batch sequences get no gaps from timeouts;
+  ``queue.buffering.max.kbytes``/``...messages`` bound librdkafka's share of that memory;
+- ``batch.size`` no larger than the message limit (see :func:`message_limit`), so that a request
+  of several messages never exceeds a topic's ``max.message.bytes``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "BOOTSTRAP_ENV",
+    "DEFAULT_PRODUCER_CONFIG",
+    "LIBRDKAFKA_DEFAULT_BATCH_SIZE",
+    "LIBRDKAFKA_DEFAULT_MESSAGE_MAX_BYTES",
+    "SIZE_SAFETY_MARGIN",
+    "admin_config",
+    "int_setting",
+    "message_limit",
+    "producer_config",
+]
+
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+
+DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "compression.type": "zstd",
+    "linger.ms": 5,
+    "partitioner": "murmur2_random",
+    "message.timeout.ms": 0,
+    "queue.buffering.max.kbytes": 32 * 1024,
+    "queue.buffering.max.messages": 10_000,
+}
+"""What the sink sets unless the caller's config says otherwise."""
+
+LIBRDKAFKA_DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+LIBRDKAFKA_DEFAULT_BATCH_SIZE = 1_000_000
+
+SIZE_SAFETY_MARGIN = 512
+"""Bytes kept free below the limit for librdkafka's record framing, the record batch header and
+compression's worst case on a batch that does not compress (on top of key and headers, which are
+counted exactly)."""
+
+_CALLBACK_KEYS = frozenset({"error_cb", "stats_cb", "throttle_cb", "on_delivery", "logger", "oauth_cb"})
+
+
+def producer_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The librdkafka config the sink uses: ``config`` unchanged over :data:`DEFAULT_PRODUCER_CONFIG`.
+
+    Raises ``ValueError`` when there is no ``bootstrap.servers`` (neither in ``config`` nor in
+    ``$KAFKA_BOOTSTRAP_SERVERS``; librdkafka's mock cluster, ``test.mock.num.brokers``, needs none) or a key is not a string, ``TypeError`` when ``config`` is
+    not a mapping.
+    """
+    if config is None:
+        config = {}
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping of librdkafka settings, got {type(config).__name__}")
+    for key in config:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"librdkafka setting names are non-empty strings, got {key!r}")
+    merged = dict(DEFAULT_PRODUCER_CONFIG)
+    merged.update(config)
+    if not str(merged.get("bootstrap.servers", "")).strip() and "test.mock.num.brokers" not in merged:
+        from_env = os.environ.get(BOOTSTRAP_ENV, "").strip()
+        if not from_env:
+            raise ValueError(
+                f"no Kafka address: put 'bootstrap.servers' in config or set {BOOTSTRAP_ENV}"
+            )
+        merged["bootstrap.servers"] = from_env
+    return merged
+
+
+def admin_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings an AdminClient shares with the producer (connection and security), without
+    the Python callbacks that belong to the producer."""
+    return {key: value for key, value in config.items() if key not in _CALLBACK_KEYS}
+
+
+def int_setting(config: Mapping[str, Any], key: str, default: int) -> int:
+    """``config[key]`` as an int (librdkafka takes numbers as strings too), else ``default``."""
+    value = config.get(key)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"librdkafka setting {key!r} must be an integer, got {value!r}") from None
+
+
+def message_limit(message_max_bytes: int, topic_max_message_bytes: int | None) -> int:
+    """The largest message the sink may produce: the producer's ``message.max.bytes`` (librdkafka
+    checks the UNCOMPRESSED size of key, value and headers against it when ``produce`` is called)
+    and the topic's ``max.message.bytes`` (the broker checks each record batch), whichever is
+    smaller."""
+    if topic_max_message_bytes is None:
+        return message_max_bytes
+    return min(message_max_bytes, topic_max_message_bytes)

@@ -1,0 +1,181 @@
+"""The Kafka sink's bounded queue of chunks, and its ledger of lost events.
+
+:class:`ChunkQueue` holds the chunks (encoded events of future messages) that wait to be handed
+to librdkafka: at most ``max_events`` events and ``max_bytes`` bytes. Past either bound the
+OLDEST chunks go first (always keeping the newest one), and with a fragment of a split Stored
+event go its siblings still queued. Every dropped chunk is handed back to the caller to count.
+
+:class:`LossLedger` is the loss accounting, per source rank. Loss comes from the manager
+(``EventDrain.dropped``) and from the sink itself (reasons in :data:`LOSS_REASONS`). All of it
+is *pending* until a produced batch carries it in ``EventBatch.dropped``; when that batch is
+delivered it is *reported*; when that batch fails, what it carried is pending again (and the
+batch's own events join it). So every lost event is, at any moment, either pending or reported
+in exactly one delivered batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+from kvevents.schemas import RankDrops
+
+from .sink_chunks import Chunk
+
+__all__ = ["LOSS_REASONS", "ChunkQueue", "LossLedger"]
+
+LOSS_REASONS = (
+    "queue_full",
+    "delivery_failed",
+    "produce_failed",
+    "oversized",
+    "unencodable",
+    "unsent_at_close",
+)
+"""Why the sink lost events: its queue overflowed (oldest first); librdkafka reported a failed
+delivery; ``produce`` refused the message; an event fits no message; an event cannot be encoded;
+the sink closed before the event was delivered."""
+
+
+class ChunkQueue:
+    """Chunks waiting for librdkafka, oldest first; bounded in events and bytes, drops oldest."""
+
+    def __init__(self, max_events: int, max_bytes: int) -> None:
+        for name, value in (("max_events", max_events), ("max_bytes", max_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self._chunks: deque[Chunk] = deque()
+        self.events = 0
+        self.bytes = 0
+        self.high_water_events = 0
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def __bool__(self) -> bool:
+        return bool(self._chunks)
+
+    def push(self, chunk: Chunk) -> list[Chunk]:
+        """Append ``chunk``; return the chunks dropped to stay within the bounds, oldest first."""
+        self._chunks.append(chunk)
+        self.events += chunk.events
+        self.bytes += chunk.size
+        if self.events > self.high_water_events:
+            self.high_water_events = self.events
+        dropped: list[Chunk] = []
+        while (self.events > self.max_events or self.bytes > self.max_bytes) and len(self._chunks) > 1:
+            oldest = self.pop()
+            dropped.append(oldest)
+            split = oldest.split
+            if split is not None:  # the rest of a split event is useless without this fragment
+                while self._chunks and self._chunks[0].split is split:
+                    dropped.append(self.pop())
+        return dropped
+
+    def peek(self) -> Chunk:
+        return self._chunks[0]
+
+    def pop(self) -> Chunk:
+        chunk = self._chunks.popleft()
+        self.events -= chunk.events
+        self.bytes -= chunk.size
+        return chunk
+
+    def replace_head(self, chunks: Iterable[Chunk]) -> None:
+        """Put ``chunks`` where the head chunk was (a re-split of it to a smaller budget)."""
+        self.pop()
+        for chunk in reversed(list(chunks)):
+            self._chunks.appendleft(chunk)
+            self.events += chunk.events
+            self.bytes += chunk.size
+
+    def take_all(self) -> list[Chunk]:
+        """Remove and return every queued chunk."""
+        chunks = list(self._chunks)
+        self._chunks.clear()
+        self.events = 0
+        self.bytes = 0
+        return chunks
+
+
+def _add(target: dict[int, int], counts: Mapping[int, int]) -> None:
+    for rank, n in counts.items():
+        if n:
+            target[rank] = target.get(rank, 0) + n
+
+
+def _subtract(target: dict[int, int], counts: Mapping[int, int]) -> None:
+    for rank, n in counts.items():
+        left = target.get(rank, 0) - n
+        if left:
+            target[rank] = left
+        else:
+            target.pop(rank, None)
+
+
+def _as_counts(drops: Iterable[RankDrops]) -> dict[int, int]:
+    return {d.attention_dp_rank: d.dropped_events for d in drops}
+
+
+class LossLedger:
+    """Per-rank loss: pending (for the next batch), carried (by batches in flight) and reported
+    (by delivered batches); see the module doc."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, int] = {}
+        self.carried: dict[int, int] = {}
+        self.reported: dict[int, int] = {}
+        self.from_manager: dict[int, int] = {}
+        self.lost: dict[str, dict[int, int]] = {reason: {} for reason in LOSS_REASONS}
+
+    def manager_dropped(self, drops: Iterable[RankDrops]) -> None:
+        """Drops the manager reported in a drain."""
+        for drop in drops:
+            if drop.dropped_events:
+                counts = {drop.attention_dp_rank: drop.dropped_events}
+                _add(self.pending, counts)
+                _add(self.from_manager, counts)
+
+    def lose(self, counts: Mapping[int, int], reason: str) -> None:
+        """The sink lost ``counts`` events per rank, for ``reason`` (one of :data:`LOSS_REASONS`)."""
+        _add(self.pending, counts)
+        _add(self.lost[reason], counts)
+
+    def take(self) -> list[RankDrops]:
+        """The pending drops, for the batch being produced (sorted by rank); pending becomes empty."""
+        if not self.pending:
+            return []
+        pending, self.pending = self.pending, {}
+        _add(self.carried, pending)
+        return [RankDrops(rank, pending[rank]) for rank in sorted(pending)]
+
+    def restore(self, carried: Iterable[RankDrops]) -> None:
+        """The batch that carried these drops was not delivered (or not even produced): they are
+        pending again."""
+        counts = _as_counts(carried)
+        _subtract(self.carried, counts)
+        _add(self.pending, counts)
+
+    def delivered(self, carried: Iterable[RankDrops]) -> None:
+        """A batch that carried these drops was delivered: consumers know of them."""
+        counts = _as_counts(carried)
+        _subtract(self.carried, counts)
+        _add(self.reported, counts)
+
+    def unreported(self) -> dict[int, int]:
+        """Losses per rank that no delivered batch reported yet (pending or carried in flight)."""
+        total = dict(self.pending)
+        _add(total, self.carried)
+        return total
+
+    def lost_by_rank(self) -> dict[int, int]:
+        """Events the sink itself lost, per rank, all reasons together."""
+        total: dict[int, int] = {}
+        for counts in self.lost.values():
+            _add(total, counts)
+        return total
+
+    def lost_by_reason(self) -> dict[str, int]:
+        return {reason: sum(counts.values()) for reason, counts in self.lost.items()}
