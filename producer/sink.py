@@ -144,6 +144,18 @@ class _RateLimitedLog:
         self._logger.log(level, message, *args)
 
 
+class _LibrdkafkaLog:
+    """librdkafka's log lines into ``kvevents.producer.librdkafka``, at most one per facility and
+    level every 10 s (a broker that is away makes librdkafka log each reconnect attempt)."""
+
+    def __init__(self) -> None:
+        self._limited = _RateLimitedLog(librdkafka_log)
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        facility = str(args[0]) if args else ""
+        self._limited(level, f"{level}:{facility}", message, *args)
+
+
 class KafkaEventSink:
     """Drains ``manager`` in the background and produces its events to ``topic`` as ``EventBatch``es.
 
@@ -218,7 +230,7 @@ class KafkaEventSink:
         self._user_error_cb = self._config.pop("error_cb", None)
         self._user_stats_cb = self._config.pop("stats_cb", None)
         self._user_on_delivery = self._config.pop("on_delivery", None)
-        self._config.setdefault("logger", librdkafka_log)
+        self._config.setdefault("logger", _LibrdkafkaLog())
         self._config.setdefault("client.id", f"kvevents-sink-{instance_id}"[:200])
         self._user_batch_size = "batch.size" in self._config
         self._message_max_bytes = int_setting(

@@ -62,7 +62,7 @@ SIZE_SAFETY_MARGIN = 512
 compression's worst case on a batch that does not compress (on top of key and headers, which are
 counted exactly)."""
 
-_CALLBACK_KEYS = frozenset({"error_cb", "stats_cb", "throttle_cb", "on_delivery", "logger", "oauth_cb"})
+_PRODUCER_CALLBACKS = frozenset({"error_cb", "stats_cb", "throttle_cb", "on_delivery"})
 
 
 def producer_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -92,9 +92,9 @@ def producer_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def admin_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings an AdminClient shares with the producer (connection and security), without
-    the Python callbacks that belong to the producer."""
-    return {key: value for key, value in config.items() if key not in _CALLBACK_KEYS}
+    """The settings an AdminClient shares with the producer (connection, security, logger),
+    without the callbacks that belong to the producer."""
+    return {key: value for key, value in config.items() if key not in _PRODUCER_CALLBACKS}
 
 
 def int_setting(config: Mapping[str, Any], key: str, default: int) -> int:

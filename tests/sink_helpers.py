@@ -121,6 +121,14 @@ class Workload:
                 open_removed = None
         manager.flush()
 
+    def huge_stored(self, manager: Any, blocks: int, tokens_per_block: int = 32) -> None:
+        """One Stored event of ``blocks`` blocks (larger than a small message limit), then ``flush()``."""
+        infos = chain(self._next_hash, self.rng.randrange(U64_MAX), blocks, tokens_per_block, self.rng)
+        self._next_hash += blocks
+        manager.enqueue_stored_event(infos, 64)
+        manager.flush()
+        self._add(KVCacheStoredData(infos[0].prev_block_hash, [stored_block(b) for b in infos]), 64)
+
     def _add(self, data: Any, window: int) -> KVCacheEvent:
         event = KVCacheEvent(self._next_id, data, window, self.rank)
         self._next_id += 1
@@ -193,9 +201,10 @@ class Consumed:
 def consume(
     bootstrap: str, topic: str, *, expect_messages: int | None = None, idle_s: float = 3.0, timeout_s: float = 120.0
 ) -> list[Consumed]:
-    """Read ``topic`` from the beginning: until ``expect_messages`` are read (then ``idle_s`` more
-    to catch extras), or until nothing came for ``idle_s``."""
-    from confluent_kafka import Consumer, KafkaError
+    """Read every partition of ``topic`` from the beginning (assigned, no consumer group): until
+    ``expect_messages`` are read (then ``idle_s`` more to catch extras), or until nothing came
+    for ``idle_s``."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(
         {
@@ -206,7 +215,8 @@ def consume(
             "enable.partition.eof": False,
         }
     )
-    consumer.subscribe([topic])
+    partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     out: list[Consumed] = []
     deadline = time.monotonic() + timeout_s
     last = time.monotonic()
