@@ -246,6 +246,7 @@ class KafkaEventSink:
         self._room = threading.Condition(self._lock)  # notified when librdkafka frees room
         self._next_sequence = 0
         self._in_flight = 0
+        self._in_flight_events = 0
         self._drained = 0
         self._delivered_messages = 0
         self._failed_messages = 0
@@ -315,6 +316,7 @@ class KafkaEventSink:
                 messages_delivered_total=self._delivered_messages,
                 messages_failed_total=self._failed_messages,
                 in_flight_messages=self._in_flight,
+                in_flight_events=self._in_flight_events,
                 events_drained_total=self._drained,
                 events_delivered_total=self._delivered_events,
                 bytes_delivered_total=self._delivered_bytes,
@@ -674,6 +676,7 @@ class KafkaEventSink:
             return None
         self._next_sequence = sequence + 1
         self._in_flight += 1
+        self._in_flight_events += chunk.events
         return None
 
     # -- librdkafka callbacks (delivery thread, or close) -----------------------------------
@@ -684,6 +687,7 @@ class KafkaEventSink:
         chunk = record.chunk
         with self._room:
             self._in_flight -= 1
+            self._in_flight_events -= chunk.events
             if err is None:
                 self._delivered_messages += 1
                 self._delivered_bytes += record.size

@@ -102,7 +102,7 @@ class SinkStats:
     messages handed to librdkafka (= the next ``sequence``); of those
     ``messages_delivered_total`` acknowledged (``events_delivered_total``, ``bytes_delivered_total``
     value bytes) and ``messages_failed_total`` failed (``messages_failed_by_error``, by librdkafka
-    error name); ``in_flight_messages`` neither yet. ``events_split_total`` Stored events cut into
+    error name); ``in_flight_messages`` (holding ``in_flight_events``) neither yet. ``events_split_total`` Stored events cut into
     ``fragments_total`` messages.
 
     Queue: ``queued_messages``/``queued_events``/``queued_bytes`` waiting for librdkafka, at most
@@ -124,6 +124,7 @@ class SinkStats:
     messages_delivered_total: int
     messages_failed_total: int
     in_flight_messages: int
+    in_flight_events: int
     events_drained_total: int
     events_delivered_total: int
     bytes_delivered_total: int
