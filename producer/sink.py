@@ -335,6 +335,7 @@ class KafkaEventSink:
                 events_delivered_by_rank=dict(self._delivered_by_rank),
                 events_lost_by_rank=ledger.lost_by_rank(),
                 events_lost_by_reason=ledger.lost_by_reason(),
+                events_lost={reason: dict(counts) for reason, counts in ledger.lost.items()},
                 manager_drops_by_rank=dict(ledger.from_manager),
                 drops_reported_by_rank=dict(ledger.reported),
                 drops_pending_by_rank=ledger.unreported(),

@@ -109,7 +109,7 @@ class SinkStats:
     ``max_queued_events``/``max_queued_bytes`` (``queue_high_water_events``).
 
     Loss, per source rank: ``events_lost_by_rank`` the sink lost itself (all reasons; by reason in
-    ``events_lost_by_reason``); ``manager_drops_by_rank`` drops the manager reported;
+    ``events_lost_by_reason``, and by reason and rank in ``events_lost``); ``manager_drops_by_rank`` drops the manager reported;
     ``drops_reported_by_rank`` losses of either kind carried in-band by a delivered batch;
     ``drops_pending_by_rank`` losses no delivered batch carried yet (waiting, or in flight).
 
@@ -143,6 +143,7 @@ class SinkStats:
     events_delivered_by_rank: dict[int, int] = field(default_factory=dict)
     events_lost_by_rank: dict[int, int] = field(default_factory=dict)
     events_lost_by_reason: dict[str, int] = field(default_factory=dict)
+    events_lost: dict[str, dict[int, int]] = field(default_factory=dict)
     manager_drops_by_rank: dict[int, int] = field(default_factory=dict)
     drops_reported_by_rank: dict[int, int] = field(default_factory=dict)
     drops_pending_by_rank: dict[int, int] = field(default_factory=dict)
