@@ -393,9 +393,419 @@ class _GateMarker(threading.Event):
         super().set()
 
 
+# ---- the Kafka sink: throughput against raw confluent-kafka, flush-to-ack latency, Kafka down ----
+
+SINK_TARGETS = {"throughput_ratio_min": 0.8, "flush_to_ack_p99_ms_max": 50.0}
+
+
+class _Broker:
+    """The Kafka the sink sections use: ``KAFKA_BOOTSTRAP_SERVERS``, else a local broker started
+    once in a temporary directory (its JVM flags from ``KVEVENTS_BROKER_JVM_OPTS``)."""
+
+    def __init__(self) -> None:
+        self._broker: Any = None
+        self._tmp: Any = None
+        self.bootstrap: str | None = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
+        self.source = "env" if self.bootstrap else None
+
+    def get(self) -> str:
+        if self.bootstrap is None:
+            import tempfile
+
+            from kvevents.broker import LocalBroker
+
+            self._tmp = tempfile.TemporaryDirectory(prefix="kvevents-bench-broker-")
+            self._broker = LocalBroker(Path(self._tmp.name) / "state", stop_with_parent=True)
+            self._broker.start()
+            self.bootstrap = self._broker.bootstrap_servers
+            jvm = os.environ.get("KVEVENTS_BROKER_JVM_OPTS")
+            self.source = f"local broker (JVM flags: {'default fast-start' if jvm is None else repr(jvm)})"
+        return self.bootstrap
+
+    def topic(self, stem: str, partitions: int = 1) -> str:
+        import uuid
+
+        from kvevents.topics import TopicSpec, create_topic
+
+        name = f"bench-{stem}-{uuid.uuid4().hex[:8]}"
+        create_topic(self.get(), TopicSpec(name, partitions=partitions))
+        return name
+
+    def stop(self) -> None:
+        if self._broker is not None:
+            self._broker.stop()
+            self._broker = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+BROKER = _Broker()
+
+
+def _mixed_events(count: int, seed: int = 7) -> list[KVCacheEvent]:
+    """Events like an engine's: ~50% Stored (4 blocks x 32 tokens from a 128k vocabulary), ~40%
+    Removed, ~10% Updated, random 64-bit hashes (as in bench/codec.py)."""
+    import random
+
+    rng = random.Random(seed)
+    events = []
+    for event_id in range(count):
+        kind = rng.random()
+        if kind < 0.5:
+            blocks = [
+                KVCacheStoredBlockData(rng.getrandbits(64), [rng.randrange(128_256) for _ in range(32)])
+                for _ in range(4)
+            ]
+            data: Any = KVCacheStoredData(rng.getrandbits(64), blocks)
+        elif kind < 0.9:
+            data = KVCacheRemovedData([rng.getrandbits(64) for _ in range(rng.randint(1, 4))])
+        else:
+            data = KVCacheUpdatedData(rng.getrandbits(64), priority=KVCacheEventDiff(35, rng.randrange(101)))
+        events.append(KVCacheEvent(event_id, data, 32))
+    return events
+
+
+def _sink_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+    return {"bootstrap.servers": bootstrap, "log_level": 3, **extra}
+
+
+def _run_sink(events: list[KVCacheEvent], topic: str, feed: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Time the sink moving ``events`` from the manager's buffer to acknowledged Kafka messages;
+    returns the seconds and the exact messages produced (for the raw baseline)."""
+    from kvevents.producer import KafkaEventSink
+
+    captured: list[bytes] = []
+    warmup = _mixed_events(50, seed=1)
+    target = len(events) + len(warmup)
+    done = threading.Event()
+    delivered = [0]
+
+    def on_delivery(report: Any) -> None:  # the sink's per-message report: cheaper than polling stats()
+        if report.delivered:
+            delivered[0] += report.events
+            if delivered[0] >= target:
+                done.set()
+
+    manager = KVCacheEventManager(target + 10, drop_warning_interval_s=3600)
+    capture = {"on_delivery": lambda err, msg: captured.append(msg.value()) if err is None else None}
+    sink = KafkaEventSink(manager, topic, "bench-engine", config={**config, **capture}, on_delivery=on_delivery)
+    manager.buffer.extend(warmup)  # connects, fetches the topic's limit, gets a producer id
+    if not sink.wait_delivered(60):
+        raise RuntimeError("the sink delivered nothing during warm-up: is Kafka up?")
+    captured.clear()
+    started = time.perf_counter()
+    if feed == "prefilled":
+        manager.buffer.extend(events)
+    else:  # a feeder hands over 500 events at a time, as fast as it can
+        for start in range(0, len(events), 500):
+            manager.buffer.extend(events[start : start + 500])
+            time.sleep(0)
+    if not done.wait(300):
+        raise RuntimeError(f"the sink delivered {delivered[0]} of {target} events in 300 s")
+    seconds = time.perf_counter() - started
+    stats = sink.stats()
+    sink.close(30)
+    manager.close()
+    return {"seconds": seconds, "messages": list(captured), "stats": stats, "effective_config": sink.config}
+
+
+def _run_raw(values: list[bytes], topic: str, config: dict[str, Any]) -> float:
+    """Time raw confluent-kafka producing ``values`` (same key, headers and librdkafka settings)
+    until every one is acknowledged."""
+    from confluent_kafka import Producer
+    from kvevents.producer.sink import FINGERPRINT_HEADER
+    from kvevents.schemas import CONTENT_TYPE, current_fingerprint
+
+    producer = Producer(config)
+    headers = [("content-type", CONTENT_TYPE.encode()), (FINGERPRINT_HEADER, current_fingerprint().hex().encode())]
+    delivered = [0]
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is None:
+            delivered[0] += 1
+
+    producer.produce(topic, b"warm-up", b"bench-engine", on_delivery=on_delivery)
+    producer.flush(60)
+    delivered[0] = 0
+    started = time.perf_counter()
+    for value in values:
+        while True:
+            try:
+                producer.produce(topic, value, b"bench-engine", headers=headers, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.001)
+        producer.poll(0)
+    producer.flush(120)
+    seconds = time.perf_counter() - started
+    if delivered[0] != len(values):
+        raise RuntimeError(f"raw producer delivered {delivered[0]} of {len(values)} messages")
+    return seconds
+
+
+def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """Sink vs raw confluent-kafka on the same bytes, same librdkafka settings, same run."""
+    bootstrap = BROKER.get()
+    events = _mixed_events(args.sink_events)
+    out: dict[str, Any] = {}
+    for feed in ("prefilled", "streamed"):
+        runs = []
+        previous: list[bytes] | None = None
+        for repeat in range(args.sink_repeats):
+            config = _sink_config(bootstrap)
+            # Alternate who goes first (odd repeats: raw first, on the previous sink run's bytes),
+            # so that the broker's state (segments, page cache, JIT) favours neither.
+            raw_first = repeat % 2 == 1 and previous is not None
+            if raw_first:
+                raw_s = _run_raw(previous, BROKER.topic("raw"), _raw_config(config))  # type: ignore[arg-type]
+                time.sleep(args.sink_pause)
+            sink = _run_sink(events, BROKER.topic("sink"), feed, config)
+            time.sleep(args.sink_pause)  # let the broker finish writing before the next run
+            if not raw_first:
+                raw_s = _run_raw(sink["messages"], BROKER.topic("raw"), _raw_config(sink["effective_config"]))
+                time.sleep(args.sink_pause)
+            previous = sink["messages"]
+            size = sum(len(v) for v in sink["messages"])
+            runs.append({
+                "sink_s": sink["seconds"], "raw_s": raw_s, "raw_first": raw_first,
+                "messages": len(sink["messages"]), "bytes": size,
+                "sink_events_per_s": len(events) / sink["seconds"], "raw_events_per_s": len(events) / raw_s,
+                "ratio_sink_over_raw": raw_s / sink["seconds"],
+            })  # fmt: skip
+        ratios = [r["ratio_sink_over_raw"] for r in runs]
+        out[feed] = {
+            "runs": runs,
+            "ratio_median": statistics.median(ratios),
+            "ratio_geometric_mean": statistics.geometric_mean(ratios),
+            "ratio_best": max(ratios),
+            "sink_events_per_s_median": statistics.median(r["sink_events_per_s"] for r in runs),
+            "raw_events_per_s_median": statistics.median(r["raw_events_per_s"] for r in runs),
+            "mb_per_s_sink_median": statistics.median(r["bytes"] / r["sink_s"] / 1e6 for r in runs),
+            "mean_message_bytes": statistics.fmean(r["bytes"] / r["messages"] for r in runs),
+        }
+    return {
+        "unit": "events/s from the manager's buffer to acknowledged by Kafka; raw = confluent-kafka producing the sink's own messages",
+        "events": len(events),
+        "broker": BROKER.source,
+        "config": {k: v for k, v in _sink_defaults().items()},
+        "target_ratio_min": SINK_TARGETS["throughput_ratio_min"],
+        "meets_target_median": all(v["ratio_median"] >= SINK_TARGETS["throughput_ratio_min"] for v in out.values()),
+        **out,
+    }
+
+
+def _raw_config(sink_config: dict[str, Any]) -> dict[str, Any]:
+    """The sink's librdkafka settings (defaults included), for the raw producer."""
+    from kvevents.producer import DEFAULT_PRODUCER_CONFIG
+
+    config = {**DEFAULT_PRODUCER_CONFIG, **sink_config}
+    return {k: v for k, v in config.items() if k not in ("client.id", "on_delivery", "logger") and not callable(v)}
+
+
+def _sink_defaults() -> dict[str, Any]:
+    from kvevents.producer import DEFAULT_PRODUCER_CONFIG
+
+    return dict(DEFAULT_PRODUCER_CONFIG)
+
+
+# engine iteration for the latency run: 5 calls -> 5 events (windows alternate, nothing merges)
+def _latency_iteration(m: Any, calls: int, base: int) -> None:
+    stored, removed, updated = m.enqueue_stored_event, m.enqueue_removed_event, m.enqueue_updated_event
+    blocks, data = BLOCKS_4X32, UPDATED
+    for h in range(base, base + calls, 5):
+        stored(blocks, 32)
+        removed(h, 16)
+        updated(data, 32)
+        removed(h + 1, 32)
+        stored(blocks, 32)
+
+
+def _flush_to_ack(bootstrap: str, linger_ms: float, seconds: float, rate: int, calls: int) -> dict[str, Any]:
+    from kvevents.producer import KafkaEventSink
+
+    topic = BROKER.topic("latency")
+    reports: list[Any] = []
+    manager = KVCacheEventManager(10_000_000, drop_warning_interval_s=3600)
+    sink = KafkaEventSink(manager, topic, "bench-latency", config=_sink_config(bootstrap, **{"linger.ms": linger_ms}),
+                          on_delivery=reports.append)  # fmt: skip
+    _latency_iteration(manager, 5, 0)
+    manager.flush()
+    if not (manager.settle(30) and sink.wait_delivered(60)):
+        raise RuntimeError("the sink delivered nothing during warm-up: is Kafka up?")
+    reports.clear()
+    period = calls / rate
+    flushes: list[tuple[float, int]] = []  # (flush time, last event id of the iteration)
+    next_id = manager.stats().events_enqueued_total
+    started = time.monotonic()
+    next_at = started
+    while next_at - started < seconds:
+        _latency_iteration(manager, calls, next_id)
+        manager.flush()
+        next_id += calls
+        flushes.append((time.monotonic(), next_id - 1))
+        next_at += period
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    elapsed = time.monotonic() - started
+    manager.settle(30)
+    sink.wait_delivered(60)
+    sink.close(30)
+    manager.close()
+    acks = sorted((r.sequence, r.last_event_id_by_rank.get(0, -1), r.acked_at) for r in reports if r.delivered)
+    latencies_ms = []
+    j = 0
+    for flushed_at, last_id in flushes:  # both in order: walk them together
+        while j < len(acks) and acks[j][1] < last_id:
+            j += 1
+        if j == len(acks):
+            raise RuntimeError(f"event {last_id} was never acknowledged")
+        latencies_ms.append((acks[j][2] - flushed_at) * 1e3)
+    ordered = sorted(latencies_ms)
+    return {
+        "linger_ms": linger_ms,
+        "offered_events_per_s": len(flushes) * calls / elapsed,
+        "iterations": len(flushes),
+        "messages": len(acks),
+        "p50_ms": ordered[len(ordered) // 2],
+        "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        "max_ms": ordered[-1],
+    }
+
+
+def bench_sink_latency(args: argparse.Namespace) -> dict[str, Any]:
+    """flush() to Kafka acknowledgement at the offered load, per linger.ms."""
+    bootstrap = BROKER.get()
+    out: dict[str, Any] = {}
+    for linger in args.sink_lingers:
+        runs = [_flush_to_ack(bootstrap, linger, args.latency_seconds, args.rate, 100) for _ in range(args.sink_repeats)]
+        out[f"linger_{linger:g}ms"] = {
+            "runs": runs,
+            "p50_ms_median": statistics.median(r["p50_ms"] for r in runs),
+            "p99_ms_median": statistics.median(r["p99_ms"] for r in runs),
+            "p99_ms_best": min(r["p99_ms"] for r in runs),
+            "offered_events_per_s_median": statistics.median(r["offered_events_per_s"] for r in runs),
+        }
+    default = _sink_defaults()["linger.ms"]
+    key = f"linger_{default:g}ms"
+    return {
+        "unit": "milliseconds from the engine's flush() to the broker's acknowledgement of the message holding the iteration's last event",
+        "rate_events_per_s": args.rate,
+        "events_per_iteration": 100,
+        "seconds_per_run": args.latency_seconds,
+        "broker": BROKER.source,
+        "default_linger_ms": default,
+        "target_p99_ms_max": SINK_TARGETS["flush_to_ack_p99_ms_max"],
+        "meets_target_median": key in out and out[key]["p99_ms_median"] <= SINK_TARGETS["flush_to_ack_p99_ms_max"],
+        **out,
+    }
+
+
+def bench_sink_engine_kafka_down(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine thread's enqueue/flush cost with a sink whose broker is stopped (connections
+    refused; the sink's queue overflows and drops), next to a healthy broker and no sink at all."""
+    import socket
+
+    from kvevents.producer import KafkaEventSink
+
+    with socket.socket() as probe:  # a port where nothing listens: a stopped broker
+        probe.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{probe.getsockname()[1]}"
+    bootstrap = BROKER.get()
+    def up(m: KVCacheEventManager) -> Callable[[], object]:
+        sink = KafkaEventSink(m, BROKER.topic("engine"), "bench-up", config=_sink_config(bootstrap))
+        return functools.partial(sink.close, 30)
+
+    def down(m: KVCacheEventManager) -> Callable[[], object]:
+        sink = KafkaEventSink(m, "bench-down", "bench-down", topic_config_timeout=1.0,
+                              config=_sink_config(dead, log_level=0), max_queued_events=5_000)  # fmt: skip
+        return functools.partial(sink.close, 0.5)
+
+    scenarios: dict[str, Callable[[KVCacheEventManager], Callable[[], object]]] = {
+        "no_sink": _with_consumer,
+        "sink_broker_up": up,
+        "sink_broker_down": down,
+    }
+    ops = {"enqueue_stored_4x32": _stored, "enqueue_updated": _updated, "enqueue_removed_new": _removed_new}
+    out: dict[str, Any] = {}
+    for scenario, attach in scenarios.items():
+        rows: dict[str, Any] = {}
+        for name, op in ops.items():
+            means_op, means_flush, all_op, all_flush = [], [], [], []
+            for _ in range(args.repeats):
+                m = KVCacheEventManager(1_000_000, drop_warning_interval_s=3600)
+                detach = attach(m)
+                op_ns, flush_ns = _run_iterations(m, op, args.calls, args.iterations, args.gap_ms / 1000)
+                m.close()
+                detach()
+                means_op.append(statistics.fmean(op_ns))
+                means_flush.append(statistics.fmean(flush_ns))
+                all_op += op_ns
+                all_flush += flush_ns
+            rows[name] = {"call": _summary(means_op, all_op), "flush": _summary(means_flush, all_flush)}
+        out[scenario] = rows
+    ratios = {
+        name: {
+            "call_median_down_over_no_sink": out["sink_broker_down"][name]["call"]["median_us"] / out["no_sink"][name]["call"]["median_us"],
+            "flush_median_down_over_no_sink": out["sink_broker_down"][name]["flush"]["median_us"] / out["no_sink"][name]["flush"]["median_us"],
+        }
+        for name in ops
+    }  # fmt: skip
+    return {
+        "unit": "microseconds per call on the engine thread (flush: per flush() call)",
+        "calls_per_iteration": args.calls,
+        "iterations_per_repeat": args.iterations,
+        "repeats": args.repeats,
+        "gap_ms_between_iterations": args.gap_ms,
+        "broker_down_means": "connections refused (nothing listens on the port); sink queue bound 5000 events, so it overflows",
+        "scenarios": out,
+        "ratios": ratios,
+    }
+
+
+def print_sink_throughput(result: dict[str, Any]) -> None:
+    print(f"\nsink throughput, {result['events']:,} events ({result['broker']})")
+    print(f"{'feed':<12}{'sink ev/s':>14}{'raw ev/s':>14}{'sink/raw':>10}{'best':>8}{'MB/s':>8}{'msg bytes':>11}")
+    for feed in ("prefilled", "streamed"):
+        row = result[feed]
+        print(f"{feed:<12}{row['sink_events_per_s_median']:>14,.0f}{row['raw_events_per_s_median']:>14,.0f}"
+              f"{row['ratio_median']:>10.2f}{row['ratio_best']:>8.2f}{row['mb_per_s_sink_median']:>8.1f}"
+              f"{row['mean_message_bytes']:>11,.0f}")  # fmt: skip
+    print(f"target sink/raw >= {result['target_ratio_min']}: {'met' if result['meets_target_median'] else 'NOT met'}")
+
+
+def print_sink_latency(result: dict[str, Any]) -> None:
+    print(f"\nflush() -> Kafka ack at {result['rate_events_per_s']:,} events/s offered ({result['broker']})")
+    print(f"{'linger.ms':<12}{'offered ev/s':>14}{'p50 ms':>9}{'p99 ms':>9}{'best p99':>10}")
+    for key, row in result.items():
+        if key.startswith("linger_"):
+            print(f"{key[7:]:<12}{row['offered_events_per_s_median']:>14,.0f}{row['p50_ms_median']:>9.1f}"
+                  f"{row['p99_ms_median']:>9.1f}{row['p99_ms_best']:>10.1f}")  # fmt: skip
+    print(f"target p99 <= {result['target_p99_ms_max']} ms at the default linger.ms={result['default_linger_ms']}: "
+          f"{'met' if result['meets_target_median'] else 'NOT met'}")  # fmt: skip
+
+
+def print_sink_engine(result: dict[str, Any]) -> None:
+    print("\nengine thread with a sink, us per call: median (best; p99 iteration; worst iteration)")
+    print(f"{'scenario':<20}{'operation':<24}{'call':>34}{'flush':>34}")
+    for scenario, rows in result["scenarios"].items():
+        for op, row in rows.items():
+            c, f = row["call"], row["flush"]
+            print(f"{scenario:<20}{op:<24}"
+                  f"{c['median_us']:>9.3f} ({c['best_us']:.3f}; {c['p99_iteration_us']:.2f}; {c['worst_iteration_us']:.1f})"
+                  f"{f['median_us']:>9.2f} ({f['best_us']:.2f}; {f['p99_iteration_us']:.1f}; {f['worst_iteration_us']:.1f})")  # fmt: skip
+    for op, r in result["ratios"].items():
+        print(f"  broker down / no sink, {op}: call x{r['call_median_down_over_no_sink']:.2f}, "
+              f"flush x{r['flush_median_down_over_no_sink']:.2f}")  # fmt: skip
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "engine_thread": bench_engine_thread,
     "worker": bench_worker_throughput,
+    "sink_throughput": bench_sink_throughput,
+    "sink_latency": bench_sink_latency,
+    "sink_engine_kafka_down": bench_sink_engine_kafka_down,
 }
 """Section name -> function returning its JSON. Other parts of the producer add theirs here."""
 
@@ -445,12 +855,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=50, help="calls of the operation per iteration")
     parser.add_argument("--gap-ms", type=float, default=2.0, help="GIL-free pause between iterations")
     parser.add_argument("--full-capacity", type=int, default=1000, help="buffer size of the full scenario")
+    parser.add_argument("--sink-events", type=int, default=300_000, help="events per sink throughput run")
+    parser.add_argument("--sink-repeats", type=int, default=5, help="repeats of each sink run")
+    parser.add_argument("--sink-pause", type=float, default=2.0, help="seconds of rest for the broker between runs")
+    parser.add_argument("--sink-lingers", type=lambda v: [float(x) for x in v.split(",")], default=[5.0, 10.0, 20.0],
+                        help="linger.ms values of the latency runs (comma-separated)")  # fmt: skip
+    parser.add_argument("--latency-seconds", type=float, default=5.0, help="seconds of offered load per latency run")
+    parser.add_argument("--rate", type=int, default=100_000, help="offered events/s of the latency runs")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few repeats and iterations")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     logging.getLogger("kvevents").setLevel(logging.ERROR)  # the full scenario drops on purpose
     if args.quick:
         args.repeats, args.iterations = 2, 30
+        args.sink_events, args.sink_repeats, args.latency_seconds, args.sink_pause = 20_000, 1, 1.0, 0.2
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in SECTIONS]
     if unknown:
@@ -469,6 +887,26 @@ def main(argv: list[str] | None = None) -> int:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
     }
+    try:
+        _run_sections(chosen, args, argv, document)
+    finally:
+        BROKER.stop()
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    print(f"\nwrote {args.output}")
+    return 0
+
+
+PRINTERS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "engine_thread": print_engine_table,
+    "worker": print_worker_table,
+    "sink_throughput": print_sink_throughput,
+    "sink_latency": print_sink_latency,
+    "sink_engine_kafka_down": print_sink_engine,
+}
+
+
+def _run_sections(chosen: list[str], args: argparse.Namespace, argv: list[str] | None, document: dict[str, Any]) -> None:
     for name in chosen:
         started = time.perf_counter()
         result = SECTIONS[name](args)
@@ -476,14 +914,7 @@ def main(argv: list[str] | None = None) -> int:
         result["seconds"] = round(time.perf_counter() - started, 1)
         result["command"] = " ".join(["python bench/producer.py", *(argv if argv is not None else sys.argv[1:])])
         document["sections"][name] = result
-        if name == "engine_thread":
-            print_engine_table(result)
-        elif name == "worker":
-            print_worker_table(result)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
-    print(f"\nwrote {args.output}")
-    return 0
+        PRINTERS[name](result)
 
 
 if __name__ == "__main__":

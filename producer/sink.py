@@ -50,7 +50,7 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from kvevents.schemas import CONTENT_TYPE, KVCacheEvent, RankDrops, current_fingerprint
+from kvevents.schemas import CONTENT_TYPE, EventBatch, KVCacheEvent, RankDrops, current_fingerprint
 
 from .buffer import EventDrain, check_timeout
 from .sink_chunks import (
@@ -75,6 +75,7 @@ from .sink_queue import ChunkQueue, LossLedger
 from .sink_stats import DeliveryReport, LatencyHistogram, SinkCloseReport, SinkStats
 
 __all__ = [
+    "DEFAULT_MAX_EVENTS_PER_MESSAGE",
     "DEFAULT_MAX_QUEUED_BYTES",
     "DEFAULT_MAX_QUEUED_EVENTS",
     "FINGERPRINT_HEADER",
@@ -88,11 +89,15 @@ DEFAULT_MAX_QUEUED_EVENTS = 1_000_000
 """Events the sink's queue holds while Kafka is slow or away (about 10 s at 100k events/s)."""
 DEFAULT_MAX_QUEUED_BYTES = 256 << 20
 """Encoded bytes the sink's queue holds (librdkafka holds at most 32 MiB more by default)."""
+DEFAULT_MAX_EVENTS_PER_MESSAGE = 2000
+"""Events per message at most: encoding one message holds the GIL (about 1 ms for 2000 events
+here), and a Python engine thread waits that long at worst for it."""
 FINGERPRINT_HEADER = "kvevents-schema-fingerprint"
 """Header with the hex CRC-64-AVRO fingerprint of the writer schema (``content-type`` is the other)."""
 
 _IDLE_WAIT_S = 0.1
 _STUCK_WAIT_S = 0.01
+_FULL_RETRY_S = 0.5
 _POLL_S = 0.1
 _PURGE_WAIT_S = 5.0
 _LOG_INTERVAL_S = 10.0
@@ -168,6 +173,8 @@ class KafkaEventSink:
     - ``codec``: how messages are framed; Avro single-object encoding by default, or a
       :class:`kvevents.schemas.registry.RegistryCodec` for the Confluent wire format.
     - ``max_queued_events`` / ``max_queued_bytes``: the bound of the sink's queue.
+    - ``max_events_per_message``: fewer events per message than the size limit allows, so that
+      encoding one never holds the GIL long (a Python engine thread shares it).
     - ``topic_config_timeout``: how long to try reading the topic's ``max.message.bytes`` at
       start (0: do not; messages are then limited by ``message.max.bytes`` alone).
     - ``on_delivery``: called with a :class:`~kvevents.producer.sink_stats.DeliveryReport` for
@@ -188,6 +195,7 @@ class KafkaEventSink:
         codec: BatchCodec | None = None,
         max_queued_events: int = DEFAULT_MAX_QUEUED_EVENTS,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        max_events_per_message: int = DEFAULT_MAX_EVENTS_PER_MESSAGE,
         topic_config_timeout: float = 5.0,
         on_delivery: Callable[[DeliveryReport], None] | None = None,
     ) -> None:
@@ -220,7 +228,10 @@ class KafkaEventSink:
         self._producer_id = secrets.randbelow((1 << 63) - 1) + 1
         self._codec: BatchCodec = codec if codec is not None else SingleObjectCodec()
         self._writer = EnvelopeWriter(self._codec, instance_id, attention_dp_size)
-        self._chunker = Chunker(self._writer, single_rank=manager_dp_size in (None, 1))
+        if isinstance(max_events_per_message, bool) or not isinstance(max_events_per_message, int) or max_events_per_message < 1:
+            raise ValueError(f"max_events_per_message must be an int >= 1, got {max_events_per_message!r}")
+        self._chunker = Chunker(self._writer, manager_dp_size in (None, 1), max_events_per_message)
+        self._writer.speculative = self._speculate
         self._queue = ChunkQueue(max_queued_events, max_queued_bytes)
         self._ledger = LossLedger()
         self._on_delivery_report = on_delivery
@@ -247,6 +258,9 @@ class KafkaEventSink:
         self._next_sequence = 0
         self._in_flight = 0
         self._in_flight_events = 0
+        self._deliveries = 0  # delivery reports served (each frees room in librdkafka)
+        self._full_since: float | None = None  # when librdkafka last refused a message (BufferError)
+        self._full_at = 0  # ... and how many reports had been served then
         self._drained = 0
         self._delivered_messages = 0
         self._failed_messages = 0
@@ -576,6 +590,26 @@ class KafkaEventSink:
             with self._lock:
                 self._ledger.lose(_count_by_rank(rest), "unencodable")
 
+    def _speculate(self, first_event_block_offset: int) -> EventBatch | None:
+        """The envelope the next message gets if it is produced at once: only when nothing waits
+        in the queue (else it is framed at hand-off)."""
+        with self._lock:
+            if not self._limit_known or self._queue or self._full_since is not None:
+                return None
+            pending = self._ledger.pending
+            dropped = [RankDrops(rank, pending[rank]) for rank in sorted(pending)]
+            sequence = self._next_sequence
+        return EventBatch(
+            self._instance_id,
+            [],
+            attention_dp_size=self._dp_size,
+            producer_id=self._producer_id,
+            sequence=sequence,
+            created_at_us=time.time_ns() // 1000,
+            dropped=dropped,
+            first_event_block_offset=first_event_block_offset,
+        )
+
     def _lose_event_locked(self, lost: LostEvent) -> None:
         self._ledger.lose({lost.rank: 1}, lost.reason)
         self._ratelimited(
@@ -597,6 +631,12 @@ class KafkaEventSink:
             return bool(self._queue) or bool(self._ledger.pending)
         with self._lock:
             queue = self._queue
+            if self._full_since is not None:
+                # librdkafka refused the last message for lack of room: try again only when a
+                # delivery report freed some, or after a while (no message framed in vain)
+                if self._deliveries == self._full_at and time.monotonic() - self._full_since < _FULL_RETRY_S:
+                    return bool(queue) or bool(self._ledger.pending)
+                self._full_since = None
             budget = self._current_budget()
             while queue:
                 chunk = queue.peek()
@@ -613,7 +653,15 @@ class KafkaEventSink:
 
     def _resplit_head_locked(self, chunk: Chunk, budget: int) -> None:
         """Cut the head chunk again: it was made before the topic's smaller limit was known."""
-        events = self._codec.decode_batch(self._writer.template_prefix() + chunk.part).events
+        speculative, self._writer.speculative = self._writer.speculative, None  # it takes the lock
+        try:
+            self._resplit_head(chunk, budget)
+        finally:
+            self._writer.speculative = speculative
+
+    def _resplit_head(self, chunk: Chunk, budget: int) -> None:
+        whole = self._writer.template_prefix() + chunk.part if chunk.envelope is None else chunk.part.obj
+        events = self._codec.decode_batch(whole).events
         replacement: list[Chunk] = []
         for item in self._chunker.chunks(events, budget):
             if isinstance(item, LostEvent):
@@ -637,15 +685,25 @@ class KafkaEventSink:
     def _produce_locked(self, chunk: Chunk) -> object:
         carried = self._ledger.take()
         sequence = self._next_sequence
+        guess = chunk.envelope
         try:
-            value = self._writer.message(
-                chunk.part,
-                producer_id=self._producer_id,
-                sequence=sequence,
-                created_at_us=time.time_ns() // 1000,
-                dropped=carried,
-                first_event_block_offset=chunk.first_event_block_offset,
-            )
+            if (
+                guess is not None
+                and isinstance(chunk.part, memoryview)
+                and guess.sequence == sequence
+                and guess.dropped == carried
+                and guess.first_event_block_offset == chunk.first_event_block_offset
+            ):
+                value = chunk.part.obj  # encoded with this very envelope: the message as it is
+            else:
+                value = self._writer.message(
+                    chunk.part,
+                    producer_id=self._producer_id,
+                    sequence=sequence,
+                    created_at_us=time.time_ns() // 1000,
+                    dropped=carried,
+                    first_event_block_offset=chunk.first_event_block_offset,
+                )
         except Exception:
             self._ledger.restore(carried)
             log.exception("Could not frame a message of %d events; counted as lost", chunk.events)
@@ -662,6 +720,8 @@ class KafkaEventSink:
             )
         except BufferError:
             self._ledger.restore(carried)
+            self._full_since = time.monotonic()
+            self._full_at = self._deliveries
             return _BLOCKED
         except KafkaException as exc:
             self._ledger.restore(carried)
@@ -687,6 +747,7 @@ class KafkaEventSink:
         latency = float(latency) if latency is not None else time.monotonic() - record.produced_at
         chunk = record.chunk
         with self._room:
+            self._deliveries += 1
             self._in_flight -= 1
             self._in_flight_events -= chunk.events
             if err is None:

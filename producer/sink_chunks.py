@@ -25,7 +25,7 @@ single block over the budget) or cannot be encoded is returned as lost, never si
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -57,6 +57,8 @@ DATA_ERRORS = (EncodeError, ValueError, TypeError, OverflowError)
 
 _I63_MAX = (1 << 63) - 1
 _I31_MAX = (1 << 31) - 1
+_PROBE = 64
+"""Events encoded to estimate their size when a first drain is large."""
 _FILL = 0.9
 """Aim chunks at this share of the budget, so that slices cut by estimate mostly fit at once."""
 
@@ -117,12 +119,15 @@ class Chunk:
     ``split``); ``last_event_ids``: the last event id per rank, for delivery reports.
     """
 
-    part: bytes
+    part: bytes | memoryview
     events: int
     by_rank: dict[int, int]
     last_event_ids: dict[int, int]
     first_event_block_offset: int = 0
     split: SplitEvent | None = None
+    envelope: EventBatch | None = None
+    """The envelope ``part.obj`` was encoded with, when it is a whole message already (see
+    :attr:`EnvelopeWriter.speculative`); None when it carries the template envelope."""
 
     @property
     def size(self) -> int:
@@ -154,6 +159,12 @@ class EnvelopeWriter:
         self._template_prefix: bytes | None = None
         self._splice: bool | None = None
         self._max_prefix: int | None = None
+        self.speculative: Callable[[int], EventBatch | None] | None = None
+        """Called with a first-event block offset before each encoding: the envelope the message
+        will most likely be produced with (or None). Encoding with it makes ``part.obj`` the
+        finished message, which the sink then produces as it is when the guess holds."""
+        self.last_envelope: EventBatch | None = None
+        """The envelope the last :meth:`events_part` encoded with (None: the template)."""
 
     @property
     def splices(self) -> bool | None:
@@ -169,13 +180,24 @@ class EnvelopeWriter:
             self._template_prefix = empty[:-1]
         return self._template_prefix
 
-    def events_part(self, events: Sequence[KVCacheEvent]) -> bytes:
-        """The Avro encoding of ``events`` as a batch's events array."""
+    def events_part(self, events: Sequence[KVCacheEvent], first_event_block_offset: int = 0) -> memoryview:
+        """The Avro encoding of ``events`` as a batch's events array (a view into the encoded
+        message: no copy)."""
         prefix = self.template_prefix()
+        envelope = None
+        if self.speculative is not None:
+            if self._splice is None:
+                self._splice = self._check_splice()
+            if self._splice:
+                envelope = self.speculative(first_event_block_offset)
+        self.last_envelope = envelope
+        if envelope is not None:
+            full = self._codec.encode_batch(msgspec.structs.replace(envelope, events=list(events)))
+            return memoryview(full)[len(self._codec.encode_batch(envelope)) - 1 :]
         full = self._codec.encode_batch(EventBatch(self._instance_id, list(events), self._dp_size))
         if not full.startswith(prefix):
             raise RuntimeError("the codec wrote a different envelope for the same envelope fields")
-        return full[len(prefix) :]
+        return memoryview(full)[len(prefix) :]
 
     def _envelope(
         self, producer_id: int, sequence: int, created_at_us: int, dropped: list[RankDrops], offset: int
@@ -193,7 +215,7 @@ class EnvelopeWriter:
 
     def message(
         self,
-        part: bytes,
+        part: bytes | memoryview,
         *,
         producer_id: int,
         sequence: int,
@@ -221,6 +243,13 @@ class EnvelopeWriter:
         return self._max_prefix
 
     def _check_splice(self) -> bool:
+        speculative, self.speculative = self.speculative, None  # the probe uses the template
+        try:
+            return self._splice_holds()
+        finally:
+            self.speculative = speculative
+
+    def _splice_holds(self) -> bool:
         probe = [
             KVCacheEvent(7, KVCacheRemovedData([1, 2**64 - 1]), 32, 1),
             KVCacheEvent(8, KVCacheRemovedData([3]), 16, None),
@@ -256,6 +285,8 @@ class Chunker:
 
     writer: EnvelopeWriter
     single_rank: bool = False
+    max_events: int = 1 << 30
+    """At most this many events per chunk: bounds how long one encoding holds the GIL."""
     bytes_per_event: float = field(default=0.0)
     """Running estimate, used to cut large drains into slices before encoding them."""
 
@@ -266,9 +297,15 @@ class Chunker:
         n = len(events)
         if n == 0:
             return
+        if self.bytes_per_event <= 0 and n > _PROBE:
+            # a first large drain: learn the size of an event from a few, rather than encoding
+            # everything once only to cut it and encode it again
+            self.bytes_per_event = len(self.writer.events_part(events[:_PROBE])) / _PROBE
         estimate = self.bytes_per_event
+        step = self.max_events
         if estimate > 0 and n * estimate > 2 * budget:
-            step = max(1, int(budget * _FILL / estimate))
+            step = min(step, max(1, int(budget * _FILL / estimate)))
+        if n > step:
             for start in range(0, n, step):
                 yield from self._fit(events[start : start + step], budget)
         else:
@@ -290,7 +327,9 @@ class Chunker:
         size = len(part)
         self.bytes_per_event = size / n
         if size <= budget:
-            yield self._chunk(events, part)
+            chunk = self._chunk(events, part)
+            chunk.envelope = self.writer.last_envelope
+            yield chunk
             return
         if n == 1:
             yield from self._split_event(events[0], budget, size)
@@ -300,7 +339,7 @@ class Chunker:
         for start in range(0, n, step):
             yield from self._fit(events[start : start + step], budget)
 
-    def _chunk(self, events: Sequence[KVCacheEvent], part: bytes) -> Chunk:
+    def _chunk(self, events: Sequence[KVCacheEvent], part: memoryview) -> Chunk:
         if self.single_rank:
             last = events[-1]
             rank = rank_of(last)
@@ -327,15 +366,15 @@ class Chunker:
                 f"a {kind} event of {size} bytes does not fit the message budget of {budget} bytes",
             )  # fmt: skip
             return
-        pieces: list[tuple[int, bytes]] = []
+        pieces: list[tuple[int, memoryview, EventBatch | None]] = []
         try:
             self._fragments(event, data, 0, len(data.blocks), budget, size, pieces)
         except _BlockTooLarge as exc:
             yield LostEvent(rank, event.event_id, "oversized", str(exc))
             return
         split = SplitEvent(rank, event.event_id, len(pieces))
-        for start, part in pieces:
-            yield Chunk(part, 1, {}, {rank: event.event_id}, first_event_block_offset=start, split=split)
+        for start, part, envelope in pieces:
+            yield Chunk(part, 1, {}, {rank: event.event_id}, start, split, envelope)
 
     def _fragments(
         self,
@@ -345,7 +384,7 @@ class Chunker:
         end: int,
         budget: int,
         size: int,
-        out: list[tuple[int, bytes]],
+        out: list[tuple[int, memoryview, EventBatch | None]],
     ) -> None:
         """Append ``(first block index, part)`` for blocks ``start:end`` (encoded ``size`` bytes
         together) cut into fragments that fit, in order."""
@@ -354,9 +393,9 @@ class Chunker:
         step = math.ceil(count / pieces)
         for lo in range(start, end, step):
             hi = min(end, lo + step)
-            part = self.writer.events_part([_fragment(event, data, lo, hi)])
+            part = self.writer.events_part([_fragment(event, data, lo, hi)], lo)
             if len(part) <= budget:
-                out.append((lo, part))
+                out.append((lo, part, self.writer.last_envelope))
             elif hi - lo == 1:
                 raise _BlockTooLarge(
                     f"block {lo} of Stored event {event.event_id} alone needs {len(part)} bytes, "

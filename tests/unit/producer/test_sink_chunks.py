@@ -198,3 +198,11 @@ def test_single_rank_fast_path_counts_like_the_general_one() -> None:
 def test_a_budget_too_small_for_anything_is_refused() -> None:
     with pytest.raises(ValueError, match="budget"):
         list(Chunker(writer()).chunks(mixed(3), 8))
+
+
+def test_max_events_caps_every_chunk_and_keeps_order() -> None:
+    w = writer()
+    events = mixed(900, seed=4)
+    chunks = [c for c in Chunker(w, max_events=100).chunks(events, 1 << 20) if isinstance(c, Chunk)]
+    assert [c.events for c in chunks] == [100] * 9
+    assert [e for c in chunks for e in decode_batch(message_of(w, c)).events] == events

@@ -90,6 +90,25 @@ def test_batches_carry_the_envelope_and_sequence_without_gaps() -> None:
     assert max(r.last_event_id_by_rank[0] for r in reports) == workload.expected[-1].event_id
 
 
+def test_a_sink_that_keeps_up_encodes_each_message_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing queued, chunks are encoded with the envelope they are produced with, so no
+    message is framed again at hand-off (the splice costs a copy of the message)."""
+    from kvevents.producer.sink_chunks import EnvelopeWriter
+
+    framed = []
+    original = EnvelopeWriter.message
+    monkeypatch.setattr(EnvelopeWriter, "message", lambda self, *a, **k: framed.append(1) or original(self, *a, **k))
+    captured = Captured()
+    workload = Workload(seed=9)
+    with KVCacheEventManager(10_000) as manager, mock_sink(manager, captured) as sink:
+        for _ in range(20):
+            workload.iteration(manager, 20)
+            assert manager.settle(5) and sink.wait_delivered(10)
+        stats = sink.stats()
+    assert stats.messages_delivered_total >= 20 and framed == []
+    assert reassemble(captured.delivered()) == workload.expected
+
+
 def test_every_sink_draws_its_own_producer_id() -> None:
     with KVCacheEventManager(10) as manager:
         sinks = [mock_sink(manager, Captured()) for _ in range(2)]
