@@ -470,9 +470,10 @@ def _sink_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap, "log_level": 3, **extra}
 
 
-def _run_sink(events: list[KVCacheEvent], topic: str, feed: str, config: dict[str, Any]) -> dict[str, Any]:
-    """Time the sink moving ``events`` from the manager's buffer to acknowledged Kafka messages;
-    returns the seconds and the exact messages produced (for the raw baseline)."""
+def _run_sink(events: list[KVCacheEvent], topic: str, per_message: int, config: dict[str, Any]) -> dict[str, Any]:
+    """Time the sink moving ``events`` (all in the manager's buffer at once) to acknowledged
+    Kafka messages of at most ``per_message`` events; returns the seconds and the exact messages
+    produced (for the raw baseline)."""
     from kvevents.producer import KafkaEventSink
 
     captured: list[bytes] = []
@@ -489,30 +490,28 @@ def _run_sink(events: list[KVCacheEvent], topic: str, feed: str, config: dict[st
 
     manager = KVCacheEventManager(target + 10, drop_warning_interval_s=3600)
     capture = {"on_delivery": lambda err, msg: captured.append(msg.value()) if err is None else None}
-    sink = KafkaEventSink(manager, topic, "bench-engine", config={**config, **capture}, on_delivery=on_delivery)
+    sink = KafkaEventSink(manager, topic, "bench-engine", config={**config, **capture}, on_delivery=on_delivery,
+                          max_events_per_message=per_message)  # fmt: skip
     manager.buffer.extend(warmup)  # connects, fetches the topic's limit, gets a producer id
     if not sink.wait_delivered(60):
         raise RuntimeError("the sink delivered nothing during warm-up: is Kafka up?")
     captured.clear()
+    cpu = time.process_time()
     started = time.perf_counter()
-    if feed == "prefilled":
-        manager.buffer.extend(events)
-    else:  # a feeder hands over 500 events at a time, as fast as it can
-        for start in range(0, len(events), 500):
-            manager.buffer.extend(events[start : start + 500])
-            time.sleep(0)
+    manager.buffer.extend(events)
     if not done.wait(300):
         raise RuntimeError(f"the sink delivered {delivered[0]} of {target} events in 300 s")
     seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu
     stats = sink.stats()
     sink.close(30)
     manager.close()
-    return {"seconds": seconds, "messages": list(captured), "stats": stats, "effective_config": sink.config}
+    return {"seconds": seconds, "cpu_s": cpu, "messages": list(captured), "stats": stats, "effective_config": sink.config}
 
 
-def _run_raw(values: list[bytes], topic: str, config: dict[str, Any]) -> float:
+def _run_raw(values: list[bytes], topic: str, config: dict[str, Any]) -> tuple[float, float]:
     """Time raw confluent-kafka producing ``values`` (same key, headers and librdkafka settings)
-    until every one is acknowledged."""
+    until every one is acknowledged: wall seconds, and CPU seconds of this process."""
     from confluent_kafka import Producer
     from kvevents.producer.sink import FINGERPRINT_HEADER
     from kvevents.schemas import CONTENT_TYPE, current_fingerprint
@@ -528,6 +527,7 @@ def _run_raw(values: list[bytes], topic: str, config: dict[str, Any]) -> float:
     producer.produce(topic, b"warm-up", b"bench-engine", on_delivery=on_delivery)
     producer.flush(60)
     delivered[0] = 0
+    cpu = time.process_time()
     started = time.perf_counter()
     for value in values:
         while True:
@@ -539,9 +539,10 @@ def _run_raw(values: list[bytes], topic: str, config: dict[str, Any]) -> float:
         producer.poll(0)
     producer.flush(120)
     seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu
     if delivered[0] != len(values):
         raise RuntimeError(f"raw producer delivered {delivered[0]} of {len(values)} messages")
-    return seconds
+    return seconds, cpu
 
 
 def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
@@ -549,7 +550,7 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
     bootstrap = BROKER.get()
     events = _mixed_events(args.sink_events)
     out: dict[str, Any] = {}
-    for feed in ("prefilled", "streamed"):
+    for shape, per_message in (("large_messages", 2000), ("small_messages", 200)):
         runs = []
         previous: list[bytes] | None = None
         for repeat in range(args.sink_repeats):
@@ -558,12 +559,12 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
             # so that the broker's state (segments, page cache, JIT) favours neither.
             raw_first = repeat % 2 == 1 and previous is not None
             if raw_first:
-                raw_s = _run_raw(previous, BROKER.topic("raw"), _raw_config(config))  # type: ignore[arg-type]
+                raw_s, raw_cpu = _run_raw(previous, BROKER.topic("raw"), _raw_config(config))  # type: ignore[arg-type]
                 time.sleep(args.sink_pause)
-            sink = _run_sink(events, BROKER.topic("sink"), feed, config)
+            sink = _run_sink(events, BROKER.topic("sink"), per_message, config)
             time.sleep(args.sink_pause)  # let the broker finish writing before the next run
             if not raw_first:
-                raw_s = _run_raw(sink["messages"], BROKER.topic("raw"), _raw_config(sink["effective_config"]))
+                raw_s, raw_cpu = _run_raw(sink["messages"], BROKER.topic("raw"), _raw_config(sink["effective_config"]))
                 time.sleep(args.sink_pause)
             previous = sink["messages"]
             size = sum(len(v) for v in sink["messages"])
@@ -572,12 +573,18 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
                 "messages": len(sink["messages"]), "bytes": size,
                 "sink_events_per_s": len(events) / sink["seconds"], "raw_events_per_s": len(events) / raw_s,
                 "ratio_sink_over_raw": raw_s / sink["seconds"],
+                "sink_cpu_s": sink["cpu_s"], "raw_cpu_s": raw_cpu,
+                "cpu_ratio_raw_over_sink": raw_cpu / sink["cpu_s"],
             })  # fmt: skip
         ratios = [r["ratio_sink_over_raw"] for r in runs]
-        out[feed] = {
+        out[shape] = {
+            "events_per_message": per_message,
             "runs": runs,
             "ratio_median": statistics.median(ratios),
             "ratio_geometric_mean": statistics.geometric_mean(ratios),
+            "cpu_ratio_raw_over_sink_median": statistics.median(r["cpu_ratio_raw_over_sink"] for r in runs),
+            "sink_cpu_us_per_event_median": statistics.median(r["sink_cpu_s"] for r in runs) / len(events) * 1e6,
+            "raw_cpu_us_per_event_median": statistics.median(r["raw_cpu_s"] for r in runs) / len(events) * 1e6,
             "ratio_best": max(ratios),
             "sink_events_per_s_median": statistics.median(r["sink_events_per_s"] for r in runs),
             "raw_events_per_s_median": statistics.median(r["raw_events_per_s"] for r in runs),
@@ -586,6 +593,7 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
         }
     return {
         "unit": "events/s from the manager's buffer to acknowledged by Kafka; raw = confluent-kafka producing the sink's own messages",
+        "how": "all events in the manager's buffer at once; the sink drains, encodes, produces; raw produces the bytes the sink produced; runs alternate who goes first, with a pause between",
         "events": len(events),
         "broker": BROKER.source,
         "config": {k: v for k, v in _sink_defaults().items()},
@@ -766,12 +774,14 @@ def bench_sink_engine_kafka_down(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_sink_throughput(result: dict[str, Any]) -> None:
     print(f"\nsink throughput, {result['events']:,} events ({result['broker']})")
-    print(f"{'feed':<12}{'sink ev/s':>14}{'raw ev/s':>14}{'sink/raw':>10}{'best':>8}{'MB/s':>8}{'msg bytes':>11}")
-    for feed in ("prefilled", "streamed"):
-        row = result[feed]
-        print(f"{feed:<12}{row['sink_events_per_s_median']:>14,.0f}{row['raw_events_per_s_median']:>14,.0f}"
+    print(f"{'messages':<16}{'sink ev/s':>14}{'raw ev/s':>14}{'sink/raw':>10}{'best':>8}{'MB/s':>8}{'msg bytes':>11}"
+          f"{'cpu us/ev sink':>16}{'raw':>6}")  # fmt: skip
+    for shape in ("large_messages", "small_messages"):
+        row = result[shape]
+        print(f"{shape:<16}{row['sink_events_per_s_median']:>14,.0f}{row['raw_events_per_s_median']:>14,.0f}"
               f"{row['ratio_median']:>10.2f}{row['ratio_best']:>8.2f}{row['mb_per_s_sink_median']:>8.1f}"
-              f"{row['mean_message_bytes']:>11,.0f}")  # fmt: skip
+              f"{row['mean_message_bytes']:>11,.0f}{row['sink_cpu_us_per_event_median']:>16.2f}"
+              f"{row['raw_cpu_us_per_event_median']:>6.2f}")  # fmt: skip
     print(f"target sink/raw >= {result['target_ratio_min']}: {'met' if result['meets_target_median'] else 'NOT met'}")
 
 

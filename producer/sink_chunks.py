@@ -119,7 +119,7 @@ class Chunk:
     ``split``); ``last_event_ids``: the last event id per rank, for delivery reports.
     """
 
-    part: bytes | memoryview
+    part: memoryview
     events: int
     by_rank: dict[int, int]
     last_event_ids: dict[int, int]
@@ -133,8 +133,15 @@ class Chunk:
     def size(self) -> int:
         return len(self.part)
 
+    def encoded_message(self) -> bytes:
+        """The whole message ``part`` is a view of (meaningful when :attr:`envelope` is set)."""
+        whole = self.part.obj
+        if not isinstance(whole, bytes):
+            raise TypeError(f"a chunk's part must view a bytes object, not {type(whole).__name__}")
+        return whole
 
-EMPTY_EVENTS = b"\x00"
+
+EMPTY_EVENTS = memoryview(b"\x00")
 """An empty Avro array: the events of a batch that only reports drops."""
 
 
@@ -175,7 +182,7 @@ class EnvelopeWriter:
         """The envelope :meth:`events_part` strips: ``template_prefix() + part`` is a whole message."""
         if self._template_prefix is None:
             empty = self._codec.encode_batch(EventBatch(self._instance_id, [], self._dp_size))
-            if not empty.endswith(EMPTY_EVENTS):
+            if not empty.endswith(b"\x00"):
                 raise RuntimeError("the codec does not end an EventBatch with its events array")
             self._template_prefix = empty[:-1]
         return self._template_prefix

@@ -9,7 +9,7 @@ from kvevents.schemas import RankDrops
 
 
 def chunk(events: int, size: int = 10, rank: int = 0, split: SplitEvent | None = None) -> Chunk:
-    return Chunk(b"x" * size, events, {} if split else {rank: events}, {rank: 0}, split=split)
+    return Chunk(memoryview(b"x" * size), events, {} if split else {rank: events}, {rank: 0}, split=split)
 
 
 def test_the_oldest_chunks_go_first_when_events_exceed_the_bound() -> None:
