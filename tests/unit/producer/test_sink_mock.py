@@ -267,6 +267,10 @@ def test_bad_arguments_are_named() -> None:
             KafkaEventSink(manager, "t", "i", config=MOCK, attention_dp_size=0)
         with pytest.raises(ValueError, match="max_events"):
             KafkaEventSink(manager, "t", "i", config=MOCK, max_queued_events=0)
+        with pytest.raises(ValueError, match="max_events_per_message"):
+            KafkaEventSink(manager, "t", "i", config=MOCK, max_events_per_message=0)
+        with pytest.raises(ValueError, match="topic_config_timeout"):
+            KafkaEventSink(manager, "t", "i", config=MOCK, topic_config_timeout=None)  # type: ignore[arg-type]
         with pytest.raises(KafkaException, match="acks"):  # librdkafka's own check, at once
             KafkaEventSink(manager, "t", "i", config={**MOCK, "acks": "sometimes"})
 
