@@ -661,8 +661,8 @@ def _flush_to_ack(bootstrap: str, linger_ms: float, seconds: float, rate: int, c
     sink.wait_delivered(60)
     sink.close(30)
     manager.close()
-    acks = sorted((r.sequence, r.last_event_id_by_rank.get(0, -1), r.acked_at) for r in reports if r.delivered)
-    latencies_ms = []
+    acks = sorted((r.sequence, r.last_event_id_by_rank.get(0, -1), r.acked_at, r.produced_at) for r in reports if r.delivered)
+    latencies_ms, sink_ms, kafka_ms = [], [], []
     j = 0
     for flushed_at, last_id in flushes:  # both in order: walk them together
         while j < len(acks) and acks[j][1] < last_id:
@@ -670,8 +670,20 @@ def _flush_to_ack(bootstrap: str, linger_ms: float, seconds: float, rate: int, c
         if j == len(acks):
             raise RuntimeError(f"event {last_id} was never acknowledged")
         latencies_ms.append((acks[j][2] - flushed_at) * 1e3)
+        sink_ms.append((acks[j][3] - flushed_at) * 1e3)  # flush() to produce(): manager worker + sink
+        kafka_ms.append((acks[j][2] - acks[j][3]) * 1e3)  # produce() to ack: librdkafka + broker
     ordered = sorted(latencies_ms)
+    sink_ms.sort()
+    kafka_ms.sort()
+
+    def p99(values: list[float]) -> float:
+        return values[min(len(values) - 1, int(len(values) * 0.99))]
+
     return {
+        "flush_to_produce_p50_ms": sink_ms[len(sink_ms) // 2],
+        "flush_to_produce_p99_ms": p99(sink_ms),
+        "produce_to_ack_p50_ms": kafka_ms[len(kafka_ms) // 2],
+        "produce_to_ack_p99_ms": p99(kafka_ms),
         "linger_ms": linger_ms,
         "offered_events_per_s": len(flushes) * calls / elapsed,
         "iterations": len(flushes),
@@ -693,6 +705,8 @@ def bench_sink_latency(args: argparse.Namespace) -> dict[str, Any]:
             "p50_ms_median": statistics.median(r["p50_ms"] for r in runs),
             "p99_ms_median": statistics.median(r["p99_ms"] for r in runs),
             "p99_ms_best": min(r["p99_ms"] for r in runs),
+            "flush_to_produce_p99_ms_median": statistics.median(r["flush_to_produce_p99_ms"] for r in runs),
+            "produce_to_ack_p99_ms_median": statistics.median(r["produce_to_ack_p99_ms"] for r in runs),
             "offered_events_per_s_median": statistics.median(r["offered_events_per_s"] for r in runs),
         }
     default = _sink_defaults()["linger.ms"]
@@ -736,27 +750,43 @@ def bench_sink_engine_kafka_down(args: argparse.Namespace) -> dict[str, Any]:
         "sink_broker_down": down,
     }
     ops = {"enqueue_stored_4x32": _stored, "enqueue_updated": _updated, "enqueue_removed_new": _removed_new}
-    out: dict[str, Any] = {}
-    for scenario, attach in scenarios.items():
-        rows: dict[str, Any] = {}
-        for name, op in ops.items():
-            means_op, means_flush, all_op, all_flush = [], [], [], []
-            for _ in range(args.repeats):
+    samples: dict[tuple[str, str], dict[str, list[float]]] = {
+        (scenario, name): {"means_op": [], "means_flush": [], "op": [], "flush": []}
+        for scenario in scenarios for name in ops
+    }
+    # Interleaved (repeat > scenario > operation): the machine's background load hits every
+    # scenario alike.
+    for _ in range(args.repeats):
+        for scenario, attach in scenarios.items():
+            for name, op in ops.items():
                 m = KVCacheEventManager(1_000_000, drop_warning_interval_s=3600)
                 detach = attach(m)
                 op_ns, flush_ns = _run_iterations(m, op, args.calls, args.iterations, args.gap_ms / 1000)
                 m.close()
                 detach()
-                means_op.append(statistics.fmean(op_ns))
-                means_flush.append(statistics.fmean(flush_ns))
-                all_op += op_ns
-                all_flush += flush_ns
-            rows[name] = {"call": _summary(means_op, all_op), "flush": _summary(means_flush, all_flush)}
-        out[scenario] = rows
+                row = samples[(scenario, name)]
+                row["means_op"].append(statistics.fmean(op_ns))
+                row["means_flush"].append(statistics.fmean(flush_ns))
+                row["op"] += op_ns
+                row["flush"] += flush_ns
+    out: dict[str, Any] = {
+        scenario: {
+            name: {
+                "call": _summary(samples[(scenario, name)]["means_op"], samples[(scenario, name)]["op"]),
+                "flush": _summary(samples[(scenario, name)]["means_flush"], samples[(scenario, name)]["flush"]),
+            }
+            for name in ops
+        }
+        for scenario in scenarios
+    }
     ratios = {
         name: {
             "call_median_down_over_no_sink": out["sink_broker_down"][name]["call"]["median_us"] / out["no_sink"][name]["call"]["median_us"],
             "flush_median_down_over_no_sink": out["sink_broker_down"][name]["flush"]["median_us"] / out["no_sink"][name]["flush"]["median_us"],
+            "call_median_down_over_up": out["sink_broker_down"][name]["call"]["median_us"] / out["sink_broker_up"][name]["call"]["median_us"],
+            "flush_median_down_over_up": out["sink_broker_down"][name]["flush"]["median_us"] / out["sink_broker_up"][name]["flush"]["median_us"],
+            "call_p99_down_over_up": out["sink_broker_down"][name]["call"]["p99_iteration_us"] / out["sink_broker_up"][name]["call"]["p99_iteration_us"],
+            "flush_p99_down_over_up": out["sink_broker_down"][name]["flush"]["p99_iteration_us"] / out["sink_broker_up"][name]["flush"]["p99_iteration_us"],
         }
         for name in ops
     }  # fmt: skip
@@ -787,11 +817,13 @@ def print_sink_throughput(result: dict[str, Any]) -> None:
 
 def print_sink_latency(result: dict[str, Any]) -> None:
     print(f"\nflush() -> Kafka ack at {result['rate_events_per_s']:,} events/s offered ({result['broker']})")
-    print(f"{'linger.ms':<12}{'offered ev/s':>14}{'p50 ms':>9}{'p99 ms':>9}{'best p99':>10}")
+    print(f"{'linger.ms':<12}{'offered ev/s':>14}{'p50 ms':>9}{'p99 ms':>9}{'best p99':>10}"
+          f"{'p99 flush->produce':>20}{'p99 produce->ack':>18}")  # fmt: skip
     for key, row in result.items():
         if key.startswith("linger_"):
             print(f"{key[7:]:<12}{row['offered_events_per_s_median']:>14,.0f}{row['p50_ms_median']:>9.1f}"
-                  f"{row['p99_ms_median']:>9.1f}{row['p99_ms_best']:>10.1f}")  # fmt: skip
+                  f"{row['p99_ms_median']:>9.1f}{row['p99_ms_best']:>10.1f}"
+                  f"{row['flush_to_produce_p99_ms_median']:>20.1f}{row['produce_to_ack_p99_ms_median']:>18.1f}")  # fmt: skip
     print(f"target p99 <= {result['target_p99_ms_max']} ms at the default linger.ms={result['default_linger_ms']}: "
           f"{'met' if result['meets_target_median'] else 'NOT met'}")  # fmt: skip
 
@@ -806,16 +838,18 @@ def print_sink_engine(result: dict[str, Any]) -> None:
                   f"{c['median_us']:>9.3f} ({c['best_us']:.3f}; {c['p99_iteration_us']:.2f}; {c['worst_iteration_us']:.1f})"
                   f"{f['median_us']:>9.2f} ({f['best_us']:.2f}; {f['p99_iteration_us']:.1f}; {f['worst_iteration_us']:.1f})")  # fmt: skip
     for op, r in result["ratios"].items():
-        print(f"  broker down / no sink, {op}: call x{r['call_median_down_over_no_sink']:.2f}, "
-              f"flush x{r['flush_median_down_over_no_sink']:.2f}")  # fmt: skip
+        print(f"  {op}: broker down / no sink: call x{r['call_median_down_over_no_sink']:.2f}, "
+              f"flush x{r['flush_median_down_over_no_sink']:.2f}; broker down / up: call x{r['call_median_down_over_up']:.2f} "
+              f"(p99 x{r['call_p99_down_over_up']:.2f}), flush x{r['flush_median_down_over_up']:.2f} "
+              f"(p99 x{r['flush_p99_down_over_up']:.2f})")  # fmt: skip
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "engine_thread": bench_engine_thread,
     "worker": bench_worker_throughput,
-    "sink_throughput": bench_sink_throughput,
-    "sink_latency": bench_sink_latency,
     "sink_engine_kafka_down": bench_sink_engine_kafka_down,
+    "sink_latency": bench_sink_latency,
+    "sink_throughput": bench_sink_throughput,  # last: it writes GBs, whose writeback slows the broker a while
 }
 """Section name -> function returning its JSON. Other parts of the producer add theirs here."""
 
@@ -910,9 +944,9 @@ def main(argv: list[str] | None = None) -> int:
 PRINTERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "engine_thread": print_engine_table,
     "worker": print_worker_table,
-    "sink_throughput": print_sink_throughput,
-    "sink_latency": print_sink_latency,
     "sink_engine_kafka_down": print_sink_engine,
+    "sink_latency": print_sink_latency,
+    "sink_throughput": print_sink_throughput,
 }
 
 
