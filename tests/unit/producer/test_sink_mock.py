@@ -164,6 +164,7 @@ def test_queue_overflow_while_kafka_is_away_is_counted_per_rank_and_reported_at_
     # every drained event is in exactly one place
     assert stats.queued_events + stats.in_flight_events + sum(lost.values()) == 630
 
+    assert not sink.wait_delivered(0.2)  # nothing gets through: it says so when the time is up
     report = sink.close(timeout=0.5)
     final = sink.stats()
     manager.close()
