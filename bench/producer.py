@@ -697,9 +697,14 @@ def _flush_to_ack(bootstrap: str, linger_ms: float, seconds: float, rate: int, c
 def bench_sink_latency(args: argparse.Namespace) -> dict[str, Any]:
     """flush() to Kafka acknowledgement at the offered load, per linger.ms."""
     bootstrap = BROKER.get()
+    # A run thrown away first: a freshly started broker's JVM is still compiling its hot paths.
+    _flush_to_ack(bootstrap, args.sink_lingers[0], max(1.0, args.latency_seconds / 2), args.rate, 100)
+    all_runs: dict[float, list[dict[str, Any]]] = {linger: [] for linger in args.sink_lingers}
+    for _ in range(args.sink_repeats):  # interleaved: drift in the machine's load hits each alike
+        for linger in args.sink_lingers:
+            all_runs[linger].append(_flush_to_ack(bootstrap, linger, args.latency_seconds, args.rate, 100))
     out: dict[str, Any] = {}
-    for linger in args.sink_lingers:
-        runs = [_flush_to_ack(bootstrap, linger, args.latency_seconds, args.rate, 100) for _ in range(args.sink_repeats)]
+    for linger, runs in all_runs.items():
         out[f"linger_{linger:g}ms"] = {
             "runs": runs,
             "p50_ms_median": statistics.median(r["p50_ms"] for r in runs),
