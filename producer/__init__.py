@@ -2,6 +2,7 @@
 
 from .block import BlockInfo
 from .buffer import EventBuffer, EventDrain
+from .gather import AttentionDpGather, GatherConfig, GatherStats, tolerate_peer_failures
 from .manager import KVCacheEventManager
 from .metrics import MetricFamily, ProducerMetrics, Sample
 from .sink import KafkaEventSink
@@ -11,11 +12,14 @@ from .stats import BufferStats, ManagerStats
 
 __all__ = [
     "DEFAULT_PRODUCER_CONFIG",
+    "AttentionDpGather",
     "BlockInfo",
     "BufferStats",
     "DeliveryReport",
     "EventBuffer",
     "EventDrain",
+    "GatherConfig",
+    "GatherStats",
     "KVCacheEventManager",
     "KafkaEventSink",
     "LatencySnapshot",
@@ -25,4 +29,5 @@ __all__ = [
     "Sample",
     "SinkCloseReport",
     "SinkStats",
+    "tolerate_peer_failures",
 ]

@@ -43,7 +43,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Any, Self
 
 from kvevents.schemas import KVCacheCreatedData, KVCacheEvent, KVCacheUpdatedData
 
@@ -51,6 +51,9 @@ from ._worker import Worker
 from .block import U64_MAX, BlockInfo
 from .buffer import DEFAULT_DROP_WARNING_INTERVAL_S, EventBuffer, EventDrain, check_timeout
 from .stats import ManagerStats
+
+if TYPE_CHECKING:
+    from .gather import AttentionDpGather, GatherConfig
 
 __all__ = ["I32_MAX", "KVCacheEventManager"]
 
@@ -99,13 +102,28 @@ def _block_hash(block_hash: object) -> int:
     return value
 
 
+def _stop_soon(worker: Worker, gather: AttentionDpGather | None) -> None:
+    worker.stop_soon()
+    if gather is not None:
+        gather.request_stop()
+
+
 class KVCacheEventManager:
     """Collects one rank's KV-cache events and buffers them for readers.
 
     ``max_kv_event_entries`` bounds the buffer (times ``attention_dp_size`` on attention-DP rank
     0, which gathers every rank's events); ``attention_dp_rank`` / ``attention_dp_size`` are both
-    set or both None; ``attention_dp_events_gather_period_ms`` is kept for the attention-DP
-    gather. ``drop_warning_interval_s`` rate-limits the drop warning.
+    set or both None; ``attention_dp_events_gather_period_ms`` is the attention-DP gather's
+    period. ``drop_warning_interval_s`` rate-limits the drop warning.
+
+    With an attention-DP rank and a size > 1 the manager starts the gather over MPI
+    (:mod:`kvevents.producer.gather`): ranks != 0 send their events to rank 0, whose buffer and
+    ``get_events`` then hold every rank's events. The constructor is then collective: every
+    process of ``comm`` (an mpi4py communicator; default ``MPI.COMM_WORLD``) constructs its
+    manager at the same point, as in the C++ (it splits a communicator of its own from
+    ``comm``). ``gather_config`` tunes heartbeats, timeouts and in-flight bounds.
+    ``attention_dp_gather=False`` keeps the DP rank (stamped on events, rank 0's capacity) but
+    moves nothing and needs no MPI: for tests, or when every rank publishes its own events.
     """
 
     def __init__(
@@ -116,6 +134,9 @@ class KVCacheEventManager:
         attention_dp_events_gather_period_ms: float = 5,
         *,
         drop_warning_interval_s: float = DEFAULT_DROP_WARNING_INTERVAL_S,
+        comm: Any = None,
+        attention_dp_gather: bool = True,
+        gather_config: GatherConfig | None = None,
     ) -> None:
         # KVCacheEventManager::KVCacheEventManager: TLLM_CHECK(mMaxSize > 0) and the DP checks.
         _config_int("max_kv_event_entries", max_kv_event_entries, 1)
@@ -134,6 +155,14 @@ class KVCacheEventManager:
         period = attention_dp_events_gather_period_ms
         if isinstance(period, bool) or not isinstance(period, int | float) or not period > 0:
             raise ValueError(f"attention_dp_events_gather_period_ms must be a number > 0, got {period!r}")
+        if not isinstance(attention_dp_gather, bool):
+            raise TypeError(f"attention_dp_gather must be a bool, got {attention_dp_gather!r}")
+        gathers = attention_dp_gather and attention_dp_size is not None and attention_dp_size > 1
+        if not gathers and (comm is not None or gather_config is not None):
+            raise ValueError(
+                "comm and gather_config are for the attention-DP gather: they need attention_dp_rank, "
+                "attention_dp_size > 1 and attention_dp_gather=True"
+            )
 
         self._max_entries = max_kv_event_entries
         self._rank = attention_dp_rank
@@ -144,6 +173,8 @@ class KVCacheEventManager:
         if attention_dp_rank == 0 and attention_dp_size is not None:
             capacity *= attention_dp_size
         self._buffer = EventBuffer(capacity, drop_warning_interval_s=drop_warning_interval_s)
+        # Collective over comm (a Split), so before any thread starts: an error leaks nothing.
+        self._gather = self._make_gather(comm, gather_config) if gathers else None
 
         # Engine-thread state (no lock, as mEventQueue / mEventId in the C++).
         self._queue: list[tuple[int, int, object]] = []
@@ -158,8 +189,20 @@ class KVCacheEventManager:
         self._worker = Worker(self._buffer, attention_dp_rank)
         self._pending = self._worker.pending
         self._worker.thread.start()
-        # Stops the worker if the manager is dropped without close().
-        self._finalizer = weakref.finalize(self, self._worker.stop_soon)
+        # Stops the worker (and the gather) if the manager is dropped without close().
+        self._finalizer = weakref.finalize(self, _stop_soon, self._worker, self._gather)
+        if self._gather is not None:
+            self._gather.start()
+            self.add_close_callback(self._gather.close)
+
+    def _make_gather(self, comm: Any, config: GatherConfig | None) -> AttentionDpGather:
+        """The attention-DP gather of this rank (imports mpi4py; collective over ``comm``)."""
+        from .gather import AttentionDpGather
+
+        assert self._rank is not None and self._size is not None
+        return AttentionDpGather(
+            self._buffer, self._rank, self._size, self._gather_period_ms, comm, config, weakref.WeakMethod(self.settle)
+        )
 
     # -- configuration ----------------------------------------------------------------------
 
@@ -187,6 +230,11 @@ class KVCacheEventManager:
     def attention_dp_events_gather_period_ms(self) -> float:
         """How often the attention-DP gather moves events to rank 0."""
         return self._gather_period_ms
+
+    @property
+    def gather(self) -> AttentionDpGather | None:
+        """This rank's attention-DP gather (its ``stats()``, ``join()``), or None without one."""
+        return self._gather
 
     @property
     def buffer(self) -> EventBuffer:

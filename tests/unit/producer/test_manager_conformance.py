@@ -81,7 +81,7 @@ def test_ctor_L56_57_dp_size_without_dp_rank_is_an_error() -> None:
 
 def test_ctor_L45_50_rank_0_capacity_is_max_times_dp_size() -> None:
     # mMaxSize *= mAttentionDpSize.value() on rank 0 only: it holds max x size events.
-    with KVCacheEventManager(3, attention_dp_rank=0, attention_dp_size=4) as m:
+    with KVCacheEventManager(3, attention_dp_rank=0, attention_dp_size=4, attention_dp_gather=False) as m:
         assert m.capacity == 12
         for i in range(12):
             m.enqueue_removed_event(i, window_size=W + i)  # distinct windows: 12 events
@@ -91,14 +91,14 @@ def test_ctor_L45_50_rank_0_capacity_is_max_times_dp_size() -> None:
 
 
 def test_ctor_L45_50_other_ranks_and_no_dp_keep_max_as_capacity() -> None:
-    with KVCacheEventManager(3, attention_dp_rank=1, attention_dp_size=4) as m:
+    with KVCacheEventManager(3, attention_dp_rank=1, attention_dp_size=4, attention_dp_gather=False) as m:
         assert m.capacity == 3
     with KVCacheEventManager(3) as m:
         assert m.capacity == 3
 
 
 def test_ctor_L32_36_keeps_its_configuration() -> None:
-    with KVCacheEventManager(7, 1, 2, 9) as m:
+    with KVCacheEventManager(7, 1, 2, 9, attention_dp_gather=False) as m:
         assert (m.max_kv_event_entries, m.attention_dp_rank, m.attention_dp_size) == (7, 1, 2)
         assert m.attention_dp_events_gather_period_ms == 9
     with KVCacheEventManager(7) as m:
@@ -131,7 +131,7 @@ def test_L33_event_ids_start_at_0_and_increase_by_one_per_event(manager: KVCache
 
 def test_events_carry_the_attention_dp_rank_or_none() -> None:
     for rank, size in [(None, None), (0, 2), (1, 2)]:
-        with KVCacheEventManager(10, rank, size) as m:
+        with KVCacheEventManager(10, rank, size, attention_dp_gather=False) as m:
             m.enqueue_created_event([1], W)
             m.enqueue_stored_event(chain(1), W)
             m.enqueue_removed_event(1, W)

@@ -57,7 +57,7 @@ def test_drops_are_counted_exactly_per_window_size_under_overflow() -> None:
 def test_drops_are_counted_per_source_rank_on_rank_0_with_gathered_events() -> None:
     # Rank 0 of 3 with max 2: capacity 6. Its own events and those the gather merges for
     # ranks 1 and 2 share the buffer; each dropped event counts under its own rank.
-    with KVCacheEventManager(2, attention_dp_rank=0, attention_dp_size=3) as m:
+    with KVCacheEventManager(2, attention_dp_rank=0, attention_dp_size=3, attention_dp_gather=False) as m:
         for i in range(3):
             m.enqueue_removed_event(i, 16 + i)  # rank 0: ids 0, 1, 2 (distinct windows)
         m.flush()
@@ -285,7 +285,7 @@ def test_concurrent_overflow_received_plus_dropped_is_exactly_what_was_sent() ->
 
 
 def test_drain_reports_drops_since_the_previous_drain_exactly_once() -> None:
-    with KVCacheEventManager(2, attention_dp_rank=1, attention_dp_size=2) as m:
+    with KVCacheEventManager(2, attention_dp_rank=1, attention_dp_size=2, attention_dp_gather=False) as m:
         for i in range(5):
             m.enqueue_updated_event(KVCacheUpdatedData(i), W)
         m.flush()
@@ -528,7 +528,9 @@ def test_drained_events_and_drops_make_a_batch_that_round_trips_through_the_code
     from kvevents.schemas import EventBatch, decode_batch, encode_batch
 
     u64_max = (1 << 64) - 1
-    with KVCacheEventManager(3, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600) as m:
+    with KVCacheEventManager(
+        3, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600, attention_dp_gather=False
+    ) as m:
         m.enqueue_created_event([100, 20], W)
         blocks = [
             BlockInfo(u64_max, 5, [1, 2, 3], lora_id=9, token_extra_ids=[0, u64_max, 1], mm_keys=[(b"k" * 32, 0)]),

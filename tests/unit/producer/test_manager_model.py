@@ -128,7 +128,7 @@ class ManagerAgainstModel(RuleBasedStateMachine):
         dp=st.sampled_from([(None, None), (0, 2), (1, 3)]),
     )
     def start(self, max_entries: int, dp: tuple[int | None, int | None]) -> None:
-        self.real = KVCacheEventManager(max_entries, *dp, drop_warning_interval_s=3600)
+        self.real = KVCacheEventManager(max_entries, *dp, drop_warning_interval_s=3600, attention_dp_gather=False)
         self.model = CppModel(max_entries, *dp)
         self.rank_key = dp[0] or 0
 
@@ -189,7 +189,7 @@ class ManagerAgainstModel(RuleBasedStateMachine):
         assert self.real.get_events() == self.model.get_events()
         self.real = KVCacheEventManager(
             self.real.max_kv_event_entries, self.real.attention_dp_rank, self.real.attention_dp_size,
-            drop_warning_interval_s=3600,
+            drop_warning_interval_s=3600, attention_dp_gather=False,
         )
         self.model = CppModel(self.real.max_kv_event_entries, self.real.attention_dp_rank, self.real.attention_dp_size)
 

@@ -1,0 +1,105 @@
+"""What the attention-DP gather puts on the wire, and how rank 0 checks what it receives.
+
+Every message is an MPI byte message on the gather's own communicator. A message that carries
+events is an Avro single-object encoded ``EventBatch`` (``kvevents.schemas.encode_batch``):
+never pickle, so a payload from another process cannot run code. Control messages are empty;
+their MPI tag says what they mean. The tags are listed in :class:`Tag`.
+
+Pure functions: no MPI here, so they are unit-tested without processes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from enum import IntEnum
+
+from kvevents.schemas import DecodeError, EventBatch, KVCacheEvent, RankDrops, decode_batch, encode_batch
+
+__all__ = ["ProtocolError", "Tag", "check_batch", "chunk_batches", "read_batch"]
+
+
+class Tag(IntEnum):
+    """MPI tags of the gather protocol (on its private communicator)."""
+
+    EVENTS = 1
+    """rank r -> 0: an EventBatch of rank r's events and drops."""
+    HEARTBEAT = 2
+    """rank r -> 0, empty: rank r is alive and had nothing to send."""
+    BYE = 3
+    """rank r -> 0: rank r's last EventBatch (possibly without events); it leaves the gather."""
+    STOP = 4
+    """0 -> rank r, empty: the gather is stopping; send your last events (BYE) and leave."""
+    BYE_ACK = 5
+    """0 -> rank r, empty: rank 0 has merged everything up to your BYE; you may go."""
+
+
+class ProtocolError(ValueError):
+    """A decoded message breaks the gather's rules (wrong rank, order, size ...)."""
+
+
+def chunk_batches(
+    events: Sequence[KVCacheEvent],
+    dropped: list[RankDrops],
+    *,
+    instance_id: str,
+    attention_dp_size: int,
+    first_sequence: int,
+    max_events: int,
+) -> list[bytes]:
+    """Encode ``events`` (oldest first) as consecutive ``EventBatch`` messages of at most
+    ``max_events`` events, numbered from ``first_sequence``; the drops go with the first.
+    Always at least one message (an empty batch when there are neither events nor drops)."""
+    created_at_us = time.time_ns() // 1000
+    messages = []
+    count = len(events)
+    starts = range(0, count, max_events) if count else range(1)
+    for i, start in enumerate(starts):
+        batch = EventBatch(
+            instance_id,
+            list(events[start : start + max_events]),
+            attention_dp_size=attention_dp_size,
+            sequence=first_sequence + i,
+            created_at_us=created_at_us,
+            dropped=dropped if i == 0 else [],
+        )
+        messages.append(encode_batch(batch))
+    return messages
+
+
+def check_batch(batch: EventBatch, source_rank: int, attention_dp_size: int, last_event_id: int) -> None:
+    """Raise :class:`ProtocolError` unless ``batch`` is a valid message of ``source_rank``:
+    every event and drop count is that rank's, event ids increase strictly and continue after
+    ``last_event_id`` (-1 before the first), the DP size matches, no split Stored event."""
+    if batch.attention_dp_size != attention_dp_size:
+        raise ProtocolError(
+            f"rank {source_rank} sent attention_dp_size={batch.attention_dp_size}, expected {attention_dp_size}"
+        )
+    if batch.first_event_block_offset:
+        raise ProtocolError(
+            f"rank {source_rank} sent a split Stored event (first_event_block_offset="
+            f"{batch.first_event_block_offset}); the gather never splits events"
+        )
+    for drops in batch.dropped:
+        if drops.attention_dp_rank != source_rank or drops.dropped_events < 0:
+            raise ProtocolError(f"rank {source_rank} reported drops {drops!r} that are not its own")
+    previous = last_event_id
+    for event in batch.events:
+        if event.attention_dp_rank != source_rank:
+            raise ProtocolError(
+                f"rank {source_rank} sent event {event.event_id} of attention_dp_rank {event.attention_dp_rank!r}"
+            )
+        if event.event_id <= previous:
+            raise ProtocolError(
+                f"rank {source_rank} sent event id {event.event_id} after {previous}: ids must increase"
+            )
+        previous = event.event_id
+
+
+def read_batch(data: bytes | bytearray | memoryview, source_rank: int) -> EventBatch:
+    """Decode one message of ``source_rank``; :class:`ProtocolError` naming the rank if the bytes
+    are not an ``EventBatch`` (the codec's ``DecodeError`` is the cause)."""
+    try:
+        return decode_batch(data)
+    except DecodeError as exc:
+        raise ProtocolError(f"rank {source_rank} sent {len(data)} bytes that do not decode: {exc}") from exc

@@ -1,0 +1,662 @@
+"""The attention-data-parallel gather: every rank's events move to rank 0 over MPI.
+
+A :class:`~kvevents.producer.KVCacheEventManager` constructed with ``attention_dp_rank`` and
+``attention_dp_size`` (> 1) starts an :class:`AttentionDpGather`. Ranks != 0 send the events
+their manager buffered to rank 0 every ``attention_dp_events_gather_period_ms``; rank 0 merges
+them into its own buffer (capacity ``max_kv_event_entries x attention_dp_size``) with the C++
+truncation rule (oldest dropped first, each drop counted under its event's rank), from where
+``get_events``/``drain`` and the Kafka sink take them.
+
+Communicator. The gather runs on its own communicator, ``comm.Split(0, attention_dp_rank)``
+(``comm`` is the manager's ``comm`` keyword, default ``MPI.COMM_WORLD``), so its messages never
+match the engine's. ``Split`` is collective: every process of ``comm`` constructs its manager
+(in the same order if it constructs several), as every rank builds its ``KVCacheEventManager``
+in the C++. The ranks' claimed (rank, size) are then checked on every process: a mistake raises
+the same ``ValueError`` everywhere. mpi4py is imported only here, lazily: a manager without a DP
+rank (a router, a consumer) never needs MPI. MPI must be initialized with
+``MPI_THREAD_MULTIPLE`` (mpi4py's default): the gather calls MPI from its own thread.
+
+Protocol (tags in :class:`~kvevents.producer._gather_wire.Tag`; all point-to-point, all
+non-blocking; no collective after the constructor):
+
+=========  =========  ==================================================================
+tag        direction  payload and meaning
+=========  =========  ==================================================================
+EVENTS 1   r -> 0     Avro ``EventBatch`` (single-object encoding): up to
+                      ``max_events_per_message`` of rank r's events, oldest first, plus
+                      (first message of a tick) the drops rank r counted since its last
+                      send; ``sequence`` numbers rank r's batches 0, 1, 2, ...
+HEARTBEAT  r -> 0     empty; sent when rank r has sent nothing for ``heartbeat_interval_s``
+BYE 3      r -> 0     rank r's last ``EventBatch`` (maybe without events): it leaves
+STOP 4     0 -> r     empty: the gather is stopping; send your last events (BYE) and leave
+BYE_ACK 5  0 -> r     empty: everything up to your BYE is merged; you may go
+=========  =========  ==================================================================
+
+- Rank r != 0 wakes once per period: it checks its sends, reads control messages from rank 0,
+  and, if fewer than ``max_in_flight`` messages are in flight, drains its buffer
+  (``buffer.drain(timeout=0)``: events and its drop count) and ``Isend``s the batch. Events it
+  cannot send yet stay in its bounded buffer (drop-oldest, counted, reported with the next
+  batch). Nothing is sent while idle except a heartbeat every ``heartbeat_interval_s``.
+- Rank 0 polls (``Improbe`` every ``poll_interval_s`` while messages flow, half a period when
+  quiet; MPICH's blocking calls would spin a core): each matched message gets a buffer of its
+  exact size (``Get_count``) and a non-blocking matched receive (``Message.Irecv``, no size
+  limit). Per source rank, messages are merged in the order they were sent (MPI keeps the order
+  of messages between two ranks on one communicator; rank 0 completes them in match order), so
+  each rank's events reach the buffer, and Kafka, in ``event_id`` order. Rank 0 checks every
+  batch (the source's rank on every event and drop count, increasing ids, the sequence) and
+  counts what it rejects as dropped.
+- A slow or idle rank delays nobody: there is no collective and no blocking receive.
+
+Shutdown (as in the C++, one rank finishing stops the exchange on all ranks, but nothing that
+was flushed before the stop is lost):
+
+- ``close()`` on rank r != 0: after the manager's worker buffered its last events, rank r sends
+  them as BYE and waits (at most ``shutdown_timeout_s``) for BYE_ACK. Rank 0, on a BYE, sends
+  STOP to every other rank and waits for their BYEs.
+- ``close()`` on rank 0: rank 0 sends STOP to every rank; each sends its last events as BYE
+  and leaves; rank 0 merges them all, then stops (at most ``shutdown_timeout_s``; a dead rank
+  does not delay it beyond its heartbeat timeout). Its manager's buffer is closed only after
+  that, so readers and the Kafka sink get everything.
+- A rank whose gather stopped keeps its manager: later events stay in its own buffer (readable
+  with ``get_events`` there), as in the C++ once the exchange thread has exited.
+- At interpreter exit a running gather leaves the same way (an ``atexit`` hook that runs before
+  mpi4py's ``MPI_Finalize``), so no thread is inside MPI when MPI finalizes.
+
+Dead ranks. Rank 0 declares rank r dead when nothing came from it for ``heartbeat_timeout_s``.
+It logs an error, counts it (``GatherStats.dead_rank_detections_total``, ``ranks_dead``) and
+reports it in-band: rank r gets one dropped event (``RankDrops(r, 1)`` in the next drain, so a
+consumer marks that worker's view incomplete; how many events the dead rank had not yet sent
+cannot be known, 1 is a lower bound). The other ranks are not affected: rank 0 keeps merging
+their events, and a shutdown does not wait for a dead rank. A rank declared dead that speaks
+again (it was only stalled) is taken back, and its events are merged as usual.
+
+What MPICH (from PyPI, hydra ``mpiexec``) does when a process dies, checked here:
+
+- By default (auto-cleanup) hydra SIGKILLs every other process of the job as soon as one dies:
+  nothing survives to notice, and rank 0's events not yet produced to Kafka are lost.
+- With ``mpiexec -disable-auto-cleanup`` hydra sends SIGUSR1 to the survivors (which kills a
+  Python process unless it handles SIGUSR1: see :func:`tolerate_peer_failures`). If the dead
+  process was killed by a signal (SIGKILL, a crash), hydra still SIGKILLs all the others at its
+  next event (any survivor's output, exit or PMI call): the job goes on only while the survivors
+  stay silent. If it exited without ``MPI_Finalize`` (a Python exception), the survivors go on,
+  but their ``MPI_Finalize`` waits forever for the dead peer unless
+  ``MPIR_CVAR_NO_COLLECTIVE_FINALIZE=1`` (also set by :func:`tolerate_peer_failures`).
+- The gather itself never blocks on a peer, so it does not hang in any of these cases; the dead
+  rank detection matters with launchers that keep a job alive (``-disable-auto-cleanup``,
+  Slurm's ``srun --no-kill``) and for a rank that is alive but stuck.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvevents.schemas import EventBatch
+
+from ._gather_wire import ProtocolError, Tag, check_batch, chunk_batches, read_batch
+from ._mpi import import_mpi, split_gather_communicator, tolerate_peer_failures
+from .buffer import EventBuffer, EventDrain
+
+__all__ = ["AttentionDpGather", "GatherConfig", "GatherStats", "Tag", "tolerate_peer_failures"]
+
+log = logging.getLogger(__name__)
+
+_IDLE_AFTER_S = 1.0
+"""Rank 0 polls at ``poll_interval_s`` until no message came for this long."""
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GatherConfig:
+    """Tuning of the attention-DP gather (the period is the manager's
+    ``attention_dp_events_gather_period_ms``).
+
+    - ``heartbeat_interval_s``: an idle rank != 0 sends an empty HEARTBEAT this often.
+    - ``heartbeat_timeout_s``: rank 0 declares a rank dead after hearing nothing from it for
+      this long (the bound on dead-rank detection); more than twice the heartbeat interval and
+      twice the period.
+    - ``shutdown_timeout_s``: the longest a final exchange waits (rank r for BYE_ACK, rank 0
+      for the BYEs).
+    - ``max_in_flight``: a rank != 0 drains its buffer only while fewer messages than this are
+      in flight (one tick's batch is ``ceil(n / max_events_per_message)`` messages).
+    - ``max_events_per_message``: events per MPI message (bounds the time rank 0 holds the GIL
+      decoding one message: about 0.5 us per event).
+    - ``poll_interval_s``: how often rank 0 looks for messages while they flow.
+    """
+
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 5.0
+    shutdown_timeout_s: float = 5.0
+    max_in_flight: int = 8
+    max_events_per_message: int = 1024
+    poll_interval_s: float = 0.001
+
+    def __post_init__(self) -> None:
+        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "shutdown_timeout_s", "poll_interval_s"):
+            _positive(name, getattr(self, name))
+        for name in ("max_in_flight", "max_events_per_message"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ValueError(
+                f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must be more than twice "
+                f"heartbeat_interval_s ({self.heartbeat_interval_s})"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class GatherStats:
+    """A snapshot of one rank's gather. Counters end in ``_total``; fields of the other role
+    stay 0 (rank 0 sends only control messages; ranks != 0 receive only control messages).
+
+    - ``state``: ``running``, ``stopping``, ``stopped`` or ``failed``; ``stop_reason`` says why
+      it stopped (None while running).
+    - Sending (ranks != 0): ``messages_sent_total`` (EVENTS and BYE), ``events_sent_total``,
+      ``bytes_sent_total``, ``heartbeats_sent_total``, ``in_flight_messages`` now, and
+      ``sends_deferred_total``: ticks that left events in the buffer because ``max_in_flight``
+      messages were pending.
+    - Receiving (rank 0): ``messages_received_total``, ``events_received_total``,
+      ``bytes_received_total``, ``heartbeats_received_total``, ``messages_rejected_total``
+      (bytes that did not decode or broke the rules; counted as drops of their rank),
+      ``sequence_errors_total`` (a batch number out of order: a bug, never expected).
+    - Peers (rank 0): ``ranks_left`` (said BYE), ``ranks_dead`` (declared dead and not back),
+      ``dead_rank_detections_total``.
+    """
+
+    attention_dp_rank: int
+    attention_dp_size: int
+    state: str
+    stop_reason: str | None
+    messages_sent_total: int
+    events_sent_total: int
+    bytes_sent_total: int
+    heartbeats_sent_total: int
+    in_flight_messages: int
+    sends_deferred_total: int
+    messages_received_total: int
+    events_received_total: int
+    bytes_received_total: int
+    heartbeats_received_total: int
+    messages_rejected_total: int
+    sequence_errors_total: int
+    ranks_left: tuple[int, ...]
+    ranks_dead: tuple[int, ...]
+    dead_rank_detections_total: int
+
+
+class _Counters:
+    """Plain ints, each written by the gather thread only; read by ``stats()`` from any thread."""
+
+    def __init__(self) -> None:
+        self.messages_sent = 0
+        self.events_sent = 0
+        self.bytes_sent = 0
+        self.heartbeats_sent = 0
+        self.sends_deferred = 0
+        self.messages_received = 0
+        self.events_received = 0
+        self.bytes_received = 0
+        self.heartbeats_received = 0
+        self.messages_rejected = 0
+        self.sequence_errors = 0
+        self.dead_rank_detections = 0
+
+
+class _Peer:
+    """Rank 0's view of one rank r != 0."""
+
+    __slots__ = ("last_event_id", "last_heard", "next_sequence", "pending", "rank", "state")
+
+    def __init__(self, rank: int, now: float) -> None:
+        self.rank = rank
+        self.state = "live"  # live | left | dead
+        self.last_heard = now
+        self.next_sequence = 0
+        self.last_event_id = -1
+        # Matched messages in the order MPI matched them: (tag, buffer, request or None).
+        self.pending: deque[tuple[int, bytearray, Any]] = deque()
+
+
+_RUNNING: weakref.WeakSet[AttentionDpGather] = weakref.WeakSet()
+_ATEXIT_LOCK = threading.Lock()
+_atexit_registered = False
+
+
+def _stop_all_at_exit() -> None:
+    """Let every running gather finish its final exchange before mpi4py finalizes MPI."""
+    for gather in list(_RUNNING):
+        gather.close()
+
+
+class AttentionDpGather:
+    """One rank's side of the gather (see the module docstring for the protocol).
+
+    Built by the manager: ``buffer`` is the manager's buffer, the other arguments its
+    configuration; ``settle`` returns the manager's ``settle`` (or None once the manager is
+    gone: a weak reference, so a dropped manager can still be collected). The constructor is collective over ``comm`` (it splits the gather's
+    communicator); :meth:`start` starts the gather's thread.
+    """
+
+    def __init__(
+        self,
+        buffer: EventBuffer,
+        attention_dp_rank: int,
+        attention_dp_size: int,
+        gather_period_ms: float,
+        comm: Any = None,
+        config: GatherConfig | None = None,
+        settle: Callable[[], Callable[[float | None], bool] | None] | None = None,
+    ) -> None:
+        config = GatherConfig() if config is None else config
+        if not isinstance(config, GatherConfig):
+            raise TypeError(f"gather_config must be a GatherConfig, got {config!r}")
+        period_s = gather_period_ms / 1000.0
+        if config.heartbeat_timeout_s <= 2 * period_s:
+            raise ValueError(
+                f"heartbeat_timeout_s ({config.heartbeat_timeout_s}) must be more than twice the gather "
+                f"period ({period_s} s)"
+            )
+        self._mpi = mpi = import_mpi()
+        parent = mpi.COMM_WORLD if comm is None else comm
+        self._comm = split_gather_communicator(mpi, parent, attention_dp_rank, attention_dp_size)
+        self._buffer = buffer
+        self._settle = settle
+        self._rank = attention_dp_rank
+        self._size = attention_dp_size
+        self._period_s = period_s
+        self._config = config
+        self._instance_id = f"attention-dp-rank-{attention_dp_rank}"
+        self._counters = _Counters()
+        self._state = "running"
+        self._stop_reason: str | None = None
+        self._stop_requested = False
+        self._wake = threading.Event()
+        self._in_flight: deque[tuple[Any, bytes]] = deque()
+        self._next_sequence = 0
+        self._peers: dict[int, _Peer] = {}
+        self._peer_left = False
+        target = self._run_collector if attention_dp_rank == 0 else self._run_sender
+        self._thread = threading.Thread(
+            target=self._guarded, args=(target,), name=f"kvevents-dp-gather-{attention_dp_rank}", daemon=True
+        )
+
+    # -- public ----------------------------------------------------------------------------
+
+    @property
+    def attention_dp_rank(self) -> int:
+        """This rank."""
+        return self._rank
+
+    @property
+    def config(self) -> GatherConfig:
+        """The tuning this gather runs with."""
+        return self._config
+
+    @property
+    def communicator(self) -> Any:
+        """The gather's own communicator (from ``Split``); do not send on it."""
+        return self._comm
+
+    @property
+    def running(self) -> bool:
+        """Whether the gather's thread is alive."""
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the gather's thread (once)."""
+        global _atexit_registered
+        with _ATEXIT_LOCK:
+            if not _atexit_registered:
+                # Registered after mpi4py.MPI was imported: runs before its MPI_Finalize.
+                atexit.register(_stop_all_at_exit)
+                _atexit_registered = True
+        _RUNNING.add(self)
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        """Start the final exchange without waiting for it (see :meth:`close`)."""
+        self._stop_requested = True
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the gather has stopped (however it was stopped); False on timeout."""
+        if self._thread.ident is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop the gather and wait for its final exchange (rank != 0: send the last events,
+        wait for rank 0's acknowledgement; rank 0: stop every rank and merge their last events).
+        Waits at most ``timeout`` seconds (default ``shutdown_timeout_s`` + 1); returns whether
+        the gather has stopped. Idempotent; never raises."""
+        self.request_stop()
+        if timeout is None:
+            timeout = self._config.shutdown_timeout_s + 1.0
+        stopped = self.join(timeout)
+        if not stopped:
+            log.error("attention-DP gather of rank %d did not stop within %.1f s", self._rank, timeout)
+        return stopped
+
+    def stats(self) -> GatherStats:
+        """A snapshot of the counters (see :class:`GatherStats`)."""
+        c = self._counters
+        peers = list(self._peers.values())
+        return GatherStats(
+            attention_dp_rank=self._rank,
+            attention_dp_size=self._size,
+            state=self._state,
+            stop_reason=self._stop_reason,
+            messages_sent_total=c.messages_sent,
+            events_sent_total=c.events_sent,
+            bytes_sent_total=c.bytes_sent,
+            heartbeats_sent_total=c.heartbeats_sent,
+            in_flight_messages=len(self._in_flight),
+            sends_deferred_total=c.sends_deferred,
+            messages_received_total=c.messages_received,
+            events_received_total=c.events_received,
+            bytes_received_total=c.bytes_received,
+            heartbeats_received_total=c.heartbeats_received,
+            messages_rejected_total=c.messages_rejected,
+            sequence_errors_total=c.sequence_errors,
+            ranks_left=tuple(p.rank for p in peers if p.state == "left"),
+            ranks_dead=tuple(p.rank for p in peers if p.state == "dead"),
+            dead_rank_detections_total=c.dead_rank_detections,
+        )
+
+    # -- both roles --------------------------------------------------------------------------
+
+    def _guarded(self, run: Any) -> None:
+        try:
+            run()
+        except BaseException:
+            self._state = "failed"
+            self._stop_reason = self._stop_reason or "error (see the log)"
+            log.exception("attention-DP gather of rank %d failed; it no longer moves events", self._rank)
+        finally:
+            _RUNNING.discard(self)
+
+    def _isend(self, data: bytes, tag: Tag, dest: int) -> None:
+        request = self._comm.Isend([data, self._mpi.BYTE], dest, int(tag))
+        self._in_flight.append((request, data))  # keeps the bytes alive until sent
+
+    def _test_sends(self) -> None:
+        if self._in_flight:
+            self._in_flight = deque(item for item in self._in_flight if not item[0].Test())
+
+    def _finish(self, reason: str) -> None:
+        # Free the communicator only if nothing is pending on it (a dead peer can leave a
+        # request that never completes: then MPI_Finalize is left to clean up).
+        self._test_sends()
+        pending_receives = any(p.pending for p in self._peers.values())
+        if not self._in_flight and not pending_receives:
+            self._comm.Free()
+        self._stop_reason = reason
+        self._state = "stopped"
+        log.info("attention-DP gather of rank %d stopped: %s", self._rank, reason)
+
+    # -- ranks != 0 ----------------------------------------------------------------------------
+
+    def _run_sender(self) -> None:
+        config = self._config
+        period = self._period_s
+        next_tick = time.monotonic() + period
+        last_message_at = time.monotonic()
+        reason = None
+        while reason is None:
+            delay = next_tick - time.monotonic()
+            if delay > 0 and not self._stop_requested:
+                self._wake.wait(delay)
+            now = time.monotonic()
+            self._test_sends()
+            if Tag.STOP in self._receive_control():
+                reason = "rank 0 stopped the gather"
+                break
+            if self._stop_requested:
+                reason = "closed on this rank"
+                break
+            if now < next_tick:
+                continue
+            next_tick += period
+            if next_tick <= now:  # this thread was held up: do not try to catch up
+                next_tick = now + period
+            if len(self._in_flight) < config.max_in_flight:
+                drain = self._buffer.drain(timeout=0)
+                if drain.events or drain.dropped:
+                    self._send_drain(drain, final=False)
+                    last_message_at = now
+                    continue
+            else:
+                self._counters.sends_deferred += 1
+            if now - last_message_at >= config.heartbeat_interval_s:
+                self._isend(b"", Tag.HEARTBEAT, 0)
+                self._counters.heartbeats_sent += 1
+                last_message_at = now
+        self._leave(reason)
+
+    def _send_drain(self, drain: EventDrain, *, final: bool) -> None:
+        events = drain.events
+        messages = chunk_batches(
+            events,
+            drain.dropped,
+            instance_id=self._instance_id,
+            attention_dp_size=self._size,
+            first_sequence=self._next_sequence,
+            max_events=self._config.max_events_per_message,
+        )
+        self._next_sequence += len(messages)
+        last = len(messages) - 1
+        for i, data in enumerate(messages):
+            self._isend(data, Tag.BYE if final and i == last else Tag.EVENTS, 0)
+            self._counters.bytes_sent += len(data)
+        self._counters.messages_sent += len(messages)
+        self._counters.events_sent += len(events)
+
+    def _receive_control(self) -> list[int]:
+        """Receive every control message rank 0 has sent; their tags."""
+        mpi = self._mpi
+        status = mpi.Status()
+        tags = []
+        while (message := self._comm.Improbe(0, mpi.ANY_TAG, status)) is not None:
+            size = status.Get_count(mpi.BYTE)
+            message.Recv([bytearray(size), mpi.BYTE])
+            tag = status.Get_tag()
+            if tag not in (Tag.STOP, Tag.BYE_ACK) or size:
+                log.error("attention-DP rank %d got an unexpected message from rank 0 (tag %d, %d bytes)",
+                          self._rank, tag, size)
+            tags.append(tag)
+        return tags
+
+    def _leave(self, reason: str) -> None:
+        """The final exchange of a rank != 0: last events as BYE, then wait for BYE_ACK."""
+        self._state = "stopping"
+        # Everything the engine flushed before now goes with the BYE (close() has settled
+        # already; after a STOP the worker may still hold the last flushed iterations).
+        settle = self._settle() if self._settle is not None else None
+        if settle is not None:
+            settle(min(1.0, self._config.shutdown_timeout_s))
+        self._send_drain(self._buffer.drain(timeout=0), final=True)
+        deadline = time.monotonic() + self._config.shutdown_timeout_s
+        acknowledged = False
+        while True:
+            self._test_sends()
+            if Tag.BYE_ACK in self._receive_control():  # a STOP crossing our BYE is ignored
+                acknowledged = True
+            if acknowledged and not self._in_flight:
+                break
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "attention-DP rank %d: rank 0 did not acknowledge its last events within %.1f s "
+                    "(%d messages still in flight); they may be lost",
+                    self._rank,
+                    self._config.shutdown_timeout_s,
+                    len(self._in_flight),
+                )
+                reason += "; rank 0 did not acknowledge the last events"
+                break
+            time.sleep(self._config.poll_interval_s)
+        self._finish(reason)
+
+    # -- rank 0 ----------------------------------------------------------------------------------
+
+    def _run_collector(self) -> None:
+        config = self._config
+        now = time.monotonic()
+        self._peers = peers = {rank: _Peer(rank, now) for rank in range(1, self._size)}
+        poll = min(config.poll_interval_s, self._period_s / 4)
+        idle_poll = max(poll, self._period_s / 2)
+        last_work = now
+        deadline = None
+        reason = ""
+        while True:
+            worked, caught_up = self._receive_all()
+            now = time.monotonic()
+            if worked:
+                last_work = now
+            if caught_up:  # liveness is judged only once every waiting message is matched
+                self._check_liveness(now)
+            self._test_sends()
+            if deadline is None and (self._stop_requested or self._peer_left):
+                reason = "closed on this rank" if self._stop_requested else (
+                    f"rank {', '.join(str(p.rank) for p in peers.values() if p.state == 'left')} closed"
+                )
+                deadline = self._begin_stop(now)
+            if deadline is not None:
+                if all(p.state == "dead" or (p.state == "left" and not p.pending) for p in peers.values()):
+                    break
+                if now >= deadline:
+                    missing = [p.rank for p in peers.values() if p.state == "live" or (p.state == "left" and p.pending)]
+                    log.warning(
+                        "attention-DP gather stopping: ranks %s did not send their last events within %.1f s",
+                        missing,
+                        config.shutdown_timeout_s,
+                    )
+                    reason += f"; ranks {missing} did not finish"
+                    break
+            busy = worked or deadline is not None or now - last_work < _IDLE_AFTER_S
+            self._wake.wait(poll if busy else idle_poll)
+            self._wake.clear()
+        # Our STOP / BYE_ACK messages are tiny (sent eagerly); give them a moment to complete.
+        settle_until = time.monotonic() + min(1.0, config.shutdown_timeout_s)
+        while self._in_flight and time.monotonic() < settle_until:
+            time.sleep(poll)
+            self._test_sends()
+        self._finish(reason)
+
+    def _begin_stop(self, now: float) -> float:
+        self._state = "stopping"
+        for peer in self._peers.values():
+            if peer.state != "left":
+                self._isend(b"", Tag.STOP, peer.rank)
+        return now + self._config.shutdown_timeout_s
+
+    def _receive_all(self) -> tuple[int, bool]:
+        """Match waiting messages (at most a round's worth), merge every completed one in order.
+        Returns (messages handled, whether no matched message was left waiting)."""
+        mpi = self._mpi
+        comm = self._comm
+        status = mpi.Status()
+        peers = self._peers
+        handled = 0
+        caught_up = False
+        for _ in range(4 * len(peers) + 16):
+            message = comm.Improbe(mpi.ANY_SOURCE, mpi.ANY_TAG, status)
+            if message is None:
+                caught_up = True
+                break
+            peer = peers[status.Get_source()]
+            size = status.Get_count(mpi.BYTE)
+            buffer = bytearray(size)
+            if size:
+                request = message.Irecv([buffer, mpi.BYTE])
+            else:
+                message.Recv([buffer, mpi.BYTE])
+                request = None
+            peer.pending.append((status.Get_tag(), buffer, request))
+            peer.last_heard = time.monotonic()
+            if peer.state == "dead":
+                peer.state = "live"
+                log.warning("attention-DP rank %d, declared dead, is sending again: taken back", peer.rank)
+        for peer in peers.values():
+            pending = peer.pending
+            while pending:
+                tag, buffer, request = pending[0]
+                if request is not None and not request.Test():
+                    break
+                pending.popleft()
+                self._handle(peer, tag, buffer)
+                handled += 1
+        return handled, caught_up
+
+    def _handle(self, peer: _Peer, tag: int, data: bytearray) -> None:
+        counters = self._counters
+        if tag == Tag.HEARTBEAT:
+            counters.heartbeats_received += 1
+        elif tag == Tag.EVENTS or tag == Tag.BYE:
+            counters.messages_received += 1
+            counters.bytes_received += len(data)
+            self._merge(peer, data)
+            if tag == Tag.BYE:
+                peer.state = "left"
+                self._peer_left = True
+                self._isend(b"", Tag.BYE_ACK, peer.rank)
+        else:
+            counters.messages_rejected += 1
+            log.error("attention-DP rank %d sent a message with unknown tag %d (%d bytes)", peer.rank, tag, len(data))
+
+    def _merge(self, peer: _Peer, data: bytearray) -> None:
+        batch: EventBatch | None = None
+        try:
+            batch = read_batch(data, peer.rank)
+            check_batch(batch, peer.rank, self._size, peer.last_event_id)
+        except ProtocolError as exc:
+            lost = 1
+            if batch is not None:
+                lost = max(1, len(batch.events) + sum(max(0, d.dropped_events) for d in batch.dropped))
+            self._counters.messages_rejected += 1
+            log.error("attention-DP gather rejected a message: %s; counted as %d dropped event(s)", exc, lost)
+            self._buffer.record_drops(peer.rank, lost)
+            return
+        if batch.sequence != peer.next_sequence:
+            self._counters.sequence_errors += 1
+            log.error(
+                "attention-DP rank %d sent batch %d, expected %d", peer.rank, batch.sequence, peer.next_sequence
+            )
+        peer.next_sequence = batch.sequence + 1
+        for drops in batch.dropped:
+            self._buffer.record_drops(peer.rank, drops.dropped_events)
+        events = batch.events
+        if events:
+            self._buffer.extend(events)
+            peer.last_event_id = events[-1].event_id
+            self._counters.events_received += len(events)
+
+    def _check_liveness(self, now: float) -> None:
+        timeout = self._config.heartbeat_timeout_s
+        for peer in self._peers.values():
+            if peer.state == "live" and now - peer.last_heard > timeout:
+                peer.state = "dead"
+                self._counters.dead_rank_detections += 1
+                log.error(
+                    "attention-DP rank %d sent nothing for %.1f s (heartbeat timeout %.1f s): declared dead; "
+                    "the events it had not sent are lost (reported in-band as 1 dropped event of rank %d); "
+                    "the other ranks go on",
+                    peer.rank,
+                    now - peer.last_heard,
+                    timeout,
+                    peer.rank,
+                )
+                self._buffer.record_drops(peer.rank, 1)
