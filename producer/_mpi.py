@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 from array import array
-from types import FrameType, ModuleType
+from types import ModuleType
 from typing import Any
 
 __all__ = ["import_mpi", "split_gather_communicator", "tolerate_peer_failures"]
@@ -76,16 +76,15 @@ def split_gather_communicator(mpi: ModuleType, parent: Any, rank: int, size: int
     return comm
 
 
-def _log_peer_failure(signum: int, frame: FrameType | None) -> None:
-    log.warning("signal %d from the MPI launcher: a peer process failed", signum)
-
-
 def tolerate_peer_failures() -> None:
     """Opt in to surviving a dead peer under MPICH's ``mpiexec -disable-auto-cleanup``.
 
     Call it from the main thread BEFORE MPI is initialized (before ``from mpi4py import MPI``).
-    It (1) installs a SIGUSR1 handler that logs: hydra sends SIGUSR1 to every survivor when a
-    rank dies, and SIGUSR1's default action terminates a Python process; and (2) sets
+    It (1) ignores SIGUSR1: hydra sends SIGUSR1 to every survivor when a rank dies (and again
+    whenever a process ends without finalizing the usual way), and SIGUSR1's default action
+    terminates a Python process; ignored rather than handled in Python, because Python restores
+    the default action of its own handlers when the interpreter shuts down, which is exactly
+    when the other survivors' exits send more SIGUSR1; and (2) sets
     ``MPIR_CVAR_NO_COLLECTIVE_FINALIZE=1`` unless already set: without it, ``MPI_Finalize``
     on a survivor waits forever for the dead peer.
 
@@ -98,4 +97,6 @@ def tolerate_peer_failures() -> None:
             "MPIR_CVAR_NO_COLLECTIVE_FINALIZE only takes effect before MPI_Init"
         )
     os.environ.setdefault("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
-    signal.signal(signal.SIGUSR1, _log_peer_failure)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    log.info("tolerating peer failures: SIGUSR1 ignored, MPIR_CVAR_NO_COLLECTIVE_FINALIZE=%s",
+             os.environ["MPIR_CVAR_NO_COLLECTIVE_FINALIZE"])

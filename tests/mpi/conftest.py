@@ -61,6 +61,13 @@ class MpiRun:
         path = self.out / f"rank{rank}.log"
         return path.read_text() if path.exists() else ""
 
+    def assert_clean(self, n: int) -> None:
+        """mpiexec exited 0 and each of the ``n`` ranks wrote a result without an error."""
+        assert self.returncode == 0, self.describe()
+        assert sorted(self.results) == list(range(n)), self.describe()
+        for rank, result in self.results.items():
+            assert "error" not in result, f"rank {rank}: {result['error']}\n{self.describe()}"
+
     def describe(self) -> str:
         logs = "\n".join(f"--- rank {r} log ---\n{self.log(r)[-3000:]}" for r in sorted(self.results) or range(4))
         return (

@@ -45,11 +45,16 @@ def setup_logging(out: Path, rank: int) -> None:
     root.setLevel(logging.INFO)
 
 
+def write_json(out: Path, name: str, data: dict[str, Any]) -> None:
+    """Atomically write ``out/<name>.json`` (a reader never sees half a file)."""
+    tmp = out / f".{name}.json.tmp"
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    tmp.rename(out / f"{name}.json")
+
+
 def write_result(out: Path, rank: int, result: dict[str, Any]) -> None:
-    """Atomically write this rank's result (a reader never sees half a file)."""
-    tmp = out / f".rank{rank}.json.tmp"
-    tmp.write_text(json.dumps(result, sort_keys=True))
-    tmp.rename(out / f"rank{rank}.json")
+    """This rank's result, ``rank<r>.json``."""
+    write_json(out, f"rank{rank}", result)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:

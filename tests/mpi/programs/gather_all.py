@@ -25,7 +25,6 @@ from _common import (
     world_rank,
     write_result,
 )
-
 from kvevents.producer import GatherConfig, KVCacheEventManager
 from kvevents.schemas import KVCacheEvent
 
@@ -48,6 +47,7 @@ def main() -> None:
     p.add_argument("--closer", type=int, default=0, help="the rank that closes first")
     p.add_argument("--slow-reader-ms", type=float, default=0.0, help="rank 0 reader pause between drains")
     p.add_argument("--pause-every", type=int, default=1, help="sleep 1 ms every this many iterations")
+    p.add_argument("--after-stop", type=int, default=0, help="iterations a rank != 0 runs after its gather stopped")
     args = p.parse_args()
     rank = world_rank()
     setup_logging(args.out, rank)
@@ -98,24 +98,24 @@ def main() -> None:
             time.sleep(0.001)
     world.Barrier()  # every rank has flushed everything: all of it must reach rank 0
 
-    closed_at = None
+    enqueued_before_stop = manager.stats().events_enqueued_total
     if rank == args.closer:
-        closed_at = time.monotonic()
         manager.close()
     elif not manager.gather.join(timeout=30):
         fail(args.out, rank, "the gather did not stop after another rank closed")
-    stop_seen_at = time.monotonic()
+    if rank != 0 and rank != args.closer:
+        for _ in range(args.after_stop):  # the gather has stopped: these stay on this rank
+            enqueue_iteration(manager, rng, args.events, rank)
     manager.close()
     leftover = manager.get_events(timeout=0) if rank else []  # rank 0's reader takes its own
     result = {
         "rank": rank,
         "size": size,
         "enqueued": manager.stats().events_enqueued_total,
+        "enqueued_before_stop": enqueued_before_stop,
         "gather": dataclasses.asdict(manager.gather.stats()),
         "buffer": dataclasses.asdict(manager.stats().buffer),
         "leftover_local_events": len(leftover) if rank else None,
-        "closed_first_at": closed_at,
-        "stop_seen_at": stop_seen_at,
         "engine_messages_received": engine_received,
     }
     if rank == 0:
