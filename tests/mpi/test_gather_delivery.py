@@ -77,3 +77,12 @@ def test_drop_counts_are_exact_per_rank_under_overload(mpirun: MpiRunner) -> Non
             assert run.results[rank]["gather"]["events_sent_total"] + run.results[rank]["buffer"][
                 "events_dropped_total"
             ] == enqueued
+
+
+def test_a_misconfigured_communicator_fails_alike_on_every_rank(mpirun: MpiRunner) -> None:
+    run = mpirun("misconfigured.py", 3, timeout=60)
+    run.assert_clean(3)
+    messages = [run.results[r]["errors"] for r in range(3)]
+    assert all(m == messages[0] for m in messages)  # the same error everywhere, nobody hung
+    assert "attention_dp_size must equal the number of processes of the communicator (3)" in messages[0]["size_too_big"]
+    assert "must be claimed exactly once; claimed [0, 1, 1]" in messages[0]["rank_claimed_twice"]

@@ -1,0 +1,130 @@
+"""The gather's wire rules without MPI: messages are the codec's EventBatch bytes, chunked in
+order, and rank 0 rejects, with a message naming the rank, whatever breaks the rules. Also the
+configuration checks and the manager's gather keywords (none of this imports mpi4py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from kvevents.producer import GatherConfig, KVCacheEventManager
+from kvevents.producer._gather_wire import ProtocolError, Tag, check_batch, chunk_batches, read_batch
+from kvevents.schemas import (
+    EventBatch,
+    KVCacheEvent,
+    KVCacheRemovedData,
+    KVCacheUpdatedData,
+    RankDrops,
+    decode_batch,
+    encode_batch,
+)
+
+
+def events(rank: int, ids: range) -> list[KVCacheEvent]:
+    return [KVCacheEvent(i, KVCacheRemovedData([i, 2**64 - 1]), 32, rank) for i in ids]
+
+
+def test_chunks_are_single_object_eventbatches_in_order_with_drops_first() -> None:
+    sent = events(3, range(10, 35))
+    messages = chunk_batches(
+        sent, [RankDrops(3, 7)], instance_id="r3", attention_dp_size=4, first_sequence=5, max_events=10
+    )
+    batches = [decode_batch(m) for m in messages]
+    assert all(m[:2] == b"\xc3\x01" for m in messages)  # Avro single-object encoding, no pickle
+    assert [b.sequence for b in batches] == [5, 6, 7]
+    assert [len(b.events) for b in batches] == [10, 10, 5]
+    assert [e for b in batches for e in b.events] == sent
+    assert [b.dropped for b in batches] == [[RankDrops(3, 7)], [], []]
+    assert {b.attention_dp_size for b in batches} == {4}
+    assert batches[0].created_at_us > 0
+
+
+def test_nothing_to_send_is_still_one_message_carrying_the_drops() -> None:
+    (only,) = chunk_batches([], [RankDrops(1, 2)], instance_id="r1", attention_dp_size=2, first_sequence=0, max_events=8)
+    assert decode_batch(only).events == []
+    assert decode_batch(only).dropped == [RankDrops(1, 2)]
+
+
+def batch(evts: list[KVCacheEvent], **kw: object) -> EventBatch:
+    return EventBatch("r", evts, **{"attention_dp_size": 4, **kw})  # type: ignore[arg-type]
+
+
+def test_a_valid_batch_passes() -> None:
+    check_batch(batch(events(2, range(3, 6)), dropped=[RankDrops(2, 1)]), 2, 4, last_event_id=2)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (batch(events(1, range(3))), "rank 2 sent event 0 of attention_dp_rank 1"),
+        (batch([KVCacheEvent(0, KVCacheUpdatedData(1), 32, None)]), "attention_dp_rank None"),
+        (batch(events(2, range(3)), attention_dp_size=8), "attention_dp_size=8, expected 4"),
+        (batch(events(2, range(3)), dropped=[RankDrops(1, 1)]), "drops"),
+        (batch(events(2, range(3)), first_event_block_offset=2), "split Stored event"),
+        (batch([*events(2, range(3)), *events(2, range(2, 3))]), "event id 2 after 2"),
+    ],
+)
+def test_rank_0_rejects_what_breaks_the_rules_naming_the_rank(bad: EventBatch, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        check_batch(bad, 2, 4, last_event_id=-1)
+
+
+def test_ids_must_continue_after_the_previous_message() -> None:
+    with pytest.raises(ProtocolError, match="event id 5 after 7"):
+        check_batch(batch(events(2, range(5, 9))), 2, 4, last_event_id=7)
+
+
+def test_bytes_that_do_not_decode_are_a_protocol_error_naming_the_rank() -> None:
+    good = encode_batch(batch(events(1, range(2))))
+    assert read_batch(bytearray(good), 1).events == events(1, range(2))
+    with pytest.raises(ProtocolError, match=r"rank 3 sent 5 bytes that do not decode: .*magic"):
+        read_batch(b"\x80\x04K\x01.", 3)  # a pickle is refused, never loaded
+    with pytest.raises(ProtocolError, match="rank 1 sent"):
+        read_batch(good[:-3], 1)
+
+
+def test_tags_are_distinct_and_documented() -> None:
+    assert len({int(t) for t in Tag}) == len(Tag) == 5
+    assert all(t.__doc__ for t in Tag)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"heartbeat_interval_s": 0}, "heartbeat_interval_s"),
+        ({"heartbeat_timeout_s": float("nan")}, "heartbeat_timeout_s"),
+        ({"shutdown_timeout_s": -1}, "shutdown_timeout_s"),
+        ({"poll_interval_s": True}, "poll_interval_s"),
+        ({"max_in_flight": 0}, "max_in_flight"),
+        ({"max_events_per_message": 1.5}, "max_events_per_message"),
+        ({"heartbeat_interval_s": 1.0, "heartbeat_timeout_s": 2.0}, "more than twice"),
+    ],
+)
+def test_gather_config_rejects_bad_values(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        GatherConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_gather_keywords_need_a_gathering_manager() -> None:
+    with pytest.raises(ValueError, match="comm and gather_config are for the attention-DP gather"):
+        KVCacheEventManager(10, comm=object())
+    with pytest.raises(ValueError, match="comm and gather_config"):
+        KVCacheEventManager(10, 1, 2, attention_dp_gather=False, gather_config=GatherConfig())
+    with pytest.raises(ValueError, match="comm and gather_config"):
+        KVCacheEventManager(10, 0, 1, comm=object())  # a size of 1 has nobody to gather from
+    with pytest.raises(TypeError, match="attention_dp_gather must be a bool"):
+        KVCacheEventManager(10, 0, 2, attention_dp_gather=0)  # type: ignore[arg-type]
+
+
+def test_a_manager_without_a_gather_never_imports_mpi() -> None:
+    # A router or consumer imports the producer package and builds managers without MPI.
+    code = (
+        "import sys\n"
+        "from kvevents.producer import KVCacheEventManager, GatherConfig\n"
+        "KVCacheEventManager(4).close()\n"
+        "KVCacheEventManager(4, 1, 2, attention_dp_gather=False).close()\n"
+        "KVCacheEventManager(4, 0, 1).close()\n"
+        "assert 'mpi4py' not in sys.modules, 'mpi4py was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
