@@ -116,12 +116,13 @@ def main() -> None:
             subprocess.Popen(["sh", "-c", f"sleep {args.stall_s}; kill -CONT {os.getpid()}"])
             os.kill(os.getpid(), signal.SIGSTOP)
         else:
-            for _ in range(10):  # flushed, never sent: lost with the process
-                enqueue_iteration(manager, rng, 10, rank)
-            timeline["enqueued_total"] = manager.stats().events_enqueued_total
+            # 100 more events, flushed just before dying: most likely never sent.
             timeline["sent_events"] = manager.gather.stats().events_sent_total
+            timeline["enqueued_total"] = timeline["enqueued_before"] + 100
             timeline["died_at"] = time.monotonic()
             write_json(args.out, "victim", timeline)
+            for _ in range(10):
+                enqueue_iteration(manager, rng, 10, rank)
             if args.how == "exit":
                 os._exit(1)
             os.kill(os.getpid(), signal.SIGKILL)
