@@ -2,10 +2,10 @@
 
 A :class:`~kvevents.producer.KVCacheEventManager` constructed with ``attention_dp_rank`` and
 ``attention_dp_size`` (> 1) starts an :class:`AttentionDpGather`. Ranks != 0 send the events
-their manager buffered to rank 0 every ``attention_dp_events_gather_period_ms``; rank 0 merges
-them into its own buffer (capacity ``max_kv_event_entries x attention_dp_size``) with the C++
-truncation rule (oldest dropped first, each drop counted under its event's rank), from where
-``get_events``/``drain`` and the Kafka sink take them.
+their manager buffered to rank 0, each within half of ``attention_dp_events_gather_period_ms``;
+rank 0 merges them into its own buffer (capacity ``max_kv_event_entries x attention_dp_size``)
+with the C++ truncation rule (oldest dropped first, each drop counted under its event's rank),
+from where ``get_events``/``drain`` and the Kafka sink take them.
 
 Communicator. The gather runs on its own communicator, ``comm.Split(0, attention_dp_rank)``
 (``comm`` is the manager's ``comm`` keyword, default ``MPI.COMM_WORLD``), so its messages never
@@ -24,35 +24,43 @@ tag        direction  payload and meaning
 =========  =========  ==================================================================
 EVENTS 1   r -> 0     Avro ``EventBatch`` (single-object encoding): up to
                       ``max_events_per_message`` of rank r's events, oldest first, plus
-                      (first message of a tick) the drops rank r counted since its last
-                      send; ``sequence`` numbers rank r's batches 0, 1, 2, ...
+                      (first message of a batch) the drops rank r counted since its last
+                      batch; ``sequence`` numbers rank r's messages 0, 1, 2, ...
 HEARTBEAT  r -> 0     empty; sent when rank r has sent nothing for ``heartbeat_interval_s``
 BYE 3      r -> 0     rank r's last ``EventBatch`` (maybe without events): it leaves
 STOP 4     0 -> r     empty: the gather is stopping; send your last events (BYE) and leave
 BYE_ACK 5  0 -> r     empty: everything up to your BYE is merged; you may go
 =========  =========  ==================================================================
 
-- Rank r != 0 wakes once per period: it checks its sends, reads control messages from rank 0,
-  and, if fewer than ``max_in_flight`` messages are in flight, drains its buffer
-  (``buffer.drain(timeout=0)``: events and its drop count) and ``Isend``s the batch. Events it
-  cannot send yet stay in its bounded buffer (drop-oldest, counted, reported with the next
-  batch). Nothing is sent while idle except a heartbeat every ``heartbeat_interval_s``.
-- Rank 0 polls (``Improbe`` every ``poll_interval_s`` while messages flow, half a period when
-  quiet; MPICH's blocking calls would spin a core): each matched message gets a buffer of its
-  exact size (``Get_count``) and a non-blocking matched receive (``Message.Irecv``, no size
-  limit). Per source rank, messages are merged in the order they were sent (MPI keeps the order
-  of messages between two ranks on one communicator; rank 0 completes them in match order), so
-  each rank's events reach the buffer, and Kafka, in ``event_id`` order. Rank 0 checks every
-  batch (the source's rank on every event and drop count, increasing ids, the sequence) and
-  counts what it rejects as dropped.
+- Rank r != 0 sends as soon as its buffer holds events (``buffer.drain``: the events and the
+  rank's own drop count), but at most once per half period, so an event waits there at most
+  half a period and messages stay batched when the engine iterates faster than that. A batch is
+  ``Isend`` as messages of at most ``max_events_per_message`` events. While ``max_in_flight``
+  messages are not yet sent, it drains nothing: the events wait in its bounded buffer
+  (drop-oldest, counted, the count reported with the next batch). Idle, it sleeps on its buffer
+  (woken by the next events; it looks for control messages every 0.1 s) and sends only an
+  empty HEARTBEAT every ``heartbeat_interval_s``.
+- Rank 0 polls: ``Improbe`` every ``poll_interval_s`` (1 ms) while events flow, every 50 ms
+  after a second without events (a wake-up costs 25-100 us of CPU on a small VM; MPICH's
+  blocking calls would spin a core instead). An empty probe is retried until four miss in a
+  row: one MPICH progress call may handle an item that matches nothing, and stopping at the
+  first miss let three busy ranks' messages wait ~100 ms. Each matched message gets a buffer of
+  its exact size (``Get_count``) and a non-blocking matched receive (``Message.Irecv``: no size
+  limit, and a peer that dies mid-transfer cannot block it). Per source rank, messages are
+  merged in the order they were sent (MPI keeps the order of messages between two ranks on one
+  communicator; rank 0 completes them in match order), so each rank's events reach the buffer,
+  and Kafka, in ``event_id`` order. Rank 0 checks every batch (the source's rank on every event
+  and drop count, increasing ids, the sequence) and counts what it rejects as dropped.
 - A slow or idle rank delays nobody: there is no collective and no blocking receive.
 
 Shutdown (as in the C++, one rank finishing stops the exchange on all ranks, but nothing that
 was flushed before the stop is lost):
 
 - ``close()`` on rank r != 0: after the manager's worker buffered its last events, rank r sends
-  them as BYE and waits (at most ``shutdown_timeout_s``) for BYE_ACK. Rank 0, on a BYE, sends
-  STOP to every other rank and waits for their BYEs.
+  them (the last message tagged BYE) and waits (at most ``shutdown_timeout_s``) for BYE_ACK.
+  Rank 0, on a BYE, sends STOP to every other rank and waits for their BYEs.
+- STOP on rank r != 0: it lets the manager's worker buffer what the engine flushed before
+  (``settle``), sends it as above, and leaves.
 - ``close()`` on rank 0: rank 0 sends STOP to every rank; each sends its last events as BYE
   and leaves; rank 0 merges them all, then stops (at most ``shutdown_timeout_s``; a dead rank
   does not delay it beyond its heartbeat timeout). Its manager's buffer is closed only after
@@ -138,10 +146,12 @@ class GatherConfig:
     - ``shutdown_timeout_s``: the longest a final exchange waits (rank r for BYE_ACK, rank 0
       for the BYEs).
     - ``max_in_flight``: a rank != 0 drains its buffer only while fewer messages than this are
-      in flight (one tick's batch is ``ceil(n / max_events_per_message)`` messages).
+      in flight (a batch of n events is ``ceil(n / max_events_per_message)`` messages, so at
+      most ``max_in_flight - 1 + ceil(capacity / max_events_per_message)`` are in flight).
     - ``max_events_per_message``: events per MPI message (bounds the time rank 0 holds the GIL
       decoding one message: about 0.5 us per event).
-    - ``poll_interval_s``: how often rank 0 looks for messages while they flow.
+    - ``poll_interval_s``: how often rank 0 looks for messages while events flow (at most a
+      quarter period; every 50 ms after a second without events).
     """
 
     heartbeat_interval_s: float = 0.5
@@ -174,8 +184,8 @@ class GatherStats:
       it stopped (None while running).
     - Sending (ranks != 0): ``messages_sent_total`` (EVENTS and BYE), ``events_sent_total``,
       ``bytes_sent_total``, ``heartbeats_sent_total``, ``in_flight_messages`` now, and
-      ``sends_deferred_total``: ticks that left events in the buffer because ``max_in_flight``
-      messages were pending.
+      ``sends_deferred_total``: how often the sender left events in its buffer for another
+      half period because ``max_in_flight`` messages were still pending.
     - Receiving (rank 0): ``messages_received_total``, ``events_received_total``,
       ``bytes_received_total``, ``heartbeats_received_total``, ``messages_rejected_total``
       (bytes that did not decode or broke the rules; counted as drops of their rank),
@@ -254,8 +264,9 @@ class AttentionDpGather:
 
     Built by the manager: ``buffer`` is the manager's buffer, the other arguments its
     configuration; ``settle`` returns the manager's ``settle`` (or None once the manager is
-    gone: a weak reference, so a dropped manager can still be collected). The constructor is collective over ``comm`` (it splits the gather's
-    communicator); :meth:`start` starts the gather's thread.
+    gone: a weak reference, so a dropped manager can still be collected). The constructor is
+    collective over ``comm`` (it splits the gather's communicator); :meth:`start` starts the
+    gather's thread.
     """
 
     def __init__(
