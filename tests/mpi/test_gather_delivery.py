@@ -86,3 +86,14 @@ def test_a_misconfigured_communicator_fails_alike_on_every_rank(mpirun: MpiRunne
     assert all(m == messages[0] for m in messages)  # the same error everywhere, nobody hung
     assert "attention_dp_size must equal the number of processes of the communicator (3)" in messages[0]["size_too_big"]
     assert "must be claimed exactly once; claimed [0, 1, 1]" in messages[0]["rank_claimed_twice"]
+
+
+def test_ranks_exiting_without_close_still_deliver_and_nothing_hangs_at_exit(mpirun: MpiRunner) -> None:
+    run = mpirun("exit_without_close.py", 3, timeout=60)
+    run.assert_clean(3)
+    root = run.results[0]
+    assert root["stopped"] is True
+    for rank in range(3):
+        assert root["received_ids"][str(rank)] == list(range(run.results[rank]["enqueued"])), rank
+    assert root["gather"]["stop_reason"].startswith("rank ")  # a leaving rank stopped it
+    assert run.seconds < 30

@@ -128,3 +128,17 @@ def test_a_manager_without_a_gather_never_imports_mpi() -> None:
         "assert 'mpi4py' not in sys.modules, 'mpi4py was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_tolerate_peer_failures_ignores_sigusr1_and_skips_the_collective_finalize() -> None:
+    code = (
+        "import os, signal, sys\n"
+        "os.environ.pop('MPIR_CVAR_NO_COLLECTIVE_FINALIZE', None)\n"
+        "from kvevents.producer import tolerate_peer_failures\n"
+        "tolerate_peer_failures()\n"
+        "assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN\n"
+        "assert os.environ['MPIR_CVAR_NO_COLLECTIVE_FINALIZE'] == '1'\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)  # what hydra sends survivors: harmless now\n"
+        "assert 'mpi4py' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
