@@ -70,7 +70,9 @@ was flushed before the stop is lost):
 - At interpreter exit a running gather leaves the same way (an ``atexit`` hook that runs before
   mpi4py's ``MPI_Finalize``), so no thread is inside MPI when MPI finalizes.
 
-Dead ranks. Rank 0 declares rank r dead when nothing came from it for ``heartbeat_timeout_s``.
+Dead ranks. Rank 0 declares rank r dead when nothing came from it for ``heartbeat_timeout_s``
+of rank 0's listening time (a pause of rank 0 itself, a stopped process or a starved thread,
+does not make the others look dead: each pass of its loop counts for at most 0.2 s).
 It logs an error, counts it (``GatherStats.dead_rank_detections_total``, ``ranks_dead``) and
 reports it in-band: rank r gets one dropped event (``RankDrops(r, 1)`` in the next drain, so a
 consumer marks that worker's view incomplete; how many events the dead rank had not yet sent
@@ -125,6 +127,9 @@ _PROBE_MISSES = 4
 """An ``Improbe`` that finds nothing is retried until this many miss in a row: one MPICH
 progress call can handle one incoming item that is not a match (measured here: stopping at the
 first miss left messages of 3 busy ranks waiting ~100 ms; four misses in a row, ~0.6 ms)."""
+_MAX_SILENCE_STEP_S = 0.2
+"""Rank 0 counts a peer's silence only while it listens: one pass of its loop adds at most this
+much (it normally adds one poll interval, up to 50 ms)."""
 _IDLE_WAIT_S = 0.1
 """A rank != 0 with nothing to send waits on its buffer this long at a time (then checks MPI)."""
 
@@ -236,12 +241,12 @@ class _Counters:
 class _Peer:
     """Rank 0's view of one rank r != 0."""
 
-    __slots__ = ("last_event_id", "last_heard", "next_sequence", "pending", "rank", "state")
+    __slots__ = ("last_event_id", "next_sequence", "pending", "rank", "silence", "state")
 
-    def __init__(self, rank: int, now: float) -> None:
+    def __init__(self, rank: int) -> None:
         self.rank = rank
         self.state = "live"  # live | left | dead
-        self.last_heard = now
+        self.silence = 0.0  # seconds rank 0 listened without hearing from this rank
         self.next_sequence = 0
         self.last_event_id = -1
         # Matched messages in the order MPI matched them: (tag, buffer, request or None).
@@ -539,10 +544,11 @@ class AttentionDpGather:
     def _run_collector(self) -> None:
         config = self._config
         now = time.monotonic()
-        self._peers = peers = {rank: _Peer(rank, now) for rank in range(1, self._size)}
+        self._peers = peers = {rank: _Peer(rank) for rank in range(1, self._size)}
         poll = min(config.poll_interval_s, self._period_s / 4)
         idle_poll = max(poll, _IDLE_POLL_S)
         last_events = now
+        last_listened = now
         deadline = None
         reason = ""
         while True:
@@ -551,7 +557,10 @@ class AttentionDpGather:
             if batches:
                 last_events = now
             if caught_up:  # liveness is judged only once every waiting message is matched
-                self._check_liveness(now)
+                # Silence counts only while this thread listens: a pause of rank 0 itself (a
+                # stopped process, a starved thread) adds at most _MAX_SILENCE_STEP_S.
+                self._check_liveness(min(now - last_listened, _MAX_SILENCE_STEP_S))
+                last_listened = now
             self._test_sends()
             if deadline is None and (self._stop_requested or self._peer_left):
                 reason = "closed on this rank" if self._stop_requested else (
@@ -615,7 +624,7 @@ class AttentionDpGather:
                 message.Recv([buffer, mpi.BYTE])
                 request = None
             peer.pending.append((status.Get_tag(), buffer, request))
-            peer.last_heard = time.monotonic()
+            peer.silence = 0.0
             if peer.state == "dead":
                 peer.state = "live"
                 log.warning("attention-DP rank %d, declared dead, is sending again: taken back", peer.rank)
@@ -674,10 +683,13 @@ class AttentionDpGather:
             peer.last_event_id = events[-1].event_id
             self._counters.events_received += len(events)
 
-    def _check_liveness(self, now: float) -> None:
+    def _check_liveness(self, listened: float) -> None:
         timeout = self._config.heartbeat_timeout_s
         for peer in self._peers.values():
-            if peer.state == "live" and now - peer.last_heard > timeout:
+            if peer.state != "live":
+                continue
+            peer.silence += listened
+            if peer.silence > timeout:
                 peer.state = "dead"
                 self._counters.dead_rank_detections += 1
                 log.error(
@@ -685,7 +697,7 @@ class AttentionDpGather:
                     "the events it had not sent are lost (reported in-band as 1 dropped event of rank %d); "
                     "the other ranks go on",
                     peer.rank,
-                    now - peer.last_heard,
+                    peer.silence,
                     timeout,
                     peer.rank,
                 )

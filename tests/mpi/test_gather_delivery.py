@@ -97,3 +97,20 @@ def test_ranks_exiting_without_close_still_deliver_and_nothing_hangs_at_exit(mpi
         assert root["received_ids"][str(rank)] == list(range(run.results[rank]["enqueued"])), rank
     assert root["gather"]["stop_reason"].startswith("rank ")  # a leaving rank stopped it
     assert run.seconds < 30
+
+
+def test_a_stalled_rank_0_backs_sends_up_to_the_bound_and_drops_are_exact(mpirun: MpiRunner) -> None:
+    # Rank 0 stopped for 1.5 s (longer than the 1 s heartbeat timeout) while 3 ranks produce
+    # ~50k events/s each into buffers of 2000 with max_in_flight=2.
+    run = mpirun("stalled_root.py", 4, timeout=120)
+    run.assert_clean(4)
+    root = run.results[0]
+    assert root["gather"]["dead_rank_detections_total"] == 0  # queued messages are read first
+    for rank in range(1, 4):
+        stats = run.results[rank]["gather"]
+        assert stats["sends_deferred_total"] > 0, rank  # the in-flight bound held events back
+        received = root["received_ids"][str(rank)]
+        dropped = root["dropped_by_rank"][str(rank)]
+        assert received == sorted(set(received)), rank
+        assert dropped == run.results[rank]["buffer"]["events_dropped_total"] > 0, rank
+        assert len(received) + dropped == run.results[rank]["enqueued"], rank

@@ -1,0 +1,86 @@
+"""Rank 0 is stopped (SIGSTOP) for ``--stall-s`` while the other ranks keep producing into small
+buffers: their sends back up to ``max_in_flight``, the rest waits in their bounded buffers,
+which drop the oldest events and count them. Once rank 0 continues, per rank, what reaches it
+plus what was reported dropped must equal what was enqueued, in order, nobody declared dead."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+
+from _common import enqueue_iteration, ids_by_rank, parser, setup_logging, wait_for, world_rank, write_result
+from kvevents.producer import GatherConfig, KVCacheEventManager
+from kvevents.schemas import KVCacheEvent
+
+
+def main() -> None:
+    p = parser(__doc__ or "")
+    p.add_argument("--stall-s", type=float, default=1.5)
+    p.add_argument("--max-entries", type=int, default=2000)
+    args = p.parse_args()
+    rank = world_rank()
+    setup_logging(args.out, rank)
+
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    size = world.Get_size()
+    config = GatherConfig(
+        heartbeat_interval_s=0.1, heartbeat_timeout_s=1.0, shutdown_timeout_s=10.0, max_in_flight=2,
+        max_events_per_message=256,
+    )  # fmt: skip
+    manager = KVCacheEventManager(
+        args.max_entries, rank, size, args.period_ms, drop_warning_interval_s=3600, gather_config=config
+    )
+    assert manager.gather is not None
+    got: list[KVCacheEvent] = []
+    drops: dict[int, int] = {}
+
+    def read() -> None:
+        while True:
+            drain = manager.drain(timeout=0.05)
+            got.extend(drain.events)
+            for d in drain.dropped:
+                drops[d.attention_dp_rank] = drops.get(d.attention_dp_rank, 0) + d.dropped_events
+            if manager.buffer.closed and not drain.events and not drain.dropped:
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    rng = random.Random(rank)
+    world.Barrier()
+    if rank == 0:
+        reader.start()
+        subprocess.Popen(["sh", "-c", f"sleep {args.stall_s}; kill -CONT {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)  # continues after --stall-s
+    else:
+        end = time.monotonic() + args.stall_s + 0.5
+        while time.monotonic() < end:  # about 50k events/s per rank, most while rank 0 is stopped
+            enqueue_iteration(manager, rng, 50, rank)
+            time.sleep(0.001)
+    world.Barrier()
+    if rank == 0:
+        time.sleep(0.5)
+        manager.close()
+        wait_for(lambda: not reader.is_alive(), 30)
+    else:
+        manager.gather.join(timeout=30)
+        manager.close()
+    result = {
+        "rank": rank,
+        "enqueued": manager.stats().events_enqueued_total,
+        "gather": dataclasses.asdict(manager.gather.stats()),
+        "buffer": dataclasses.asdict(manager.stats().buffer),
+    }
+    if rank == 0:
+        result["received_ids"] = {str(r): ids for r, ids in ids_by_rank(got).items()}
+        result["dropped_by_rank"] = {str(r): n for r, n in drops.items()}
+    write_result(args.out, rank, result)
+
+
+if __name__ == "__main__":
+    main()
