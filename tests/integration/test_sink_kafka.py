@@ -50,7 +50,7 @@ def test_100k_mixed_events_arrive_identical_and_in_order_per_instance(
     topic = kafka_topic_factory(partitions=3)
     config = {"bootstrap.servers": kafka_bootstrap}
     plain = KVCacheEventManager(200_000)
-    dp = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=2)
+    dp = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=2, attention_dp_gather=False)
     load_a, load_b = Workload(seed=1), Workload(seed=2, rank=0)
     rank1_events = []
     sink_a = KafkaEventSink(plain, topic, "engine-a", config=config)
@@ -200,7 +200,7 @@ def _check_exact_loss(batches: list[Any], expected: dict[int, list[Any]]) -> dic
 
 def test_overflow_while_the_broker_is_down_reports_exactly_what_is_missing(stopped_broker: LateBroker) -> None:
     topic = stopped_broker.topics["overflow"]
-    manager = KVCacheEventManager(1000, attention_dp_rank=0, attention_dp_size=4, drop_warning_interval_s=3600)
+    manager = KVCacheEventManager(1000, attention_dp_rank=0, attention_dp_size=4, drop_warning_interval_s=3600, attention_dp_gather=False)
     config = {"bootstrap.servers": stopped_broker.bootstrap, "queue.buffering.max.messages": 5, **FAST_RECONNECT}
     sink = KafkaEventSink(manager, topic, "overflowing", config=config, topic_config_timeout=1.0, max_queued_events=3000)
     workload, others = _feed_four_ranks(manager, rounds=150)
@@ -229,7 +229,7 @@ def test_overflow_while_the_broker_is_down_reports_exactly_what_is_missing(stopp
 
 def test_failed_deliveries_are_reported_in_band_and_are_the_only_sequence_gaps(stopped_broker: LateBroker) -> None:
     topic = stopped_broker.topics["timeouts"]
-    manager = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=4)
+    manager = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=4, attention_dp_gather=False)
     config = {"bootstrap.servers": stopped_broker.bootstrap, "message.timeout.ms": 1500, **FAST_RECONNECT}
     sink = KafkaEventSink(manager, topic, "timing-out", config=config, topic_config_timeout=0.5)
     workload, others = _feed_four_ranks(manager, rounds=60)

@@ -48,7 +48,7 @@ def setup_logging(out: Path, rank: int) -> None:
 def write_json(out: Path, name: str, data: dict[str, Any]) -> None:
     """Atomically write ``out/<name>.json`` (a reader never sees half a file)."""
     tmp = out / f".{name}.json.tmp"
-    tmp.write_text(json.dumps(data, sort_keys=True))
+    tmp.write_text(json.dumps(data, sort_keys=True, default=str))
     tmp.rename(out / f"{name}.json")
 
 

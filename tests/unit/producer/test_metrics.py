@@ -19,7 +19,7 @@ MOCK = {"test.mock.num.brokers": 1, "log_level": 3}
 @pytest.fixture
 def dropping_manager() -> KVCacheEventManager:
     """A rank-0 manager whose buffer (4 x 2 events) dropped 1 of rank 0's and 5 of rank 1's."""
-    manager = KVCacheEventManager(4, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600)
+    manager = KVCacheEventManager(4, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600, attention_dp_gather=False)
     manager.buffer.extend(rank_events(0, 1, seed=3))
     manager.buffer.extend(rank_events(1, 7, seed=1))
     manager.buffer.extend(rank_events(0, 3, seed=2))  # drops the oldest: rank 0's first, 2 of rank 1's
@@ -55,7 +55,7 @@ def test_the_python_object_reads_fresh_values(dropping_manager: KVCacheEventMana
 
 
 def test_sink_metrics_and_their_text_exposition() -> None:
-    manager = KVCacheEventManager(10_000, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600)
+    manager = KVCacheEventManager(10_000, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600, attention_dp_gather=False)
     workload = Workload(seed=4, rank=0)
     sink = KafkaEventSink(manager, "t", "engine-x", config=MOCK, topic_config_timeout=0)
     for _ in range(5):

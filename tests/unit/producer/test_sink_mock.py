@@ -120,7 +120,7 @@ def test_every_sink_draws_its_own_producer_id() -> None:
 
 def test_the_manager_drops_travel_in_band_even_without_events() -> None:
     captured = Captured()
-    manager = KVCacheEventManager(10, attention_dp_rank=0, attention_dp_size=4, drop_warning_interval_s=3600)
+    manager = KVCacheEventManager(10, attention_dp_rank=0, attention_dp_size=4, drop_warning_interval_s=3600, attention_dp_gather=False)
     with mock_sink(manager, captured) as sink:
         manager.buffer.record_drops(2, 5)  # what the gather does with rank 2's reported drops
         assert sink.wait_delivered(10)
@@ -138,7 +138,7 @@ def test_the_manager_drops_travel_in_band_even_without_events() -> None:
 
 
 def test_queue_overflow_while_kafka_is_away_is_counted_per_rank_and_reported_at_close(dead_address: str) -> None:
-    manager = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=3)
+    manager = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=3, attention_dp_gather=False)
     config = {
         "bootstrap.servers": dead_address,
         "queue.buffering.max.messages": 2,  # librdkafka holds two messages, the sink's queue the rest
@@ -178,7 +178,7 @@ def test_queue_overflow_while_kafka_is_away_is_counted_per_rank_and_reported_at_
 
 
 def test_failed_deliveries_are_counted_per_rank_and_stay_pending(dead_address: str) -> None:
-    manager = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=2)
+    manager = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=2, attention_dp_gather=False)
     config = {"bootstrap.servers": dead_address, "message.timeout.ms": 300, "log_level": 0}
     failures = []
     sink = KafkaEventSink(
@@ -247,7 +247,7 @@ def test_close_takes_what_the_manager_still_holds_and_is_idempotent() -> None:
 
 
 def test_the_attention_dp_size_comes_from_the_manager_or_the_caller() -> None:
-    with KVCacheEventManager(10, attention_dp_rank=0, attention_dp_size=8) as manager:
+    with KVCacheEventManager(10, attention_dp_rank=0, attention_dp_size=8, attention_dp_gather=False) as manager:
         with mock_sink(manager, Captured()) as sink:
             assert sink.attention_dp_size == 8
         with mock_sink(manager, Captured(), attention_dp_size=2) as sink:
