@@ -93,8 +93,11 @@ cdef enum Kind:
     K_REMOVED = 2
     K_UPDATED = 3
 
-FUSED_FINGERPRINT = bytes.fromhex("edf02289072c3f09")
-"""The fingerprint of the ``EventBatch`` schema the fused reader was written for."""
+FUSED_FINGERPRINT = bytes.fromhex("a8fdf94b35e3cc10")
+"""The fingerprint of the ``EventBatch`` schema the fused reader was written for (v2)."""
+FUSED_FINGERPRINT_V1 = bytes.fromhex("edf02289072c3f09")
+"""Schema v1 (before ``KVCacheCreatedData.snapshot``): read too, so that a topic written by
+older producers is rebuilt at full speed."""
 
 
 # ---------------------------------------------------------------------------- records
@@ -153,6 +156,7 @@ ctypedef struct SEvent:
     uint8_t has_parent
     uint8_t has_level
     uint8_t has_prio
+    uint8_t snapshot     # a Created event of a producer snapshot (a resync)
 
 ctypedef struct SBlock:
     uint64_t engine
@@ -175,6 +179,7 @@ ctypedef struct Reader:
     const uint8_t *p
     const uint8_t *end
     int err
+    uint8_t has_snapshot  # the writer schema has KVCacheCreatedData.snapshot (v2 on)
 
 ctypedef struct EngineId:
     uint64_t engine
@@ -282,6 +287,7 @@ cdef enum ReadError:
     E_COUNT = 4
     E_LENGTH = 5
     E_INT_RANGE = 6
+    E_BOOLEAN = 7
 
 _READ_ERRORS = {
     1: "truncated Avro body",
@@ -290,6 +296,7 @@ _READ_ERRORS = {
     4: "an array count larger than the bytes left",
     5: "a negative or too large string/bytes length",
     6: "an int outside the 32-bit range",
+    7: "a boolean byte other than 0 or 1",
 }
 
 
@@ -350,6 +357,19 @@ cdef inline int32_t read_int(Reader *r) noexcept nogil:
         r.err = E_INT_RANGE
         return 0
     return <int32_t>v
+
+
+cdef inline uint8_t read_boolean(Reader *r) noexcept nogil:
+    cdef uint8_t b
+    if r.p >= r.end:
+        r.err = E_TRUNCATED
+        return 0
+    b = r.p[0]
+    if b > 1:
+        r.err = E_BOOLEAN
+        return 0
+    r.p += 1
+    return b
 
 
 cdef inline int64_t read_union(Reader *r, int64_t branches) noexcept nogil:
@@ -520,7 +540,7 @@ cdef class IndexCore:
     # counters
     cdef int64_t c_batches_applied, c_batches_replayed, c_batches_stale, c_events_applied
     cdef int64_t c_events_duplicate, c_blocks_stored, c_blocks_removed, c_orphan_blocks
-    cdef int64_t c_unknown_removed, c_unknown_updated, c_content_conflicts, c_gaps
+    cdef int64_t c_unknown_removed, c_unknown_updated, c_content_conflicts, c_gaps, c_resyncs
     cdef bint fused
 
     def __cinit__(self):
@@ -623,7 +643,7 @@ cdef class IndexCore:
         self.c_batches_applied = self.c_batches_replayed = self.c_batches_stale = 0
         self.c_events_applied = self.c_events_duplicate = self.c_blocks_stored = 0
         self.c_blocks_removed = self.c_orphan_blocks = self.c_unknown_removed = 0
-        self.c_unknown_updated = self.c_content_conflicts = self.c_gaps = 0
+        self.c_unknown_updated = self.c_content_conflicts = self.c_gaps = self.c_resyncs = 0
         return 0
 
     # ------------------------------------------------------------------ nodes
@@ -1054,6 +1074,7 @@ cdef class IndexCore:
         if len(reasons) < MAX_REASONS:
             reasons.append(reason)
         self.wrk[widx].gaps += 1
+        self.wrk[widx].last_created = 0  # a Created after a gap starts a new generation
         self.c_gaps += 1
         return 0
 
@@ -1153,6 +1174,7 @@ cdef class IndexCore:
             inst.sequence = seq
             for w in inst.workers.values():
                 self.wrk[<uint32_t>w].session_fresh = 1
+                self.wrk[<uint32_t>w].last_created = 0
             if seq != 0:
                 self._degrade_all(inst, dp_size, _reasons.new_session_not_at_zero(pid, seq))
         elif seq <= inst.sequence:
@@ -1280,6 +1302,8 @@ cdef class IndexCore:
                     self._drop_worker_windows(widx)
                     self.w_reasons[widx] = []
                     self.wrk[widx].gaps = 0
+                    if e.snapshot:
+                        self.c_resyncs += 1
                 slot = self._slot(widx, e.window, True)
                 self._clear_slot(slot)
                 self.s_capacity[slot] = [self.vals[e.first + i] for i in range(e.count)]
@@ -1441,6 +1465,8 @@ cdef class IndexCore:
                     self.vals[self.nvals] = read_int(r)
                     self.nvals += 1
             e.count = <uint32_t>(self.nvals - e.first)
+            if r.has_snapshot and not r.err:
+                e.snapshot = read_boolean(r)
         elif branch == K_STORED:
             if read_union(r, 2) == 1:
                 e.has_parent = 1
@@ -1497,8 +1523,14 @@ cdef class IndexCore:
         try:
             base = <const uint8_t *>view.buf
             size = view.len
-            if (not self.fused or size < 10 or base[0] != 0xC3 or base[1] != 0x01
-                    or memcmp(base + 2, PyBytes_AS_STRING(FUSED_FINGERPRINT), 8) != 0):
+            if not self.fused or size < 10 or base[0] != 0xC3 or base[1] != 0x01:
+                self.apply_batch(decode_batch(data))
+                return
+            if memcmp(base + 2, PyBytes_AS_STRING(FUSED_FINGERPRINT), 8) == 0:
+                r.has_snapshot = 1
+            elif memcmp(base + 2, PyBytes_AS_STRING(FUSED_FINGERPRINT_V1), 8) == 0:
+                r.has_snapshot = 0
+            else:
                 self.apply_batch(decode_batch(data))
                 return
             r.p = base + 10
@@ -1642,6 +1674,7 @@ cdef class IndexCore:
                 e.new_prio = data.priority.new_value
         elif cls is KVCacheCreatedData:
             e.kind = K_CREATED
+            e.snapshot = data.snapshot is True
             levels = data.num_blocks_per_cache_level
             self._need_vals(self.nvals + len(levels))
             e = &self.ev[self.nev]
@@ -1961,6 +1994,7 @@ cdef class IndexCore:
             "unknown_updated": self.c_unknown_updated,
             "content_conflicts": self.c_content_conflicts,
             "gaps": self.c_gaps,
+            "resyncs": self.c_resyncs,
         }
 
     def held_blocks(self):

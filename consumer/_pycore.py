@@ -51,6 +51,7 @@ COUNTER_NAMES = (
     "unknown_updated",
     "content_conflicts",
     "gaps",
+    "resyncs",
 )
 
 _UNKNOWN = -1  # parent content not known (orphan chain); None means "root of a prefix"
@@ -182,6 +183,7 @@ class PyIndexCore:
         if len(w.reasons) < MAX_REASONS:
             w.reasons.append(reason)
         w.gaps += 1
+        w.last_created = False  # a Created event after a gap starts a new generation
         self._counters["gaps"] += 1
 
     # ------------------------------------------------------------------ block store
@@ -285,6 +287,7 @@ class PyIndexCore:
             inst.producer_id, inst.sequence = pid, seq
             for w in inst.workers.values():
                 w.session_fresh = True
+                w.last_created = False
             if seq != 0:
                 reason = _reasons.new_session_not_at_zero(pid, seq)
                 for rank in self._all_ranks(inst, batch.attention_dp_size):
@@ -374,6 +377,8 @@ class PyIndexCore:
                     self._drop_worker_windows(w)
                     w.reasons.clear()
                     w.gaps = 0
+                    if data.snapshot:
+                        self._counters["resyncs"] += 1
                 slot = self._slot(w, window, True)
                 if any(self._slots[slot].levels):
                     self._clear_slot(slot)

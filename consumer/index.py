@@ -45,8 +45,18 @@ Created (several window sizes)
     manager. So a Created event that follows any other event of the worker (or is its first)
     starts a new cache generation: *all* the worker's windows are dropped and its degraded flag
     cleared, then this window size is created empty with its capacity. A Created event that
-    directly follows another Created event of the same worker only (re)creates its own window
-    size, keeping the windows created just before it.
+    directly follows another Created event of the same worker, with nothing lost in between,
+    only (re)creates its own window size, keeping the windows created just before it. Any gap
+    (ids jumped, drops reported, batches lost, a new producer session) ends such a run: the
+    next Created event starts a new generation.
+
+Producer snapshots (resyncs)
+    A producer that lost events re-publishes the worker's whole cache: ``Created`` events with
+    ``snapshot=True`` for every window size, then Stored events that restore every held block,
+    parents first, with their levels and priorities. By the rules above the first of them
+    resets the worker and clears its flag, the others add their windows, and the Stored events
+    refill them: the worker equals the engine's cache again. ``stats()`` counts such resets in
+    ``resyncs``. (A reader that does not know the flag applies the same events the same way.)
 
 Stored / Removed / Updated
     Stored adds blocks to (worker, window) at their level and priority; block ``i`` is the

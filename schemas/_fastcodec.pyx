@@ -69,7 +69,7 @@ cdef enum:
 
 __all__ = ["SCHEMA_FINGERPRINT", "decode_body", "direct_field_access", "encode_body"]
 
-SCHEMA_FINGERPRINT = bytes.fromhex("edf02289072c3f09")
+SCHEMA_FINGERPRINT = bytes.fromhex("a8fdf94b35e3cc10")
 """CRC-64-AVRO fingerprint of the ``EventBatch`` schema this module implements."""
 
 # The model types, held in C globals (no module dictionary lookup per object).
@@ -97,7 +97,7 @@ cdef enum:
 
 cdef enum:
     # Smallest encoded size of one array item, for the "count larger than the bytes left" check.
-    MIN_EVENT = 5        # event_id, union index, empty created levels, window_size, null rank
+    MIN_EVENT = 5        # event_id, union index, empty removed hashes, window_size, null rank
     MIN_BLOCK = 8        # one byte for each of the eight fields
     MIN_MM_KEY = 33      # fixed(32) + start_offset
     MIN_DROPS = 2
@@ -137,6 +137,7 @@ cdef enum:
     A_UPDATED_LEVEL
     A_UPDATED_PRIORITY
     A_CREATED_LEVELS
+    A_CREATED_SNAPSHOT
     A_BLOCK_HASH
     A_BLOCK_TOKENS
     A_BLOCK_LORA
@@ -171,6 +172,7 @@ _ATTRS = (
     (KVCacheUpdatedData, "cache_level"),
     (KVCacheUpdatedData, "priority"),
     (KVCacheCreatedData, "num_blocks_per_cache_level"),
+    (KVCacheCreatedData, "snapshot"),
     (KVCacheStoredBlockData, "block_hash"),
     (KVCacheStoredBlockData, "tokens"),
     (KVCacheStoredBlockData, "lora_id"),
@@ -586,7 +588,7 @@ cdef int _put_data(Writer* w, object data) except -1:
     elif cls is _Created:
         seq = _sequence(_get(data, A_CREATED_LEVELS), "num_blocks_per_cache_level")
         n = PySequence_Fast_GET_SIZE(seq)
-        _reserve(w, n * 5 + 12)
+        _reserve(w, n * 5 + 13)  # branch, count, levels, end of array, snapshot
         _put_byte(w, 2 * DATA_CREATED)
         if n:
             _put_long(w, n)
@@ -594,6 +596,10 @@ cdef int _put_data(Writer* w, object data) except -1:
                 _i32(_item(seq, k, "num_blocks_per_cache_level"), "num_blocks_per_cache_level", k, &level)
                 _put_long(w, level)
         _put_byte(w, 0)
+        snapshot = _get(data, A_CREATED_SNAPSHOT)
+        if snapshot is not True and snapshot is not False:
+            raise _EncodeError(f"snapshot: expected a bool, got {type(snapshot).__name__}")
+        _put_byte(w, 1 if snapshot is True else 0)
     else:
         raise _EncodeError(f"unknown event data type {cls.__name__}")
     return 0
@@ -744,6 +750,7 @@ cdef enum Field:
     F_WINDOW_SIZE
     F_EVENT_RANK
     F_LEVELS
+    F_SNAPSHOT
     F_PARENT_HASH
     F_BLOCKS
     F_REMOVED_HASHES
@@ -789,6 +796,7 @@ _FIELDS = (
     (IN_EVENT, "window_size"),
     (IN_EVENT, "attention_dp_rank"),
     (IN_DATA, "num_blocks_per_cache_level"),
+    (IN_DATA, "snapshot"),
     (IN_DATA, "parent_hash"),
     (IN_DATA, "blocks"),
     (IN_DATA, "block_hashes"),
@@ -879,6 +887,18 @@ cdef inline int _read_int(Reader* r, int32_t* out, int field) except -1:
         return _fail(r, field, f"{v} is outside the Avro int range", at)
     out[0] = <int32_t>v
     return 0
+
+
+cdef inline bint _read_boolean(Reader* r, int field) except -1:
+    """An Avro boolean: one byte, 0 or 1 (fastavro takes any non-zero byte for true; this
+    reader is stricter and rejects them)."""
+    cdef const unsigned char* at = r.p
+    if at >= r.end:
+        return _truncated(r, field, at)
+    if at[0] > 1:
+        return _fail(r, field, f"invalid boolean byte {at[0]} (expected 0 or 1)", at)
+    r.p = at + 1
+    return at[0] == 1
 
 
 cdef inline int _read_branch(Reader* r, int field, int64_t branches) except -1:
@@ -1167,7 +1187,8 @@ cdef object _read_data(Reader* r):
         cache_level = _read_diff(r, F_UPDATED_LEVEL, F_LEVEL_OLD, F_LEVEL_NEW)
         priority = _read_diff(r, F_UPDATED_PRIORITY, F_PRIORITY_OLD, F_PRIORITY_NEW)
         return _Updated(PyLong_FromUnsignedLongLong(<uint64_t>block_hash), cache_level, priority)
-    return _Created(_read_ints(r, F_LEVELS))
+    levels = _read_ints(r, F_LEVELS)
+    return _Created(levels, _read_boolean(r, F_SNAPSHOT))
 
 
 cdef object _read_event(Reader* r):

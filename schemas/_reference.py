@@ -98,6 +98,12 @@ def _optional_unsigned64(value: int | None) -> int | None:
     return None if value is None else to_unsigned64(value)
 
 
+def _boolean(value: Any, what: str) -> bool:
+    if value is True or value is False:
+        return value
+    raise EncodeError(f"{what}: expected a bool, got {type(value).__name__}")
+
+
 def _string(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise EncodeError(f"{what}: expected a str, got {type(value).__name__}")
@@ -206,7 +212,8 @@ def _data_record(data: Any) -> tuple[str, dict[str, Any]]:
         return "kvevents.KVCacheCreatedData", {
             "num_blocks_per_cache_level": [
                 _int32(n, f"num_blocks_per_cache_level[{i}]") for i, n in enumerate(levels)
-            ]
+            ],
+            "snapshot": _boolean(data.snapshot, "snapshot"),
         }
     raise EncodeError(f"unknown event data type {cls.__name__}")
 
@@ -315,7 +322,7 @@ def _data(tagged: tuple[str, dict[str, Any]]) -> Any:
             priority=_diff(record["priority"]),
         )
     if name == "kvevents.KVCacheCreatedData":
-        return KVCacheCreatedData(list(record["num_blocks_per_cache_level"]))
+        return KVCacheCreatedData(list(record["num_blocks_per_cache_level"]), record["snapshot"])
     raise DecodeError(f"unknown event data type {name!r}")
 
 

@@ -57,9 +57,15 @@ class KVCacheEventDiff(msgspec.Struct, frozen=True, gc=False):
 
 
 class KVCacheCreatedData(msgspec.Struct, frozen=True, gc=False):
-    """A cache was created: capacity in blocks per cache level (primary first)."""
+    """A cache was created: capacity in blocks per cache level (primary first).
+
+    ``snapshot`` is True when the producer re-publishes a worker's whole cache after a loss
+    (a resync, see ``KVCacheEventManager.enqueue_snapshot``): not a new cache, but consumers
+    reset the worker all the same, and the Stored events that follow restore its blocks.
+    """
 
     num_blocks_per_cache_level: list[int]
+    snapshot: bool = False
 
 
 class KVCacheStoredBlockData(msgspec.Struct, frozen=True, gc=False):

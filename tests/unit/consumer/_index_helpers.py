@@ -29,8 +29,10 @@ def block(h: int, level: int = 0, priority: int = 35, tokens: Sequence[int] | No
     return KVCacheStoredBlockData(h, tokens_of(h) if tokens is None else tokens, cache_level=level, priority=priority, **kw)  # type: ignore[arg-type]
 
 
-def created(eid: int, window: int = WINDOW, rank: int | None = None, levels: Sequence[int] = (100, 10)) -> KVCacheEvent:
-    return KVCacheEvent(eid, KVCacheCreatedData(list(levels)), window, rank)
+def created(
+    eid: int, window: int = WINDOW, rank: int | None = None, levels: Sequence[int] = (100, 10), snapshot: bool = False
+) -> KVCacheEvent:
+    return KVCacheEvent(eid, KVCacheCreatedData(list(levels), snapshot), window, rank)
 
 
 def stored(

@@ -66,6 +66,7 @@ class NaiveIndex:
 
     def degrade(self, w: Worker) -> None:
         w.gaps += 1
+        w.last_created = False  # a Created event after a gap starts a new cache generation
 
     def apply(self, batch: EventBatch) -> None:
         inst = self.instances.setdefault(batch.instance_id, Instance())
@@ -81,6 +82,7 @@ class NaiveIndex:
             for (i, _r), w in self.workers.items():
                 if i == batch.instance_id:
                     w.fresh = True
+                    w.last_created = False
             if batch.sequence != 0:
                 for r in ranks():
                     self.degrade(self.worker(batch.instance_id, r))
@@ -262,7 +264,7 @@ class TroubledProducer:
         held = inst["held"][rank][window]
         op = draw(st.sampled_from(
             ["store", "store", "store", "remove", "update", "created", "flush", "flush", "drop",
-             "lose", "replay", "restart", "stale"]
+             "lose", "replay", "restart", "stale", "snapshot"]
         ))
         if op == "store":
             choices = [None, *sorted(held)]
@@ -294,6 +296,12 @@ class TroubledProducer:
                 self.event(inst, rank, KVCacheCreatedData([10, 2]), w)
             for w in self.WINDOWS:
                 inst["held"][rank][w].clear()
+        elif op == "snapshot":  # a resync: every window re-created, then every held block re-stored
+            for w in self.WINDOWS:
+                self.event(inst, rank, KVCacheCreatedData([10, 2], snapshot=True), w)
+            for w in self.WINDOWS:
+                for engine, tokens in sorted(inst["held"][rank][w].items()):
+                    self.event(inst, rank, KVCacheStoredData(None, [KVCacheStoredBlockData(engine, tokens)]), w)
         elif op == "flush":
             self.flush(inst, name)
         elif op == "drop" and inst["pending"]:

@@ -46,7 +46,7 @@ def every_event() -> list[KVCacheEvent]:
     """Each event type with its optional fields set and unset, edge hashes, empty and big blocks."""
     return [
         KVCacheEvent(0, KVCacheCreatedData([1000, 4000]), 4096),
-        KVCacheEvent(1, KVCacheCreatedData([]), 4096, attention_dp_rank=3),
+        KVCacheEvent(1, KVCacheCreatedData([], snapshot=True), 4096, attention_dp_rank=3),
         KVCacheEvent(2, KVCacheStoredData(None, [block_unset()]), 4096),
         KVCacheEvent(3, KVCacheStoredData(2**64 - 1, [block_set(), block_unset(0, 0)]), 4096, 0),
         KVCacheEvent(4, KVCacheStoredData(0, []), 128),

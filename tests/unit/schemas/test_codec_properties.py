@@ -51,7 +51,7 @@ def blocks(draw: st.DrawFn) -> KVCacheStoredBlockData:
 
 diffs = st.none() | st.builds(KVCacheEventDiff, i32, i32)
 event_data = st.one_of(
-    st.builds(KVCacheCreatedData, st.lists(i32, max_size=4)),
+    st.builds(KVCacheCreatedData, st.lists(i32, max_size=4), st.booleans()),
     st.builds(KVCacheStoredData, st.none() | u64, st.lists(blocks(), max_size=4)),
     st.builds(KVCacheRemovedData, st.lists(u64, max_size=10)),
     st.builds(KVCacheUpdatedData, u64, diffs, diffs),
