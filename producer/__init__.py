@@ -8,6 +8,7 @@ from .metrics import MetricFamily, ProducerMetrics, Sample
 from .sink import KafkaEventSink
 from .sink_config import DEFAULT_PRODUCER_CONFIG
 from .sink_stats import DeliveryReport, LatencySnapshot, SinkCloseReport, SinkStats
+from .snapshot import SnapshotSummary, snapshot_chains
 from .stats import BufferStats, ManagerStats
 
 __all__ = [
@@ -29,5 +30,7 @@ __all__ = [
     "Sample",
     "SinkCloseReport",
     "SinkStats",
+    "SnapshotSummary",
+    "snapshot_chains",
     "tolerate_peer_failures",
 ]

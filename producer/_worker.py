@@ -213,10 +213,14 @@ class Worker:
 
     def _drop(self, records: list[Record]) -> None:
         by_window: dict[int, int] = {}
-        for _, window_size, _ in records:
+        newest: dict[int, int] = {}
+        for event_id, window_size, _ in records:
             by_window[window_size] = by_window.get(window_size, 0) + 1
+            newest[window_size] = event_id
         for window_size, count in by_window.items():
-            self._buffer.record_drops(self._rank_key, count, window_size=window_size)
+            self._buffer.record_drops(
+                self._rank_key, count, window_size=window_size, newest_event_id=newest[window_size]
+            )
 
     def drop_leftovers(self) -> None:
         """Once the worker has exited: count iterations left in ``pending`` (flushed after

@@ -17,7 +17,9 @@ Who calls what (all methods are thread-safe):
   drop count, to send them to rank 0;
 - consumers: :meth:`take` (the C++ ``getEvents``) or :meth:`drain` (events plus the drops since
   the previous drain, for a Kafka sink that reports loss in-band). Use one or the other: ``take``
-  leaves the drop counts for the next ``drain``.
+  leaves the drop counts for the next ``drain``;
+- the manager: :meth:`add_drop_listener`, to learn that a rank lost events (and ask its engine
+  for a snapshot).
 """
 
 from __future__ import annotations
@@ -34,12 +36,17 @@ from kvevents.schemas import KVCacheEvent, RankDrops
 
 from .stats import BufferStats
 
-__all__ = ["DEFAULT_DROP_WARNING_INTERVAL_S", "EventBuffer", "EventDrain", "check_timeout"]
+__all__ = ["DEFAULT_DROP_WARNING_INTERVAL_S", "DropListener", "EventBuffer", "EventDrain", "check_timeout"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DROP_WARNING_INTERVAL_S = 10.0
 """At most one drop warning per this many seconds per buffer."""
+
+
+DropListener = Callable[[int, int, "int | None"], None]
+"""``listener(source_rank, dropped_events, newest_dropped_event_id)``; the id is None when not
+known (drops another rank reported for its own buffer)."""
 
 
 class EventDrain(msgspec.Struct, frozen=True, gc=False):
@@ -104,6 +111,7 @@ class EventBuffer:
         self._undrained_drops: dict[int, int] = {}
         self._last_warning_at: float | None = None
         self._dropped_since_warning = 0
+        self._drop_listeners: list[DropListener] = []
 
     @property
     def capacity(self) -> int:
@@ -118,6 +126,22 @@ class EventBuffer:
     def __len__(self) -> int:
         return len(self._events)
 
+    def add_drop_listener(self, listener: DropListener) -> None:
+        """Call ``listener(source_rank, dropped_events, newest_dropped_event_id)`` after every
+        drop, outside the buffer's lock, in the thread that dropped (the manager's worker, the
+        gather): it must be quick and must not block."""
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {listener!r}")
+        self._drop_listeners.append(listener)
+
+    def _notify_drops(self, drops: dict[int, tuple[int, int | None]]) -> None:
+        for listener in self._drop_listeners:
+            for rank, (count, newest) in drops.items():
+                try:
+                    listener(rank, count, newest)
+                except Exception:  # a listener's bug must not lose the events being added
+                    log.exception("drop listener %r failed", listener)
+
     # -- adding ---------------------------------------------------------------------------
 
     def extend(self, events: Sequence[KVCacheEvent]) -> int:
@@ -131,6 +155,7 @@ class EventBuffer:
         if count == 0:
             return 0
         warning = None
+        notify: dict[int, tuple[int, int | None]] = {}
         with self._cond:
             buffered = self._events
             overflow = len(buffered) + count - self._capacity
@@ -138,19 +163,24 @@ class EventBuffer:
             if overflow > 0:
                 from_buffer = min(len(buffered), overflow)
                 by_key: dict[tuple[int | None, int], int] = {}
+                newest: dict[int, int] = {}
                 popleft = buffered.popleft
                 for _ in range(from_buffer):
                     event = popleft()
                     key = (event.attention_dp_rank, event.window_size)
                     by_key[key] = by_key.get(key, 0) + 1
+                    newest[_rank_key(event.attention_dp_rank)] = event.event_id
                 from_batch = overflow - from_buffer
                 for event in events[:from_batch]:
                     key = (event.attention_dp_rank, event.window_size)
                     by_key[key] = by_key.get(key, 0) + 1
+                    newest[_rank_key(event.attention_dp_rank)] = event.event_id
                 if from_batch:
                     events = events[from_batch:]
                 for (rank, window_size), n in by_key.items():
                     self._count_drops_locked(_rank_key(rank), n, window_size)
+                    old_count, _ = notify.get(_rank_key(rank), (0, None))
+                    notify[_rank_key(rank)] = (old_count + n, newest.get(_rank_key(rank)))
                 dropped_now = overflow
                 warning = self._warning_locked()
             buffered.extend(events)
@@ -160,13 +190,23 @@ class EventBuffer:
             self._cond.notify_all()
         if warning is not None:
             log.warning(*warning)
+        if notify and self._drop_listeners:
+            self._notify_drops(notify)
         return dropped_now
 
-    def record_drops(self, source_rank: int, dropped_events: int, *, window_size: int | None = None) -> None:
+    def record_drops(
+        self,
+        source_rank: int,
+        dropped_events: int,
+        *,
+        window_size: int | None = None,
+        newest_event_id: int | None = None,
+    ) -> None:
         """Count ``dropped_events`` events of ``source_rank`` lost outside this buffer: drops an
         attention-DP rank reported for its own buffer (rank 0's gather), or events the manager's
-        worker skipped because they would be dropped anyway (with their ``window_size``).
-        They join the per-rank counts, the total, the next :meth:`drain`, and the warning.
+        worker skipped because they would be dropped anyway (with their ``window_size`` and the
+        id of the newest of them). They join the per-rank counts, the total, the next
+        :meth:`drain`, the warning and the drop listeners.
         """
         if isinstance(source_rank, bool) or not isinstance(source_rank, int) or source_rank < 0:
             raise ValueError(f"source_rank must be an int >= 0, got {source_rank!r}")
@@ -180,6 +220,8 @@ class EventBuffer:
             self._cond.notify_all()
         if warning is not None:
             log.warning(*warning)
+        if self._drop_listeners:
+            self._notify_drops({source_rank: (dropped_events, newest_event_id)})
 
     def _count_drops_locked(self, rank: int, count: int, window_size: int | None) -> None:
         self._dropped_total += count

@@ -33,15 +33,26 @@ Seams for the other parts of the producer:
   ``buffer.drain(timeout=0)``;
 - :meth:`KVCacheEventManager.add_close_callback` — lets the gather stop (and do its last
   exchange) inside ``close()``, after the worker's last events and before readers are woken;
-- :meth:`KVCacheEventManager.settle` — wait until every flushed iteration is in the buffer.
+- :meth:`KVCacheEventManager.settle` — wait until every flushed iteration is in the buffer;
+- :meth:`KVCacheEventManager.request_snapshot` — for any part that lost this rank's events
+  after the manager (the Kafka sink): it raises :attr:`KVCacheEventManager.snapshot_requested`.
+
+Snapshots. When the manager drops events of its own rank (the buffer overflowed) it raises
+:attr:`KVCacheEventManager.snapshot_requested` and calls the listeners added with
+:meth:`KVCacheEventManager.add_snapshot_listener`. The engine then calls
+:meth:`KVCacheEventManager.enqueue_snapshot` on its thread, between iterations, with every
+block it holds: consumers rebuild the degraded worker from it (see
+:mod:`kvevents.producer.snapshot`). Drops of events older than the latest snapshot do not
+raise the flag again (the snapshot covers them); drops of the snapshot's own events do.
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -50,10 +61,13 @@ from kvevents.schemas import KVCacheCreatedData, KVCacheEvent, KVCacheUpdatedDat
 from ._worker import Worker
 from .block import U64_MAX, BlockInfo
 from .buffer import DEFAULT_DROP_WARNING_INTERVAL_S, EventBuffer, EventDrain, check_timeout
+from .snapshot import SnapshotSummary, capacities_by_window, snapshot_chains
 from .stats import ManagerStats
 
 if TYPE_CHECKING:
     from .gather import AttentionDpGather, GatherConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = ["I32_MAX", "KVCacheEventManager"]
 
@@ -106,6 +120,18 @@ def _stop_soon(worker: Worker, gather: AttentionDpGather | None) -> None:
     worker.stop_soon()
     if gather is not None:
         gather.request_stop()
+
+
+def _weak_drop_listener(manager: KVCacheEventManager) -> Callable[[int, int, int | None], None]:
+    """The manager's drop listener, holding it weakly (the buffer must not keep it alive)."""
+    ref = weakref.WeakMethod(manager._on_drops)
+
+    def listener(source_rank: int, dropped_events: int, newest_event_id: int | None) -> None:
+        method = ref()
+        if method is not None:
+            method(source_rank, dropped_events, newest_event_id)
+
+    return listener
 
 
 class KVCacheEventManager:
@@ -182,6 +208,15 @@ class KVCacheEventManager:
         self._removed_window: int | _NoWindow = _NO_WINDOW  # window of the last queued Removed
         self._removed_hashes: list[int] = []  # ... and its hashes, while it is the last record
         self._iterations_flushed = 0
+
+        # Snapshots: requested by drops of this rank (worker thread) or request_snapshot() (any
+        # thread); enqueue_snapshot() on the engine thread clears the request.
+        self._snapshot_reason: str | None = None
+        self._snapshot_requests = 0
+        self._snapshots_published = 0
+        self._snapshot_floor = 0  # drops of events below this id are covered by the last snapshot
+        self._snapshot_listeners: list[Callable[[str], None]] = []
+        self._buffer.add_drop_listener(_weak_drop_listener(self))
 
         self._close_lock = threading.Lock()  # orders settle() against close(); flush() takes none
         self._closed = False
@@ -302,6 +337,103 @@ class KVCacheEventManager:
         self._next_id += 1
         self._removed_window = _NO_WINDOW
 
+    def enqueue_snapshot(
+        self,
+        windows: Mapping[int, Iterable[BlockInfo]],
+        num_blocks_per_cache_level: Mapping[int, Sequence[int]] | Sequence[int],
+    ) -> SnapshotSummary:
+        """Queue a snapshot of this rank's whole cache: a Created event with ``snapshot=True``
+        for every window size, then Stored events that restore every held block, parents first.
+
+        ``windows`` maps each window size to every block its cache holds now, in any order
+        (``prev_block_hash`` links them; ``is_primary`` and ``priority`` give each block's cache
+        level and priority). ``num_blocks_per_cache_level`` is the capacity of every window, or
+        a mapping per window size (a window only there is re-created empty). Call it on the
+        engine thread, like the other ``enqueue_*`` calls; the events go out with the next
+        :meth:`flush`. Clears :attr:`snapshot_requested`.
+
+        Cost: linear in the held blocks, on the engine thread (it runs rarely). Raises
+        ``ValueError`` (queueing nothing) for a malformed snapshot, or one with more events than
+        the buffer holds: it could never reach a consumer whole.
+        """
+        order: list[int] = []
+        chains: dict[int, list[tuple[BlockInfo, ...]]] = {}
+        for window_size, blocks in windows.items():
+            if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
+                window_size = _window(window_size)
+            order.append(window_size)
+            chains[window_size] = snapshot_chains(blocks)
+        capacities = {
+            w if w.__class__ is int and 0 < w <= I32_MAX else _window(w): levels
+            for w, levels in capacities_by_window(order, num_blocks_per_cache_level).items()
+        }
+        stored = sum(len(c) for c in chains.values())
+        events = len(capacities) + stored
+        if events > self._buffer.capacity:
+            raise ValueError(
+                f"a snapshot of {events} events ({len(capacities)} Created, {stored} Stored) cannot fit "
+                f"the event buffer (capacity {self._buffer.capacity}): raise max_kv_event_entries"
+            )
+        first = self._next_id
+        queue = self._queue
+        next_id = first
+        for window_size, levels in capacities.items():
+            queue.append((next_id, window_size, KVCacheCreatedData(levels, snapshot=True)))
+            next_id += 1
+        blocks = 0
+        for window_size in order:
+            for chain in chains[window_size]:
+                queue.append((next_id, window_size, chain))
+                next_id += 1
+                blocks += len(chain)
+        self._next_id = next_id
+        self._removed_window = _NO_WINDOW
+        self._snapshot_floor = first
+        self._snapshot_reason = None
+        self._snapshots_published += 1
+        return SnapshotSummary(first, next_id - 1, tuple(capacities), stored, blocks)
+
+    @property
+    def snapshot_requested(self) -> bool:
+        """Whether this rank's events were lost since its latest snapshot, so consumers hold an
+        incomplete view of it: the engine should call :meth:`enqueue_snapshot`."""
+        return self._snapshot_reason is not None
+
+    @property
+    def snapshot_request_reason(self) -> str | None:
+        """Why a snapshot is requested (the first loss since the latest snapshot), or None."""
+        return self._snapshot_reason
+
+    def request_snapshot(self, reason: str) -> None:
+        """Ask the engine for a snapshot: raise :attr:`snapshot_requested` and, when it was not
+        raised yet, call the snapshot listeners with ``reason``. Thread-safe and non-blocking;
+        the manager calls it itself when it drops events of its own rank."""
+        first = self._snapshot_reason is None
+        if first:
+            self._snapshot_reason = reason
+        self._snapshot_requests += 1
+        if first:
+            for listener in list(self._snapshot_listeners):
+                try:
+                    listener(reason)
+                except Exception:  # the caller may be the manager's worker: never let it die
+                    log.exception("snapshot listener %r failed", listener)
+
+    def add_snapshot_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` when a snapshot becomes requested. It runs in the thread
+        that noticed the loss (usually the manager's worker, not the engine thread): it must
+        be quick and must not call ``enqueue_*``; set a flag the engine loop reads instead."""
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {listener!r}")
+        self._snapshot_listeners.append(listener)
+
+    def _on_drops(self, source_rank: int, dropped_events: int, newest_event_id: int | None) -> None:
+        if source_rank != (self._rank or 0):
+            return  # another rank's events lost in rank 0's buffer: that rank's engine holds them
+        if newest_event_id is not None and newest_event_id < self._snapshot_floor:
+            return  # older than the latest snapshot, which already covers them
+        self.request_snapshot(f"{dropped_events} events of attention-DP rank {source_rank} dropped by the event buffer")
+
     def flush(self) -> None:
         """Hand this iteration's queued events to the background worker; no-op when none.
         Never waits for the worker or any reader, and takes no lock. After :meth:`close` the
@@ -407,4 +539,7 @@ class KVCacheEventManager:
             stored_blocks_total=worker.stored_blocks,
             removed_block_hashes_total=worker.removed_hashes,
             buffer=self._buffer.stats(),
+            snapshots_published_total=self._snapshots_published,
+            snapshot_requests_total=self._snapshot_requests,
+            snapshot_requested=self._snapshot_reason is not None,
         )

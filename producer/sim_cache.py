@@ -405,6 +405,16 @@ class PagedBlockCache:
             for h, b in self._blocks.items()
         }
 
+    def snapshot_blocks(self) -> list[Any]:
+        """Every cached block as the object ``enqueue_stored_event`` takes (``block_info``):
+        what :meth:`KVCacheEventManager.enqueue_snapshot` needs for this window size."""
+        make = self._block_info
+        return [
+            make(h, None if b.parent is None else b.parent.block_hash, b.tokens, b.lora_id,
+                 b.level == PRIMARY_LEVEL, b.priority)
+            for h, b in self._blocks.items()
+        ]
+
     # ------------------------------------------------------------------ engine calls
 
     def emit_created(self) -> None:

@@ -11,7 +11,9 @@ Per iteration :meth:`EngineSimulator.step`:
 3. decodes ``decode_tokens_per_iteration`` tokens per running request; a finished request stores
    the full blocks of prompt + output (another Stored event) and releases its blocks, which stay
    cached, unreferenced, until evicted;
-4. calls ``flush()`` on the event manager once.
+4. publishes a snapshot of its caches when the manager asks for one and
+   ``SimulatorConfig.snapshot_on_request`` is set (:meth:`EngineSimulator.publish_snapshot`);
+5. calls ``flush()`` on the event manager once.
 
 The simulated clock advances ``1 / iterations_per_second`` per iteration; with ``realtime`` the
 loop also sleeps to keep that pace on the wall clock, otherwise it runs as fast as it can.
@@ -116,6 +118,9 @@ class SimulatorConfig:
     max_waiting_requests: int = 10_000
     """Most requests waiting for admission; later arrivals are rejected (and counted)."""
     decode_tokens_per_iteration: int = 1
+    snapshot_on_request: bool = False
+    """Publish a snapshot at the end of an iteration whenever the event manager's
+    ``snapshot_requested`` is set (it lost events of this rank), as an engine should."""
 
     def __post_init__(self) -> None:
         if not self.window_sizes or len(set(self.window_sizes)) != len(self.window_sizes):
@@ -162,6 +167,8 @@ class SimulatorStats:
     offloads: int = 0
     onboards: int = 0
     priority_updates: int = 0
+    snapshots: int = 0
+    """Snapshots published (:meth:`EngineSimulator.publish_snapshot`)."""
 
     @property
     def hit_rate(self) -> float:
@@ -462,6 +469,8 @@ class EngineSimulator:
         while heap and heap[0][0] <= self.iteration:
             self._finish(heapq.heappop(heap)[1])
             finished += 1
+        if cfg.snapshot_on_request and getattr(self.events, "snapshot_requested", False):
+            self.publish_snapshot()
         if self.events is not None:
             self.events.flush()
         report = IterationReport(self.iteration, admitted, finished, hits)
@@ -526,6 +535,24 @@ class EngineSimulator:
                 self.step()
                 pace()
         return self.stats()
+
+    def publish_snapshot(self) -> Any:
+        """Queue a snapshot of every cache (each window's held blocks, levels, priorities and
+        capacity) with the event manager's ``enqueue_snapshot``; it goes out with the next
+        flush. Returns the manager's ``SnapshotSummary``. Call between iterations."""
+        enqueue = getattr(self.events, "enqueue_snapshot", None)
+        if enqueue is None:
+            raise TypeError(
+                f"publishing a snapshot needs an event manager with enqueue_snapshot (a "
+                f"KVCacheEventManager), not {type(self.events).__name__}"
+            )
+        self.start()
+        summary = enqueue(
+            {w: c.snapshot_blocks() for w, c in self.caches.items()},
+            {w: c.num_blocks_per_cache_level for w, c in self.caches.items()},
+        )
+        self._stats.snapshots += 1
+        return summary
 
     # ------------------------------------------------------------------ queries
 

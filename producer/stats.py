@@ -49,6 +49,9 @@ class ManagerStats:
       dropped on the way), keyed by ``EVENT_TYPES``; ``iterations_flushed_total``: non-empty
       ``flush()`` calls; ``pending_iterations``: flushed iterations the worker has not processed.
     - ``buffer``: the buffer's own snapshot (capacity, size, high-water mark, drops).
+    - ``snapshots_published_total``: ``enqueue_snapshot`` calls; ``snapshot_requests_total``:
+      losses that asked for one (several may be answered by one snapshot);
+      ``snapshot_requested``: whether one is wanted now.
     """
 
     events_enqueued_total: int
@@ -58,6 +61,9 @@ class ManagerStats:
     stored_blocks_total: int
     removed_block_hashes_total: int
     buffer: BufferStats
+    snapshots_published_total: int = 0
+    snapshot_requests_total: int = 0
+    snapshot_requested: bool = False
 
     @property
     def events_dropped_total(self) -> int:
