@@ -1,0 +1,240 @@
+"""Checkpoints: a ``CacheIndex`` saved together with the topic offsets it reflects.
+
+Restoring a checkpoint and reading the topic from its offsets gives the same index as reading
+the whole topic (tested with hypothesis against full replays, through real Kafka too), so a
+router restarts in seconds instead of replaying everything. Two places to keep one:
+
+- a file (:func:`save_checkpoint` / :func:`load_checkpoint`): written to a temporary file in
+  the same directory, flushed to disk, then renamed over the old one, so a crash leaves either
+  the old or the new checkpoint, never a mix;
+- a compacted Kafka topic (:class:`~kvevents.consumer.checkpoint_kafka.KafkaCheckpointStore`),
+  where the checkpoint is cut into chunks that fit the topic's ``max.message.bytes``.
+
+Format (both places): ``MAGIC`` (8 bytes), the format version (u16 little-endian), the header
+length (u32), a msgpack header (topic, offsets per partition, creation time, size of the index
+state, kvevents version), the index state (``CacheIndex.to_bytes``), then a 16-byte XXH3-128
+checksum of everything before it. Loading checks each part and raises
+:class:`CheckpointError` naming what is wrong: not a checkpoint, another format version,
+truncated, checksum mismatch, another topic than the one expected, a corrupt index state.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import xxhash
+
+from .index import CacheIndex
+
+if TYPE_CHECKING:
+    from .reader import EventReader
+    from .reader_metrics import ReaderProgress, ReadResult
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "Checkpoint",
+    "CheckpointError",
+    "Restored",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "load_checkpoint",
+    "restore",
+    "save_checkpoint",
+]
+
+MAGIC = b"KVEVCKPT"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sHI")  # magic, version, header length
+_DIGEST_SIZE = 16
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message says what is wrong with it."""
+
+
+class _Header(msgspec.Struct, frozen=True):
+    topic: str
+    offsets: dict[int, int]
+    created_at_us: int
+    index_bytes: int
+    kvevents_version: str = ""
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("kvevents")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """An index state and the offsets it reflects: per partition of ``topic``, the next
+    offset to read (every message before it is in the state)."""
+
+    topic: str
+    offsets: dict[int, int]
+    index_state: bytes = field(repr=False)
+    created_at_us: int = 0
+    kvevents_version: str = ""
+
+    @classmethod
+    def capture(cls, index: CacheIndex, reader: EventReader) -> Checkpoint:
+        """The state of ``index`` and the offsets ``reader`` has applied to it. Call it between
+        reads, from the thread that applies (the two must describe the same moment)."""
+        return cls(
+            topic=reader.topic,
+            offsets=reader.offsets(),
+            index_state=index.to_bytes(),
+            created_at_us=time.time_ns() // 1000,
+            kvevents_version=_package_version(),
+        )
+
+    def index(self, *, core: str = "auto") -> CacheIndex:
+        """The index this checkpoint holds (``CheckpointError`` if its state is corrupt)."""
+        try:
+            return CacheIndex.from_bytes(self.index_state, core=core)
+        except ValueError as exc:
+            raise CheckpointError(f"checkpoint of {self.topic!r}: {exc}") from exc
+
+    @property
+    def messages(self) -> int:
+        """Sum of the offsets: how many messages (of a topic never truncated) it reflects."""
+        return sum(self.offsets.values())
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """The checkpoint's bytes (the format in the module docstring)."""
+    header = msgspec.msgpack.encode(
+        _Header(
+            checkpoint.topic,
+            {int(p): int(o) for p, o in checkpoint.offsets.items()},
+            checkpoint.created_at_us,
+            len(checkpoint.index_state),
+            checkpoint.kvevents_version,
+        )
+    )
+    head = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header
+    digest = xxhash.xxh3_128()
+    digest.update(head)
+    digest.update(checkpoint.index_state)
+    return b"".join((head, checkpoint.index_state, digest.digest()))
+
+
+def decode_checkpoint(data: bytes | bytearray | memoryview, *, topic: str | None = None, source: str = "checkpoint") -> Checkpoint:
+    """Read :func:`encode_checkpoint`'s bytes; with ``topic``, also require that topic.
+    ``source`` names where the bytes came from in error messages."""
+    view = memoryview(data)
+    if len(view) < _PREFIX.size:
+        raise CheckpointError(f"{source}: truncated: {len(view)} bytes, not even a header")
+    magic, version, header_len = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise CheckpointError(f"{source}: not a kvevents checkpoint (starts with {bytes(magic)!r}, expected {MAGIC!r})")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{source}: checkpoint format version {version}; this kvevents reads {FORMAT_VERSION}")
+    body_start = _PREFIX.size + header_len
+    if len(view) < body_start + _DIGEST_SIZE:
+        raise CheckpointError(f"{source}: truncated: {len(view)} bytes, the header alone needs {body_start + _DIGEST_SIZE}")
+    try:
+        header = msgspec.msgpack.decode(view[_PREFIX.size : body_start], type=_Header)
+    except msgspec.DecodeError as exc:
+        raise CheckpointError(f"{source}: corrupt header ({exc})") from exc
+    expected = body_start + header.index_bytes + _DIGEST_SIZE
+    if len(view) != expected:
+        raise CheckpointError(
+            f"{source}: truncated or padded: {len(view)} bytes, the header says {expected}"
+        )
+    digest = xxhash.xxh3_128(view[: expected - _DIGEST_SIZE]).digest()
+    if digest != bytes(view[expected - _DIGEST_SIZE :]):
+        raise CheckpointError(f"{source}: checksum mismatch: the checkpoint is corrupt")
+    if topic is not None and header.topic != topic:
+        raise CheckpointError(f"{source}: a checkpoint of topic {header.topic!r}, not of {topic!r}")
+    return Checkpoint(
+        topic=header.topic,
+        offsets=dict(header.offsets),
+        index_state=bytes(view[body_start : expected - _DIGEST_SIZE]),
+        created_at_us=header.created_at_us,
+        kvevents_version=header.kvevents_version,
+    )
+
+
+def save_checkpoint(path: str | os.PathLike[str], checkpoint: Checkpoint) -> int:
+    """Write ``checkpoint`` to ``path`` atomically (temporary file, fsync, rename, fsync of the
+    directory); returns the bytes written."""
+    target = Path(path)
+    data = encode_checkpoint(checkpoint)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    directory = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return len(data)
+
+
+def load_checkpoint(path: str | os.PathLike[str], *, topic: str | None = None) -> Checkpoint:
+    """Read a checkpoint file (``CheckpointError`` naming the file and what is wrong)."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint file") from None
+    return decode_checkpoint(data, topic=topic, source=str(path))
+
+
+@dataclass
+class Restored:
+    """What :func:`restore` made: the index, the reader positioned after the checkpoint (left
+    open, to keep reading live), and what catching up read (None without catching up)."""
+
+    index: CacheIndex
+    reader: EventReader
+    caught_up: ReadResult | None
+
+
+def restore(
+    checkpoint: Checkpoint,
+    bootstrap_servers: str,
+    *,
+    topic: str | None = None,
+    core: str = "auto",
+    catch_up: bool = True,
+    progress: Callable[[ReaderProgress], None] | None = None,
+    **reader_options: Any,
+) -> Restored:
+    """The checkpoint's index, caught up with the topic: an :class:`EventReader` starts at the
+    checkpoint's offsets (partitions it does not name, from the beginning) and applies
+    everything up to the high watermarks captured when it starts. The result equals a full
+    replay of the topic up to those watermarks. ``reader_options`` go to the reader."""
+    from .reader import EventReader
+
+    name = topic or checkpoint.topic
+    if name != checkpoint.topic:
+        raise CheckpointError(f"a checkpoint of topic {checkpoint.topic!r}, not of {name!r}")
+    index = checkpoint.index(core=core)
+    reader = EventReader(bootstrap_servers, name, start=checkpoint.offsets, **reader_options)
+    try:
+        result = reader.apply_to(index, progress=progress) if catch_up else None
+    except BaseException:
+        reader.close()
+        raise
+    return Restored(index, reader, result)
+
