@@ -276,18 +276,24 @@ def rebuild_child(path: str, target_events: int) -> dict[str, Any]:
     }
 
 
-def rebuild_from_topic(config: StreamConfig) -> dict[str, Any]:
-    """HOOK(reader helper): time EventReader rebuild mode over a real Kafka topic of 10M events
-    into a CacheIndex (target < 60 s); return {"events", "seconds", "events_per_s", ...}."""
-    return {"status": "not measured yet: the Kafka EventReader lands with the reader helper",
-            "target_s": TARGETS["rebuild_10m_topic_s"]}
+def topic_child(path: str, config: StreamConfig, target_events: int, repeat: int) -> dict[str, Any]:
+    """Rebuild from a real Kafka topic of ``target_events`` events with the EventReader (target
+    < 60 s), and from a checkpoint of it, file and compacted topic, plus the tail (target < 5 s):
+    see ``support/topic_rebuild.py``."""
+    from topic_rebuild import run
+
+    with open(path, "rb") as f:
+        payload = pickle.load(f)
+    return run(payload, config, target_events, repeat)
 
 
-def rebuild_from_checkpoint(config: StreamConfig) -> dict[str, Any]:
-    """HOOK(checkpoint helper): time restoring a checkpoint (file and compacted topic) of the
-    10M-event index (``CacheIndex.from_bytes`` plus offsets) then catching up (target < 5 s)."""
-    return {"status": "not measured yet: checkpoints land with the checkpoint helper",
-            "target_s": TARGETS["rebuild_checkpoint_s"]}
+def rebuild_from_topic_and_checkpoint(payload: Path, config: StreamConfig, args: argparse.Namespace) -> dict[str, Any]:
+    """Both Kafka rebuild measurements, in a fresh child (its index alone in its memory)."""
+    if not args.topic_events:
+        skipped = {"status": "skipped (--topic-events 0)"}
+        return {"rebuild_from_topic": skipped, "rebuild_from_checkpoint": skipped}
+    return run_child(["--child", "topic", "--payload", str(payload), "--events", str(config.target_events),
+                      "--topic-events", str(args.topic_events), "--repeat", str(args.topic_repeat)])
 
 
 def state_round_trip(index: CacheIndex) -> dict[str, Any]:
@@ -317,13 +323,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=2000, help="queries per size")
     parser.add_argument("--rebuild-events", type=int, default=10_000_000, help="events of the in-memory rebuild (0: skip)")
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--child", choices=["memory-ours", "memory-ours-traced", "memory-dynamo", "rebuild"], help=argparse.SUPPRESS)
+    parser.add_argument("--topic-events", type=int, default=10_000_000,
+                        help="events of the rebuild from a Kafka topic and a checkpoint (0: skip)")
+    parser.add_argument("--topic-repeat", type=int, default=2, help="repetitions of the topic rebuild")
+    parser.add_argument("--child", choices=["memory-ours", "memory-ours-traced", "memory-dynamo", "rebuild", "topic"],
+                        help=argparse.SUPPRESS)
     parser.add_argument("--payload", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child:
         if args.child == "rebuild":
             result = rebuild_child(args.payload, args.rebuild_events)
+        elif args.child == "topic":
+            config = StreamConfig(target_events=args.events)
+            result = topic_child(args.payload, config, args.topic_events, args.repeat)
         else:
             side = "dynamo" if args.child == "memory-dynamo" else "ours"
             result = memory_child(side, args.payload, args.child == "memory-ours-traced")
@@ -335,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         args.queries = min(args.queries, 400)
         args.repeat = min(args.repeat, 2)
         args.rebuild_events = min(args.rebuild_events, 300_000)
+        args.topic_events = min(args.topic_events, 300_000)
+        args.topic_repeat = 1
     radix_tree = load_dynamo()
     if radix_tree is None:
         print("!! NVIDIA Dynamo (pip install 'kvevents[bench-dynamo]', ai-dynamo-runtime==1.6.1) is not "
@@ -442,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         mem_dyn = run_child(["--child", "memory-dynamo", "--payload", str(payload)]) if radix_tree else None
         rebuild = (run_child(["--child", "rebuild", "--payload", str(payload), "--rebuild-events", str(args.rebuild_events)])
                    if args.rebuild_events else None)
+        kafka_rebuilds = rebuild_from_topic_and_checkpoint(payload, config, args)
     held = mem_ours["held_worker_blocks"]
     memory = {
         "held_worker_blocks": held,
@@ -468,9 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         "memory": memory,
         "rebuild_in_memory_10m": rebuild,
         "state_round_trip": state,
-        # HOOK(reader helper) and HOOK(checkpoint helper): fill these two in.
-        "rebuild_from_topic_10m": rebuild_from_topic(config),
-        "rebuild_from_checkpoint": rebuild_from_checkpoint(config),
+        "rebuild_from_topic_10m": kafka_rebuilds["rebuild_from_topic"],
+        "rebuild_from_checkpoint": kafka_rebuilds["rebuild_from_checkpoint"],
         "dynamo_available": radix_tree is not None,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -489,6 +504,36 @@ def _verdict(value: float | None, target: float, higher_is_better: bool) -> str:
         return "n/a"
     ok = value >= target if higher_is_better else value <= target
     return "MET" if ok else "MISSED"
+
+
+def print_kafka_rebuilds(topic: dict[str, Any], ckpt: dict[str, Any]) -> None:
+    """The rebuilds from a real Kafka topic and from a checkpoint, with what they needed."""
+    if topic.get("status") != "measured":
+        print(f"{'rebuild from a Kafka topic':34} {topic.get('status')}")
+        return
+    p = topic["production"]
+    print(f"\nrebuild from Kafka topic {topic['topic']} ({topic['partitions']} partitions, broker: "
+          f"{topic['broker']['source']}, JVM {' '.join(topic['broker'].get('jvm_options', [])) or 'external'})")
+    made = (f"produced now in {p['produce_s']:.1f} s ({p['produce_mb_per_s']:.0f} MB/s of Avro)"
+            if p["produced_now"] else "reused from an earlier run")
+    disk = "-" if p.get("disk_bytes") is None else f"{p['disk_bytes'] / 1e9:.2f} GB on disk"
+    print(f"  topic: {p['messages']:,} messages, {made}, {disk}")
+    for name, row in topic["raw_fetch"].items():
+        print(f"  raw read, {name:22} {row['seconds']:7.1f} s  {row['mb_per_s']:7.0f} MB/s")
+    runs = ", ".join(f"{r['seconds']:.1f}" for r in topic["runs"])
+    print(f"  {'rebuild ' + format(topic['events'] / 1e6, '.1f') + 'M events':32} {topic['seconds']:7.1f} s "
+          f"({topic['events_per_s']:,.0f} events/s; runs {runs} s)   target < 60 s: "
+          f"{_verdict(topic['seconds'], 60.0, False)}")
+    if ckpt.get("status") != "measured":
+        return
+    print(f"  checkpoint: {ckpt['state_bytes'] / 1e6:.1f} MB, capture {ckpt['capture_s']:.2f} s, file save "
+          f"{ckpt['save_file_s']:.2f} s, Kafka save {ckpt['save_kafka_s']:.2f} s ({ckpt['kafka_chunks']} chunks); "
+          f"tail {ckpt['tail_messages']:,} messages")
+    for source in ("file", "kafka"):
+        c = ckpt[source]
+        print(f"  restore from {source:5} + catch up  {c['seconds']:7.2f} s (load {c['load_s']:.2f}, restore + "
+              f"{c['tail_events']:,} tail events {c['restore_and_catch_up_s']:.2f})  equals full rebuild: "
+              f"{c['equals_full_rebuild']}   target < 5 s: {_verdict(c['seconds'], 5.0, False)}")
 
 
 def print_table(r: dict[str, Any]) -> None:
@@ -529,8 +574,7 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"\n{'metric':34} {'kvevents':>14} {'Dynamo':>14} {'ratio':>8}  {'target':>14}  verdict")
     for name, ours, theirs, rat, target, verdict in rows:
         print(f"{name:34} {_fmt(ours, ',.1f'):>14} {_fmt(theirs, ',.1f'):>14} {_fmt(rat, '.2f'):>8}  {target:>14}  {verdict}")
-    for key in ("rebuild_from_topic_10m", "rebuild_from_checkpoint"):
-        print(f"{key:34} {r[key].get('status', '')}")
+    print_kafka_rebuilds(r["rebuild_from_topic_10m"], r["rebuild_from_checkpoint"])
     s = r["stream"]
     print(f"\nstream: {s['events']:,} events, {s['blocks_stored']:,} blocks, {s['workers']} workers, "
           f"{s['held_worker_blocks']:,} worker-blocks held at the end; Dynamo got {s['dynamo_events']:,} events "

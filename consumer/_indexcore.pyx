@@ -2157,7 +2157,10 @@ cdef class IndexCore:
         cdef const uint32_t *pn
         cdef const uint32_t *ph
         cdef Worker *w
-        cdef uint32_t widx, slot
+        cdef uint32_t widx, slot, off
+        cdef uint32_t *hs
+        cdef Slot *s
+        cdef int64_t last_canon
         if len(engine) != nn * 8 or len(content) != nn * 8 or len(flags) != nn or len(counts) != nn * 4:
             raise ValueError(f"corrupt index state: node columns of unequal lengths ({nn} nodes)")
         pn = <const uint32_t *>&counts[0] if nn else NULL
@@ -2217,12 +2220,32 @@ cdef class IndexCore:
                 if flags[k]:
                     self._set_content(id, pc[k])
                 cnt = pn[k]
+                # Bulk: the node's holders straight into one pool run (adding them one by one
+                # scans the run for the slot each time, quadratic for blocks held by thousands).
+                if cnt == 1:
+                    hs = &node.holders
+                else:
+                    off = self._pool_alloc(pool_class(cnt))
+                    node = self.N(id)
+                    node.holders = off
+                    hs = self.pool + off
+                last_canon = -1
                 for j in range(cnt):
                     packed = ph[pos + j]
                     canon_slot = packed & KV_SLOT_MASK
                     if canon_slot >= nslots_canon:
                         raise ValueError(f"corrupt index state: holder slot {canon_slot} of {nslots_canon}")
-                    self._add_holder(id, (packed & ~KV_SLOT_MASK) | canon[canon_slot])
+                    if <int64_t>canon_slot <= last_canon:
+                        raise ValueError(f"corrupt index state: holders of node {k} not in ascending slot order")
+                    last_canon = canon_slot
+                    packed = (packed & ~KV_SLOT_MASK) | canon[canon_slot]
+                    hs[j] = packed
+                    node.sig ^= holder_sig(packed)
+                    s = &self.slots[canon[canon_slot]]
+                    s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
+                    s.total += 1
+                node.n += cnt
+                self.held += cnt
                 pos += cnt
         finally:
             PyMem_Free(canon)

@@ -636,7 +636,13 @@ class PyIndexCore:
             node = self._nodes[e] = _Node()
             if has_content[n]:
                 self._set_content(e, node, content[n])
+            last = -1
             for packed in holders[pos : pos + counts[n]]:
+                if packed & SLOT_MAX <= last:
+                    raise ValueError(f"corrupt index state: holders of node {n} not in ascending slot order")
+                last = packed & SLOT_MAX
+                if last >= len(canonical):
+                    raise ValueError(f"corrupt index state: holder slot {last} of {len(canonical)}")
                 slot = canonical[packed & SLOT_MAX]
                 level, prio = (packed >> SLOT_BITS) & 0xF, packed >> 24
                 node.holders[slot] = [level, prio]

@@ -63,3 +63,33 @@ def test_bad_state_bytes_raise_value_errors_naming_the_problem(core):
                                              "holders": state.holders[:-4]}))
     with pytest.raises(ValueError, match="corrupt index state"):
         CacheIndex.from_bytes(broken, core=core)
+
+
+def test_holders_out_of_order_or_repeated_are_a_corrupt_state(core):
+    index = CacheIndex(core=core)
+    index.apply(batch([created(0, rank=0), created(0, rank=1), stored(1, [1], rank=0), stored(1, [1], rank=1)], 0, dp=2))
+    state = decode_state(index.to_bytes())
+    fields = {f: getattr(state, f) for f in state.__struct_fields__}
+    holders = state.holders
+    swapped = holders[4:8] + holders[0:4]
+    repeated = holders[0:4] + holders[0:4]
+    for bad in (swapped, repeated):
+        with pytest.raises(ValueError, match="corrupt index state: holders of node 0 not in ascending slot order"):
+            CacheIndex.from_bytes(encode_state(state.__class__(**{**fields, "holders": bad})), core=core)
+
+
+def test_a_block_held_by_thousands_of_workers_round_trips_and_stays_editable(core):
+    index = CacheIndex(core=core)
+    workers = 3000
+    for w in range(workers):
+        index.apply(batch([created(0), stored(1, [1, 2]), stored(2, [3 + w], parent=2)], 0, instance=f"i{w}"))
+    restored = CacheIndex.from_bytes(index.to_bytes(), core=core)
+    assert restored.same_state(index) and restored.held_blocks() == 3 * workers
+    assert len(restored.find_matches([1, 2])) == workers
+    # remove from and add to the big holder run after the bulk load
+    for w in range(0, workers, 2):
+        restored.apply(batch([removed(3, [2])], 1, instance=f"i{w}"))
+    restored.apply(batch([created(0), stored(1, [1, 2])], 0, instance="late"))
+    matches = restored.find_matches([1, 2])
+    assert sum(1 for n in matches.values() if n == 2) == workers // 2 + 1
+    assert restored.worker_stats(WorkerKey("i1", 0)).blocks == 3
