@@ -514,16 +514,26 @@ def print_kafka_rebuilds(topic: dict[str, Any], ckpt: dict[str, Any]) -> None:
     p = topic["production"]
     print(f"\nrebuild from Kafka topic {topic['topic']} ({topic['partitions']} partitions, broker: "
           f"{topic['broker']['source']}, JVM {' '.join(topic['broker'].get('jvm_options', [])) or 'external'})")
-    made = (f"produced now in {p['produce_s']:.1f} s ({p['produce_mb_per_s']:.0f} MB/s of Avro)"
-            if p["produced_now"] else "reused from an earlier run")
+    first = p if p["produced_now"] else (p.get("when_produced") or {})
+    made = "reused from an earlier run" if not p["produced_now"] else "produced now"
+    if first:
+        made += (f"; producing took {first['produce_s']:.1f} s ({first['value_bytes'] / 1e9:.2f} GB of Avro, "
+                 f"{first['produce_mb_per_s']:.0f} MB/s, zstd)")
     disk = "-" if p.get("disk_bytes") is None else f"{p['disk_bytes'] / 1e9:.2f} GB on disk"
     print(f"  topic: {p['messages']:,} messages, {made}, {disk}")
     for name, row in topic["raw_fetch"].items():
         print(f"  raw read, {name:22} {row['seconds']:7.1f} s  {row['mb_per_s']:7.0f} MB/s")
-    runs = ", ".join(f"{r['seconds']:.1f}" for r in topic["runs"])
+    for name, rows in topic["runs"].items():
+        runs = ", ".join(f"{r['seconds']:.1f}" for r in rows)
+        print(f"  rebuild, {name:24} {min(r['seconds'] for r in rows):7.1f} s  (runs {runs} s)")
     print(f"  {'rebuild ' + format(topic['events'] / 1e6, '.1f') + 'M events':32} {topic['seconds']:7.1f} s "
-          f"({topic['events_per_s']:,.0f} events/s; runs {runs} s)   target < 60 s: "
-          f"{_verdict(topic['seconds'], 60.0, False)}")
+          f"({topic['events_per_s']:,.0f} events/s, CPU {topic['cpu_seconds']:.1f} s, RSS "
+          f"{topic['max_rss_bytes'] / 1e9:.2f} GB)   target < 60 s: {_verdict(topic['seconds'], 60.0, False)}")
+    fast = topic.get("fast_start_jvm")
+    if fast:
+        print(f"  broker with fast-start JVM ({' '.join(fast['jvm_options'])}): raw read "
+              f"{fast['raw_read']['seconds']:.1f} s (vs {fast['throughput_jvm_raw_read_s']:.1f}), rebuild "
+              f"{fast['rebuild']['seconds']:.1f} s (vs {fast['throughput_jvm_rebuild_s']:.1f})")
     if ckpt.get("status") != "measured":
         return
     print(f"  checkpoint: {ckpt['state_bytes'] / 1e6:.1f} MB, capture {ckpt['capture_s']:.2f} s, file save "

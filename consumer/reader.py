@@ -305,7 +305,9 @@ class EventReader:
         return {p: s.target for p, s in sorted(self._partitions.items()) if s.target is not None}
 
     def stop(self) -> None:
-        """Make the current (or next) read return after the message it is on. Thread-safe."""
+        """Make the current (or next) read return: ``messages``/``batches`` after the message they
+        are on, ``apply_to`` after the poll it is applying (at most ``consume_batch`` messages).
+        Thread-safe."""
         self._stopping = True
 
     def metrics(self) -> ReaderMetrics:
@@ -381,7 +383,6 @@ class EventReader:
         next_progress = started + progress_interval_s
         deadline = None if timeout is None else started + timeout
         left = max_messages
-        self._stopping = False
         while True:
             if self._should_return(until_caught_up, deadline, left):
                 break
@@ -441,7 +442,6 @@ class EventReader:
         self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
         left = max_messages
-        self._stopping = False
         while not self._should_return(until_caught_up, deadline, left):
             polled = self._fetch(self._poll_wait(deadline), left)
             i = 0
@@ -484,9 +484,11 @@ class EventReader:
     def _should_return(self, until_caught_up: bool, deadline: float | None, left: int | None) -> bool:
         if self._fatal is not None:
             raise ReaderError(f"fatal Kafka client error: {self._fatal}")
+        if self._stopping:
+            self._stopping = False  # one stop() ends one read
+            return True
         return (
-            self._stopping
-            or (until_caught_up and self.caught_up)
+            (until_caught_up and self.caught_up)
             or (deadline is not None and time.monotonic() >= deadline)
             or (left is not None and left <= 0)
         )

@@ -85,7 +85,8 @@ class ReaderProgress:
     """Handed to a progress callback during long reads: how far the read is, how fast it goes.
 
     ``fraction`` is the share of the way from the start positions to the targets (the high
-    watermarks captured at start) covered so far, in 0..1 (1.0 when there was nothing to read).
+    watermarks captured at start) covered so far, in 0..1 (1.0 when there was nothing to read);
+    ``lag`` the messages still between the positions and those targets.
     """
 
     elapsed_s: float

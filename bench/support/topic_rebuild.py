@@ -99,8 +99,9 @@ def topic_name(config: Any, copies: int) -> str:
 
 
 @contextmanager
-def bench_broker() -> Iterator[tuple[str, dict[str, Any]]]:
-    """The broker: ``$KAFKA_BOOTSTRAP_SERVERS``, else a local one whose data stays for next time."""
+def bench_broker(jvm_options: tuple[str, ...] = THROUGHPUT_JVM_OPTIONS) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The broker: ``$KAFKA_BOOTSTRAP_SERVERS``, else a local one whose data stays for next time
+    (started with ``jvm_options``, or ``$KVEVENTS_BROKER_JVM_OPTS`` when set)."""
     env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if env:
         yield env, {"source": "KAFKA_BOOTSTRAP_SERVERS"}
@@ -109,7 +110,7 @@ def bench_broker() -> Iterator[tuple[str, dict[str, Any]]]:
 
     state = Path(os.environ.get("KVEVENTS_BENCH_BROKER_DIR", "~/.cache/kvevents/bench-broker")).expanduser()
     options = os.environ.get("KVEVENTS_BROKER_JVM_OPTS")
-    broker = LocalBroker(state, heap="1g", jvm_options=None if options is not None else THROUGHPUT_JVM_OPTIONS,
+    broker = LocalBroker(state, heap="1g", jvm_options=None if options is not None else jvm_options,
                          stop_with_parent=True)
     broker.start()
     info = {"source": "local", "state_dir": str(state), "jvm_options": list(broker.jvm_options),
@@ -146,7 +147,8 @@ def ensure_topic(bootstrap: str, topic: str, messages: list[bytes] | Iterator[by
 
     found = _topic_messages(bootstrap, topic)
     if found == expected:
-        return {"produced_now": False, "messages": found, "disk_bytes": _disk_bytes(state_dir, topic)}
+        return {"produced_now": False, "messages": found, "disk_bytes": _disk_bytes(state_dir, topic),
+                "when_produced": _production_log(state_dir).get(topic)}
     if found is not None:  # an interrupted earlier run: start over
         AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(30)
         time.sleep(2)
@@ -179,8 +181,24 @@ def ensure_topic(bootstrap: str, topic: str, messages: list[bytes] | Iterator[by
     if left or failures:
         raise SystemExit(f"producing {topic}: {left} undelivered, failures {failures[:3]}")
     assert _topic_messages(bootstrap, topic) == expected == count
-    return {"produced_now": True, "messages": count, "value_bytes": nbytes, "produce_s": seconds,
-            "produce_mb_per_s": nbytes / seconds / 1e6, "disk_bytes": _disk_bytes(state_dir, topic)}
+    result = {"produced_now": True, "messages": count, "value_bytes": nbytes, "produce_s": seconds,
+              "produce_mb_per_s": nbytes / seconds / 1e6, "disk_bytes": _disk_bytes(state_dir, topic),
+              "produced_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if state_dir is not None:  # what producing took, for the runs that reuse the topic
+        log = _production_log(state_dir)
+        log[topic] = result
+        (Path(state_dir) / PRODUCTION_LOG).write_text(json.dumps(log, indent=1))
+    return result
+
+
+PRODUCTION_LOG = "bench-topics.json"
+
+
+def _production_log(state_dir: str | None) -> dict[str, Any]:
+    path = None if state_dir is None else Path(state_dir) / PRODUCTION_LOG
+    if path is None or not path.exists():
+        return {}
+    return dict(json.loads(path.read_text()))
 
 
 def raw_read(bootstrap: str, topic: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -265,7 +283,12 @@ def checkpoint_cycle(bootstrap: str, topic: str, full: CacheIndex, tail_messages
     return out
 
 
+REBUILD_SETTINGS = ("kvevents defaults", "librdkafka defaults", "bigger")
+
+
 def run(payload: dict[str, Any], config: Any, target_events: int, repeat: int) -> dict[str, Any]:
+    from kvevents.broker import FAST_START_JVM_OPTIONS
+
     encoded: list[bytes] = payload["encoded"]
     per_copy = payload["events"]
     copies = -(-target_events // per_copy)
@@ -276,26 +299,37 @@ def run(payload: dict[str, Any], config: Any, target_events: int, repeat: int) -
         del encoded, payload
         gc.collect()
         fetch = {name: raw_read(bootstrap, topic, settings) for name, settings in FETCH_SETTINGS.items()}
-        best_fetch = min(fetch, key=lambda name: fetch[name]["seconds"])
-        runs = []
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in REBUILD_SETTINGS}
         full = None
-        for _ in range(repeat):
-            full = None
-            gc.collect()
-            row, full = rebuild(bootstrap, topic, FETCH_SETTINGS["kvevents defaults"])
-            runs.append(row)
-        best = min(runs, key=lambda r: r["seconds"])
+        for _ in range(repeat):  # alternating settings, so that load from elsewhere hits all alike
+            for name in REBUILD_SETTINGS:
+                full = None
+                row, full = rebuild(bootstrap, topic, FETCH_SETTINGS[name])
+                runs[name].append(row)
+        best = {name: min(rows, key=lambda r: r["seconds"]) for name, rows in runs.items()}
         assert full is not None
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = checkpoint_cycle(bootstrap, topic, full, tail_messages=max(1, production["messages"] // 100),
                                           workdir=Path(tmp))
-        return {
-            "rebuild_from_topic": {
-                "topic": topic, "partitions": PARTITIONS, "broker": broker_info, "production": production,
-                "events": best["events"], "seconds": best["seconds"], "events_per_s": best["events_per_s"],
-                "target_s": 60.0, "runs": runs, "raw_fetch": fetch, "fastest_fetch_settings": best_fetch,
-                "fetch_settings": FETCH_SETTINGS, "status": "measured",
-            },
-            "rebuild_from_checkpoint": {**checkpoint, "target_s": 5.0, "status": "measured"},
-        }
-
+        del full
+    jvm_compare = None
+    if broker_info["source"] == "local" and os.environ.get("KVEVENTS_BROKER_JVM_OPTS") is None:
+        gc.collect()
+        with bench_broker(FAST_START_JVM_OPTIONS) as (bootstrap, fast_info):
+            raw = raw_read(bootstrap, topic, {})
+            row, _ = rebuild(bootstrap, topic, {})
+        jvm_compare = {"jvm_options": fast_info["jvm_options"], "raw_read": raw, "rebuild": row,
+                       "throughput_jvm_raw_read_s": fetch["kvevents defaults"]["seconds"],
+                       "throughput_jvm_rebuild_s": best["kvevents defaults"]["seconds"]}
+    main = best["kvevents defaults"]
+    return {
+        "rebuild_from_topic": {
+            "topic": topic, "partitions": PARTITIONS, "broker": broker_info, "production": production,
+            "events": main["events"], "seconds": main["seconds"], "events_per_s": main["events_per_s"],
+            "cpu_seconds": main["cpu_seconds"], "max_rss_bytes": main["max_rss_bytes"],
+            "target_s": 60.0, "runs": runs, "best_by_fetch_settings": {n: r["seconds"] for n, r in best.items()},
+            "raw_fetch": fetch, "fetch_settings": FETCH_SETTINGS, "fast_start_jvm": jvm_compare,
+            "status": "measured",
+        },
+        "rebuild_from_checkpoint": {**checkpoint, "target_s": 5.0, "status": "measured"},
+    }
