@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 __all__ = ["DEAD_LETTER_HEADERS", "DeadLetterProducer", "MalformedMessage", "dead_letter_producer_config"]
 
@@ -87,7 +87,7 @@ class DeadLetterProducer:
             self._producer.produce(
                 self.topic, value=message.value(), key=message.key(), headers=headers, on_delivery=self._delivered
             )
-        except (BufferError, KafkaError, ValueError) as exc:
+        except (BufferError, KafkaException, ValueError) as exc:
             log.warning("could not hand a malformed message (%s:%d@%d) to the dead-letter topic %s: %s",
                         malformed.topic, malformed.partition, malformed.offset, self.topic, exc)
             with self._lock:

@@ -380,18 +380,18 @@ class KVCacheEventManager:
         for window_size, levels in capacities.items():
             queue.append((next_id, window_size, KVCacheCreatedData(levels, snapshot=True)))
             next_id += 1
-        blocks = 0
+        block_count = 0
         for window_size in order:
             for chain in chains[window_size]:
                 queue.append((next_id, window_size, chain))
                 next_id += 1
-                blocks += len(chain)
+                block_count += len(chain)
         self._next_id = next_id
         self._removed_window = _NO_WINDOW
         self._snapshot_floor = first
         self._snapshot_reason = None
         self._snapshots_published += 1
-        return SnapshotSummary(first, next_id - 1, tuple(capacities), stored, blocks)
+        return SnapshotSummary(first, next_id - 1, tuple(capacities), stored, block_count)
 
     @property
     def snapshot_requested(self) -> bool:
