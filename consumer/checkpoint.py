@@ -91,7 +91,13 @@ class Checkpoint:
     @classmethod
     def capture(cls, index: CacheIndex, reader: EventReader) -> Checkpoint:
         """The state of ``index`` and the offsets ``reader`` has applied to it. Call it between
-        reads, from the thread that applies (the two must describe the same moment)."""
+        reads, from the thread that applies (the two must describe the same moment). The reader
+        must assign every partition (not a consumer group, whose members hold only some)."""
+        if reader.group_id is not None:
+            raise ValueError(
+                "a checkpoint needs a reader of every partition, not a consumer group member "
+                f"(group {reader.group_id!r})"
+            )
         return cls(
             topic=reader.topic,
             offsets=reader.offsets(),
