@@ -88,3 +88,71 @@ def test_a_snapshot_through_kafka_rebuilds_a_worker_degraded_by_drops(kafka_boot
         rebuild.apply_to(fresh)
     assert fresh.same_state(index) and not fresh.is_degraded(WORKER)
     assert_equals_truth(fresh, truth)
+
+
+class HeldFlushes:
+    """The manager, but ``flush`` does nothing while ``holding``: the engine's next real flush
+    then hands the worker one iteration of more events than the buffer holds (a burst)."""
+
+    def __init__(self, manager: KVCacheEventManager) -> None:
+        self.manager = manager
+        self.holding = False
+
+    def flush(self) -> None:
+        if not self.holding:
+            self.manager.flush()
+
+    def __getattr__(self, name: str) -> object:  # enqueue_*, enqueue_snapshot, snapshot_requested
+        return getattr(self.manager, name)
+
+
+def test_a_snapshot_through_the_kafka_sink_rebuilds_a_worker_degraded_by_drops(kafka_bootstrap, kafka_topic):
+    from kvevents.producer import KafkaEventSink
+
+    config = SimulatorConfig(**{**CONFIG.__dict__, "instance_id": "engine-s", "attention_dp_rank": None})
+    worker = WorkerKey("engine-s", 0)
+    index = CacheIndex()
+    manager = KVCacheEventManager(max_kv_event_entries=300)
+    sink = KafkaEventSink(manager, kafka_topic, "engine-s", config={"bootstrap.servers": kafka_bootstrap})
+    engine = HeldFlushes(manager)
+    sim = EngineSimulator(config, engine, WorkloadGenerator(WORKLOAD))
+
+    def delivered() -> None:
+        assert manager.settle(timeout=30) and sink.wait_delivered(timeout=60)
+        target = sink.stats().messages_delivered_total
+        while sum(reader.offsets().values()) < target:
+            reader.apply_to(index, until_caught_up=False, max_messages=target - sum(reader.offsets().values()), timeout=30)
+
+    def equals_truth() -> None:
+        truth = sim.ground_truth()
+        for window, held in truth.windows.items():
+            got = {b.block_hash: (b.cache_level, b.priority) for b in index.worker_blocks(worker, window)}
+            assert got == {h: (b.cache_level, b.priority) for h, b in held.items()}
+
+    try:
+        with EventReader(kafka_bootstrap, kafka_topic) as reader:
+            for _ in range(20):
+                sim.step()
+            delivered()
+            assert not index.is_degraded(worker)
+            equals_truth()
+
+            engine.holding = True  # one long iteration: far more events than the buffer holds
+            sim.run(max_iterations=80)
+            engine.holding = False
+            manager.flush()
+            delivered()
+            assert manager.snapshot_requested and manager.stats().events_dropped_total > 0
+            assert index.is_degraded(worker)
+            assert "events dropped" in index.worker_stats(worker).degraded_reasons[0]
+
+            sim.publish_snapshot()
+            sim.step()
+            delivered()
+            assert not index.is_degraded(worker) and not manager.snapshot_requested
+            equals_truth()
+            assert index.stats().counters["resyncs"] == 1
+    finally:
+        manager.close()
+        report = sink.close(60)
+    assert report.clean, report
