@@ -10,13 +10,23 @@ Pure functions: no MPI here, so they are unit-tested without processes.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Sequence
 from enum import IntEnum
 
 from kvevents.schemas import DecodeError, EventBatch, KVCacheEvent, RankDrops, decode_batch, encode_batch
 
-__all__ = ["ProtocolError", "Tag", "check_batch", "chunk_batches", "read_batch"]
+__all__ = [
+    "RESYNC_FORMAT",
+    "ProtocolError",
+    "Tag",
+    "check_batch",
+    "chunk_batches",
+    "decode_resync",
+    "encode_resync",
+    "read_batch",
+]
 
 
 class Tag(IntEnum):
@@ -32,10 +42,32 @@ class Tag(IntEnum):
     """0 -> rank r, empty: the gather is stopping; send your last events (BYE) and leave."""
     BYE_ACK = 5
     """0 -> rank r, empty: rank 0 has merged everything up to your BYE; you may go."""
+    RESYNC = 6
+    """0 -> rank r, :data:`RESYNC_FORMAT`: rank 0 (its buffer, its Kafka sink) lost events of
+    rank r after they left it; rank r's engine should publish a snapshot."""
 
 
 class ProtocolError(ValueError):
     """A decoded message breaks the gather's rules (wrong rank, order, size ...)."""
+
+
+RESYNC_FORMAT = struct.Struct("<qq")
+"""A RESYNC payload: events lost, and the newest lost event id (-1: not known)."""
+
+
+def encode_resync(lost_events: int, newest_event_id: int | None) -> bytes:
+    """The payload of a RESYNC message."""
+    return RESYNC_FORMAT.pack(lost_events, -1 if newest_event_id is None else newest_event_id)
+
+
+def decode_resync(data: bytes | bytearray) -> tuple[int, int | None]:
+    """(events lost, newest lost event id or None) of a RESYNC payload; ProtocolError if malformed."""
+    if len(data) != RESYNC_FORMAT.size:
+        raise ProtocolError(f"a RESYNC message has {RESYNC_FORMAT.size} bytes, got {len(data)}")
+    lost, newest = RESYNC_FORMAT.unpack(data)
+    if lost < 0 or newest < -1:
+        raise ProtocolError(f"a RESYNC message with lost={lost}, newest_event_id={newest}")
+    return lost, (None if newest == -1 else newest)
 
 
 def chunk_batches(

@@ -201,12 +201,14 @@ class EventBuffer:
         *,
         window_size: int | None = None,
         newest_event_id: int | None = None,
+        notify: bool = True,
     ) -> None:
         """Count ``dropped_events`` events of ``source_rank`` lost outside this buffer: drops an
         attention-DP rank reported for its own buffer (rank 0's gather), or events the manager's
         worker skipped because they would be dropped anyway (with their ``window_size`` and the
         id of the newest of them). They join the per-rank counts, the total, the next
-        :meth:`drain`, the warning and the drop listeners.
+        :meth:`drain`, the warning and (unless ``notify`` is False: the source rank knows
+        already) the drop listeners.
         """
         if isinstance(source_rank, bool) or not isinstance(source_rank, int) or source_rank < 0:
             raise ValueError(f"source_rank must be an int >= 0, got {source_rank!r}")
@@ -220,7 +222,7 @@ class EventBuffer:
             self._cond.notify_all()
         if warning is not None:
             log.warning(*warning)
-        if self._drop_listeners:
+        if notify and self._drop_listeners:
             self._notify_drops({source_rank: (dropped_events, newest_event_id)})
 
     def _count_drops_locked(self, rank: int, count: int, window_size: int | None) -> None:

@@ -19,18 +19,21 @@ rank (a router, a consumer) never needs MPI. MPI must be initialized with
 Protocol (tags in :class:`~kvevents.producer._gather_wire.Tag`; all point-to-point, all
 non-blocking; no collective after the constructor):
 
-=========  =========  ==================================================================
-tag        direction  payload and meaning
-=========  =========  ==================================================================
-EVENTS 1   r -> 0     Avro ``EventBatch`` (single-object encoding): up to
-                      ``max_events_per_message`` of rank r's events, oldest first, plus
-                      (first message of a batch) the drops rank r counted since its last
-                      batch; ``sequence`` numbers rank r's messages 0, 1, 2, ...
-HEARTBEAT  r -> 0     empty; sent when rank r has sent nothing for ``heartbeat_interval_s``
-BYE 3      r -> 0     rank r's last ``EventBatch`` (maybe without events): it leaves
-STOP 4     0 -> r     empty: the gather is stopping; send your last events (BYE) and leave
-BYE_ACK 5  0 -> r     empty: everything up to your BYE is merged; you may go
-=========  =========  ==================================================================
+===========  =========  ==================================================================
+tag          direction  payload and meaning
+===========  =========  ==================================================================
+EVENTS 1     r -> 0     Avro ``EventBatch`` (single-object encoding): up to
+                        ``max_events_per_message`` of rank r's events, oldest first, plus
+                        (first message of a batch) the drops rank r counted since its last
+                        batch; ``sequence`` numbers rank r's messages 0, 1, 2, ...
+HEARTBEAT 2  r -> 0     empty; sent when rank r has sent nothing for ``heartbeat_interval_s``
+BYE 3        r -> 0     rank r's last ``EventBatch`` (maybe without events): it leaves
+STOP 4       0 -> r     empty: the gather is stopping; send your last events (BYE) and leave
+BYE_ACK 5    0 -> r     empty: everything up to your BYE is merged; you may go
+RESYNC 6     0 -> r     16 bytes (events lost, newest lost id or -1): rank 0's buffer or its
+                        Kafka sink lost events of rank r; rank r's manager then raises
+                        ``snapshot_requested`` (unless its latest snapshot is newer)
+===========  =========  ==================================================================
 
 - Rank r != 0 sends as soon as its buffer holds events (``buffer.drain``: the events and the
   rank's own drop count), but at most once per half period, so an event waits there at most
@@ -111,7 +114,15 @@ from typing import Any
 
 from kvevents.schemas import EventBatch
 
-from ._gather_wire import ProtocolError, Tag, check_batch, chunk_batches, read_batch
+from ._gather_wire import (
+    ProtocolError,
+    Tag,
+    check_batch,
+    chunk_batches,
+    decode_resync,
+    encode_resync,
+    read_batch,
+)
 from ._mpi import import_mpi, split_gather_communicator, tolerate_peer_failures
 from .buffer import EventBuffer, EventDrain
 
@@ -218,6 +229,10 @@ class GatherStats:
     ranks_left: tuple[int, ...]
     ranks_dead: tuple[int, ...]
     dead_rank_detections_total: int
+    resyncs_sent_total: int = 0
+    """Rank 0: RESYNC messages sent (losses of a rank's events after they left it)."""
+    resyncs_received_total: int = 0
+    """Rank r != 0: RESYNC messages received from rank 0."""
 
 
 class _Counters:
@@ -236,12 +251,14 @@ class _Counters:
         self.messages_rejected = 0
         self.sequence_errors = 0
         self.dead_rank_detections = 0
+        self.resyncs_sent = 0
+        self.resyncs_received = 0
 
 
 class _Peer:
     """Rank 0's view of one rank r != 0."""
 
-    __slots__ = ("last_event_id", "next_sequence", "pending", "rank", "silence", "state")
+    __slots__ = ("last_event_id", "next_sequence", "pending", "rank", "resync", "silence", "state")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -251,6 +268,8 @@ class _Peer:
         self.last_event_id = -1
         # Matched messages in the order MPI matched them: (tag, buffer, request or None).
         self.pending: deque[tuple[int, bytearray, Any]] = deque()
+        # Losses of this rank's events at rank 0 not yet sent as RESYNC: (events, newest id).
+        self.resync: tuple[int, int | None] | None = None
 
 
 _RUNNING: weakref.WeakSet[AttentionDpGather] = weakref.WeakSet()
@@ -283,6 +302,7 @@ class AttentionDpGather:
         comm: Any = None,
         config: GatherConfig | None = None,
         settle: Callable[[], Callable[[float | None], bool] | None] | None = None,
+        on_resync: Callable[[], Callable[[int, int | None], None] | None] | None = None,
     ) -> None:
         config = GatherConfig() if config is None else config
         if not isinstance(config, GatherConfig):
@@ -298,6 +318,8 @@ class AttentionDpGather:
         self._comm = split_gather_communicator(mpi, parent, attention_dp_rank, attention_dp_size)
         self._buffer = buffer
         self._settle = settle
+        self._on_resync = on_resync
+        self._resync_requests: deque[tuple[int, int, int | None]] = deque()  # any thread appends
         self._rank = attention_dp_rank
         self._size = attention_dp_size
         self._period_s = period_s
@@ -398,7 +420,17 @@ class AttentionDpGather:
             ranks_left=tuple(p.rank for p in peers if p.state == "left"),
             ranks_dead=tuple(p.rank for p in peers if p.state == "dead"),
             dead_rank_detections_total=c.dead_rank_detections,
+            resyncs_sent_total=c.resyncs_sent,
+            resyncs_received_total=c.resyncs_received,
         )
+
+    def request_resync(self, source_rank: int, lost_events: int, newest_event_id: int | None) -> None:
+        """Rank 0: tell rank ``source_rank`` that ``lost_events`` of its events (the newest
+        ``newest_event_id``, None if unknown) were lost after they reached rank 0, so its
+        engine publishes a snapshot. Thread-safe and non-blocking (the gather thread sends it;
+        requests for one rank are merged); ignored on other ranks and for rank 0 itself."""
+        if self._rank == 0 and 0 < source_rank < self._size and lost_events > 0:
+            self._resync_requests.append((source_rank, lost_events, newest_event_id))
 
     # -- both roles --------------------------------------------------------------------------
 
@@ -501,13 +533,28 @@ class AttentionDpGather:
                 continue
             misses = 0
             size = status.Get_count(mpi.BYTE)
-            message.Recv([bytearray(size), mpi.BYTE])
+            data = bytearray(size)
+            message.Recv([data, mpi.BYTE])
             tag = status.Get_tag()
-            if tag not in (Tag.STOP, Tag.BYE_ACK) or size:
+            if tag == Tag.RESYNC:
+                self._resync(data)
+            elif tag not in (Tag.STOP, Tag.BYE_ACK) or size:
                 log.error("attention-DP rank %d got an unexpected message from rank 0 (tag %d, %d bytes)",
                           self._rank, tag, size)
             tags.append(tag)
         return tags
+
+    def _resync(self, data: bytearray) -> None:
+        """A RESYNC from rank 0: pass the loss to the manager (which requests a snapshot)."""
+        try:
+            lost, newest = decode_resync(data)
+        except ProtocolError as exc:
+            log.error("attention-DP rank %d got a malformed RESYNC from rank 0: %s", self._rank, exc)
+            lost, newest = 1, None
+        self._counters.resyncs_received += 1
+        callback = self._on_resync() if self._on_resync is not None else None
+        if callback is not None:
+            callback(lost, newest)
 
     def _leave(self, reason: str) -> None:
         """The final exchange of a rank != 0: last events as BYE, then wait for BYE_ACK."""
@@ -562,6 +609,7 @@ class AttentionDpGather:
                 self._check_liveness(min(now - last_listened, _MAX_SILENCE_STEP_S))
                 last_listened = now
             self._test_sends()
+            self._send_resyncs()
             if deadline is None and (self._stop_requested or self._peer_left):
                 reason = "closed on this rank" if self._stop_requested else (
                     f"rank {', '.join(str(p.rank) for p in peers.values() if p.state == 'left')} closed"
@@ -588,6 +636,30 @@ class AttentionDpGather:
             time.sleep(poll)
             self._test_sends()
         self._finish(reason)
+
+    def _send_resyncs(self) -> None:
+        """Send the requested RESYNCs: merged per rank, to live ranks (a rank declared dead gets
+        its RESYNC if it is taken back; a rank that left needs none)."""
+        requests = self._resync_requests
+        while requests:
+            rank, lost, newest = requests.popleft()
+            peer = self._peers.get(rank)
+            if peer is None or peer.state == "left":
+                continue
+            if peer.resync is not None:
+                before_lost, before_newest = peer.resync
+                lost += before_lost
+                newest = None if newest is None or before_newest is None else max(newest, before_newest)
+            peer.resync = (lost, newest)
+        for peer in self._peers.values():
+            if peer.resync is not None and peer.state == "live":
+                self._isend(encode_resync(*peer.resync), Tag.RESYNC, peer.rank)
+                self._counters.resyncs_sent += 1
+                log.warning(
+                    "attention-DP rank 0 lost %d event(s) of rank %d after they left it: asked rank %d for a "
+                    "snapshot", peer.resync[0], peer.rank, peer.rank,
+                )
+                peer.resync = None
 
     def _begin_stop(self, now: float) -> float:
         self._state = "stopping"
@@ -675,8 +747,8 @@ class AttentionDpGather:
                 "attention-DP rank %d sent batch %d, expected %d", peer.rank, batch.sequence, peer.next_sequence
             )
         peer.next_sequence = batch.sequence + 1
-        for drops in batch.dropped:
-            self._buffer.record_drops(peer.rank, drops.dropped_events)
+        for drops in batch.dropped:  # rank r counted them itself: it needs no RESYNC for them
+            self._buffer.record_drops(peer.rank, drops.dropped_events, notify=False)
         events = batch.events
         if events:
             self._buffer.extend(events)

@@ -236,7 +236,14 @@ class KVCacheEventManager:
 
         assert self._rank is not None and self._size is not None
         return AttentionDpGather(
-            self._buffer, self._rank, self._size, self._gather_period_ms, comm, config, weakref.WeakMethod(self.settle)
+            self._buffer,
+            self._rank,
+            self._size,
+            self._gather_period_ms,
+            comm,
+            config,
+            weakref.WeakMethod(self.settle),
+            weakref.WeakMethod(self._on_resync),
         )
 
     # -- configuration ----------------------------------------------------------------------
@@ -397,7 +404,9 @@ class KVCacheEventManager:
     @property
     def snapshot_requested(self) -> bool:
         """Whether this rank's events were lost since its latest snapshot, so consumers hold an
-        incomplete view of it: the engine should call :meth:`enqueue_snapshot`."""
+        incomplete view of it: the engine should call :meth:`enqueue_snapshot`. Raised by drops
+        in this manager's buffer, by losses its Kafka sink reports (:meth:`report_lost_events`)
+        and, on ranks != 0, by rank 0's losses of this rank's events (a RESYNC message)."""
         return self._snapshot_reason is not None
 
     @property
@@ -428,12 +437,32 @@ class KVCacheEventManager:
             raise TypeError(f"listener must be callable, got {listener!r}")
         self._snapshot_listeners.append(listener)
 
+    def report_lost_events(
+        self, source_rank: int, lost_events: int, newest_event_id: int | None = None, *, where: str
+    ) -> None:
+        """Events of attention-DP rank ``source_rank`` (0 without attention DP) were lost after
+        this manager buffered them (the Kafka sink calls this; ``where`` says how). Consumers
+        now hold an incomplete view of that rank, so its engine must publish a snapshot: on
+        that rank, :meth:`request_snapshot` (unless ``newest_event_id`` is older than the
+        latest snapshot); on rank 0 with the attention-DP gather, a RESYNC message to that
+        rank, whose manager does the same. Thread-safe and non-blocking."""
+        own = self._rank or 0
+        if lost_events <= 0:
+            return
+        if source_rank == own:
+            if newest_event_id is not None and newest_event_id < self._snapshot_floor:
+                return  # older than the latest snapshot, which already covers them
+            self.request_snapshot(f"{lost_events} events of attention-DP rank {source_rank} {where}")
+        elif self._gather is not None:
+            self._gather.request_resync(source_rank, lost_events, newest_event_id)
+
     def _on_drops(self, source_rank: int, dropped_events: int, newest_event_id: int | None) -> None:
-        if source_rank != (self._rank or 0):
-            return  # another rank's events lost in rank 0's buffer: that rank's engine holds them
-        if newest_event_id is not None and newest_event_id < self._snapshot_floor:
-            return  # older than the latest snapshot, which already covers them
-        self.request_snapshot(f"{dropped_events} events of attention-DP rank {source_rank} dropped by the event buffer")
+        self.report_lost_events(source_rank, dropped_events, newest_event_id, where="dropped by the event buffer")
+
+    def _on_resync(self, lost_events: int, newest_event_id: int | None) -> None:
+        self.report_lost_events(
+            self._rank or 0, lost_events, newest_event_id, where="lost on attention-DP rank 0 (buffer or Kafka sink)"
+        )
 
     def flush(self) -> None:
         """Hand this iteration's queued events to the background worker; no-op when none.

@@ -115,7 +115,9 @@ _BLOCKED = object()
 
 
 class EventSource(Protocol):
-    """What the sink needs of a manager (``KVCacheEventManager`` is one)."""
+    """What the sink needs of a manager (``KVCacheEventManager`` is one). If it also has
+    ``report_lost_events(source_rank, lost_events, newest_event_id, *, where)``, the sink calls
+    it for every loss, so the rank's engine learns it must publish a snapshot."""
 
     @property
     def attention_dp_size(self) -> int | None: ...
@@ -227,6 +229,7 @@ class KafkaEventSink:
             raise TypeError(f"on_delivery must be callable, got {on_delivery!r}")
 
         self._manager = manager
+        self._report_lost: Callable[..., None] | None = getattr(manager, "report_lost_events", None)
         self._topic = topic
         self._instance_id = instance_id
         self._dp_size = attention_dp_size
@@ -599,7 +602,7 @@ class KafkaEventSink:
             rest = events[accounted:]
             log.exception("Could not encode %d KV-cache events; counted as lost", len(rest))
             with self._lock:
-                self._ledger.lose(_count_by_rank(rest), "unencodable")
+                self._lose_locked(_count_by_rank(rest), "unencodable")
 
     def _speculate(self, first_event_block_offset: int) -> EventBatch | None:
         """The envelope the next message gets if it is produced at once: only when nothing waits
@@ -622,7 +625,7 @@ class KafkaEventSink:
         )
 
     def _lose_event_locked(self, lost: LostEvent) -> None:
-        self._ledger.lose({lost.rank: 1}, lost.reason)
+        self._lose_locked({lost.rank: 1}, lost.reason, {lost.rank: lost.event_id})
         self._ratelimited(
             logging.ERROR, lost.reason, "Dropped KV-cache event %d of rank %d (%s): %s",
             lost.event_id, lost.rank, lost.reason, lost.detail,
@@ -633,7 +636,23 @@ class KafkaEventSink:
         split = chunk.split
         if split is not None and split.lose():
             counts[split.rank] = counts.get(split.rank, 0) + 1
+        self._lose_locked(counts, reason, chunk.last_event_ids)
+
+    def _lose_locked(
+        self, counts: dict[int, int], reason: str, newest_event_ids: Mapping[int, int] | None = None
+    ) -> None:
+        """Count a loss (in-band in the next batch) and tell the manager, whose rank must then
+        publish a snapshot (not for events still unsent at close: the engine has stopped)."""
         self._ledger.lose(counts, reason)
+        report = self._report_lost
+        if report is None or reason == "unsent_at_close":
+            return
+        for rank, count in counts.items():
+            newest = None if newest_event_ids is None else newest_event_ids.get(rank)
+            try:
+                report(rank, count, newest, where=f"lost by the Kafka sink ({reason})")
+            except Exception:  # a listener's bug must not stop the sink's accounting
+                log.exception("report_lost_events failed")
 
     def _hand_off(self) -> bool:
         """Hand queued chunks, then any pending drops, to librdkafka; True when something must

@@ -114,3 +114,19 @@ def test_a_stalled_rank_0_backs_sends_up_to_the_bound_and_drops_are_exact(mpirun
         assert received == sorted(set(received)), rank
         assert dropped == run.results[rank]["buffer"]["events_dropped_total"] > 0, rank
         assert len(received) + dropped == run.results[rank]["enqueued"], rank
+
+
+def test_losses_at_rank_0_ask_the_losing_rank_for_a_snapshot(mpirun: MpiRunner) -> None:
+    run = mpirun("resync.py", 3, timeout=90)
+    run.assert_clean(3)
+    root, one, two = run.results[0], run.results[1], run.results[2]
+    assert one["own_buffer_drops"] == 0  # so only rank 0 could have told it
+    assert root["phase1_received"] is True
+    assert root["phase1_drops"] == {"1": 150}  # 300 sent, 150 held
+    assert one["phase1_requested"] is True, run.describe()
+    assert "lost on attention-DP rank 0" in one["phase1_reason"]
+    assert one["after_snapshot_requested"] is False
+    assert one["phase2_requested"] is False  # event 5 predates its snapshot
+    assert two["phase2_requested"] is True
+    assert "lost on attention-DP rank 0" in two["phase2_reason"]
+    assert one["resyncs_received"] >= 2 and root["resyncs_sent"] >= 3

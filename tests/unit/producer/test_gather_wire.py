@@ -9,7 +9,15 @@ import sys
 
 import pytest
 from kvevents.producer import GatherConfig, KVCacheEventManager
-from kvevents.producer._gather_wire import ProtocolError, Tag, check_batch, chunk_batches, read_batch
+from kvevents.producer._gather_wire import (
+    ProtocolError,
+    Tag,
+    check_batch,
+    chunk_batches,
+    decode_resync,
+    encode_resync,
+    read_batch,
+)
 from kvevents.schemas import (
     EventBatch,
     KVCacheEvent,
@@ -85,8 +93,11 @@ def test_bytes_that_do_not_decode_are_a_protocol_error_naming_the_rank() -> None
 
 
 def test_tags_are_distinct_and_documented() -> None:
-    assert len({int(t) for t in Tag}) == len(Tag) == 5
-    assert all(t.__doc__ for t in Tag)
+    from kvevents.producer import gather
+
+    assert len({int(t) for t in Tag}) == len(Tag) == 6
+    table = gather.__doc__ or ""
+    assert all(f"{t.name} {int(t)} " in table for t in Tag)  # the protocol table lists each tag
 
 
 @pytest.mark.parametrize(
@@ -142,3 +153,14 @@ def test_tolerate_peer_failures_ignores_sigusr1_and_skips_the_collective_finaliz
         "assert 'mpi4py' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("lost, newest", [(1, None), (7, 0), (3, 2**63 - 1)])
+def test_resync_payloads_round_trip(lost: int, newest: int | None) -> None:
+    assert decode_resync(encode_resync(lost, newest)) == (lost, newest)
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00" * 15, b"\x00" * 17, encode_resync(1, None)[:8] + b"\xfe" + b"\xff" * 7])
+def test_malformed_resync_payloads_are_protocol_errors(data: bytes) -> None:
+    with pytest.raises(ProtocolError, match="RESYNC"):
+        decode_resync(data)

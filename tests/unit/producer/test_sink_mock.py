@@ -177,6 +177,24 @@ def test_queue_overflow_while_kafka_is_away_is_counted_per_rank_and_reported_at_
     assert set(final.events_lost_by_reason) == set(LOSS_REASONS)
 
 
+def test_events_the_sink_loses_ask_the_engine_for_a_snapshot(dead_address: str) -> None:
+    config = {"bootstrap.servers": dead_address, "queue.buffering.max.messages": 1, "log_level": 0}
+    with KVCacheEventManager(100_000) as manager:
+        reasons: list[str] = []
+        manager.add_snapshot_listener(reasons.append)
+        sink = KafkaEventSink(manager, "kv-events", "engine-s", config=config, topic_config_timeout=0,
+                              max_queued_events=20)
+        assert not manager.snapshot_requested
+        for round_ in range(10):
+            manager.buffer.extend(rank_events(0, 7, seed=round_, first_id=round_ * 7))
+            time.sleep(0.01)
+        assert wait_for(lambda: sink.stats().events_lost_by_reason["queue_full"] > 0, 10)
+        assert manager.snapshot_requested
+        assert reasons == [manager.snapshot_request_reason]
+        assert "lost by the Kafka sink (queue_full)" in reasons[0]
+        sink.close(timeout=0.2)
+
+
 def test_failed_deliveries_are_counted_per_rank_and_stay_pending(dead_address: str) -> None:
     manager = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=2, attention_dp_gather=False)
     config = {"bootstrap.servers": dead_address, "message.timeout.ms": 300, "log_level": 0}
