@@ -15,6 +15,10 @@ is ``buffer_full`` for the manager's bounded buffer (including drops another att
 reported for its own buffer), else the sink's reason (``queue_full``, ``delivery_failed``,
 ``produce_failed``, ``oversized``, ``unencodable``, ``unsent_at_close``).
 
+With attention DP, the manager's gather adds ``kvevents_gather_*`` (sent and in flight on ranks
+!= 0; received, rejected, dead ranks on rank 0; RESYNCs on both), and every manager reports
+``kvevents_snapshot_requested`` (1 while its engine should publish a snapshot).
+
 ``prometheus_client`` is optional (the ``metrics`` extra); it is imported only by
 :meth:`ProducerMetrics.collector` / :meth:`ProducerMetrics.register`.
 """
@@ -29,10 +33,19 @@ from .sink_stats import SinkStats
 from .stats import ManagerStats
 
 if TYPE_CHECKING:
+    from .gather import GatherStats
     from .manager import KVCacheEventManager
     from .sink import KafkaEventSink
 
-__all__ = ["MetricFamily", "ProducerMetrics", "PrometheusCollector", "Sample", "manager_families", "sink_families"]
+__all__ = [
+    "MetricFamily",
+    "ProducerMetrics",
+    "PrometheusCollector",
+    "Sample",
+    "gather_families",
+    "manager_families",
+    "sink_families",
+]
 
 Kind = Literal["counter", "gauge", "histogram"]
 
@@ -108,6 +121,13 @@ def sink_families(stats: SinkStats, labels: Mapping[str, str] | None = None) -> 
     return out.families()
 
 
+def gather_families(stats: GatherStats, labels: Mapping[str, str] | None = None) -> list[MetricFamily]:
+    """The families of one attention-DP gather snapshot."""
+    out = _Families(labels or {})
+    _add_gather(out, stats)
+    return out.families()
+
+
 def _add_manager(out: _Families, s: ManagerStats) -> None:
     b = s.buffer
     out.add("kvevents_events_enqueued_total", "counter", "Event ids the engine thread handed out.", s.events_enqueued_total)
@@ -129,6 +149,43 @@ def _add_manager(out: _Families, s: ManagerStats) -> None:
     out.add_each("kvevents_buffer_events_dropped_by_window_total", "counter",
                  "Events the manager's buffer dropped, per window size (when known).",
                  "window_size", b.events_dropped_by_window_size)  # fmt: skip
+    out.add("kvevents_snapshot_requested", "gauge", "1 while this rank's engine should publish a snapshot.",
+            1 if s.snapshot_requested else 0)  # fmt: skip
+    out.add("kvevents_snapshot_requests_total", "counter", "Losses of this rank's events that asked for a snapshot.",
+            s.snapshot_requests_total)  # fmt: skip
+    out.add("kvevents_snapshots_published_total", "counter", "Snapshots the engine published (enqueue_snapshot).",
+            s.snapshots_published_total)  # fmt: skip
+
+
+def _add_gather(out: _Families, s: GatherStats) -> None:
+    p = "kvevents_gather_"
+    rank = {"attention_dp_rank": s.attention_dp_rank}
+    out.add(p + "running", "gauge", "1 while the attention-DP gather runs on this rank.",
+            1 if s.state == "running" else 0, **rank)  # fmt: skip
+    if s.attention_dp_rank != 0:
+        out.add(p + "messages_sent_total", "counter", "Event messages this rank sent to rank 0.",
+                s.messages_sent_total, **rank)  # fmt: skip
+        out.add(p + "events_sent_total", "counter", "Events this rank sent to rank 0.", s.events_sent_total, **rank)
+        out.add(p + "bytes_sent_total", "counter", "Bytes this rank sent to rank 0.", s.bytes_sent_total, **rank)
+        out.add(p + "in_flight_messages", "gauge", "Messages sent and not yet completed.", s.in_flight_messages, **rank)
+        out.add(p + "sends_deferred_total", "counter", "Sends put off because max_in_flight messages were pending.",
+                s.sends_deferred_total, **rank)  # fmt: skip
+        out.add(p + "resyncs_received_total", "counter", "RESYNC messages from rank 0 (it lost this rank's events).",
+                s.resyncs_received_total, **rank)  # fmt: skip
+        return
+    out.add(p + "messages_received_total", "counter", "Event messages rank 0 received.", s.messages_received_total)
+    out.add(p + "events_received_total", "counter", "Events rank 0 received from the other ranks.",
+            s.events_received_total)  # fmt: skip
+    out.add(p + "bytes_received_total", "counter", "Bytes rank 0 received.", s.bytes_received_total)
+    out.add(p + "messages_rejected_total", "counter", "Messages rank 0 rejected (counted as dropped events).",
+            s.messages_rejected_total)  # fmt: skip
+    out.add(p + "sequence_errors_total", "counter", "Messages that skipped a sequence number.", s.sequence_errors_total)
+    out.add(p + "ranks_dead", "gauge", "Ranks declared dead (silent past heartbeat_timeout_s).", len(s.ranks_dead))
+    out.add(p + "ranks_left", "gauge", "Ranks that left the gather.", len(s.ranks_left))
+    out.add(p + "dead_rank_detections_total", "counter", "Times a rank was declared dead.",
+            s.dead_rank_detections_total)  # fmt: skip
+    out.add(p + "resyncs_sent_total", "counter", "RESYNC messages sent (losses of another rank's events).",
+            s.resyncs_sent_total)  # fmt: skip
 
 
 def _add_sink(out: _Families, s: SinkStats) -> None:
@@ -220,6 +277,9 @@ class ProducerMetrics:
             out.labels = labels
             if manager is not None:
                 _add_manager(out, manager.stats())
+                gather = manager.gather
+                if gather is not None:
+                    _add_gather(out, gather.stats())
             if sink is not None:
                 _add_sink(out, sink.stats())
         return out.families()

@@ -130,3 +130,5 @@ def test_losses_at_rank_0_ask_the_losing_rank_for_a_snapshot(mpirun: MpiRunner) 
     assert two["phase2_requested"] is True
     assert "lost on attention-DP rank 0" in two["phase2_reason"]
     assert one["resyncs_received"] >= 2 and root["resyncs_sent"] >= 3
+    assert one["metric_resyncs_received"] >= one["resyncs_received"] > 0  # ProducerMetrics reads the gather
+    assert root["metric_resyncs_sent"] >= root["resyncs_sent"] > 0

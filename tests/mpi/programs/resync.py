@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from _common import enqueue_iteration, parser, setup_logging, wait_for, world_rank, write_result
-from kvevents.producer import KVCacheEventManager
+from kvevents.producer import KVCacheEventManager, ProducerMetrics
 
 PER_RANK = 50  # rank 0 holds 3 x 50 events and never drains in phase 1
 
@@ -57,9 +57,11 @@ def main() -> None:
             result["phase2_requested"] = manager.snapshot_requested
             assert manager.gather is not None
             result["resyncs_received"] = manager.gather.stats().resyncs_received_total
+            result["metric_resyncs_received"] = ProducerMetrics(manager).value("kvevents_gather_resyncs_received_total")
         if rank == 0:
             assert manager.gather is not None
             result["resyncs_sent"] = manager.gather.stats().resyncs_sent_total
+            result["metric_resyncs_sent"] = ProducerMetrics(manager).value("kvevents_gather_resyncs_sent_total")
     write_result(args.out, rank, result)
 
 

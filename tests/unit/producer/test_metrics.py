@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
-from kvevents.producer import KVCacheEventManager
-from kvevents.producer.metrics import ProducerMetrics, manager_families
+from kvevents.producer import GatherStats, KVCacheEventManager
+from kvevents.producer.metrics import ProducerMetrics, gather_families, manager_families
 from kvevents.producer.sink import KafkaEventSink
 from sink_helpers import Workload, rank_events
 
@@ -120,3 +121,38 @@ def test_without_prometheus_client_the_error_names_the_extra(monkeypatch: pytest
         assert metrics.value("kvevents_buffer_capacity_events") == 10  # the Python side needs nothing
         with pytest.raises(ImportError, match=r"kvevents\[metrics\]"):
             metrics.register()
+
+
+def test_snapshot_requests_are_metrics() -> None:
+    with KVCacheEventManager(10) as manager:
+        metrics = ProducerMetrics(manager)
+        assert metrics.value("kvevents_snapshot_requested") == 0
+        manager.request_snapshot("a test lost events")
+        manager.request_snapshot("and again")
+        assert metrics.value("kvevents_snapshot_requested") == 1
+        assert metrics.value("kvevents_snapshot_requests_total") == 2
+        manager.enqueue_snapshot({}, [4])
+        assert metrics.value("kvevents_snapshot_requested") == 0
+        assert metrics.value("kvevents_snapshots_published_total") == 1
+
+
+def _gather_stats(rank: int, **counts: object) -> GatherStats:
+    fields = {f.name: 0 for f in dataclasses.fields(GatherStats)}
+    fields.update(attention_dp_rank=rank, attention_dp_size=4, state="running", stop_reason=None,
+                  ranks_left=(), ranks_dead=())
+    fields.update(counts)
+    return GatherStats(**fields)  # type: ignore[arg-type]
+
+
+def test_gather_metrics_per_role() -> None:
+    root = {f.name: f for f in gather_families(_gather_stats(0, events_received_total=70, ranks_dead=(2,),
+                                                             resyncs_sent_total=3))}
+    assert root["kvevents_gather_events_received_total"].samples[0].value == 70
+    assert root["kvevents_gather_ranks_dead"].samples[0].value == 1
+    assert root["kvevents_gather_resyncs_sent_total"].samples[0].value == 3
+    assert "kvevents_gather_events_sent_total" not in root
+    other = {f.name: f for f in gather_families(_gather_stats(3, events_sent_total=9, state="stopped"))}
+    assert other["kvevents_gather_events_sent_total"].samples[0].labels == {"attention_dp_rank": "3"}
+    assert other["kvevents_gather_events_sent_total"].samples[0].value == 9
+    assert other["kvevents_gather_running"].samples[0].value == 0
+    assert "kvevents_gather_events_received_total" not in other
