@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from kvevents.commands._common import BOOTSTRAP_HELP, CommandError, config_pair, resolve_bootstrap
+
 DESCRIPTION = """\
 Create or describe a Kafka topic.
 
@@ -19,13 +21,6 @@ examples:
   kvevents topic create kv-cache-snapshots --cleanup-policy compact
   kvevents topic describe kv-cache-events --json
 """
-
-
-def _config_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "--bootstrap-servers",
             "-b",
             default=None,
-            help="Kafka address (default: $KAFKA_BOOTSTRAP_SERVERS, else the running local broker)",
+            help=BOOTSTRAP_HELP,
         )
         sub.add_argument(
             "--timeout", type=float, default=30.0, help="seconds to wait for the broker (default: 30)"
@@ -73,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="cleanup.policy",
     )
     create.add_argument(
-        "--config", "-c", type=_config_pair, action="append", default=[], metavar="KEY=VALUE",
+        "--config", "-c", type=config_pair, action="append", default=[], metavar="KEY=VALUE",
         help="any other topic config (repeatable)",
     )  # fmt: skip
     create.set_defaults(func=_create)
@@ -84,11 +79,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _bootstrap(args: argparse.Namespace) -> str | None:
-    from kvevents.bootstrap import NoBrokerConfigured, resolve_bootstrap_servers
-
     try:
-        return resolve_bootstrap_servers(args.bootstrap_servers)
-    except NoBrokerConfigured as exc:
+        return resolve_bootstrap(args)
+    except CommandError as exc:
         print(f"kvevents topic: {exc}", file=sys.stderr)
         return None
 
