@@ -13,11 +13,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import TextIO
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "config_pair",
     "kafka_config",
     "resolve_bootstrap",
+    "stop_on_interrupt",
 ]
 
 DEFAULT_TOPIC = "kv-cache-events"
@@ -129,6 +135,10 @@ def command(name: str) -> Callable[[Callable[[argparse.Namespace], int]], Callab
             except KeyboardInterrupt:
                 print(f"kvevents {name}: interrupted", file=sys.stderr)
                 return EXIT_INTERRUPTED
+            except BrokenPipeError:  # 'kvevents tail | head': the reader left; not an error
+                with contextlib.suppress(OSError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
 
         return run
 
@@ -182,3 +192,36 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
         self._width = 0
+
+
+class Interrupted:
+    """Whether :func:`stop_on_interrupt` saw Ctrl-C."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __bool__(self) -> bool:
+        return self.requested
+
+
+@contextlib.contextmanager
+def stop_on_interrupt(stop: Callable[[], None]) -> Iterator[Interrupted]:
+    """Within the block, the first Ctrl-C (SIGINT) calls ``stop`` (e.g. ``EventReader.stop``)
+    so that the work ends cleanly at its next step; a second one raises KeyboardInterrupt.
+    Outside the main thread nothing is installed."""
+    seen = Interrupted()
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if seen.requested:
+            raise KeyboardInterrupt
+        seen.requested = True
+        stop()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
