@@ -52,7 +52,7 @@ def simulate_to_topic(
                 SimulatorConfig(
                     instance_id=name, attention_dp_rank=r, block_size=BLOCK_SIZE, num_primary_blocks=96,
                     num_secondary_blocks=32,
-                ),  # fmt: skip
+                ),
                 managers[name][r],
                 WorkloadGenerator(workload.for_worker(name, r)),
             )
