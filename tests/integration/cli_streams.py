@@ -24,9 +24,12 @@ BLOCK_SIZE = 16
 @dataclass
 class Produced:
     truths: list[GroundTruth]
-    batches: int
-    events: int
+    sent: list[EventBatch]
     simulators: list[EngineSimulator]
+
+    @property
+    def events(self) -> int:
+        return sum(len(b.events) for b in self.sent)
 
 
 def simulate_to_topic(
@@ -59,7 +62,7 @@ def simulate_to_topic(
             for r in range(ranks)
         ]
     sequence = dict.fromkeys(instances, 0)
-    batches = events = 0
+    sent: list[EventBatch] = []
     failures: list[object] = []
     try:
         for _ in range(iterations):
@@ -85,12 +88,11 @@ def simulate_to_topic(
                     on_delivery=lambda err, _m: err and failures.append(err),
                 )  # fmt: skip
                 producer.poll(0)
-                batches += 1
-                events += len(collected)
+                sent.append(batch)
         assert producer.flush(30) == 0 and not failures, failures
     finally:
         for group in managers.values():
             for manager in group:
                 manager.close()
     all_sims = [sim for name in instances for sim in sims[name]]
-    return Produced([sim.ground_truth() for sim in all_sims], batches, events, all_sims)
+    return Produced([sim.ground_truth() for sim in all_sims], sent, all_sims)
