@@ -117,7 +117,8 @@ class MatchServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        return f"http://{name}:{port}"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -129,12 +130,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: HTTPStatus, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
+        self.server.count()  # before the answer leaves: a client that got it sees it counted
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-        self.server.count()
 
     def do_GET(self) -> None:
         from kvevents.commands._workers_view import index_summary, worker_rows

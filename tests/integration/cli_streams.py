@@ -8,11 +8,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from confluent_kafka import KafkaError
 from kafka_streams import producer as kafka_producer
 from kvevents.producer import KVCacheEventManager
 from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, GroundTruth, SimulatorConfig
-from kvevents.schemas import EventBatch, RankDrops, encode_batch
+from kvevents.schemas import EventBatch, KVCacheEvent, RankDrops, encode_batch
 
 WORKLOAD = WorkloadConfig(
     seed=5, request_rate=40.0, system_prompt_tokens=(64, 256), document_tokens=(64, 384), num_documents=24,
@@ -63,12 +64,17 @@ def simulate_to_topic(
         ]
     sequence = dict.fromkeys(instances, 0)
     sent: list[EventBatch] = []
-    failures: list[object] = []
+    failures: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _message: object) -> None:
+        if err is not None:
+            failures.append(err)
+
     try:
         for _ in range(iterations):
             for name in instances:
-                collected = []
-                dropped = []
+                collected: list[KVCacheEvent] = []
+                dropped: list[RankDrops] = []
                 for r, sim in enumerate(sims[name]):
                     sim.step()
                     manager = managers[name][r]
@@ -85,7 +91,7 @@ def simulate_to_topic(
                 sequence[name] += 1
                 producer.produce(
                     topic, key=name.encode(), value=encode_batch(batch),
-                    on_delivery=lambda err, _m: err and failures.append(err),
+                    on_delivery=delivered,
                 )  # fmt: skip
                 producer.poll(0)
                 sent.append(batch)

@@ -172,7 +172,7 @@ def test_index_rebuilds_verifies_and_saves_checkpoints(
     assert summary["workers"] == 4 and summary["degraded_workers"] == 0 and summary["malformed"] == 1
     assert summary["rebuild"]["events"] == stream.produced.events and summary["lag_messages"] == 0
     assert ckpt.exists() and "checkpoint saved to" in report["checkpoints"][0]
-    levels = Counter()
+    levels: Counter[int] = Counter()
     for row in report["workers"]:
         levels.update({int(k): v for k, v in row["blocks_by_level"].items()})
     truth_levels = Counter(b.cache_level for t in stream.produced.truths for w in t.windows.values() for b in w.values())
