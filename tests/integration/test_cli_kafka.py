@@ -211,6 +211,29 @@ def test_index_tail_redraws_the_table_until_the_duration(stream: Stream, capsys:
     assert "sim-a" in out and "lag 0 msgs" in out
 
 
+def test_index_tail_stops_on_ctrl_c_and_saves_its_checkpoint(stream: Stream, tmp_path: Path) -> None:
+    ckpt = tmp_path / "tail.ckpt"
+    proc = subprocess.Popen(
+        cli("index", "-b", stream.bootstrap, "-t", stream.topic, "--tail", "--refresh", "0.3",
+            "--checkpoint", str(ckpt), "--save-checkpoint", str(ckpt)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        while "worker(s)" not in (line := proc.stdout.readline()):  # the first table is drawn: tailing
+            assert line, proc.stderr.read() if proc.stderr else "no output"
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted: the index holds what was applied before Ctrl-C" in rest and "checkpoint saved to" in rest
+    from kvevents.consumer import load_checkpoint
+
+    checkpoint = load_checkpoint(ckpt, topic=stream.topic)
+    assert checkpoint.messages == len(stream.produced.sent) + 1  # every message, the malformed one too
+
+
 def test_index_of_a_missing_topic_is_a_clear_error(stream: Stream, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "index", "-b", stream.bootstrap, "-t", f"nope-{uuid.uuid4().hex[:6]}")
     assert code == 1 and err.startswith("kvevents index: topic 'nope-")

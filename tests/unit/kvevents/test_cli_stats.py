@@ -120,3 +120,12 @@ def test_text_report_names_every_section() -> None:
     text = "\n".join(render(report))
     for part in ("event type", "cache-level moves", "block lifetimes", "prefix reuse", "4 events dropped in-band", "i0/1 4"):
         assert part in text, part
+
+
+def test_until_bounds_by_offset_or_time() -> None:
+    from kvevents.commands.stats import Bound, _in_range
+
+    assert _in_range(None, 10**9, T0)
+    assert _in_range(Bound(offset=5), 4, T0) and not _in_range(Bound(offset=5), 5, T0)
+    assert _in_range(Bound(time_us=T0 + 1), 0, T0) and not _in_range(Bound(time_us=T0), 0, T0)
+    assert _in_range(Bound(time_us=T0), 0, 0)  # a batch without any time is kept
