@@ -27,23 +27,29 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def add_index_flags(parser: argparse.ArgumentParser) -> None:
-    """Where the index starts from and where its checkpoints go."""
+def add_index_flags(parser: argparse.ArgumentParser, *, saves: bool = True) -> None:
+    """Where the index starts from and (``saves``) where its checkpoints go."""
     group = parser.add_argument_group("index state and checkpoints")
     group.add_argument(
         "--checkpoint",
         type=Path,
         default=None,
         metavar="FILE",
-        help="start from this checkpoint file, then catch up from its offsets (a missing FILE is an "
-        "error, unless it is also --save-checkpoint: then the first run rebuilds from the beginning)",
+        help="start from this checkpoint file, then catch up from its offsets"
+        + (
+            " (a missing FILE is an error, unless it is also --save-checkpoint: then the first run "
+            "rebuilds from the beginning)"
+            if saves
+            else ""
+        ),
     )
     group.add_argument(
         "--checkpoint-topic",
         default=None,
         metavar="TOPIC",
         help="the compacted Kafka topic of checkpoints (created if missing): start from its latest "
-        "checkpoint named --checkpoint-name, if any (unless --checkpoint is given), and save there",
+        "checkpoint named --checkpoint-name, if any (unless --checkpoint is given)"
+        + (", and save there" if saves else ""),
     )
     group.add_argument(
         "--checkpoint-name", default="default", help="the checkpoint's name in --checkpoint-topic (default: default)"

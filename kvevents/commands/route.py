@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_kafka_flags(parser)
-    add_index_flags(parser)
+    add_index_flags(parser, saves=False)
     prompts = parser.add_argument_group("prompts")
     source = prompts.add_mutually_exclusive_group()
     source.add_argument("--tokens", type=Path, default=None, metavar="FILE", help="prompts, one per line")
