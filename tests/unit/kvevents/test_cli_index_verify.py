@@ -4,6 +4,7 @@ simulator's events go through the real manager into an index in memory)."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from pathlib import Path
 
@@ -101,3 +102,24 @@ def test_worker_table_shows_levels_capacity_and_degraded_workers(simulated: tupl
     assert lines[0].split()[:6] == ["instance", "rank", "window", "blocks", "L0", "L1"]
     assert "48,16" in lines[1] and "DEGRADED (a malformed message was skipped)" in lines[1]
     assert lines[-1].startswith("1 worker(s), 1 degraded;")
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_live_table_redraws_in_place_on_a_tty_and_appends_otherwise() -> None:
+    from kvevents.commands.index import LiveTable
+
+    tty = Tty()
+    table = LiveTable(tty)
+    table.draw(["a", "b"])
+    table.draw(["c", "d", "e"])
+    assert tty.getvalue() == "a\nb\n\x1b[2F\x1b[Jc\nd\ne\n"
+    plain = io.StringIO()
+    table = LiveTable(plain)
+    table.draw(["a"])
+    table.draw(["b"])
+    blocks = plain.getvalue().split("\n\n")
+    assert len(blocks) == 3 and blocks[0].endswith("\na") and blocks[0].startswith("[")

@@ -129,3 +129,16 @@ def test_until_bounds_by_offset_or_time() -> None:
     assert _in_range(Bound(offset=5), 4, T0) and not _in_range(Bound(offset=5), 5, T0)
     assert _in_range(Bound(time_us=T0 + 1), 0, T0) and not _in_range(Bound(time_us=T0), 0, T0)
     assert _in_range(Bound(time_us=T0), 0, 0)  # a batch without any time is kept
+
+
+def test_plot_without_matplotlib_fails_clearly_before_reading(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    from kvevents.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    code = main(["stats", "-b", "127.0.0.1:1", "--plot", "x.png"])
+    assert code == 2
+    assert "pip install 'kvevents[cli]'" in capsys.readouterr().err
