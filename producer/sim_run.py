@@ -1,0 +1,363 @@
+"""Run simulated engine ranks as real processes: ``kvevents simulate``'s engine room.
+
+Every process is one attention-DP rank of one engine instance. It runs an
+:class:`~kvevents.producer.simulator.EngineSimulator` that drives a real
+:class:`~kvevents.producer.KVCacheEventManager`; rank 0 of each instance also runs a
+:class:`~kvevents.producer.KafkaEventSink` to the topic (the other ranks' events reach it
+through the manager's attention-DP gather over MPI).
+
+Topology. Under ``mpiexec -n N`` the world is split into ``instances`` instances of ``ranks``
+ranks each (``N = instances * ranks``; world ranks ``k*ranks .. (k+1)*ranks-1`` form instance
+``k``, named ``f"{instance_prefix}-{first_instance + k}"``); each instance's managers gather
+over a communicator of their own (an ``MPI.Comm.Split`` of the world, handed to the manager
+as ``comm``). Without MPI (no ``mpiexec``, or ``-n 1``) the process is the one rank of one
+instance and the manager has no attention DP (no gather, no MPI import). Several launches can
+run side by side (give each its own ``instance_prefix`` or ``first_instance``).
+
+At the end every rank reports a :class:`RankResult` (its counters and its ground truth) to
+world rank 0 as a JSON string over MPI; :func:`run` returns them all there (and ``None``
+elsewhere). Shutdown: the simulator stops (duration, request count or :meth:`SimRun.stop`,
+e.g. from a SIGINT handler), the manager is closed (its last events, the gather's last
+exchange), then the sink (deliver within ``sink_close_timeout_s``, report what was lost).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .manager import KVCacheEventManager
+from .sim_workload import WorkloadConfig, WorkloadGenerator
+from .simulator import EngineSimulator, SimulatorConfig
+
+__all__ = [
+    "Progress",
+    "RankResult",
+    "SimRun",
+    "SimRunConfig",
+    "Topology",
+    "mpi_world_size",
+    "run",
+    "topology",
+]
+
+_WORLD_SIZE_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+
+
+def mpi_world_size() -> int:
+    """The number of processes ``mpiexec`` started (from its environment; 1 without it)."""
+    for name in _WORLD_SIZE_ENV:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+@dataclass(frozen=True)
+class SimRunConfig:
+    """What ``kvevents simulate`` runs; see the module docstring for the topology."""
+
+    instances: int = 1
+    ranks: int | None = None
+    """Attention-DP ranks per instance (default: the world size / ``instances``)."""
+    instance_prefix: str = "sim"
+    first_instance: int = 0
+    duration_s: float | None = None
+    """Wall-clock seconds to run (None: until ``requests`` arrived, or a stop)."""
+    requests: int | None = None
+    """Requests per rank (the workload is then closed; running requests are not drained)."""
+    realtime: bool = True
+    """Keep the simulator's iterations at their pace on the wall clock (False: as fast as it can)."""
+    seed: int = 0
+    max_kv_event_entries: int = 10_000
+    snapshot_on_drops: bool = False
+    """Publish a snapshot whenever the manager lost events of its rank (and once more at the
+    end if a loss is still unanswered)."""
+    topic: str | None = None
+    """Kafka topic; None runs without Kafka (events are produced and dropped at rank 0)."""
+    kafka_config: dict[str, Any] = field(default_factory=dict)
+    sink_close_timeout_s: float = 30.0
+    simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+    """Cache shape and pace; instance id, rank, realtime and snapshots are set per rank."""
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    """Request mix and rate per rank; each rank's stream is ``workload.for_worker(...)``."""
+
+    def __post_init__(self) -> None:
+        if self.instances < 1:
+            raise ValueError(f"instances must be >= 1, got {self.instances}")
+        if self.ranks is not None and self.ranks < 1:
+            raise ValueError(f"ranks must be >= 1, got {self.ranks}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"duration must be > 0 seconds, got {self.duration_s}")
+        if self.requests is not None and self.requests < 1:
+            raise ValueError(f"requests must be >= 1, got {self.requests}")
+        if self.duration_s is None and self.requests is None:
+            raise ValueError("give a duration or a request count (the workload is endless)")
+        if self.max_kv_event_entries < 1:
+            raise ValueError(f"max_kv_event_entries must be >= 1, got {self.max_kv_event_entries}")
+        if not self.instance_prefix:
+            raise ValueError("instance_prefix must not be empty")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits: its world rank and its instance's id, DP rank and size."""
+
+    world_rank: int
+    world_size: int
+    instance_index: int
+    instance_id: str
+    attention_dp_rank: int
+    attention_dp_size: int
+    world_comm: Any = None
+    instance_comm: Any = None
+
+    @property
+    def leader(self) -> bool:
+        """World rank 0: collects the results and prints progress."""
+        return self.world_rank == 0
+
+
+def topology(config: SimRunConfig) -> Topology:
+    """This process's place (imports mpi4py only when ``mpiexec`` started several processes).
+    ``ValueError`` when the world does not split into ``instances`` x ``ranks``."""
+    size = mpi_world_size()
+    ranks = config.ranks
+    if size <= 1:
+        if config.instances != 1 or (ranks or 1) != 1:
+            raise ValueError(
+                f"{config.instances} instances x {ranks or 1} ranks need MPI: run under "
+                f"'mpiexec -n {config.instances * (ranks or 1)} kvevents simulate ...'"
+            )
+        instance_id = f"{config.instance_prefix}-{config.first_instance}"
+        return Topology(0, 1, 0, instance_id, 0, 1)
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    size = world.Get_size()
+    if ranks is None:
+        if size % config.instances:
+            raise ValueError(f"{size} MPI processes do not split into {config.instances} instances")
+        ranks = size // config.instances
+    if config.instances * ranks != size:
+        raise ValueError(
+            f"{config.instances} instances x {ranks} ranks need {config.instances * ranks} MPI processes, "
+            f"mpiexec started {size}"
+        )
+    world_rank = world.Get_rank()
+    index, dp_rank = divmod(world_rank, ranks)
+    comm = world.Split(index, world_rank)
+    instance_id = f"{config.instance_prefix}-{config.first_instance + index}"
+    return Topology(world_rank, size, index, instance_id, dp_rank, ranks, world, comm)
+
+
+@dataclass
+class RankResult:
+    """One rank's outcome: its counters, its instance's Kafka figures (on DP rank 0), its truth."""
+
+    instance_id: str
+    attention_dp_rank: int
+    attention_dp_size: int
+    seconds: float
+    requests_arrived: int
+    requests_served: int
+    iterations: int
+    events_enqueued: int
+    stored_blocks: int
+    removed_blocks: int
+    manager_drops: int
+    """Events this rank's manager buffer dropped (on rank 0 including other ranks' events)."""
+    snapshots: int
+    hit_rate: float
+    interrupted: bool = False
+    error: str | None = None
+    kafka: dict[str, Any] | None = None
+    """On DP rank 0 with a topic: messages/events/bytes delivered, losses, the close report."""
+    truth: dict[str, Any] | None = None
+    """``GroundTruth.to_json()`` after the last iteration (None if the rank failed early)."""
+
+    @property
+    def events_lost_unreported(self) -> int:
+        """Losses no delivered batch reported (consumers cannot know): must be 0."""
+        if self.kafka is None:
+            return 0
+        return sum(self.kafka.get("unreported_by_rank", {}).values())
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RankResult:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the leader's progress callback sees (its own instance's rank 0 view)."""
+
+    seconds: float
+    requests: int
+    events: int
+    drops: int
+    delivered: int | None
+
+
+class SimRun:
+    """One rank's run: build it, :meth:`execute` it (collective under MPI), or :meth:`stop` it."""
+
+    def __init__(self, config: SimRunConfig, topo: Topology) -> None:
+        self.config = config
+        self.topo = topo
+        self._stop = False
+        self.interrupted = False
+        self.sim: EngineSimulator | None = None
+
+    def stop(self, interrupted: bool = True) -> None:
+        """Make the simulator finish its iteration and shut down (safe from a signal handler)."""
+        self._stop = True
+        self.interrupted = self.interrupted or interrupted
+        if self.sim is not None:
+            self.sim.request_stop()
+
+    def _manager(self) -> KVCacheEventManager:
+        topo, cfg = self.topo, self.config
+        if topo.attention_dp_size > 1:
+            return KVCacheEventManager(
+                cfg.max_kv_event_entries, topo.attention_dp_rank, topo.attention_dp_size, comm=topo.instance_comm
+            )
+        return KVCacheEventManager(cfg.max_kv_event_entries)
+
+    def execute(self, progress: Callable[[Progress], None] | None = None, progress_interval_s: float = 1.0) -> RankResult:
+        """Run this rank to the end and return its result (not yet collected)."""
+        cfg, topo = self.config, self.topo
+        started = time.monotonic()
+        manager = self._manager()  # collective over the instance's communicator
+        sink = None
+        try:
+            if topo.attention_dp_rank == 0 and cfg.topic is not None:
+                from .sink import KafkaEventSink
+
+                sink = KafkaEventSink(manager, cfg.topic, topo.instance_id, config=cfg.kafka_config)
+            dp_rank = topo.attention_dp_rank if topo.attention_dp_size > 1 else None
+            sim_config = dataclasses.replace(
+                cfg.simulator,
+                instance_id=topo.instance_id,
+                attention_dp_rank=dp_rank,
+                realtime=cfg.realtime,
+                snapshot_on_request=cfg.snapshot_on_drops,
+            )
+            workload = dataclasses.replace(cfg.workload, seed=cfg.seed).for_worker(topo.instance_id, dp_rank)
+            self.sim = sim = EngineSimulator(sim_config, manager, WorkloadGenerator(workload))
+            if self._stop:
+                sim.request_stop()
+            deadline = None if cfg.duration_s is None else started + cfg.duration_s
+            next_progress = started + progress_interval_s
+
+            def should_stop() -> bool:
+                nonlocal next_progress
+                now = time.monotonic()
+                if progress is not None and now >= next_progress:
+                    next_progress = now + progress_interval_s
+                    progress(self._progress(now - started, sim, manager, sink))
+                return self._stop or (deadline is not None and now >= deadline)
+
+            sim.run(max_requests=cfg.requests, should_stop=should_stop)
+            if cfg.snapshot_on_drops:
+                self._answer_last_loss(sim, manager)
+            truth = sim.ground_truth().to_json()
+        except BaseException:
+            manager.close()
+            if sink is not None:
+                sink.close(cfg.sink_close_timeout_s)
+            raise
+        manager.close()
+        kafka = None
+        if sink is not None:
+            report = sink.close(cfg.sink_close_timeout_s)
+            s = sink.stats()
+            kafka = {
+                "messages_delivered": s.messages_delivered_total,
+                "messages_failed": s.messages_failed_total,
+                "events_delivered": s.events_delivered_total,
+                "bytes_delivered": s.bytes_delivered_total,
+                "events_delivered_by_rank": {str(k): v for k, v in s.events_delivered_by_rank.items()},
+                "events_lost_by_reason": dict(s.events_lost_by_reason),
+                "manager_drops_by_rank": {str(k): v for k, v in s.manager_drops_by_rank.items()},
+                "drops_reported_by_rank": {str(k): v for k, v in s.drops_reported_by_rank.items()},
+                "undelivered_by_rank": {str(k): v for k, v in report.undelivered_by_rank.items()},
+                "unreported_by_rank": {str(k): v for k, v in report.unreported_by_rank.items()},
+                "delivery_p50_s": s.delivery_latency.recent_p50_s,
+                "delivery_p99_s": s.delivery_latency.recent_p99_s,
+            }
+        stats = sim.stats()
+        mstats = manager.stats()
+        return RankResult(
+            instance_id=topo.instance_id,
+            attention_dp_rank=topo.attention_dp_rank,
+            attention_dp_size=topo.attention_dp_size,
+            seconds=time.monotonic() - started,
+            requests_arrived=stats.requests_arrived,
+            requests_served=stats.requests_served,
+            iterations=stats.iterations,
+            events_enqueued=mstats.events_enqueued_total,
+            stored_blocks=mstats.stored_blocks_total,
+            removed_blocks=mstats.removed_block_hashes_total,
+            manager_drops=mstats.events_dropped_total,
+            snapshots=stats.snapshots,
+            hit_rate=stats.hit_rate,
+            interrupted=self.interrupted,
+            kafka=kafka,
+            truth=truth,
+        )
+
+    def _answer_last_loss(self, sim: EngineSimulator, manager: KVCacheEventManager, rounds: int = 5) -> None:
+        """After the last iteration: while the manager reports an unanswered loss of this rank,
+        publish a snapshot (the engine's loop would have at its next iteration)."""
+        for _ in range(rounds):
+            manager.settle(timeout=10)
+            if not manager.snapshot_requested:
+                return
+            sim.publish_snapshot()
+            manager.flush()
+
+    @staticmethod
+    def _progress(seconds: float, sim: EngineSimulator, manager: KVCacheEventManager, sink: Any) -> Progress:
+        m = manager.stats()
+        delivered = None if sink is None else sink.stats().events_delivered_total
+        requests = sim.stats().requests_arrived
+        return Progress(seconds, requests, m.buffer.events_added_total, m.events_dropped_total, delivered)
+
+
+def run(
+    config: SimRunConfig,
+    *,
+    topo: Topology | None = None,
+    on_start: Callable[[SimRun], None] | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    progress_interval_s: float = 1.0,
+) -> list[RankResult] | None:
+    """Run this process's rank and collect every rank's result at world rank 0 (returned there;
+    None on the other ranks). ``on_start`` gets the :class:`SimRun` (to install a signal
+    handler that stops it); ``progress`` is called on world rank 0 only."""
+    topo = topo or topology(config)
+    sim_run = SimRun(config, topo)
+    if on_start is not None:
+        on_start(sim_run)
+    try:
+        result = sim_run.execute(progress if topo.leader else None, progress_interval_s)
+    except Exception as exc:  # report it with the others instead of leaving the world hanging
+        if topo.world_comm is None:
+            raise
+        result = RankResult(topo.instance_id, topo.attention_dp_rank, topo.attention_dp_size, 0.0,
+                            0, 0, 0, 0, 0, 0, 0, 0, 0.0, sim_run.interrupted, error=f"{type(exc).__name__}: {exc}")
+    if topo.world_comm is None:
+        return [result]
+    gathered = topo.world_comm.gather(json.dumps(result.to_json()), root=0)
+    if gathered is None:
+        return None
+    return [RankResult.from_json(json.loads(text)) for text in gathered]
