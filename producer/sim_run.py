@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from typing import Any
 from .manager import KVCacheEventManager
 from .sim_workload import WorkloadConfig, WorkloadGenerator
 from .simulator import EngineSimulator, SimulatorConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Progress",
@@ -174,6 +177,8 @@ class RankResult:
     """Events this rank's manager buffer dropped (on rank 0 including other ranks' events)."""
     snapshots: int
     hit_rate: float
+    snapshot_failures: int = 0
+    """Snapshots that could not be published (larger than the manager's buffer)."""
     interrupted: bool = False
     error: str | None = None
     kafka: dict[str, Any] | None = None
@@ -195,6 +200,14 @@ class RankResult:
     def from_json(cls, data: dict[str, Any]) -> RankResult:
         return cls(**data)
 
+    @classmethod
+    def failed(cls, topo: Topology, error: str, interrupted: bool = False) -> RankResult:
+        """The result of a rank that raised ``error`` before it finished."""
+        return cls(topo.instance_id, topo.attention_dp_rank, topo.attention_dp_size, seconds=0.0,
+                   requests_arrived=0, requests_served=0, iterations=0, events_enqueued=0, stored_blocks=0,
+                   removed_blocks=0, manager_drops=0, snapshots=0, hit_rate=0.0, interrupted=interrupted,
+                   error=error)
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -215,6 +228,7 @@ class SimRun:
         self.topo = topo
         self._stop = False
         self.interrupted = False
+        self.snapshot_failures = 0
         self.sim: EngineSimulator | None = None
 
     def stop(self, interrupted: bool = True) -> None:
@@ -249,7 +263,7 @@ class SimRun:
                 instance_id=topo.instance_id,
                 attention_dp_rank=dp_rank,
                 realtime=cfg.realtime,
-                snapshot_on_request=cfg.snapshot_on_drops,
+                snapshot_on_request=False,  # answered between iterations by should_stop below
             )
             workload = dataclasses.replace(cfg.workload, seed=cfg.seed).for_worker(topo.instance_id, dp_rank)
             self.sim = sim = EngineSimulator(sim_config, manager, WorkloadGenerator(workload))
@@ -264,6 +278,8 @@ class SimRun:
                 if progress is not None and now >= next_progress:
                     next_progress = now + progress_interval_s
                     progress(self._progress(now - started, sim, manager, sink))
+                if cfg.snapshot_on_drops and manager.snapshot_requested:
+                    self._publish_snapshot(sim)
                 return self._stop or (deadline is not None and now >= deadline)
 
             sim.run(max_requests=cfg.requests, should_stop=should_stop)
@@ -310,19 +326,32 @@ class SimRun:
             manager_drops=mstats.events_dropped_total,
             snapshots=stats.snapshots,
             hit_rate=stats.hit_rate,
+            snapshot_failures=self.snapshot_failures,
             interrupted=self.interrupted,
             kafka=kafka,
             truth=truth,
         )
+
+    def _publish_snapshot(self, sim: EngineSimulator) -> bool:
+        """Queue a snapshot of the caches (it goes out with the next flush). A snapshot larger
+        than the manager's buffer cannot be published: counted, warned about once, and the
+        worker stays degraded for consumers."""
+        try:
+            sim.publish_snapshot()
+        except ValueError as exc:
+            self.snapshot_failures += 1
+            if self.snapshot_failures == 1:
+                log.warning("%s rank %d: %s", self.topo.instance_id, self.topo.attention_dp_rank, exc)
+            return False
+        return True
 
     def _answer_last_loss(self, sim: EngineSimulator, manager: KVCacheEventManager, rounds: int = 5) -> None:
         """After the last iteration: while the manager reports an unanswered loss of this rank,
         publish a snapshot (the engine's loop would have at its next iteration)."""
         for _ in range(rounds):
             manager.settle(timeout=10)
-            if not manager.snapshot_requested:
+            if not manager.snapshot_requested or not self._publish_snapshot(sim):
                 return
-            sim.publish_snapshot()
             manager.flush()
 
     @staticmethod
@@ -353,8 +382,7 @@ def run(
     except Exception as exc:  # report it with the others instead of leaving the world hanging
         if topo.world_comm is None:
             raise
-        result = RankResult(topo.instance_id, topo.attention_dp_rank, topo.attention_dp_size, 0.0,
-                            0, 0, 0, 0, 0, 0, 0, 0, 0.0, sim_run.interrupted, error=f"{type(exc).__name__}: {exc}")
+        result = RankResult.failed(topo, f"{type(exc).__name__}: {exc}", sim_run.interrupted)
     if topo.world_comm is None:
         return [result]
     gathered = topo.world_comm.gather(json.dumps(result.to_json()), root=0)

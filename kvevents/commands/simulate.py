@@ -228,6 +228,7 @@ def format_summary(summary: dict[str, Any], results: list[RankResult]) -> str:
         lines.append(
             f"{r.instance_id:<12} {r.attention_dp_rank:>4} {r.requests_arrived:>8} {r.events_enqueued:>9} "
             f"{r.stored_blocks:>9} {r.manager_drops:>7} {r.snapshots:>5} {r.hit_rate:>8.1%}"
+            + (f"  ({r.snapshot_failures} snapshots too large for the buffer)" if r.snapshot_failures else "")
             + (f"  FAILED: {r.error}" if r.error else "")
         )
     for r in results:
