@@ -106,6 +106,10 @@ class SimRunConfig:
         if not self.instance_prefix:
             raise ValueError("instance_prefix must not be empty")
 
+    def workload_for(self, instance_id: str, attention_dp_rank: int | None) -> WorkloadConfig:
+        """The request stream of one worker (``attention_dp_rank`` None without attention DP)."""
+        return dataclasses.replace(self.workload, seed=self.seed).for_worker(instance_id, attention_dp_rank)
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -265,7 +269,7 @@ class SimRun:
                 realtime=cfg.realtime,
                 snapshot_on_request=False,  # answered between iterations by should_stop below
             )
-            workload = dataclasses.replace(cfg.workload, seed=cfg.seed).for_worker(topo.instance_id, dp_rank)
+            workload = cfg.workload_for(topo.instance_id, dp_rank)
             self.sim = sim = EngineSimulator(sim_config, manager, WorkloadGenerator(workload))
             if self._stop:
                 sim.request_stop()
