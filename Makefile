@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Tests spawn mpiexec (from PyPI's mpich) and the kvevents CLI: both live in the venv.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup test lint bench broker-start broker-stop broker-status clean distclean
+.PHONY: setup test lint bench demo broker-start broker-stop broker-status clean distclean
 
 setup: $(STAMP)
 
@@ -33,6 +33,14 @@ bench: setup
 		[ -e "$$script" ] || continue; found=1; \
 		echo "== $$script"; $(BIN)/python "$$script"; \
 	done; [ $$found = 1 ] || echo "no benchmark in bench/ yet"
+
+# The whole pipeline on this machine: local broker (started and stopped unless one is
+# configured), 2 instances x 4 attention-DP ranks under mpiexec for DEMO_DURATION seconds,
+# the index rebuilt from Kafka and checked against the ground truth, routing evaluated.
+DEMO_DURATION ?= 30
+DEMO_ARGS ?=
+demo: setup
+	$(BIN)/kvevents demo --duration $(DEMO_DURATION) $(DEMO_ARGS)
 
 # A broker for working by hand; state in ./.kvevents/broker (see `kvevents broker --help`).
 broker-start: setup
