@@ -1,0 +1,291 @@
+"""End-to-end pipeline benchmark: simulated engine ranks under mpiexec -> Kafka -> a live index.
+
+``python bench/e2e.py`` steps the request rate up across short runs of
+``mpiexec -n RANKS kvevents simulate`` (one instance of RANKS attention-DP ranks, default sizes:
+10,000-entry event buffers, 1024 + 256 blocks per rank) while this process tails the topic with
+an :class:`~kvevents.consumer.EventReader` and applies every batch to a
+:class:`~kvevents.consumer.CacheIndex`. Each step offers RATE requests/s per rank to an engine iterating
+``max(100, 10 * RATE)`` times a second (so its serving capacity grows with the rate). Per
+step it reports the events/s the ranks produced,
+what Kafka delivered, drops, whether the simulators kept their real-time pace, whether the
+index equals the ground truth at the end, and the end-to-end latency of every event:
+
+- ``e2e``: from the engine's ``flush()`` of the iteration that enqueued the event (each rank
+  logs ``time.monotonic()`` per flush with the last event id it handed over:
+  ``kvevents simulate --flush-log``; an event is enqueued at most one engine iteration, 10 ms,
+  before that flush) to the moment its batch was applied to the index in this process
+  (``time.monotonic()``; CLOCK_MONOTONIC is shared by the processes of one machine);
+- ``envelope``: from the batch's ``created_at_us`` (the sink's wall clock when it built the
+  batch) to applied, i.e. the Kafka and consumer part alone.
+
+The steps stop at the first rate with drops (or a simulator that can no longer keep pace);
+the highest drop-free step is the headline. A last run goes flat out (``--no-realtime``, same duration): the
+simulators iterate as fast as they can (the engine's simulated clock races ahead of the wall
+clock), which shows the most this machine's simulators and pipeline do together.
+
+    python bench/e2e.py            # full run (about 2 minutes)
+    python bench/e2e.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kvevents.consumer import CacheIndex, EventReader
+
+from kvevents.topics import TopicSpec, create_topic
+from kvevents.verify import compare, load_ground_truth
+
+RESULTS = Path(__file__).resolve().parent / "results" / "e2e.json"
+
+
+@contextlib.contextmanager
+def kafka_broker() -> Iterator[tuple[str, str]]:
+    """``KAFKA_BOOTSTRAP_SERVERS`` if set, else a local broker for the run (stopped at the end)."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], "KAFKA_BOOTSTRAP_SERVERS"
+        return
+    from kvevents.broker import LocalBroker
+
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-broker-") as state:
+        broker = LocalBroker(Path(state) / "state", stop_with_parent=True)
+        broker.start()
+        try:
+            yield broker.bootstrap_servers, "local broker (kvevents.broker defaults)"
+        finally:
+            broker.stop()
+
+
+def mpiexec() -> str:
+    beside = Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if not found:
+        raise SystemExit("mpiexec not found: pip install -e '.[dev]'")
+    return found
+
+
+class Tail:
+    """Applies the topic's batches to an index as they arrive, noting when each event was applied."""
+
+    def __init__(self, bootstrap: str, topic: str, poll_timeout_s: float) -> None:
+        self.reader = EventReader(bootstrap, topic, poll_timeout_s=poll_timeout_s)
+        self.index = CacheIndex()
+        self.applied: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
+        self.envelope: list[tuple[float, int]] = []  # (seconds from created_at_us to applied, events)
+        self.events = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for batch in self.reader.batches(until_caught_up=False, timeout=0.2):
+                self.index.apply(batch)
+                now = time.monotonic()
+                wall = time.time()
+                if batch.created_at_us and batch.events:
+                    self.envelope.append((wall - batch.created_at_us / 1e6, len(batch.events)))
+                for event in batch.events:
+                    self.applied[(batch.instance_id, event.attention_dp_rank or 0)].append((event.event_id, now))
+                self.events += len(batch.events)
+
+    def wait_for(self, events: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.events < events and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.events >= events
+
+    def close(self) -> None:
+        self._stop.set()
+        self.reader.stop()
+        self.thread.join(30)
+        self.reader.close()
+
+
+def quantiles(values: list[float], weights: list[int] | None = None) -> dict[str, float | None]:
+    if not values:
+        return {"p50_ms": None, "p99_ms": None, "max_ms": None}
+    if weights is None:
+        ordered = sorted(values)
+    else:
+        ordered = sorted(v for v, w in zip(values, weights, strict=True) for _ in range(w))
+    n = len(ordered)
+    return {
+        "p50_ms": round(ordered[n // 2] * 1000, 2),
+        "p99_ms": round(ordered[min(n - 1, int(n * 0.99))] * 1000, 2),
+        "max_ms": round(ordered[-1] * 1000, 2),
+    }
+
+
+def e2e_latencies(tail: Tail, flush_dir: Path) -> list[float]:
+    """Per applied event: applied time - the time of the flush that handed it over."""
+    out: list[float] = []
+    for path in flush_dir.glob("flush-*.json"):
+        log = json.loads(path.read_text())
+        key = (log["instance_id"], log["attention_dp_rank"])
+        last_ids = [f[0] for f in log["flushes"]]
+        times = [f[1] for f in log["flushes"]]
+        for event_id, applied in tail.applied.get(key, ()):
+            i = bisect.bisect_left(last_ids, event_id)
+            if i < len(times):
+                out.append(applied - times[i])
+    return out
+
+
+def engine_speed(rate: float) -> float:
+    """Iterations per second for a request rate: 10 per request/s, at least the default 100, so
+    that the simulated engine's serving capacity (64 running requests, one token per iteration)
+    grows with the offered rate instead of capping the events it makes."""
+    return max(100.0, 10.0 * rate)
+
+
+def run_step(bootstrap: str, ranks: int, rate: float, duration: float, realtime: bool = True,
+             requests: int | None = None, poll_timeout_s: float = 0.01) -> dict[str, Any]:
+    topic = f"bench-e2e-{uuid.uuid4().hex[:10]}"
+    create_topic(bootstrap, TopicSpec(topic))
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
+        work = Path(tmp)
+        tail = Tail(bootstrap, topic, poll_timeout_s)
+        try:
+            command = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "kvevents.cli", "simulate",
+                       "--rate", str(rate), "-b", bootstrap, "--topic", topic, "--json", "-q",
+                       "--ground-truth", str(work / "truth.jsonl"), "--flush-log", str(work),
+                       "--iterations-per-second", str(engine_speed(rate))]
+            command += ["--duration", str(duration)] if requests is None else ["--requests", str(requests)]
+            if not realtime:
+                command.append("--no-realtime")
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=duration * 4 + 120)
+            if proc.returncode != 0:
+                raise SystemExit(f"simulate failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+            summary = json.loads(proc.stdout)
+            caught_up = tail.wait_for(summary["events_delivered"] or 0, timeout=60)
+        finally:
+            tail.close()
+        report = compare(tail.index, load_ground_truth(work / "truth.jsonl"))
+        latencies = e2e_latencies(tail, work)
+        envelope = quantiles([v for v, _ in tail.envelope], [w for _, w in tail.envelope])
+    expected_iterations = duration * engine_speed(rate) if realtime and requests is None else None
+    per_rank = summary["per_rank"]
+    kept_pace = expected_iterations is None or min(r["iterations"] for r in per_rank) >= 0.9 * expected_iterations
+    return {
+        "rate_per_rank": rate,
+        "iterations_per_second": engine_speed(rate),
+        "realtime": realtime,
+        "ranks": ranks,
+        "reader_poll_timeout_s": poll_timeout_s,
+        "seconds": summary["seconds"],
+        "requests": summary["requests"],
+        "events": summary["events"],
+        "events_per_second": summary["events_per_second"],
+        "events_delivered": summary["events_delivered"],
+        "bytes_delivered": summary["bytes_delivered"],
+        "drops": summary["drops"],
+        "events_lost_unreported": summary["events_lost_unreported"],
+        "kept_pace": kept_pace,
+        "min_iterations": min(r["iterations"] for r in per_rank),
+        "index_caught_up": caught_up,
+        "index_equals_truth": report.ok,
+        "e2e_latency": quantiles(latencies) | {"events": len(latencies)},
+        "envelope_latency": envelope,
+    }
+
+
+def fmt(v: Any, spec: str = "") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(steps: list[dict[str, Any]]) -> None:
+    head = (f"{'rate/rank':>9} {'iter/s':>6} {'mode':>8} {'requests':>8} {'events':>8} {'events/s':>9} {'drops':>6} "
+            f"{'pace':>5} {'equal':>5} {'e2e p50':>8} {'e2e p99':>8} {'env p50':>8} {'env p99':>8}")
+    print(head)
+    for s in steps:
+        e, v = s["e2e_latency"], s["envelope_latency"]
+        print(f"{s['rate_per_rank']:>9g} {s['iterations_per_second']:>6g} {'realtime' if s['realtime'] else 'flat-out':>8} {s['requests']:>8} "
+              f"{s['events']:>8} {s['events_per_second']:>9,.0f} {s['drops']:>6} {s['kept_pace']!s:>5} "
+              f"{s['index_equals_truth']!s:>5} {fmt(e['p50_ms'], '.1f'):>8} {fmt(e['p99_ms'], '.1f'):>8} "
+              f"{fmt(v['p50_ms'], '.1f'):>8} {fmt(v['p99_ms'], '.1f'):>8}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short steps, fewer rates")
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--duration", type=float, default=None, help="seconds per step (default 8; quick 3)")
+    parser.add_argument("--rates", default=None, help="comma-separated requests/s per rank to step through")
+    parser.add_argument("--poll-timeout", type=float, default=0.01,
+                        help="EventReader poll_timeout_s of the tailing index (default 0.01; the reader's own "
+                             "default, 0.2, suits rebuilds: consume() waits that long for a full batch)")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    duration = args.duration or (3.0 if args.quick else 8.0)
+    rates = [float(r) for r in args.rates.split(",")] if args.rates else (
+        [10, 40, 160] if args.quick else [10, 20, 40, 80, 160, 320, 640, 1280])
+    steps: list[dict[str, Any]] = []
+    started = time.monotonic()
+    with kafka_broker() as (bootstrap, kafka):
+        run_step(bootstrap, args.ranks, rates[0], 2.0)  # warm-up (broker JIT, page cache): discarded
+        for rate in rates:
+            step = run_step(bootstrap, args.ranks, rate, duration, poll_timeout_s=args.poll_timeout)
+            steps.append(step)
+            print(f"  step {rate:g}/s per rank: {step['events_per_second']:,.0f} events/s, drops {step['drops']}, "
+                  f"kept pace {step['kept_pace']}, equal {step['index_equals_truth']}", file=sys.stderr)
+            if step["drops"] or step["events_lost_unreported"] or not step["kept_pace"]:
+                break
+        flat = run_step(bootstrap, args.ranks, rates[-1], duration, realtime=False, poll_timeout_s=args.poll_timeout)
+        if best_rate := next((s["rate_per_rank"] for s in reversed(steps) if not s["drops"]), None):
+            # The same drop-free rate tailed with the reader's default poll timeout, for comparison.
+            default_poll = run_step(bootstrap, args.ranks, best_rate, duration, poll_timeout_s=0.2)
+        else:
+            default_poll = None
+    clean = [s for s in steps if not s["drops"] and not s["events_lost_unreported"] and s["index_equals_truth"]]
+    best = max(clean, key=lambda s: s["events_per_second"], default=None)
+    print()
+    print_table([*steps, flat])
+    if default_poll is not None:
+        d = default_poll["e2e_latency"]
+        print(f"\nsame {default_poll['rate_per_rank']:g}/s step, index tailed with EventReader's default "
+              f"poll_timeout_s=0.2: e2e p50 {fmt(d['p50_ms'])} ms, p99 {fmt(d['p99_ms'])} ms")
+    if best is not None:
+        e = best["e2e_latency"]
+        print(f"\nhighest drop-free step: {best['rate_per_rank']:g} requests/s per rank x {best['ranks']} ranks = "
+              f"{best['events_per_second']:,.0f} events/s; e2e latency p50 {fmt(e['p50_ms'])} ms, "
+              f"p99 {fmt(e['p99_ms'])} ms (flush on the rank -> applied in the index)")
+    result = {
+        "benchmark": "e2e",
+        "description": __doc__.split("\n\n")[0],
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "loadavg_at_end": os.getloadavg(), "kafka": kafka},
+        "settings": {"ranks": args.ranks, "instances": 1, "seconds_per_step": duration, "rates": rates,
+                     "reader_poll_timeout_s": args.poll_timeout,
+                     "latency": "e2e: time.monotonic() of the rank's flush() of the event's iteration -> batch "
+                                "applied to the index; envelope: batch created_at_us (sink wall clock) -> applied"},
+        "steps": steps,
+        "flat_out": flat,
+        "default_reader_poll": default_poll,
+        "highest_drop_free": best,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
