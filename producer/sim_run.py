@@ -85,6 +85,9 @@ class SimRunConfig:
     """Kafka topic; None runs without Kafka (events are produced and dropped at rank 0)."""
     kafka_config: dict[str, Any] = field(default_factory=dict)
     sink_close_timeout_s: float = 30.0
+    flush_log_dir: str | None = None
+    """Write ``flush-<instance>-<rank>.json`` here: per flush, the last event id handed over
+    and the ``time.monotonic()`` of that flush (for end-to-end latency benchmarks)."""
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     """Cache shape and pace; instance id, rank, realtime and snapshots are set per rank."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
@@ -224,6 +227,25 @@ class Progress:
     delivered: int | None
 
 
+class _TimedFlushes:
+    """The manager as the simulator sees it, noting when each flush handed over which event ids."""
+
+    def __init__(self, manager: KVCacheEventManager) -> None:
+        self.manager = manager
+        self.flushes: list[tuple[int, float]] = []
+        self._enqueued = 0
+
+    def flush(self) -> None:
+        self.manager.flush()
+        enqueued = self.manager.stats().events_enqueued_total
+        if enqueued != self._enqueued:
+            self._enqueued = enqueued
+            self.flushes.append((enqueued - 1, time.monotonic()))
+
+    def __getattr__(self, name: str) -> Any:  # enqueue_*, enqueue_snapshot, snapshot_requested
+        return getattr(self.manager, name)
+
+
 class SimRun:
     """One rank's run: build it, :meth:`execute` it (collective under MPI), or :meth:`stop` it."""
 
@@ -270,7 +292,8 @@ class SimRun:
                 snapshot_on_request=False,  # answered between iterations by should_stop below
             )
             workload = cfg.workload_for(topo.instance_id, dp_rank)
-            self.sim = sim = EngineSimulator(sim_config, manager, WorkloadGenerator(workload))
+            engine: Any = manager if cfg.flush_log_dir is None else _TimedFlushes(manager)
+            self.sim = sim = EngineSimulator(sim_config, engine, WorkloadGenerator(workload))
             if self._stop:
                 sim.request_stop()
             deadline = None if cfg.duration_s is None else started + cfg.duration_s
@@ -290,6 +313,8 @@ class SimRun:
             if cfg.snapshot_on_drops:
                 self._answer_last_loss(sim, manager)
             truth = sim.ground_truth().to_json()
+            if isinstance(engine, _TimedFlushes):
+                self._write_flush_log(engine.flushes)
         except BaseException:
             manager.close()
             if sink is not None:
@@ -335,6 +360,14 @@ class SimRun:
             kafka=kafka,
             truth=truth,
         )
+
+    def _write_flush_log(self, flushes: list[tuple[int, float]]) -> None:
+        assert self.config.flush_log_dir is not None
+        topo = self.topo
+        path = os.path.join(self.config.flush_log_dir, f"flush-{topo.instance_id}-{topo.attention_dp_rank}.json")
+        with open(path, "w") as f:
+            json.dump({"instance_id": topo.instance_id, "attention_dp_rank": topo.attention_dp_rank,
+                       "flushes": flushes}, f)
 
     def _publish_snapshot(self, sim: EngineSimulator) -> bool:
         """Queue a snapshot of the caches (it goes out with the next flush). A snapshot larger

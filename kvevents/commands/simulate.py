@@ -71,6 +71,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--ground-truth", type=Path, default=None, metavar="FILE",
                      help="write every worker's final cache contents here (JSON lines)")
     run.add_argument("--no-kafka", action="store_true", help="run without Kafka (events are made and discarded)")
+    run.add_argument("--flush-log", default=None, metavar="DIR",
+                     help="each rank writes DIR/flush-INSTANCE-RANK.json: per flush, the last event id and "
+                     "its time.monotonic() (for latency benchmarks)")
     engine = parser.add_argument_group("engine (SimulatorConfig)")
     engine.add_argument("--block-size", type=int, default=32, help="tokens per block (default: 32)")
     engine.add_argument("--num-primary-blocks", type=int, default=1024, help="GPU blocks per rank (default: 1024)")
@@ -116,6 +119,7 @@ def config_from_args(args: argparse.Namespace, bootstrap: str | None) -> SimRunC
             snapshot_on_drops=args.snapshot_on_drops,
             topic=None if args.no_kafka else args.topic,
             kafka_config=kafka,
+            flush_log_dir=args.flush_log,
             simulator=simulator,
             workload=workload,
         )
