@@ -311,7 +311,7 @@ class SimRun:
 
             sim.run(max_requests=cfg.requests, should_stop=should_stop)
             if cfg.snapshot_on_drops:
-                self._answer_last_loss(sim, manager)
+                self._answer_last_loss(sim, manager, sink)
             truth = sim.ground_truth().to_json()
             if isinstance(engine, _TimedFlushes):
                 self._write_flush_log(engine.flushes)
@@ -382,14 +382,35 @@ class SimRun:
             return False
         return True
 
-    def _answer_last_loss(self, sim: EngineSimulator, manager: KVCacheEventManager, rounds: int = 5) -> None:
-        """After the last iteration: while the manager reports an unanswered loss of this rank,
-        publish a snapshot (the engine's loop would have at its next iteration)."""
+    def _answer_last_loss(
+        self, sim: EngineSimulator, manager: KVCacheEventManager, sink: Any, rounds: int = 5
+    ) -> None:
+        """After the last iteration, answer losses noticed late: a loss is known on a rank only
+        after its events went through its buffer, rank 0's buffer (which forwards the loss of
+        another rank's events to that rank) and rank 0's sink. Each round, the instance's ranks
+        wait for all of that (barriers with timeouts on the instance's communicator, never
+        blocking forever), publish a snapshot where one is requested, and agree whether anyone
+        did (another round) or not (done). Shutdown only: the engine loop never waits on MPI."""
+        comm = self.topo.instance_comm if self.topo.attention_dp_size > 1 else None
         for _ in range(rounds):
             manager.settle(timeout=10)
-            if not manager.snapshot_requested or not self._publish_snapshot(sim):
+            if comm is not None:
+                if not _barrier(comm, _ROUND_TIMEOUT_S):
+                    return
+                time.sleep(_GATHER_SETTLE_S)  # the last events sent by each gather, merged at rank 0
+            if sink is not None:
+                manager.settle(timeout=10)
+                sink.wait_delivered(timeout=_ROUND_TIMEOUT_S)  # rank 0's losses known, forwarded
+            if comm is not None:
+                if not _barrier(comm, _ROUND_TIMEOUT_S):
+                    return
+                time.sleep(_GATHER_SETTLE_S)  # forwarded losses reach their ranks
+            published = manager.snapshot_requested and self._publish_snapshot(sim)
+            if published:
+                manager.flush()
+            again = published if comm is None else _any(comm, published, _ROUND_TIMEOUT_S)
+            if not again:
                 return
-            manager.flush()
 
     @staticmethod
     def _progress(seconds: float, sim: EngineSimulator, manager: KVCacheEventManager, sink: Any) -> Progress:
@@ -397,6 +418,35 @@ class SimRun:
         delivered = None if sink is None else sink.stats().events_delivered_total
         requests = sim.stats().requests_arrived
         return Progress(seconds, requests, m.buffer.events_added_total, m.events_dropped_total, delivered)
+
+
+_ROUND_TIMEOUT_S = 30.0
+_GATHER_SETTLE_S = 0.2
+
+
+def _wait(request: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not request.Test():
+        if time.monotonic() >= deadline:
+            log.warning("ranks of the instance did not meet within %.0f s at shutdown", timeout)
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _barrier(comm: Any, timeout: float) -> bool:
+    """A barrier that gives up after ``timeout`` seconds (a failed rank never arrives)."""
+    return _wait(comm.Ibarrier(), timeout)
+
+
+def _any(comm: Any, flag: bool, timeout: float) -> bool:
+    """Whether ``flag`` is set on any rank (False if the ranks do not meet in time)."""
+    from array import array
+
+    from mpi4py import MPI
+
+    send, receive = array("i", [int(flag)]), array("i", [0])
+    return _wait(comm.Iallreduce(send, receive, op=MPI.MAX), timeout) and bool(receive[0])
 
 
 def run(

@@ -39,13 +39,16 @@ def test_simulate_under_mpiexec_through_kafka_rebuilds_the_ground_truth(kvevents
 def test_forced_drops_degrade_workers_until_their_snapshots_rebuild_them(kvevents_cli, kafka_bootstrap, kafka_topic, tmp_path):
     truth = tmp_path / "truth.jsonl"
     run = kvevents_cli(
-        "simulate", "--duration", "5", "--rate", "40", "--max-kv-event-entries", "150", "--num-primary-blocks", "256",
-        "--num-secondary-blocks", "64", "--snapshot-on-drops", "-b", kafka_bootstrap, "--topic", kafka_topic,
+        # Flat out (no real-time pacing) into a 100-event buffer: every rank's buffer and rank 0's
+        # (4 x 100, holding the other ranks' events too) overflow again and again.
+        "simulate", "--no-realtime", "--requests", "150", "--max-kv-event-entries", "100", "--num-primary-blocks",
+        "256", "--num-secondary-blocks", "64", "--snapshot-on-drops", "-b", kafka_bootstrap, "--topic", kafka_topic,
         "--ground-truth", str(truth), "--json", ranks=4,
     )
     assert run.returncode == 0, run.describe()
     summary = run.json()
     assert summary["drops"] > 0 and summary["snapshots"] > 0, f"the tiny buffer dropped nothing:\n{run.describe()}"
+    assert all(r["snapshots"] > 0 for r in summary["per_rank"]), "every rank lost events, every rank must resync"
     assert summary["events_lost_unreported"] == 0
     snapshotted = {WorkerKey(r["instance_id"], r["attention_dp_rank"]) for r in summary["per_rank"] if r["snapshots"]}
 
