@@ -255,6 +255,7 @@ class SimRun:
         self._stop = False
         self.interrupted = False
         self.snapshot_failures = 0
+        self._retry_snapshot_at = 0.0
         self.sim: EngineSimulator | None = None
 
     def stop(self, interrupted: bool = True) -> None:
@@ -305,8 +306,9 @@ class SimRun:
                 if progress is not None and now >= next_progress:
                     next_progress = now + progress_interval_s
                     progress(self._progress(now - started, sim, manager, sink))
-                if cfg.snapshot_on_drops and manager.snapshot_requested:
-                    self._publish_snapshot(sim)
+                wanted = cfg.snapshot_on_drops and manager.snapshot_requested and now >= self._retry_snapshot_at
+                if wanted and not self._publish_snapshot(sim):
+                    self._retry_snapshot_at = now + _SNAPSHOT_RETRY_S  # too large: not every iteration
                 return self._stop or (deadline is not None and now >= deadline)
 
             sim.run(max_requests=cfg.requests, should_stop=should_stop)
@@ -420,6 +422,7 @@ class SimRun:
         return Progress(seconds, requests, m.buffer.events_added_total, m.events_dropped_total, delivered)
 
 
+_SNAPSHOT_RETRY_S = 1.0
 _ROUND_TIMEOUT_S = 30.0
 _GATHER_SETTLE_S = 0.2
 
