@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,7 +83,7 @@ class SimRunConfig:
     """Publish a snapshot whenever the manager lost events of its rank (and once more at the
     end if a loss is still unanswered)."""
     topic: str | None = None
-    """Kafka topic; None runs without Kafka (events are produced and dropped at rank 0)."""
+    """Kafka topic; None runs without Kafka (rank 0 takes its events and discards them)."""
     kafka_config: dict[str, Any] = field(default_factory=dict)
     sink_close_timeout_s: float = 30.0
     flush_log_dir: str | None = None
@@ -246,6 +247,26 @@ class _TimedFlushes:
         return getattr(self.manager, name)
 
 
+class _Discard:
+    """Rank 0's reader without Kafka: takes the events and forgets them (so none are dropped)."""
+
+    def __init__(self, manager: KVCacheEventManager) -> None:
+        self.manager = manager
+        self.events = 0
+        self.thread = threading.Thread(target=self._run, name="kvevents-discard", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.manager.closed or self.manager.buffer.stats().buffered_events:
+            self.events += len(self.manager.get_events(timeout=0.1))
+
+    def wait_delivered(self, timeout: float | None = None) -> bool:
+        return self.manager.settle(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+
+
 class SimRun:
     """One rank's run: build it, :meth:`execute` it (collective under MPI), or :meth:`stop` it."""
 
@@ -284,6 +305,8 @@ class SimRun:
                 from .sink import KafkaEventSink
 
                 sink = KafkaEventSink(manager, cfg.topic, topo.instance_id, config=cfg.kafka_config)
+            elif topo.attention_dp_rank == 0:
+                sink = _Discard(manager)
             dp_rank = topo.attention_dp_rank if topo.attention_dp_size > 1 else None
             sim_config = dataclasses.replace(
                 cfg.simulator,
@@ -324,7 +347,9 @@ class SimRun:
             raise
         manager.close()
         kafka = None
-        if sink is not None:
+        if isinstance(sink, _Discard):
+            sink.close(cfg.sink_close_timeout_s)
+        elif sink is not None:
             report = sink.close(cfg.sink_close_timeout_s)
             s = sink.stats()
             kafka = {
@@ -417,7 +442,7 @@ class SimRun:
     @staticmethod
     def _progress(seconds: float, sim: EngineSimulator, manager: KVCacheEventManager, sink: Any) -> Progress:
         m = manager.stats()
-        delivered = None if sink is None else sink.stats().events_delivered_total
+        delivered = None if sink is None or isinstance(sink, _Discard) else sink.stats().events_delivered_total
         requests = sim.stats().requests_arrived
         return Progress(seconds, requests, m.buffer.events_added_total, m.events_dropped_total, delivered)
 

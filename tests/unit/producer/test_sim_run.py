@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 from kvevents.producer.sim_run import SimRunConfig, mpi_world_size, run, topology
-from kvevents.producer.simulator import GroundTruth
+from kvevents.producer.sim_workload import WorkloadConfig
+from kvevents.producer.simulator import GroundTruth, SimulatorConfig
 
 
 @pytest.fixture(autouse=True)
@@ -40,3 +41,32 @@ def test_topologies_that_need_mpi_name_the_command(monkeypatch):
 def test_bad_settings_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SimRunConfig(**kwargs)
+
+
+def test_without_kafka_events_are_discarded_not_dropped():
+    config = SimRunConfig(requests=40, max_kv_event_entries=60, topic=None, workload=WorkloadConfig(request_rate=200),
+                          simulator=SimulatorConfig(iterations_per_second=1000))  # real time: ~0.2 s
+    (result,) = run(config)
+    assert result.events_enqueued > 60 and result.manager_drops == 0  # more than the buffer: taken by rank 0
+
+
+def test_a_snapshot_larger_than_the_buffer_is_counted_not_fatal(monkeypatch):
+    from kvevents.producer import sim_run
+
+    monkeypatch.setattr(sim_run, "_Discard", Stalled)  # nobody reads: the 5-event buffer overflows
+    (result,) = run(SimRunConfig(requests=40, realtime=False, max_kv_event_entries=5, snapshot_on_drops=True))
+    assert result.error is None and result.manager_drops > 0
+    assert result.snapshot_failures >= 1 and result.snapshots == 0
+
+
+class Stalled:
+    """A rank-0 reader that never reads."""
+
+    def __init__(self, manager):
+        self.manager = manager
+
+    def wait_delivered(self, timeout=None):
+        return True
+
+    def close(self, timeout=None):
+        pass
