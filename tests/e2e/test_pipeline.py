@@ -6,6 +6,7 @@ buffer the workers that lost events are flagged degraded until their snapshots r
 from __future__ import annotations
 
 import json
+import subprocess
 
 from kvevents.consumer import CacheIndex, EventReader, WorkerKey
 
@@ -76,3 +77,18 @@ def test_demo_runs_the_whole_pipeline_and_exits_0(kvevents_cli, kafka_bootstrap)
     assert report["rebuild"]["events"] == sum(s["events"] for s in report["simulate"]) > 0
     rates = report["routing"]["hit_rate"]
     assert rates["index"] > rates["round_robin"] and rates["index"] > rates["random"]
+
+
+def test_demo_without_a_configured_broker_starts_one_and_leaves_nothing_running(kvevents_cli, kafka, tmp_path):
+    from kvevents.broker import LocalBroker
+
+    state = tmp_path / "demo-broker"
+    env = {"KVEVENTS_BROKER_DIR": str(state), "KAFKA_BOOTSTRAP_SERVERS": ""}
+    run = kvevents_cli("demo", "--duration", "3", "--instances", "1", "--held-out", "50", "--json", env=env,
+                       timeout=180)
+    assert run.returncode == 0, run.describe()
+    report = json.loads(run.stdout)
+    assert report["ok"] and report["broker_started"] is True
+    assert not LocalBroker(state).status().running
+    leftovers = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True)
+    assert leftovers.stdout == "", f"processes left running: {leftovers.stdout}"
