@@ -143,9 +143,14 @@ class Report:
     """Workers the index holds that no ground truth names."""
 
     @property
+    def equal(self) -> bool:
+        """Every worker's blocks equal, and no unexpected worker (degraded flags aside)."""
+        return bool(self.workers) and all(w.equal for w in self.workers) and not self.unexpected
+
+    @property
     def ok(self) -> bool:
         """Every worker equal and not degraded, and no unexpected worker."""
-        return bool(self.workers) and all(w.ok for w in self.workers) and not self.unexpected
+        return self.equal and not self.degraded_workers
 
     @property
     def equal_workers(self) -> int:
@@ -167,6 +172,7 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "equal": self.equal,
             "equal_workers": self.equal_workers,
             "workers": [w.to_json() for w in self.workers],
             "unexpected": [list(u) for u in self.unexpected],

@@ -148,8 +148,8 @@ def _follow(args: argparse.Namespace, built: Built, show: Progress, interrupted:
 @command("index")
 def run(args: argparse.Namespace) -> int:
     """Run ``kvevents index``."""
-    from kvevents.commands._truth import compare_with_truth, load_ground_truth
     from kvevents.commands._workers_view import index_summary, render_workers, worker_rows
+    from kvevents.verify import compare, load_ground_truth
 
     for name in ("duration", "refresh", "checkpoint_interval"):
         value = getattr(args, name)
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
             "seconds": round(built.result.seconds, 3),
             "events_per_s": round(built.result.events_per_s, 1),
         }
-    report = compare_with_truth(built.index, truths) if truths is not None else None
+    report = compare(built.index, truths) if truths is not None else None
     if args.json:
         out: dict[str, Any] = {"summary": summary, "workers": rows, "checkpoints": saved}
         if report is not None:
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         for line in saved:
             print(line)
         if report is not None:
-            print("\n".join(report.lines()))
+            print("verify: " + report.describe())
     if interrupted:
         return EXIT_INTERRUPTED
     return 1 if report is not None and not report.equal else 0

@@ -180,7 +180,7 @@ def test_index_rebuilds_verifies_and_saves_checkpoints(
 
     code, out, _ = run(capsys, "index", *base, "--checkpoint", str(ckpt), "--verify", str(stream.truth_file))
     assert code == 0
-    assert f"from checkpoint file {ckpt}: 0 messages" in out and "verify: EQUAL: 4/4" in out
+    assert f"from checkpoint file {ckpt}: 0 messages" in out and "verify: index equals the ground truth: 4/4 workers equal" in out
 
     checkpoints = f"cli-ckpt-{uuid.uuid4().hex[:8]}"
     code, out, _ = run(capsys, "index", *base, "--checkpoint-topic", checkpoints, "--json")
@@ -200,7 +200,8 @@ def test_index_verify_fails_on_a_different_truth(stream: Stream, capsys: pytest.
     wrong.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
     code, out, _ = run(capsys, "index", "-b", stream.bootstrap, "-t", stream.topic, "--verify", str(wrong))
     assert code == 1
-    assert "verify: DIFFERENT: 3/4" in out and "1 extra" in out
+    assert "verify: index DIFFERS from the ground truth: 3/4 workers equal" in out
+    assert f"window {window}: extra [0x" in out
 
 
 def test_index_tail_redraws_the_table_until_the_duration(stream: Stream, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,12 +1,9 @@
-"""``index --verify`` against a simulator's ground truth, and the worker table (no Kafka: the
+"""The worker table of ``kvevents index`` (no Kafka: the
 simulator's events go through the real manager into an index in memory)."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
-import json
-from pathlib import Path
 
 import pytest
 from kvevents.consumer import CacheIndex, WorkerKey
@@ -15,7 +12,6 @@ from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, GroundTruth, SimulatorConfig
 from kvevents.schemas import EventBatch
 
-from kvevents.commands._truth import compare_with_truth, load_ground_truth
 from kvevents.commands._workers_view import index_summary, render_workers, worker_rows
 
 WORKLOAD = WorkloadConfig(
@@ -40,55 +36,6 @@ def simulate(instance: str = "eng", iterations: int = 40) -> tuple[CacheIndex, G
 @pytest.fixture(scope="module")
 def simulated() -> tuple[CacheIndex, GroundTruth]:
     return simulate()
-
-
-def test_an_index_fed_every_event_equals_the_ground_truth(simulated: tuple[CacheIndex, GroundTruth]) -> None:
-    index, truth = simulated
-    report = compare_with_truth(index, [truth])
-    assert report.equal, report.lines()
-    assert report.workers[0].blocks_found == report.workers[0].blocks_expected > 0
-    assert report.lines()[0] == "verify: EQUAL: 1/1 worker(s) of the ground truth equal the index"
-
-
-def test_differences_are_named(simulated: tuple[CacheIndex, GroundTruth]) -> None:
-    index, truth = simulated
-    window, held = next(iter(truth.windows.items()))
-    hashes = sorted(held)
-    changed = dict(held)
-    del changed[hashes[0]]  # the index then has one extra
-    changed[hashes[1]] = dataclasses.replace(held[hashes[1]], cache_level=held[hashes[1]].cache_level + 1)
-    changed[12345] = dataclasses.replace(held[hashes[2]], block_hash=12345)  # one missing
-    other = dataclasses.replace(truth, windows={window: changed})
-    report = compare_with_truth(index, [other, dataclasses.replace(truth, instance_id="ghost")])
-    assert not report.equal
-    diff, ghost = report.workers
-    assert diff.extra == [(window, hashes[0])] and diff.missing == [(window, 12345)]
-    assert [(w, h) for w, h, _, _ in diff.wrong] == [(window, hashes[1])]
-    assert ghost.missing_worker
-    text = "\n".join(report.lines())
-    assert "DIFFERENT" in text and "1 missing" in text and "1 extra" in text and "ghost r0: not in the index" in text
-    assert report.to_json()["workers"][0]["wrong_level_or_priority"] == 1
-
-
-def test_workers_the_truth_does_not_name_fail_the_check(simulated: tuple[CacheIndex, GroundTruth]) -> None:
-    index, _ = simulated
-    report = compare_with_truth(index, [])
-    assert not report.equal and report.unexpected == [("eng", 0)]
-
-
-def test_ground_truth_file_round_trip_and_errors(simulated: tuple[CacheIndex, GroundTruth], tmp_path: Path) -> None:
-    _, truth = simulated
-    path = tmp_path / "truth.jsonl"
-    path.write_text(json.dumps(truth.to_json()) + "\n\n")
-    assert load_ground_truth(path) == [truth]
-    path.write_text(json.dumps(truth.to_json()) + "\n{\"instance_id\": 1}\n")
-    with pytest.raises(ValueError, match=r"truth.jsonl:2: not a ground-truth line"):
-        load_ground_truth(path)
-    path.write_text("")
-    with pytest.raises(ValueError, match="no ground-truth line"):
-        load_ground_truth(path)
-    with pytest.raises(ValueError, match="cannot read"):
-        load_ground_truth(tmp_path / "none.jsonl")
 
 
 def test_worker_table_shows_levels_capacity_and_degraded_workers(simulated: tuple[CacheIndex, GroundTruth]) -> None:
