@@ -116,7 +116,8 @@ class EventReader:
     ``dead_letter_config`` for its producer; default: this reader's connection and security
     settings) receives malformed messages. ``keep_malformed``: how many set-aside messages
     :attr:`malformed` remembers. ``consume_batch`` / ``poll_timeout_s``: how many messages one
-    poll takes at most and how long it waits.
+    poll takes at most and how long it waits for the first one (it returns as soon as one
+    arrives, so a live tail adds no batching delay).
     """
 
     def __init__(
@@ -505,7 +506,16 @@ class EventReader:
         if self._pending:
             pending = self._pending
             return [pending.popleft() for _ in range(min(count, len(pending)))]
-        return self._consumer.consume(count, wait)
+        consumer = self._consumer
+        ready = consumer.consume(count, 0)  # what librdkafka has fetched already
+        if ready or wait <= 0:
+            return ready
+        # Nothing yet: wait for the first message only (consume(count, wait) would hold a live
+        # tail's message until `count` arrive or `wait` passes: +100-400 ms end to end).
+        first = consumer.poll(wait)
+        if first is None:
+            return []
+        return [first, *consumer.consume(count - 1, 0)] if count > 1 else [first]
 
     def _control(self, message: Any) -> bool:
         """Handle an event that is not data (end of partition, error); True if it was one."""

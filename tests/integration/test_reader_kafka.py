@@ -78,6 +78,28 @@ def test_live_tail_from_the_end_until_stopped_from_another_thread(kafka_bootstra
         assert seen == news and reader.offsets() == {0: 30}
 
 
+def test_a_live_tail_hands_over_each_message_as_it_arrives_not_at_the_poll_timeout(kafka_bootstrap, kafka_topic):
+    stream = StreamMaker(seed=5, instances=1)
+    with EventReader(kafka_bootstrap, kafka_topic, start="end", poll_timeout_s=20.0) as reader:
+        reader.apply_to(CacheIndex())  # caught up (nothing yet)
+        got: list[tuple[float, EventBatch]] = []
+
+        def tail() -> None:  # no message limit: a poll may ask for up to consume_batch messages
+            for batch in reader.batches(timeout=60):
+                got.append((time.monotonic(), batch))
+                break
+
+        thread = threading.Thread(target=tail)
+        thread.start()
+        time.sleep(1.0)  # the tail is waiting inside its poll
+        sent = stream.batches(1)
+        produce(kafka_bootstrap, kafka_topic, sent)
+        produced = time.monotonic()
+        thread.join(30)
+        # a batching poll would hold the lone message until 2000 arrive or the 20 s timeout
+        assert got and got[0][0] - produced < 5.0 and got[0][1] == sent[0]
+
+
 def test_resume_from_offsets_equals_reading_everything(kafka_bootstrap, kafka_topic_factory):
     topic = kafka_topic_factory(partitions=2)
     batches = StreamMaker(seed=3).batches(200)
