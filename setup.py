@@ -11,6 +11,7 @@ from setuptools import Extension, setup
 EXTENSIONS = [
     ("kvevents.schemas._fastcodec", "schemas/_fastcodec.pyx"),
     ("kvevents.consumer._indexcore", "consumer/_indexcore.pyx"),
+    ("kvevents.producer._fastrecorder", "producer/_fastrecorder.pyx"),
 ]
 
 

@@ -1,14 +1,17 @@
 """The manager's background worker: turns flushed iterations into events and buffers them.
 
-The engine thread records each event as a ``(event_id, window_size, payload)`` tuple, where the
-payload's class tells the event type:
+The engine thread (see :mod:`._recorder`) records an iteration as ``(first_id, records)``:
+``records`` is flat, ``[window_size, payload, window_size, payload, ...]``, the events' ids are
+``first_id, first_id + 1, ...``, and the payload's class tells the event type:
 
 - ``KVCacheCreatedData`` / ``KVCacheUpdatedData``: the event data itself (immutable);
-- ``tuple`` of ``BlockInfo``: a Stored event, built here into ``KVCacheStoredData``;
-- ``list`` of block hashes: a Removed event (a list because the engine thread appends merged
-  hashes to it until the iteration is flushed; the worker only sees it afterwards).
+- ``BlockInfo``: a Stored event of that one block; ``tuple`` of ``BlockInfo``: a Stored event
+  of several; built here into ``KVCacheStoredData``;
+- ``int``: a Removed event of that one hash; ``list`` of hashes: a Removed event into which the
+  engine thread merged more hashes (it appends to the list until the iteration is flushed; the
+  worker only sees it afterwards).
 
-Hand-off. ``flush()`` appends the iteration's list of records to a ``collections.deque`` (atomic
+Hand-off. ``flush()`` appends the iteration to a ``collections.deque`` (atomic
 under the GIL, no lock, no system call). Waking a thread blocked on a lock or queue costs the
 waker a futex system call, measured at about 6 us here — more than the whole ``flush()`` budget
 — so the worker does not block while events flow: it polls the deque every ``POLL_INTERVAL_S``
@@ -30,6 +33,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
+from typing import Any
 
 from kvevents.schemas import (
     PRIMARY_LEVEL,
@@ -45,12 +49,12 @@ from kvevents.schemas import (
 from .block import BlockInfo
 from .buffer import EventBuffer
 
-__all__ = ["PARK_AFTER_IDLE_S", "POLL_INTERVAL_S", "STOP", "Record", "Worker"]
+__all__ = ["PARK_AFTER_IDLE_S", "POLL_INTERVAL_S", "STOP", "Iteration", "Worker"]
 
 log = logging.getLogger(__name__)
 
-Record = tuple[int, int, object]
-"""``(event_id, window_size, payload)`` as recorded by the engine thread."""
+Iteration = tuple[int, list[Any]]
+"""``(first_id, [window_size, payload, ...])`` as flushed by the engine thread."""
 
 STOP = object()
 """Appended to the pending deque to make the worker exit once everything before it is buffered."""
@@ -62,7 +66,9 @@ PARK_AFTER_IDLE_S = 1.0
 
 _TYPE_OF_PAYLOAD = {
     KVCacheCreatedData: "created",
+    BlockInfo: "stored",
     tuple: "stored",
+    int: "removed",
     list: "removed",
     KVCacheUpdatedData: "updated",
 }
@@ -85,7 +91,7 @@ class Worker:
     """Runs on its own daemon thread; holds no reference to the manager, so an unreferenced
     manager can be collected (its finalizer calls :meth:`stop_soon`).
 
-    ``pending`` holds, in order: lists of records (one per flushed iteration), ``threading.Event``
+    ``pending`` holds, in order: :data:`Iteration` tuples (one per flush), ``threading.Event``
     markers (set once everything before them is buffered) and ``STOP``.
     """
 
@@ -134,7 +140,7 @@ class Worker:
                 self.parked = False
                 continue
             idle_polls = 0
-            records: list[Record] = []
+            iterations: list[Iteration] = []
             markers: list[threading.Event] = []
             stop = False
             while pending:
@@ -142,81 +148,105 @@ class Worker:
                 if item is STOP:
                     stop = True
                     break
-                if item.__class__ is list:
-                    records += item  # type: ignore[arg-type]
-                    self.iterations_processed += 1
+                if item.__class__ is tuple:
+                    iterations.append(item)  # type: ignore[arg-type]
                 else:
                     markers.append(item)  # type: ignore[arg-type]
-            if records:
-                try:
-                    self._process(records)
-                except Exception:  # a bug here must neither kill the worker nor lose events silently
-                    log.exception("Could not buffer %d KV-cache events; counted as dropped", len(records))
-                    self._count(records)
-                    self._drop(records)
+            if iterations:
+                self.iterations_processed += len(iterations)
+                self._process(iterations)
             for marker in markers:
                 marker.set()
             if stop:
                 return
 
-    def _process(self, records: list[Record]) -> None:
-        # The oldest new records beyond the capacity would be dropped even from an empty
-        # buffer: count them without building them.
-        skip = max(0, len(records) - self._buffer.capacity)
-        if skip:
-            skipped, records = records[:skip], records[skip:]
-            self._count(skipped)
-            self._drop(skipped)
-        self._buffer.extend(self._build(records))
+    def _process(self, iterations: list[Iteration]) -> None:
+        # The oldest new events beyond the capacity would be dropped even from an empty buffer:
+        # count them without building them.
+        skip = sum(len(records) for _, records in iterations) // 2 - self._buffer.capacity
+        if skip > 0:
+            kept: list[Iteration] = []
+            for first_id, records in iterations:
+                if skip > 0:
+                    n = len(records) // 2
+                    self._discard(first_id, records[: 2 * skip])
+                    if skip >= n:
+                        skip -= n
+                        continue
+                    first_id, records, skip = first_id + skip, records[2 * skip :], 0
+                kept.append((first_id, records))
+            iterations = kept
+        try:
+            self._buffer.extend(self._build(iterations))
+        except Exception:  # a bug here must neither kill the worker nor lose events silently
+            count = sum(len(records) for _, records in iterations) // 2
+            log.exception("Could not buffer %d KV-cache events; counted as dropped", count)
+            for first_id, records in iterations:
+                self._discard(first_id, records)
 
-    def _build(self, records: list[Record]) -> list[KVCacheEvent]:
+    def _build(self, iterations: list[Iteration]) -> list[KVCacheEvent]:
         """One pass: build every event and count types, blocks and hashes (this loop is the
         worker's cost per event, and under a saturated GIL also the engine's)."""
         rank = self._rank
         events: list[KVCacheEvent] = []
         append = events.append
         stored = removed = created = blocks = hashes = 0
-        for event_id, window_size, payload in records:
-            cls = payload.__class__
-            if cls is tuple:
-                infos: tuple[BlockInfo, ...] = payload  # type: ignore[assignment]
-                data: object = KVCacheStoredData(infos[0].prev_block_hash, [_stored_block(b) for b in infos])
-                stored += 1
-                blocks += len(infos)
-            elif cls is list:
-                data = KVCacheRemovedData(payload)  # type: ignore[arg-type]
-                removed += 1
-                hashes += len(payload)  # type: ignore[arg-type]
-            else:
-                data = payload
-                if cls is KVCacheCreatedData:
-                    created += 1
-            append(KVCacheEvent(event_id, data, window_size, rank))  # type: ignore[arg-type]
+        for event_id, records in iterations:
+            pairs = iter(records)
+            for window_size, payload in zip(pairs, pairs, strict=True):
+                cls = payload.__class__
+                if cls is BlockInfo:
+                    data: object = KVCacheStoredData(payload.prev_block_hash, [_stored_block(payload)])
+                    stored += 1
+                    blocks += 1
+                elif cls is int:
+                    data = KVCacheRemovedData([payload])
+                    removed += 1
+                    hashes += 1
+                elif cls is tuple:
+                    data = KVCacheStoredData(payload[0].prev_block_hash, [_stored_block(b) for b in payload])
+                    stored += 1
+                    blocks += len(payload)
+                elif cls is list:
+                    data = KVCacheRemovedData(payload)
+                    removed += 1
+                    hashes += len(payload)
+                else:
+                    data = payload
+                    if cls is KVCacheCreatedData:
+                        created += 1
+                append(KVCacheEvent(event_id, data, window_size, rank))  # type: ignore[arg-type]
+                event_id += 1
         by_type = self.events_by_type
         by_type["stored"] += stored
         by_type["removed"] += removed
         by_type["created"] += created
-        by_type["updated"] += len(records) - stored - removed - created
+        by_type["updated"] += len(events) - stored - removed - created
         self.stored_blocks += blocks
         self.removed_hashes += hashes
         return events
 
-    def _count(self, records: list[Record]) -> None:
+    def _discard(self, first_id: int, records: list[Any]) -> None:
+        """Count events that will never be built (types, blocks, hashes) as flushed and dropped."""
         by_type = self.events_by_type
-        for _, _, payload in records:
-            cls = payload.__class__
-            by_type[_TYPE_OF_PAYLOAD[cls]] += 1
-            if cls is tuple:
-                self.stored_blocks += len(payload)  # type: ignore[arg-type]
-            elif cls is list:
-                self.removed_hashes += len(payload)  # type: ignore[arg-type]
-
-    def _drop(self, records: list[Record]) -> None:
         by_window: dict[int, int] = {}
         newest: dict[int, int] = {}
-        for event_id, window_size, _ in records:
+        event_id = first_id
+        pairs = iter(records)
+        for window_size, payload in zip(pairs, pairs, strict=True):
+            cls = payload.__class__
+            by_type[_TYPE_OF_PAYLOAD[cls]] += 1
+            if cls is BlockInfo:
+                self.stored_blocks += 1
+            elif cls is tuple:
+                self.stored_blocks += len(payload)
+            elif cls is int:
+                self.removed_hashes += 1
+            elif cls is list:
+                self.removed_hashes += len(payload)
             by_window[window_size] = by_window.get(window_size, 0) + 1
             newest[window_size] = event_id
+            event_id += 1
         for window_size, count in by_window.items():
             self._buffer.record_drops(
                 self._rank_key, count, window_size=window_size, newest_event_id=newest[window_size]
@@ -231,12 +261,11 @@ class Worker:
                 item = self.pending.popleft()
             except IndexError:
                 break
-            if item.__class__ is list:
-                records: list[Record] = item  # type: ignore[assignment]
+            if item.__class__ is tuple:
+                first_id, records = item  # type: ignore[misc]
                 self.iterations_processed += 1
-                self._count(records)
-                self._drop(records)
-                dropped += len(records)
+                self._discard(first_id, records)
+                dropped += len(records) // 2
             elif item is not STOP:
                 item.set()  # type: ignore[attr-defined]
         if dropped:

@@ -8,7 +8,10 @@ Threads. The engine thread calls ``enqueue_*``, ``flush`` and finally ``close``,
 *record* what they were given — the event id, the window size and a reference to the immutable
 payload — into a plain list, and ``flush()`` appends that list to the background worker's deque:
 no lock, no condition variable, no system call while events flow, nothing that waits on a
-consumer, Kafka or MPI. The worker polls that deque every millisecond while events flow (so a
+consumer, Kafka or MPI. That path is a recorder (:mod:`._recorder`), compiled when the
+extension is built (``_fastrecorder.pyx``, a cold call touches far less code), pure Python
+otherwise or with ``KVEVENTS_PURE_PYTHON=1``; the manager binds the recorder's methods as its
+own ``enqueue_*``/``flush``, so an engine's call goes straight to it. The worker polls that deque every millisecond while events flow (so a
 flushed iteration is readable about 1 ms later; it parks after 1 s idle and the next flush wakes
 it, see ``_worker``), builds the ``KVCacheEvent`` objects and appends them to the bounded
 :class:`~kvevents.producer.buffer.EventBuffer`, which consumers read from any thread with
@@ -49,7 +52,6 @@ raise the flag again (the snapshot covers them); drops of the snapshot's own eve
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -58,8 +60,9 @@ from typing import TYPE_CHECKING, Any, Self
 
 from kvevents.schemas import KVCacheCreatedData, KVCacheEvent, KVCacheUpdatedData
 
+from ._recorder import I32_MAX, check_window, recorder_class
 from ._worker import Worker
-from .block import U64_MAX, BlockInfo
+from .block import BlockInfo
 from .buffer import DEFAULT_DROP_WARNING_INTERVAL_S, EventBuffer, EventDrain, check_timeout
 from .snapshot import SnapshotSummary, capacities_by_window, snapshot_chains
 from .stats import ManagerStats
@@ -71,48 +74,19 @@ log = logging.getLogger(__name__)
 
 __all__ = ["I32_MAX", "KVCacheEventManager"]
 
-I32_MAX = (1 << 31) - 1
-"""Largest window size (``SizeType32`` in the C++)."""
-
-
-class _NoWindow:
-    """Compares unequal to every window size: no Removed event is open for merging."""
-
-    __slots__ = ()
-
-
-_NO_WINDOW = _NoWindow()
+_ENGINE_METHODS = (
+    "enqueue_created_event",
+    "enqueue_stored_event",
+    "enqueue_removed_event",
+    "enqueue_updated_event",
+    "flush",
+)
+"""Bound straight to the recorder on each manager (unless a subclass overrides them)."""
 
 
 def _config_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _window(window_size: object) -> int:
-    """Slow path of the window check: accept integer-like values, reject the rest."""
-    if isinstance(window_size, bool):
-        raise TypeError(f"window_size must be an int, got {window_size!r}")
-    try:
-        value = operator.index(window_size)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"window_size must be an int, got {window_size!r}") from None
-    if not 0 < value <= I32_MAX:
-        raise ValueError(f"window_size must be in 1..{I32_MAX}, got {value!r}")
-    return value
-
-
-def _block_hash(block_hash: object) -> int:
-    """Slow path of the hash check: accept integer-like values (numpy), reject the rest."""
-    if isinstance(block_hash, bool):
-        raise TypeError(f"block_hash must be an int, got {block_hash!r}")
-    try:
-        value = operator.index(block_hash)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"block_hash must be an int, got {block_hash!r}") from None
-    if not 0 <= value <= U64_MAX:
-        raise ValueError(f"block_hash must be an unsigned 64-bit int, got {value!r}")
     return value
 
 
@@ -151,6 +125,10 @@ class KVCacheEventManager:
     ``attention_dp_gather=False`` keeps the DP rank (stamped on events, rank 0's capacity) but
     moves nothing and needs no MPI: for tests, or when every rank publishes its own events.
     """
+
+    _recorder_factory: Callable[..., Any] | None = None
+    """The engine path's implementation; None: :func:`~._recorder.recorder_class` picks it (tests
+    and benchmarks set ``PyRecorder`` here to run the pure-Python path beside the compiled one)."""
 
     def __init__(
         self,
@@ -202,13 +180,6 @@ class KVCacheEventManager:
         # Collective over comm (a Split), so before any thread starts: an error leaks nothing.
         self._gather = self._make_gather(comm, gather_config) if gathers else None
 
-        # Engine-thread state (no lock, as mEventQueue / mEventId in the C++).
-        self._queue: list[tuple[int, int, object]] = []
-        self._next_id = 0
-        self._removed_window: int | _NoWindow = _NO_WINDOW  # window of the last queued Removed
-        self._removed_hashes: list[int] = []  # ... and its hashes, while it is the last record
-        self._iterations_flushed = 0
-
         # Snapshots: requested by drops of this rank (worker thread) or request_snapshot() (any
         # thread); enqueue_snapshot() on the engine thread clears the request.
         self._snapshot_reason: str | None = None
@@ -223,6 +194,12 @@ class KVCacheEventManager:
         self._close_callbacks: list[Callable[[], None]] = []
         self._worker = Worker(self._buffer, attention_dp_rank)
         self._pending = self._worker.pending
+        # Engine-thread state (no lock, as mEventQueue / mEventId in the C++).
+        factory = self._recorder_factory or recorder_class()
+        self._recorder = factory(self._pending, self._worker)
+        for name in _ENGINE_METHODS:
+            if getattr(type(self), name) is getattr(KVCacheEventManager, name):
+                setattr(self, name, getattr(self._recorder, name))
         self._worker.thread.start()
         # Stops the worker (and the gather) if the manager is dropped without close().
         self._finalizer = weakref.finalize(self, _stop_soon, self._worker, self._gather)
@@ -288,61 +265,33 @@ class KVCacheEventManager:
         """Whether :meth:`close` was called."""
         return self._closed
 
+    @property
+    def _next_id(self) -> int:
+        return int(self._recorder.next_id)
+
+    @_next_id.setter
+    def _next_id(self, value: int) -> None:
+        self._recorder.next_id = value
+
     # -- engine thread: record only -----------------------------------------------------------
 
     def enqueue_created_event(self, num_blocks_per_cache_level: Iterable[int], window_size: int) -> None:
         """Queue a Created event: the cache's capacity in blocks per cache level."""
-        if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
-            window_size = _window(window_size)
-        levels = list(num_blocks_per_cache_level)  # a copy, as the C++ takes the vector by value
-        for n in levels:
-            if n.__class__ is not int or n < 0:
-                raise ValueError(f"num_blocks_per_cache_level must hold ints >= 0, got {n!r}")
-        self._queue.append((self._next_id, window_size, KVCacheCreatedData(levels)))
-        self._next_id += 1
-        self._removed_window = _NO_WINDOW
+        self._recorder.enqueue_created_event(num_blocks_per_cache_level, window_size)
 
     def enqueue_stored_event(self, blocks: Iterable[BlockInfo], window_size: int) -> None:
         """Queue a Stored event for ``blocks`` (in sequence order; parent = first block's
         ``prev_block_hash``). No blocks: no event, no id. The blocks are referenced, not copied."""
-        blocks = tuple(blocks)  # the engine may reuse its list; BlockInfos are immutable
-        if not blocks:
-            return
-        if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
-            window_size = _window(window_size)
-        for block in blocks:
-            if block.__class__ is not BlockInfo:
-                raise TypeError(f"enqueue_stored_event takes BlockInfo objects, got {block!r}")
-        self._queue.append((self._next_id, window_size, blocks))
-        self._next_id += 1
-        self._removed_window = _NO_WINDOW
+        self._recorder.enqueue_stored_event(blocks, window_size)
 
     def enqueue_removed_event(self, block_hash: int, window_size: int) -> None:
         """Queue the removal of one block: merged into the last queued event when that is a
         Removed event with the same window size (no new id), else a new Removed event."""
-        if block_hash.__class__ is not int or not 0 <= block_hash <= U64_MAX:
-            block_hash = _block_hash(block_hash)
-        # _removed_window is a (checked) window only while the last queued record is Removed.
-        if window_size == self._removed_window:
-            self._removed_hashes.append(block_hash)
-            return
-        if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
-            window_size = _window(window_size)
-        hashes = [block_hash]
-        self._queue.append((self._next_id, window_size, hashes))
-        self._next_id += 1
-        self._removed_window = window_size
-        self._removed_hashes = hashes
+        self._recorder.enqueue_removed_event(block_hash, window_size)
 
     def enqueue_updated_event(self, data: KVCacheUpdatedData, window_size: int) -> None:
         """Queue an Updated event (a block changed cache level or priority)."""
-        if data.__class__ is not KVCacheUpdatedData:
-            raise TypeError(f"enqueue_updated_event takes a KVCacheUpdatedData, got {data!r}")
-        if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
-            window_size = _window(window_size)
-        self._queue.append((self._next_id, window_size, data))
-        self._next_id += 1
-        self._removed_window = _NO_WINDOW
+        self._recorder.enqueue_updated_event(data, window_size)
 
     def enqueue_snapshot(
         self,
@@ -368,11 +317,11 @@ class KVCacheEventManager:
         chains: dict[int, list[tuple[BlockInfo, ...]]] = {}
         for window_size, blocks in windows.items():
             if window_size.__class__ is not int or not 0 < window_size <= I32_MAX:
-                window_size = _window(window_size)
+                window_size = check_window(window_size)
             order.append(window_size)
             chains[window_size] = snapshot_chains(blocks)
         capacities = {
-            w if w.__class__ is int and 0 < w <= I32_MAX else _window(w): levels
+            w if w.__class__ is int and 0 < w <= I32_MAX else check_window(w): levels
             for w, levels in capacities_by_window(order, num_blocks_per_cache_level).items()
         }
         stored = sum(len(c) for c in chains.values())
@@ -382,20 +331,21 @@ class KVCacheEventManager:
                 f"a snapshot of {events} events ({len(capacities)} Created, {stored} Stored) cannot fit "
                 f"the event buffer (capacity {self._buffer.capacity}): raise max_kv_event_entries"
             )
-        first = self._next_id
-        queue = self._queue
+        recorder = self._recorder
+        first = recorder.next_id
+        queue = recorder.queue
         next_id = first
         for window_size, levels in capacities.items():
-            queue.append((next_id, window_size, KVCacheCreatedData(levels, snapshot=True)))
+            queue += (window_size, KVCacheCreatedData(levels, snapshot=True))
             next_id += 1
         block_count = 0
         for window_size in order:
             for chain in chains[window_size]:
-                queue.append((next_id, window_size, chain))
+                queue += (window_size, chain)
                 next_id += 1
                 block_count += len(chain)
-        self._next_id = next_id
-        self._removed_window = _NO_WINDOW
+        recorder.next_id = next_id
+        recorder.end_removed_run()
         self._snapshot_floor = first
         self._snapshot_reason = None
         self._snapshots_published += 1
@@ -468,22 +418,7 @@ class KVCacheEventManager:
         """Hand this iteration's queued events to the background worker; no-op when none.
         Never waits for the worker or any reader, and takes no lock. After :meth:`close` the
         events are dropped (and counted)."""
-        records = self._queue
-        if not records:
-            return
-        self._queue = []
-        self._removed_window = _NO_WINDOW
-        self._iterations_flushed += 1
-        self._pending.append(records)
-        worker = self._worker
-        if worker.parked:
-            worker.wake()
-        # Ordering against close() without a lock: close() sets _closed before it stops the
-        # worker and drops what is left behind STOP. Reading _closed False here means the
-        # append came first, so close() sees the records; reading True, whatever the worker
-        # will not buffer any more is dropped (counted) by whoever takes it first.
-        if self._closed and not worker.thread.is_alive():
-            worker.drop_leftovers()
+        self._recorder.flush()
 
     # -- readers --------------------------------------------------------------------------
 
@@ -538,6 +473,7 @@ class KVCacheEventManager:
                 return
             self.flush()  # what the engine queued since its last flush() is not lost
             self._closed = True
+            self._recorder.closed = True
             self._worker.stop_soon()
         self._finalizer.detach()
         self._worker.thread.join()
@@ -562,9 +498,9 @@ class KVCacheEventManager:
         """A snapshot of the counters (see :class:`~kvevents.producer.stats.ManagerStats`)."""
         worker = self._worker
         return ManagerStats(
-            events_enqueued_total=self._next_id,
-            iterations_flushed_total=self._iterations_flushed,
-            pending_iterations=self._iterations_flushed - worker.iterations_processed,
+            events_enqueued_total=self._recorder.next_id,
+            iterations_flushed_total=self._recorder.iterations_flushed,
+            pending_iterations=self._recorder.iterations_flushed - worker.iterations_processed,
             events_flushed_by_type=dict(worker.events_by_type),
             stored_blocks_total=worker.stored_blocks,
             removed_block_hashes_total=worker.removed_hashes,

@@ -31,6 +31,9 @@ from kvevents.schemas import (
 
 W = 32  # a window size
 
+# Every test runs on the compiled engine path and on the pure-Python one (see conftest.py).
+pytestmark = pytest.mark.usefixtures("recorder_impl")
+
 
 @pytest.fixture
 def manager():  # type: ignore[no-untyped-def]

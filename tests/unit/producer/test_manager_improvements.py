@@ -25,6 +25,9 @@ from kvevents.schemas import (
 
 W = 32
 
+# Every test runs on the compiled engine path and on the pure-Python one (see conftest.py).
+pytestmark = pytest.mark.usefixtures("recorder_impl")
+
 
 def delivered(m: KVCacheEventManager) -> list[KVCacheEvent]:
     assert m.settle(5)

@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from kvevents.producer import BlockInfo, KVCacheEventManager
+from kvevents.producer._fastrecorder import Recorder
+from kvevents.producer._recorder import PyRecorder
 from kvevents.schemas import (
     KVCacheCreatedData,
     KVCacheEvent,
@@ -119,7 +121,20 @@ blocks_strategy = st.lists(
 )
 
 
+class CompiledManager(KVCacheEventManager):
+    """The manager on the compiled engine path (a failure, not a skip, when it is not built)."""
+
+    _recorder_factory = Recorder
+
+
+class PurePythonManager(KVCacheEventManager):
+    """The manager on the pure-Python engine path (the fallback)."""
+
+    _recorder_factory = PyRecorder
+
+
 class ManagerAgainstModel(RuleBasedStateMachine):
+    manager_class: type[KVCacheEventManager] = CompiledManager
     real: KVCacheEventManager
     model: CppModel
 
@@ -128,7 +143,7 @@ class ManagerAgainstModel(RuleBasedStateMachine):
         dp=st.sampled_from([(None, None), (0, 2), (1, 3)]),
     )
     def start(self, max_entries: int, dp: tuple[int | None, int | None]) -> None:
-        self.real = KVCacheEventManager(max_entries, *dp, drop_warning_interval_s=3600, attention_dp_gather=False)
+        self.real = self.manager_class(max_entries, *dp, drop_warning_interval_s=3600, attention_dp_gather=False)
         self.model = CppModel(max_entries, *dp)
         self.rank_key = dp[0] or 0
 
@@ -187,7 +202,7 @@ class ManagerAgainstModel(RuleBasedStateMachine):
         self.real.close()
         self.model.flush()
         assert self.real.get_events() == self.model.get_events()
-        self.real = KVCacheEventManager(
+        self.real = self.manager_class(
             self.real.max_kv_event_entries, self.real.attention_dp_rank, self.real.attention_dp_size,
             drop_warning_interval_s=3600, attention_dp_gather=False,
         )
@@ -198,7 +213,14 @@ class ManagerAgainstModel(RuleBasedStateMachine):
             self.real.close()
 
 
-ManagerAgainstModel.TestCase.settings = settings(
+class PurePythonManagerAgainstModel(ManagerAgainstModel):
+    manager_class = PurePythonManager
+
+
+_SETTINGS = settings(
     max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+ManagerAgainstModel.TestCase.settings = _SETTINGS
+PurePythonManagerAgainstModel.TestCase.settings = _SETTINGS
 test_manager_agrees_with_the_cpp_model = ManagerAgainstModel.TestCase
+test_pure_python_manager_agrees_with_the_cpp_model = PurePythonManagerAgainstModel.TestCase

@@ -13,6 +13,9 @@ from kvevents.schemas import KVCacheCreatedData, KVCacheEventDiff, KVCacheStored
 
 WINDOW = 64
 
+# Every test runs on the compiled engine path and on the pure-Python one (see conftest.py).
+pytestmark = pytest.mark.usefixtures("recorder_impl")
+
 
 def info(h: int, prev: int | None, primary: bool = True, priority: int = 35) -> BlockInfo:
     return BlockInfo(h, prev, [h % 1000, 7], is_primary=primary, priority=priority)
