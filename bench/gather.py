@@ -6,8 +6,10 @@ exchanges one after the other (alternating which goes first), each on a fresh se
 built the same way; only the exchange differs (``support/lockstep.py`` is the baseline: blocking
 allreduce + blocking size/bytes send/receive every period, same codec, same buffers).
 
-Per exchange and repeat (the exchanges: ``kvevents``, ``lockstep``, and ``none``, the same
-managers without any exchange: the floor of the engine thread's cost):
+Per exchange and repeat (the exchanges: ``kvevents``; ``kvevents-py``, the same with the manager's
+pure-Python engine path instead of the compiled recorder, to compare both in one run;
+``lockstep``; and ``none``, the same managers without any exchange: the floor of the engine
+thread's cost; ``--protocols`` picks some):
 
 - ``steady``: every rank runs ``--iterations`` engine iterations: 50 enqueues (25 Stored of one
   32-token block, 20 Removed, 5 Updated, prebuilt arguments) + ``flush()``, timed on the engine
@@ -60,7 +62,7 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results" / "gather.json"
 RANKS = 4
 EVENTS_PER_ITERATION = 50
-PROTOCOLS = ("kvevents", "lockstep", "none")
+PROTOCOLS = ("kvevents", "kvevents-py", "lockstep", "none")
 TARGETS = {"engine_us_per_iteration": 50.0, "latency_p99_periods": 2.0, "throughput_events_per_s": 200_000}
 
 
@@ -85,8 +87,12 @@ def engine_iteration(manager: Any, blocks: list[Any], updates: list[Any], hashes
 
 def run_case(protocol: str, args: argparse.Namespace, world: Any, rank: int, size: int) -> dict[str, Any]:
     from kvevents.producer import BlockInfo, KVCacheEventManager
+    from kvevents.producer._recorder import PyRecorder
     from kvevents.schemas import KVCacheEventDiff, KVCacheUpdatedData
     from lockstep import LockstepManager
+
+    class PurePythonManager(KVCacheEventManager):
+        _recorder_factory = PyRecorder
 
     chain = [BlockInfo(1000 + j, 999 + j if j else None, list(range(j, j + 32))) for j in range(2000)]
     blocks = [[b] for b in chain]
@@ -99,8 +105,9 @@ def run_case(protocol: str, args: argparse.Namespace, world: Any, rank: int, siz
     if protocol == "lockstep":
         manager = LockstepManager(capacity, rank, size, args.period_ms, drop_warning_interval_s=3600)
     else:  # "none": the same manager without any exchange, the floor of the engine's cost
-        gather = protocol == "kvevents"
-        manager = KVCacheEventManager(
+        gather = protocol != "none"
+        manager_class = PurePythonManager if protocol == "kvevents-py" else KVCacheEventManager
+        manager = manager_class(
             capacity, rank, size, args.period_ms, drop_warning_interval_s=3600, attention_dp_gather=gather
         )
     exchanging = protocol != "none"
@@ -263,7 +270,7 @@ def run_case(protocol: str, args: argparse.Namespace, world: Any, rank: int, siz
             kafka_s=(last_ack - t0) if last_ack is not None else None,
             sink_events_lost=dict(sink_stats.events_lost_by_rank) if sink_stats is not None else None,
         )
-        if protocol == "kvevents":
+        if protocol.startswith("kvevents"):
             gather = manager.gather
             assert gather is not None
             result["gather_stats"] = dataclasses.asdict(gather.stats())
@@ -286,7 +293,7 @@ def worker(args: argparse.Namespace) -> None:
         run_case("kvevents", warm, world, rank, size)
     cases = []
     for repeat in range(args.repeats):
-        order = PROTOCOLS if repeat % 2 == 0 else PROTOCOLS[::-1]
+        order = args.protocols if repeat % 2 == 0 else args.protocols[::-1]
         for protocol in order:
             case = run_case(protocol, args, world, rank, size)
             case["repeat"] = repeat
@@ -335,7 +342,7 @@ def kafka_latencies_ms(phase: str, ranks: dict[int, dict[str, Any]]) -> list[flo
 
 
 def summarize(cases_by_rank: dict[int, list[dict[str, Any]]], args: argparse.Namespace) -> dict[str, Any]:
-    per_protocol: dict[str, list[dict[str, Any]]] = {p: [] for p in PROTOCOLS}
+    per_protocol: dict[str, list[dict[str, Any]]] = {p: [] for p in args.protocols}
     for index, root in enumerate(cases_by_rank[0]):
         ranks = {r: cases_by_rank[r][index] for r in cases_by_rank}
         phases = {}
@@ -428,22 +435,27 @@ def table_rows(phases: list[str], period_ms: float) -> list[tuple[str, str, str,
 
 
 def print_table(summary: dict[str, Any], gaps: list[str], period_ms: float) -> None:
-    k, b, n = summary["kvevents"], summary["lockstep"], summary["none"]
+    k = summary["kvevents"]
+    py, b, n = (summary.get(p, {}) for p in ("kvevents-py", "lockstep", "none"))
 
     def cell(fmt: str, value: float, label: str) -> str:
         return "-" if value != value or (value == 0 and "events/s" in label) else fmt.format(value)
 
     print(
-        f"\n{'metric (median of repeats)':52} {'kvevents':>11} {'lockstep':>11} {'lockstep/kv':>11} "
-        f"{'no exchange':>11} {'target':>11}"
+        f"\n{'metric (median of repeats)':52} {'kvevents':>11} {'kv pure-py':>11} {'py/kv':>7} {'lockstep':>11} "
+        f"{'lockstep/kv':>11} {'no exchange':>11} {'target':>11}"
     )
+    nan = float("nan")
     for key, label, fmt, target in table_rows(gaps, period_ms):
-        ratio = b[key] / k[key] if k[key] else float("nan")
-        none = n[key] if "events/s" not in label else float("nan")
+        base = k[key]
+        ratio = b.get(key, nan) / base if base else nan
+        py_ratio = py.get(key, nan) / base if base else nan
+        none = n.get(key, nan) if "events/s" not in label else nan
         print(
-            f"{label:52} {cell(fmt, k[key], label):>11} {cell(fmt, b[key], label):>11} {ratio:>11.2f} "
-            f"{cell(fmt, none, label):>11} {target:>11}"
+            f"{label:52} {cell(fmt, base, label):>11} {cell(fmt, py.get(key, nan), label):>11} {py_ratio:>7.2f} "
+            f"{cell(fmt, b.get(key, nan), label):>11} {ratio:>11.2f} {cell(fmt, none, label):>11} {target:>11}"
         )
+
 
 
 @contextlib.contextmanager
@@ -483,7 +495,7 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
             str(mpiexec), "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()), "--worker",
             "--out", tmp, "--repeats", str(args.repeats), "--iterations", str(args.iterations),
             "--throughput-events", str(args.throughput_events), "--offered-rate", str(args.offered_rate),
-            "--period-ms", str(args.period_ms),
+            "--period-ms", str(args.period_ms), "--protocols", ",".join(args.protocols),
             "--gaps-ms", ",".join(f"{g:g}" for g in args.gaps_ms), "--idle-s", str(args.idle_s),
             *(["--bootstrap", bootstrap] if bootstrap else []),
         ]  # fmt: skip
@@ -520,11 +532,15 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
             "throughput_events_per_rank": args.throughput_events,
             "throughput_offered_events_per_s": args.offered_rate,
             "idle_s": args.idle_s,
+            "protocols": list(args.protocols),
         },
         "protocols": summary,
         "ratios_lockstep_over_kvevents": {
             key: (b[key] / k[key] if k[key] else None) for key, _, _, _ in table_rows(gaps, period)
         },
+        "ratios_pure_python_over_compiled_engine_path": {
+            key: (summary["kvevents-py"][key] / k[key] if k[key] else None) for key, _, _, _ in table_rows(gaps, period)
+        } if "kvevents-py" in summary else None,
         "targets": {
             "engine_us_per_iteration_p50": TARGETS["engine_us_per_iteration"],
             "latency_ms_p99": TARGETS["latency_p99_periods"] * period,
@@ -575,6 +591,12 @@ def main(argv: list[str] | None = None) -> int:
         "--offered-rate", type=float, default=300_000, help="throughput phase: events/s the 4 ranks offer together"
     )
     parser.add_argument("--idle-s", type=float, default=2.0)
+    parser.add_argument(
+        "--protocols",
+        type=lambda text: tuple(text.split(",")),
+        default=PROTOCOLS,
+        help=f"comma-separated, from {','.join(PROTOCOLS)} (kvevents and lockstep are required)",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before the MPI job is killed")
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     parser.add_argument("--output", type=Path, default=RESULTS)
@@ -583,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if not {"kvevents", "lockstep"} <= set(args.protocols) or not set(args.protocols) <= set(PROTOCOLS):
+        parser.error(f"--protocols: kvevents and lockstep, and any of {PROTOCOLS}")
     if args.quick:
         args.repeats, args.iterations, args.throughput_events, args.idle_s = 1, 200, 50_000, 0.5
     if args.worker:
