@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from kvevents.producer import BlockInfo, EventBuffer, KVCacheEventManager
+from kvevents.producer._recorder import PyRecorder
 from kvevents.schemas import (
     PRIMARY_LEVEL,
     SECONDARY_LEVEL,
@@ -302,8 +303,15 @@ def _summary(means_ns: list[float], iterations_ns: list[float]) -> dict[str, flo
     }
 
 
+class PurePythonManager(KVCacheEventManager):
+    """The manager on its pure-Python engine path (the fallback of the compiled recorder)."""
+
+    _recorder_factory = PyRecorder
+
+
 def bench_engine_thread(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine thread's cost per call, manager vs naive baseline, per scenario."""
+    """The engine thread's cost per call, manager vs naive baseline, per scenario; the manager
+    on its pure-Python engine path beside it (``manager_pure_python``), same run."""
     scenarios = ["draining", "full_nobody_draining", "saturated"]
     capacity_for = {"draining": 10_000_000, "saturated": 10_000_000, "full_nobody_draining": args.full_capacity}
     results: dict[str, Any] = {}
@@ -314,11 +322,15 @@ def bench_engine_thread(args: argparse.Namespace) -> dict[str, Any]:
             manager = _measure(functools.partial(KVCacheEventManager, capacity, drop_warning_interval_s=3600),
                                op, scenario, args)  # fmt: skip
             naive = _measure(functools.partial(NaiveManager, capacity), op, scenario, args)
+            pure = _measure(functools.partial(PurePythonManager, capacity, drop_warning_interval_s=3600),
+                            op, scenario, args)  # fmt: skip
             rows[name] = {
                 "manager": manager["call"],
+                "manager_pure_python": pure["call"],
+                "ratio_pure_python_over_manager": pure["call"]["median_us"] / manager["call"]["median_us"],
                 "naive": naive["call"],
                 "ratio_naive_over_manager": naive["call"]["median_us"] / manager["call"]["median_us"],
-                "flush_after_it": {"manager": manager["flush"], "naive": naive["flush"]},
+                "flush_after_it": {"manager": manager["flush"], "naive": naive["flush"], "manager_pure_python": pure["flush"]},
             }
         noop = _measure(NoopManager, _noop, "draining" if scenario != "saturated" else "saturated", args)
         rows["noop_call"] = {"floor": noop["call"]}
@@ -327,6 +339,7 @@ def bench_engine_thread(args: argparse.Namespace) -> dict[str, Any]:
         flush_naive = rows["enqueue_stored_4x32"]["flush_after_it"]["naive"]
         rows["flush"] = {
             "manager": flush_manager,
+            "manager_pure_python": rows["enqueue_stored_4x32"]["flush_after_it"]["manager_pure_python"],
             "naive": flush_naive,
             "ratio_naive_over_manager": flush_naive["median_us"] / flush_manager["median_us"],
         }
@@ -864,7 +877,10 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 
 def print_engine_table(result: dict[str, Any]) -> None:
     print(f"\nengine thread, us per call: median of {result['repeats']} repeats (best repeat; p99 iteration)")
-    header = f"{'scenario':<22}{'operation':<25}{'manager':>22}{'naive':>22}{'naive/mgr':>10}{'target':>8}"
+    header = (
+        f"{'scenario':<22}{'operation':<25}{'manager':>22}{'pure-python path':>22}{'naive':>22}{'naive/mgr':>10}"
+        f"{'target':>8}"
+    )
     print(header)
     print("-" * len(header))
     for scenario, rows in result["scenarios"].items():
@@ -875,12 +891,14 @@ def print_engine_table(result: dict[str, Any]) -> None:
                 continue
             if op == "flush":
                 ratio = row["naive"]["median_us"] / row["manager"]["median_us"]
-                print(f"{scenario:<22}{'flush (50 x stored)':<25}{_fmt(row['manager']):>22}{_fmt(row['naive']):>22}"
+                print(f"{scenario:<22}{'flush (50 x stored)':<25}{_fmt(row['manager']):>22}"
+                      f"{_fmt(row['manager_pure_python']):>22}{_fmt(row['naive']):>22}"
                       f"{ratio:>10.1f}{TARGETS_US['flush']:>8.1f}")  # fmt: skip
                 continue
             op_target = TARGETS_US.get(op)
             print(
-                f"{scenario:<22}{op:<25}{_fmt(row['manager']):>22}{_fmt(row['naive']):>22}"
+                f"{scenario:<22}{op:<25}{_fmt(row['manager']):>22}{_fmt(row['manager_pure_python']):>22}"
+                f"{_fmt(row['naive']):>22}"
                 f"{row['ratio_naive_over_manager']:>10.1f}{'' if op_target is None else f'{op_target:.1f}':>8}"
             )
 
