@@ -13,8 +13,16 @@ import pytest
 MpiRunner = Callable[..., Any]  # the ``mpirun`` fixture of conftest.py
 
 
-@pytest.mark.parametrize(("n", "closer"), [(2, 0), (2, 1), (4, 0), (4, 2)])
-def test_every_event_reaches_rank_0_exactly_once_in_order(mpirun: MpiRunner, n: int, closer: int) -> None:
+@pytest.mark.parametrize(
+    ("n", "closer", "pure_python"), [(2, 0, False), (2, 1, False), (4, 0, False), (4, 2, False), (4, 0, True)]
+)
+def test_every_event_reaches_rank_0_exactly_once_in_order(
+    mpirun: MpiRunner, monkeypatch: pytest.MonkeyPatch, n: int, closer: int, pure_python: bool
+) -> None:
+    # pure_python: every rank on the fallbacks (the manager's PyRecorder, fastavro), as without
+    # the compiled extensions (KVEVENTS_PURE_PYTHON reaches the ranks through mpiexec's env).
+    if pure_python:
+        monkeypatch.setenv("KVEVENTS_PURE_PYTHON", "1")
     run = mpirun("gather_all.py", n, "--iterations", "150", "--events", "20", "--closer", str(closer), "--after-stop", "3")
     run.assert_clean(n)
     root = run.results[0]
