@@ -16,7 +16,7 @@ under the GIL, no lock, no system call). Waking a thread blocked on a lock or qu
 waker a futex system call, measured at about 6 us here — more than the whole ``flush()`` budget
 — so the worker does not block while events flow: it polls the deque every ``POLL_INTERVAL_S``
 (events reach the buffer at most that late). Only after ``PARK_AFTER_IDLE_S`` without work does
-it park on a lock; the first ``flush()`` after that pays the wake-up once. The protocol is
+it park on a lock (and it starts parked); the first ``flush()`` after that pays the wake-up once. The protocol is
 race-free: the worker sets ``parked`` before re-checking the deque, the engine appends before
 reading ``parked``, so one of them always sees the other.
 
@@ -126,8 +126,8 @@ class Worker:
     def _run(self) -> None:
         pending = self.pending
         popleft = pending.popleft
-        idle_polls = 0
         park_after = max(1, round(PARK_AFTER_IDLE_S / POLL_INTERVAL_S))
+        idle_polls = park_after  # parked until the first flush: a manager that has seen no event costs nothing
         while True:
             if not pending:
                 idle_polls += 1

@@ -550,3 +550,15 @@ def test_drained_events_and_drops_make_a_batch_that_round_trips_through_the_code
     assert drain.dropped == [RankDrops(0, 2)]  # 8 events, capacity 3 x 2
     batch = EventBatch("engine-a", drain.events, attention_dp_size=2, dropped=drain.dropped)
     assert decode_batch(encode_batch(batch)) == batch
+
+
+def test_a_new_manager_s_worker_starts_parked_and_the_first_flush_wakes_it() -> None:
+    # No polling before the first event (the default parks only after 1 s without work).
+    with KVCacheEventManager(10) as m:
+        deadline = time.monotonic() + 0.5
+        while not m._worker.parked and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert m._worker.parked
+        m.enqueue_removed_event(1, W)
+        m.flush()
+        assert [e.event_id for e in m.get_events(timeout=5)] == [0]
