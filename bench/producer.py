@@ -479,6 +479,35 @@ def _mixed_events(count: int, seed: int = 7) -> list[KVCacheEvent]:
     return events
 
 
+def _thread_cpu_s() -> dict[str, float]:
+    """CPU seconds used so far by each live thread of this process, by name (Python threads by
+    their ``threading`` name, librdkafka's by their OS name, e.g. ``rdk:broker1``); Linux only,
+    else empty. A run's per-thread cost is the difference of two readings taken while its
+    threads are alive."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm, open(f"/proc/self/task/{tid}/stat") as stat:
+                name = names.get(int(tid)) or comm.read().strip()
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = name.split(" (")[0]
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _cpu_since(before: dict[str, float]) -> dict[str, float]:
+    now = _thread_cpu_s()
+    return {name: round(cpu - before.get(name, 0.0), 3) for name, cpu in sorted(now.items()) if cpu - before.get(name, 0.0) > 0}
+
+
 def _sink_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap, "log_level": 3, **extra}
 
@@ -509,6 +538,7 @@ def _run_sink(events: list[KVCacheEvent], topic: str, per_message: int, config: 
     if not sink.wait_delivered(60):
         raise RuntimeError("the sink delivered nothing during warm-up: is Kafka up?")
     captured.clear()
+    threads_before = _thread_cpu_s()
     cpu = time.process_time()
     started = time.perf_counter()
     manager.buffer.extend(events)
@@ -516,15 +546,17 @@ def _run_sink(events: list[KVCacheEvent], topic: str, per_message: int, config: 
         raise RuntimeError(f"the sink delivered {delivered[0]} of {target} events in 300 s")
     seconds = time.perf_counter() - started
     cpu = time.process_time() - cpu
+    threads = _cpu_since(threads_before)  # before close(): the sink's threads still run
     stats = sink.stats()
     sink.close(30)
     manager.close()
-    return {"seconds": seconds, "cpu_s": cpu, "messages": list(captured), "stats": stats, "effective_config": sink.config}
+    return {"seconds": seconds, "cpu_s": cpu, "messages": list(captured), "stats": stats, "effective_config": sink.config,
+            "thread_cpu_s": threads}  # fmt: skip
 
 
-def _run_raw(values: list[bytes], topic: str, config: dict[str, Any]) -> tuple[float, float]:
+def _run_raw(values: list[bytes], topic: str, config: dict[str, Any]) -> tuple[float, float, dict[str, float]]:
     """Time raw confluent-kafka producing ``values`` (same key, headers and librdkafka settings)
-    until every one is acknowledged: wall seconds, and CPU seconds of this process."""
+    until every one is acknowledged: wall seconds, CPU seconds of this process, per thread."""
     from confluent_kafka import Producer
     from kvevents.producer.sink import FINGERPRINT_HEADER
     from kvevents.schemas import CONTENT_TYPE, current_fingerprint
@@ -540,6 +572,7 @@ def _run_raw(values: list[bytes], topic: str, config: dict[str, Any]) -> tuple[f
     producer.produce(topic, b"warm-up", b"bench-engine", on_delivery=on_delivery)
     producer.flush(60)
     delivered[0] = 0
+    threads_before = _thread_cpu_s()
     cpu = time.process_time()
     started = time.perf_counter()
     for value in values:
@@ -553,9 +586,10 @@ def _run_raw(values: list[bytes], topic: str, config: dict[str, Any]) -> tuple[f
     producer.flush(120)
     seconds = time.perf_counter() - started
     cpu = time.process_time() - cpu
+    threads = _cpu_since(threads_before)
     if delivered[0] != len(values):
         raise RuntimeError(f"raw producer delivered {delivered[0]} of {len(values)} messages")
-    return seconds, cpu
+    return seconds, cpu, threads
 
 
 def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
@@ -572,12 +606,14 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
             # so that the broker's state (segments, page cache, JIT) favours neither.
             raw_first = repeat % 2 == 1 and previous is not None
             if raw_first:
-                raw_s, raw_cpu = _run_raw(previous, BROKER.topic("raw"), _raw_config(config))  # type: ignore[arg-type]
+                raw_s, raw_cpu, raw_threads = _run_raw(previous, BROKER.topic("raw"), _raw_config(config))  # type: ignore[arg-type]
                 time.sleep(args.sink_pause)
             sink = _run_sink(events, BROKER.topic("sink"), per_message, config)
             time.sleep(args.sink_pause)  # let the broker finish writing before the next run
             if not raw_first:
-                raw_s, raw_cpu = _run_raw(sink["messages"], BROKER.topic("raw"), _raw_config(sink["effective_config"]))
+                raw_s, raw_cpu, raw_threads = _run_raw(
+                    sink["messages"], BROKER.topic("raw"), _raw_config(sink["effective_config"])
+                )
                 time.sleep(args.sink_pause)
             previous = sink["messages"]
             size = sum(len(v) for v in sink["messages"])
@@ -588,6 +624,7 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
                 "ratio_sink_over_raw": raw_s / sink["seconds"],
                 "sink_cpu_s": sink["cpu_s"], "raw_cpu_s": raw_cpu,
                 "cpu_ratio_raw_over_sink": raw_cpu / sink["cpu_s"],
+                "sink_thread_cpu_s": sink["thread_cpu_s"], "raw_thread_cpu_s": raw_threads,
             })  # fmt: skip
         ratios = [r["ratio_sink_over_raw"] for r in runs]
         out[shape] = {
@@ -598,6 +635,8 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
             "cpu_ratio_raw_over_sink_median": statistics.median(r["cpu_ratio_raw_over_sink"] for r in runs),
             "sink_cpu_us_per_event_median": statistics.median(r["sink_cpu_s"] for r in runs) / len(events) * 1e6,
             "raw_cpu_us_per_event_median": statistics.median(r["raw_cpu_s"] for r in runs) / len(events) * 1e6,
+            "sink_thread_cpu_us_per_event_median": _thread_medians([r["sink_thread_cpu_s"] for r in runs], len(events)),
+            "raw_thread_cpu_us_per_event_median": _thread_medians([r["raw_thread_cpu_s"] for r in runs], len(events)),
             "ratio_best": max(ratios),
             "sink_events_per_s_median": statistics.median(r["sink_events_per_s"] for r in runs),
             "raw_events_per_s_median": statistics.median(r["raw_events_per_s"] for r in runs),
@@ -607,6 +646,7 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "unit": "events/s from the manager's buffer to acknowledged by Kafka; raw = confluent-kafka producing the sink's own messages",
         "how": "all events in the manager's buffer at once; the sink drains, encodes, produces; raw produces the bytes the sink produced; runs alternate who goes first, with a pause between",
+        "fairness": "raw gets the sink's effective librdkafka config (defaults included: zstd, linger.ms, idempotence, acks, queue bounds) and produces the sink's own captured messages (same sizes, key, headers); the sink alone encodes Avro, on the same 2 cores as librdkafka's compression and the broker",
         "events": len(events),
         "broker": BROKER.source,
         "config": {k: v for k, v in _sink_defaults().items()},
@@ -614,6 +654,13 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "meets_target_median": all(v["ratio_median"] >= SINK_TARGETS["throughput_ratio_min"] for v in out.values()),
         **out,
     }
+
+
+def _thread_medians(runs: list[dict[str, float]], events: int) -> dict[str, float]:
+    """Per thread name, the median over runs of its CPU microseconds per event (0 where absent)."""
+    names = sorted({name for run in runs for name in run})
+    medians = {name: statistics.median(run.get(name, 0.0) for run in runs) / events * 1e6 for name in names}
+    return {name: round(us, 3) for name, us in medians.items() if us >= 0.005}
 
 
 def _raw_config(sink_config: dict[str, Any]) -> dict[str, Any]:
@@ -830,6 +877,11 @@ def print_sink_throughput(result: dict[str, Any]) -> None:
               f"{row['ratio_median']:>10.2f}{row['ratio_best']:>8.2f}{row['mb_per_s_sink_median']:>8.1f}"
               f"{row['mean_message_bytes']:>11,.0f}{row['sink_cpu_us_per_event_median']:>16.2f}"
               f"{row['raw_cpu_us_per_event_median']:>6.2f}")  # fmt: skip
+    for shape in ("large_messages", "small_messages"):
+        row = result[shape]
+        for who in ("sink", "raw"):
+            threads = ", ".join(f"{name} {us:.2f}" for name, us in row[f"{who}_thread_cpu_us_per_event_median"].items())
+            print(f"  {shape} {who}: CPU us/event by thread (median): {threads}")
     print(f"target sink/raw >= {result['target_ratio_min']}: {'met' if result['meets_target_median'] else 'NOT met'}")
 
 
