@@ -293,7 +293,10 @@ def worker(args: argparse.Namespace) -> None:
         run_case("kvevents", warm, world, rank, size)
     cases = []
     for repeat in range(args.repeats):
-        order = args.protocols if repeat % 2 == 0 else args.protocols[::-1]
+        # Rotated: over len(protocols) repeats each protocol runs once in every position (the
+        # first case of a repeat measured slower, whichever protocol it was).
+        shift = repeat % len(args.protocols)
+        order = [*args.protocols[shift:], *args.protocols[:shift]]
         for protocol in order:
             case = run_case(protocol, args, world, rank, size)
             case["repeat"] = repeat
@@ -577,7 +580,8 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=4,
+                        help="repeats (default 4: with 4 protocols, each runs once in every position)")
     parser.add_argument("--iterations", type=int, default=1000, help="steady engine iterations per rank")
     parser.add_argument(
         "--gaps-ms",
