@@ -223,22 +223,11 @@ def run_child(args: list[str]) -> dict[str, Any]:
 # ------------------------------------------------------------------ rebuild
 
 
-def _varint(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def rebuild_child(path: str, target_events: int) -> dict[str, Any]:
     """Decode + apply ``target_events`` from bytes in memory: the stream, replicated to more
     instances (copy k renames every instance id), so the index grows as a bigger fleet's would."""
+    from topic_rebuild import renamed_copy
+
     with open(path, "rb") as f:
         payload = pickle.load(f)
     encoded: list[bytes] = payload["encoded"]
@@ -249,14 +238,7 @@ def rebuild_child(path: str, target_events: int) -> dict[str, Any]:
     elapsed = 0.0
     events = 0
     for k in range(copies):
-        if k == 0:
-            batch_bytes = encoded
-        else:
-            batch_bytes = []
-            for data in encoded:
-                old_len = data[10] >> 1  # instance ids here are short: a one-byte length
-                new_id = data[11 : 11 + old_len] + b"-c%d" % k
-                batch_bytes.append(data[:10] + _varint(len(new_id)) + new_id + data[11 + old_len :])
+        batch_bytes = renamed_copy(encoded, k)
         gc.collect()
         start = time.perf_counter()
         for data in batch_bytes:

@@ -81,16 +81,22 @@ def instance_of(data: bytes) -> bytes:
     return data[11 : 11 + (data[10] >> 1)]
 
 
+def renamed_copy(encoded: list[bytes], k: int) -> list[bytes]:
+    """Copy ``k`` of the stream: every instance id ends in ``-c<k>`` (copy 0 is the stream)."""
+    if k == 0:
+        return encoded
+    copy = []
+    for data in encoded:
+        old_len = data[10] >> 1  # instance ids here are short: a one-byte length
+        new_id = data[11 : 11 + old_len] + b"-c%d" % k
+        copy.append(data[:10] + _varint(len(new_id)) + new_id + data[11 + old_len :])
+    return copy
+
+
 def replicated(encoded: list[bytes], copies: int) -> Iterator[bytes]:
     """The stream, then copies of it whose instance ids end in ``-c<k>``."""
     for k in range(copies):
-        for data in encoded:
-            if k == 0:
-                yield data
-                continue
-            old_len = data[10] >> 1
-            new_id = data[11 : 11 + old_len] + b"-c%d" % k
-            yield data[:10] + _varint(len(new_id)) + new_id + data[11 + old_len :]
+        yield from renamed_copy(encoded, k)
 
 
 def topic_name(config: Any, copies: int) -> str:
