@@ -5,14 +5,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+import prometheus_client  # the metrics extra, part of dev: a missing one fails, never skips
 import pytest
 from kvevents.producer import GatherStats, KVCacheEventManager
 from kvevents.producer.metrics import ProducerMetrics, gather_families, manager_families
 from kvevents.producer.sink import KafkaEventSink
+from prometheus_client.parser import text_string_to_metric_families
 from sink_helpers import Workload, rank_events
-
-prometheus_client = pytest.importorskip("prometheus_client")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 MOCK = {"test.mock.num.brokers": 1, "log_level": 3}
 

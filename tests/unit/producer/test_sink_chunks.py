@@ -72,7 +72,6 @@ def test_a_message_is_the_envelope_spliced_before_the_encoded_events(splice: boo
 
 
 def test_splicing_also_holds_for_the_confluent_framing() -> None:
-    pytest.importorskip("confluent_kafka.schema_registry")
     from kvevents.schemas.registry import RegistryCodec
 
     codec = RegistryCodec("mock://sink-chunks", topic="kv")

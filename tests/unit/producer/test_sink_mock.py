@@ -323,7 +323,6 @@ def test_settings_pass_through_and_the_callers_callbacks_are_chained(dead_addres
 
 
 def test_the_confluent_framing_with_a_registry_codec() -> None:
-    pytest.importorskip("confluent_kafka.schema_registry")
     from kvevents.schemas.registry import RegistryCodec
 
     captured = Captured()
