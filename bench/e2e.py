@@ -37,7 +37,6 @@ import contextlib
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from kvevents.consumer import CacheIndex, EventReader
+from kvevents.producer import find_mpiexec
 from kvevents.schemas import decode_batch
 
 from kvevents.topics import TopicSpec, create_topic
@@ -76,8 +76,7 @@ def kafka_broker() -> Iterator[tuple[str, str]]:
 
 
 def mpiexec() -> str:
-    beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    found = find_mpiexec()
     if not found:
         raise SystemExit("mpiexec not found: pip install -e '.[dev]'")
     return found

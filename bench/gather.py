@@ -59,6 +59,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kvevents.producer import find_mpiexec
+
 RESULTS = Path(__file__).resolve().parent / "results" / "gather.json"
 RANKS = 4
 EVENTS_PER_ITERATION = 50
@@ -489,13 +491,13 @@ def kafka_broker(args: argparse.Namespace) -> Iterator[str | None]:
 
 
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    if not mpiexec.exists():
-        print(f"mpiexec not found beside {sys.executable}: pip install -e '.[dev]'", file=sys.stderr)
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        print(f"mpiexec not found beside {sys.executable} nor on PATH: pip install -e '.[dev]'", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="bench-gather-") as tmp, kafka_broker(args) as bootstrap:
         command = [
-            str(mpiexec), "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()), "--worker",
+            mpiexec, "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()), "--worker",
             "--out", tmp, "--repeats", str(args.repeats), "--iterations", str(args.iterations),
             "--throughput-events", str(args.throughput_events), "--offered-rate", str(args.offered_rate),
             "--period-ms", str(args.period_ms), "--protocols", ",".join(args.protocols),

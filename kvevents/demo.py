@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -130,10 +129,9 @@ class DemoReport:
 
 
 def _mpiexec() -> str:
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
+    from kvevents.producer import find_mpiexec
+
+    found = find_mpiexec()
     if found is None:
         raise DemoError("mpiexec not found beside the interpreter nor on PATH: pip install 'kvevents[mpi]'")
     return found

@@ -1,5 +1,6 @@
 """kvevents.producer: the engine side (per-rank event manager, MPI gather, Kafka sink)."""
 
+from ._mpi import find_mpiexec
 from .block import BlockInfo
 from .buffer import EventBuffer, EventDrain
 from .gather import AttentionDpGather, GatherConfig, GatherStats, tolerate_peer_failures
@@ -31,6 +32,7 @@ __all__ = [
     "SinkCloseReport",
     "SinkStats",
     "SnapshotSummary",
+    "find_mpiexec",
     "snapshot_chains",
     "tolerate_peer_failures",
 ]

@@ -9,15 +9,26 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 from array import array
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["import_mpi", "split_gather_communicator", "tolerate_peer_failures"]
+__all__ = ["find_mpiexec", "import_mpi", "split_gather_communicator", "tolerate_peer_failures"]
 
 log = logging.getLogger("kvevents.producer.gather")
+
+
+def find_mpiexec() -> str | None:
+    """The ``mpiexec`` beside this interpreter (the venv's, from the mpich wheel), else the one on
+    PATH; None when there is none."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpiexec")
 
 
 def import_mpi() -> ModuleType:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvevents.producer import find_mpiexec as kvevents_find_mpiexec
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 
@@ -33,10 +33,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def find_mpiexec() -> str:
     """``mpiexec`` beside this interpreter (the venv's, from the mpich wheel), else on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
+    found = kvevents_find_mpiexec()
     if found is None:
         pytest.fail(
             "mpiexec not found beside the interpreter nor on PATH: install the dev extras "

@@ -164,3 +164,22 @@ def test_resync_payloads_round_trip(lost: int, newest: int | None) -> None:
 def test_malformed_resync_payloads_are_protocol_errors(data: bytes) -> None:
     with pytest.raises(ProtocolError, match="RESYNC"):
         decode_resync(data)
+
+
+def test_find_mpiexec_prefers_the_one_beside_the_interpreter(tmp_path, monkeypatch) -> None:
+    from kvevents.producer import find_mpiexec
+
+    venv_bin, path_bin = tmp_path / "venv", tmp_path / "path"
+    venv_bin.mkdir()
+    path_bin.mkdir()
+    on_path = path_bin / "mpiexec"
+    on_path.write_text("#!/bin/sh\n")
+    on_path.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", str(path_bin))
+    assert find_mpiexec() == str(on_path)
+    (venv_bin / "mpiexec").write_text("")
+    assert find_mpiexec() == str(venv_bin / "mpiexec")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    (venv_bin / "mpiexec").unlink()
+    assert find_mpiexec() is None
