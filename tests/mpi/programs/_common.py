@@ -13,12 +13,13 @@ import logging
 import os
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvevents.producer import BlockInfo, KVCacheEventManager
+from kvevents.producer import BlockInfo, EventDrain, KVCacheEventManager
 from kvevents.schemas import KVCacheEvent, KVCacheEventDiff, KVCacheUpdatedData
 
 WINDOW = 32
@@ -99,3 +100,43 @@ def fail(out: Path, rank: int, message: str) -> None:
     write_result(out, rank, {"error": message})
     print(f"rank {rank}: {message}", file=sys.stderr, flush=True)
     sys.exit(3)
+
+
+class DrainingReader:
+    """Rank 0's reader thread, as a Kafka sink would be: ``drain`` until the manager's buffer is
+    closed and empty, keeping every event (``got``) and the drops per source rank (``drops``);
+    ``on_drain(drain, now)`` sees each drain, ``pause_s`` sleeps between drains."""
+
+    def __init__(
+        self,
+        manager: KVCacheEventManager,
+        on_drain: Callable[[EventDrain, float], None] | None = None,
+        pause_s: float = 0.0,
+    ) -> None:
+        self.manager = manager
+        self.got: list[KVCacheEvent] = []
+        self.drops: dict[int, int] = {}
+        self._on_drain = on_drain
+        self._pause_s = pause_s
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def finished(self, timeout: float) -> bool:
+        """Whether the thread ended within ``timeout`` seconds."""
+        return wait_for(lambda: not self.thread.is_alive(), timeout)
+
+    def _run(self) -> None:
+        manager = self.manager
+        while True:
+            drain = manager.drain(timeout=0.05)
+            self.got.extend(drain.events)
+            for d in drain.dropped:
+                self.drops[d.attention_dp_rank] = self.drops.get(d.attention_dp_rank, 0) + d.dropped_events
+            if self._on_drain is not None:
+                self._on_drain(drain, time.monotonic())
+            if manager.buffer.closed and not drain.events and not drain.dropped:
+                return
+            if self._pause_s:
+                time.sleep(self._pause_s)

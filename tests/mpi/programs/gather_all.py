@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import threading
 import time
 from array import array
 
 from _common import (
+    DrainingReader,
     enqueue_iteration,
     fail,
     ids_by_rank,
     parser,
     setup_logging,
-    wait_for,
     world_rank,
     write_result,
 )
@@ -62,21 +61,8 @@ def main() -> None:
     )
     assert manager.gather is not None
 
-    got: list[KVCacheEvent] = []
-    drops: dict[int, int] = {}
-
-    def read() -> None:
-        while True:
-            drain = manager.drain(timeout=0.05)
-            got.extend(drain.events)
-            for d in drain.dropped:
-                drops[d.attention_dp_rank] = drops.get(d.attention_dp_rank, 0) + d.dropped_events
-            if manager.buffer.closed and not drain.events and not drain.dropped:
-                return
-            if args.slow_reader_ms:
-                time.sleep(args.slow_reader_ms / 1000)
-
-    reader = threading.Thread(target=read, daemon=True)
+    reader = DrainingReader(manager, pause_s=args.slow_reader_ms / 1000)
+    got, drops = reader.got, reader.drops
     if rank == 0:
         reader.start()
 
@@ -119,7 +105,7 @@ def main() -> None:
         "engine_messages_received": engine_received,
     }
     if rank == 0:
-        if not wait_for(lambda: not reader.is_alive(), 30):
+        if not reader.finished(30):
             fail(args.out, rank, "rank 0 reader did not finish")
         result["received_ids"] = {str(r): ids for r, ids in ids_by_rank(got).items()}
         result["dropped_by_rank"] = {str(r): n for r, n in drops.items()}

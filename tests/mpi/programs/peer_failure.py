@@ -23,11 +23,11 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from _common import (
+    DrainingReader,
     enqueue_iteration,
     fail,
     ids_by_rank,
@@ -38,8 +38,7 @@ from _common import (
     write_json,
     write_result,
 )
-from kvevents.producer import GatherConfig, KVCacheEventManager, tolerate_peer_failures
-from kvevents.schemas import KVCacheEvent
+from kvevents.producer import EventDrain, GatherConfig, KVCacheEventManager, tolerate_peer_failures
 
 
 def run_parent_of_victim(child: int, out: Path) -> None:
@@ -82,22 +81,16 @@ def main() -> None:
     assert manager.gather is not None
     rng = random.Random(rank)
 
-    got: list[KVCacheEvent] = []
     arrivals: list[tuple[float, int, int]] = []  # (time, rank, events) per drain
     victim_drops: list[tuple[float, int]] = []
 
-    def read() -> None:
-        while True:
-            drain = manager.drain(timeout=0.05)
-            now = time.monotonic()
-            got.extend(drain.events)
-            for r, ids in ids_by_rank(drain.events).items():
-                arrivals.append((now, r, len(ids)))
-            victim_drops.extend((now, d.dropped_events) for d in drain.dropped if d.attention_dp_rank == args.victim)
-            if manager.buffer.closed and not drain.events and not drain.dropped:
-                return
+    def note(drain: EventDrain, now: float) -> None:
+        for r, ids in ids_by_rank(drain.events).items():
+            arrivals.append((now, r, len(ids)))
+        victim_drops.extend((now, d.dropped_events) for d in drain.dropped if d.attention_dp_rank == args.victim)
 
-    reader = threading.Thread(target=read, daemon=True)
+    reader = DrainingReader(manager, on_drain=note)
+    got = reader.got
     if rank == 0:
         reader.start()
 
@@ -141,7 +134,7 @@ def main() -> None:
         started = time.monotonic()
         manager.close()
         close_s = time.monotonic() - started
-        if not wait_for(lambda: not reader.is_alive(), 30):
+        if not reader.finished(30):
             fail(args.out, rank, "rank 0 reader did not finish")
         stats = manager.gather.stats()
         non_victim_arrivals = [t for t, r, _ in arrivals if r not in (0, args.victim)]

@@ -10,12 +10,18 @@ import os
 import random
 import signal
 import subprocess
-import threading
 import time
 
-from _common import enqueue_iteration, ids_by_rank, parser, setup_logging, wait_for, world_rank, write_result
+from _common import (
+    DrainingReader,
+    enqueue_iteration,
+    ids_by_rank,
+    parser,
+    setup_logging,
+    world_rank,
+    write_result,
+)
 from kvevents.producer import GatherConfig, KVCacheEventManager
-from kvevents.schemas import KVCacheEvent
 
 
 def main() -> None:
@@ -38,19 +44,8 @@ def main() -> None:
         args.max_entries, rank, size, args.period_ms, drop_warning_interval_s=3600, gather_config=config
     )
     assert manager.gather is not None
-    got: list[KVCacheEvent] = []
-    drops: dict[int, int] = {}
-
-    def read() -> None:
-        while True:
-            drain = manager.drain(timeout=0.05)
-            got.extend(drain.events)
-            for d in drain.dropped:
-                drops[d.attention_dp_rank] = drops.get(d.attention_dp_rank, 0) + d.dropped_events
-            if manager.buffer.closed and not drain.events and not drain.dropped:
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
+    reader = DrainingReader(manager)
+    got, drops = reader.got, reader.drops
     rng = random.Random(rank)
     world.Barrier()
     if rank == 0:
@@ -66,7 +61,7 @@ def main() -> None:
     if rank == 0:
         time.sleep(0.5)
         manager.close()
-        wait_for(lambda: not reader.is_alive(), 30)
+        reader.finished(30)
     else:
         manager.gather.join(timeout=30)
         manager.close()
