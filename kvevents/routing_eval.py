@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from kvevents.producer.sim_workload import Request
     from kvevents.producer.simulator import GroundTruth
 
-__all__ = ["POLICIES", "RoutingResult", "evaluate_routing", "true_hits"]
+__all__ = ["POLICIES", "RoutingResult", "evaluate_routing"]
 
 POLICIES = ("index", "round_robin", "random", "oracle")
 
@@ -61,22 +61,13 @@ def _reusable_hashes(request: Request, block_size: int) -> list[int]:
     return block_hashes(request.prompt, block_size, request.lora_id, max_blocks=limit)
 
 
-def true_hits(hashes: Sequence[int], held: set[int] | frozenset[int]) -> int:
-    """Leading hashes of a chain that a worker holds (its true prefix hit)."""
-    count = 0
-    for h in hashes:
-        if h not in held:
-            break
-        count += 1
-    return count
-
-
 def evaluate_routing(
     index: CacheIndex, truths: Sequence[GroundTruth], requests: Sequence[Request], *, seed: int = 0
 ) -> RoutingResult:
     """Score every policy on ``requests`` (see the module docstring). All workers of
     ``truths`` are candidates; they must share one block size and window size."""
     from kvevents.consumer import WorkerKey
+    from kvevents.producer.simulator import held_prefix_length
 
     if not truths:
         raise ValueError("routing needs at least one worker's ground truth")
@@ -94,7 +85,7 @@ def evaluate_routing(
     for i, request in enumerate(requests):
         hashes = _reusable_hashes(request, block_size)
         reusable += len(hashes)
-        truth_hits = {key: true_hits(hashes, held[key]) for key in workers}
+        truth_hits = {key: held_prefix_length(hashes, held[key]) for key in workers}
         matches = index.find_matches(hashes) if hashes else {}
         best = max((matches.get(key, 0) for key in workers), default=0)
         tied = [key for key in workers if matches.get(key, 0) == best]

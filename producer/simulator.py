@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -52,6 +52,7 @@ __all__ = [
     "IterationReport",
     "SimulatorConfig",
     "SimulatorStats",
+    "held_prefix_length",
 ]
 
 
@@ -93,6 +94,15 @@ class CountingEventManager:
     def flush(self) -> None:
         self.flushes += 1
 
+
+def held_prefix_length(hashes: Iterable[int], held: Container[int]) -> int:
+    """How many leading hashes of a block chain ``held`` contains (a worker's true prefix hit)."""
+    count = 0
+    for h in hashes:
+        if h not in held:
+            break
+        count += 1
+    return count
 
 @dataclass(frozen=True)
 class SimulatorConfig:
@@ -230,13 +240,7 @@ class GroundTruth:
         self, tokens: Sequence[int], lora_id: int | None = None, window_size: int | None = None
     ) -> int:
         """How many leading full blocks of ``tokens`` this worker held (the true prefix hit)."""
-        held = self._window(window_size)
-        count = 0
-        for h in block_hashes(tokens, self.block_size, lora_id):
-            if h not in held:
-                break
-            count += 1
-        return count
+        return held_prefix_length(block_hashes(tokens, self.block_size, lora_id), self._window(window_size))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; blocks sorted by hash, window sizes as string keys."""

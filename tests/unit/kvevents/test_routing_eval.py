@@ -8,10 +8,10 @@ from kvevents.consumer import CacheIndex
 from kvevents.producer import KVCacheEventManager
 from kvevents.producer.sim_cache import block_hashes
 from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
-from kvevents.producer.simulator import EngineSimulator, SimulatorConfig
+from kvevents.producer.simulator import EngineSimulator, SimulatorConfig, held_prefix_length
 from kvevents.schemas import EventBatch
 
-from kvevents.routing_eval import evaluate_routing, true_hits
+from kvevents.routing_eval import evaluate_routing
 
 WORKLOAD = WorkloadConfig(
     seed=11, request_rate=30.0, system_prompt_tokens=(32, 64), document_tokens=(64, 256), num_documents=40,
@@ -36,7 +36,7 @@ def test_true_hits_from_the_truth_are_the_simulators_own_reusable_blocks():
     sim, generator = run_worker("w0", index)
     held = set(sim.ground_truth().windows[next(iter(sim.caches))])
     requests = generator.held_out(60, seed=1)
-    hits = [true_hits(block_hashes(r.prompt, 16, r.lora_id, max_blocks=(len(r.prompt) - 1) // 16), held)
+    hits = [held_prefix_length(block_hashes(r.prompt, 16, r.lora_id, max_blocks=(len(r.prompt) - 1) // 16), held)
             for r in requests]
     assert hits == [sim.reusable_blocks(r) for r in requests]
     assert sum(hits) > 0
