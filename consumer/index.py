@@ -95,12 +95,12 @@ compiled core runs under the GIL without releasing it).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
 from kvevents.schemas import EventBatch, KVCacheStoredData, MmKey
+from kvevents.schemas.codec import pure_python_forced
 
 from ._pycore import COUNTER_NAMES, PyIndexCore
 from ._state import LEVEL_MAX, decode_state, encode_state
@@ -152,7 +152,7 @@ class IndexStats(msgspec.Struct, frozen=True):
 def _make_core(core: str) -> Any:
     if core not in ("auto", "compiled", "python"):
         raise ValueError(f"core must be 'auto', 'compiled' or 'python', got {core!r}")
-    if core == "python" or (core == "auto" and os.environ.get("KVEVENTS_PURE_PYTHON")):
+    if core == "python" or (core == "auto" and pure_python_forced()):
         return PyIndexCore(WorkerKey)
     if _CompiledCore is None:
         if core == "compiled":

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import operator
-import os
 from collections import deque
 from typing import Any
 
 from kvevents.schemas import KVCacheCreatedData, KVCacheUpdatedData
+from kvevents.schemas.codec import pure_python_forced
 
 from .block import U64_MAX, BlockInfo
 
@@ -190,7 +190,7 @@ class PyRecorder:
 
 def recorder_class() -> type[Any]:
     """The compiled recorder when it is built, unless ``KVEVENTS_PURE_PYTHON`` is set."""
-    if os.environ.get("KVEVENTS_PURE_PYTHON", "") not in ("", "0"):
+    if pure_python_forced():
         return PyRecorder
     try:
         from ._fastrecorder import Recorder  # type: ignore[import-not-found]

@@ -43,6 +43,7 @@ __all__ = [
     "encode_batch",
     "encode_body",
     "fast_path_enabled",
+    "pure_python_forced",
     "register_shipped_versions",
     "register_writer_schema",
 ]
@@ -85,7 +86,9 @@ class _FastavroBodyCodec:
         return _reference.decode_body(memoryview(body)[offset:] if offset else body, self._schema)
 
 
-def _pure_python_forced() -> bool:
+def pure_python_forced() -> bool:
+    """Whether ``KVEVENTS_PURE_PYTHON`` (set, and not "0") asks every compiled fast path (codec,
+    engine recorder, index core) to step aside for its pure-Python twin."""
     return os.environ.get("KVEVENTS_PURE_PYTHON", "") not in ("", "0")
 
 
@@ -111,7 +114,7 @@ _FINGERPRINT = fingerprint_of(batch_schema())
 _HEADER = SINGLE_OBJECT_MAGIC + _FINGERPRINT
 _REFERENCE: BodyCodec = _FastavroBodyCodec(_SCHEMA)
 _COMPILED: BodyCodec | None = _load_compiled(_FINGERPRINT)
-_BODY: BodyCodec = _REFERENCE if _pure_python_forced() or _COMPILED is None else _COMPILED
+_BODY: BodyCodec = _REFERENCE if pure_python_forced() or _COMPILED is None else _COMPILED
 _WRITERS: dict[bytes, Any] = {_FINGERPRINT: _SCHEMA}
 
 

@@ -462,6 +462,8 @@ def test_queries_accept_arrays_and_lists_alike(index, feed):
 def test_core_choice(monkeypatch):
     assert CacheIndex(core="python").compiled is False
     assert CacheIndex(core="compiled").compiled is True
+    monkeypatch.setenv("KVEVENTS_PURE_PYTHON", "0")  # "0" means off, as for the codec and recorder
+    assert CacheIndex().compiled is True
     monkeypatch.setenv("KVEVENTS_PURE_PYTHON", "1")
     assert CacheIndex().compiled is False
     with pytest.raises(ValueError, match="core must be"):
