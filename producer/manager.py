@@ -266,6 +266,12 @@ class KVCacheEventManager:
         return self._closed
 
     @property
+    def next_event_id(self) -> int:
+        """The id the next enqueued event gets (= events enqueued so far; ``mEventId`` in the
+        C++). Cheap: no snapshot of the counters, unlike :meth:`stats`."""
+        return int(self._recorder.next_id)
+
+    @property
     def _next_id(self) -> int:
         return int(self._recorder.next_id)
 

@@ -238,7 +238,7 @@ class _TimedFlushes:
 
     def flush(self) -> None:
         self.manager.flush()
-        enqueued = self.manager.stats().events_enqueued_total
+        enqueued = self.manager.next_event_id
         if enqueued != self._enqueued:
             self._enqueued = enqueued
             self.flushes.append((enqueued - 1, time.monotonic()))

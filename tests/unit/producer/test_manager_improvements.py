@@ -347,6 +347,7 @@ def test_stats_count_every_kind_of_event() -> None:
         m.enqueue_created_event([10], W)  # enqueued, never flushed
         assert m.settle(5)
         stats = m.stats()
+        assert m.next_event_id == stats.events_enqueued_total == 5  # the cheap read agrees
     assert before_flush.events_enqueued_total == 4
     assert before_flush.iterations_flushed_total == 0
     assert before_flush.events_flushed_by_type == {"created": 0, "stored": 0, "removed": 0, "updated": 0}
