@@ -24,7 +24,9 @@ def _extensions() -> list[Extension]:
     except ImportError:
         return []
     modules = [Extension(name, [path], optional=True, extra_compile_args=["-O3"]) for name, path in sources]
-    return cythonize(modules, language_level=3, compiler_directives={"boundscheck": False, "wraparound": False})
+    return cythonize(
+        modules, language_level=3, compiler_directives={"boundscheck": False, "wraparound": False}
+    )
 
 
 setup(ext_modules=_extensions())

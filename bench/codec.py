@@ -186,7 +186,11 @@ class MapKVEventBatch(MapEventBatch):
 
 def to_vllm_map(batch: KVEventBatch) -> MapKVEventBatch:
     """The same vLLM batch in the newer map form."""
-    kinds = {BlockStored: MapBlockStored, BlockRemoved: MapBlockRemoved, AllBlocksCleared: MapAllBlocksCleared}
+    kinds = {
+        BlockStored: MapBlockStored,
+        BlockRemoved: MapBlockRemoved,
+        AllBlocksCleared: MapAllBlocksCleared,
+    }
     events = [kinds[type(e)](**msgspec.structs.asdict(e)) for e in batch.events]
     return MapKVEventBatch(ts=batch.ts, events=events, data_parallel_rank=batch.data_parallel_rank)
 
@@ -242,7 +246,9 @@ def _trtllm_data(data: Any) -> dict[str, Any]:
                 {
                     "type": "stored_block",
                     "block_hash": b.block_hash,
-                    "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in b.tokens],
+                    "tokens": [
+                        {"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in b.tokens
+                    ],
                     "cache_level": b.cache_level,
                     "priority": b.priority,
                     "mm_keys": [],
@@ -255,7 +261,9 @@ def _trtllm_data(data: Any) -> dict[str, Any]:
         return {"type": "removed", "block_hashes": list(data.block_hashes)}
 
     def diff(d: KVCacheEventDiff | None) -> dict[str, Any] | None:
-        return None if d is None else {"type": "event_diff", "old_value": d.old_value, "new_value": d.new_value}
+        return (
+            None if d is None else {"type": "event_diff", "old_value": d.old_value, "new_value": d.new_value}
+        )
 
     return {
         "type": "updated",
@@ -267,7 +275,9 @@ def _trtllm_data(data: Any) -> dict[str, Any]:
 
 def to_trtllm(events: list[KVCacheEvent]) -> list[dict[str, Any]]:
     """The list ``LLM.get_kv_cache_events()`` returns for these events (no attention DP)."""
-    return [{"event_id": e.event_id, "data": _trtllm_data(e.data), "window_size": e.window_size} for e in events]
+    return [
+        {"event_id": e.event_id, "data": _trtllm_data(e.data), "window_size": e.window_size} for e in events
+    ]
 
 
 # ------------------------------------------------------------------------------ timing
@@ -296,7 +306,9 @@ def best_time(fn: Callable[[], object], min_seconds: float = 0.2) -> float:
 class Contender:
     """One format: how it encodes its native objects and decodes its bytes."""
 
-    def __init__(self, name: str, native: Any, encode: Callable[[Any], bytes], decode: Callable[[bytes], Any]):
+    def __init__(
+        self, name: str, native: Any, encode: Callable[[Any], bytes], decode: Callable[[bytes], Any]
+    ):
         self.name = name
         self.native = native
         self.encode = encode

@@ -114,7 +114,9 @@ class Tail:
                 if batch.created_at_us and batch.events:
                     self.envelope.append((wall - batch.created_at_us / 1e6, len(batch.events)))
                 for event in batch.events:
-                    self.applied[(batch.instance_id, event.attention_dp_rank or 0)].append((event.event_id, now))
+                    self.applied[(batch.instance_id, event.attention_dp_rank or 0)].append(
+                        (event.event_id, now)
+                    )
 
     def wait_for(self, messages: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -166,18 +168,45 @@ def engine_speed(rate: float) -> float:
     return max(100.0, 10.0 * rate)
 
 
-def run_step(bootstrap: str, ranks: int, rate: float, duration: float, realtime: bool = True,
-             requests: int | None = None, poll_timeout_s: float = 0.2, sample: int = 4) -> dict[str, Any]:
+def run_step(
+    bootstrap: str,
+    ranks: int,
+    rate: float,
+    duration: float,
+    realtime: bool = True,
+    requests: int | None = None,
+    poll_timeout_s: float = 0.2,
+    sample: int = 4,
+) -> dict[str, Any]:
     topic = f"bench-e2e-{uuid.uuid4().hex[:10]}"
     create_topic(bootstrap, TopicSpec(topic))
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         work = Path(tmp)
         tail = Tail(bootstrap, topic, poll_timeout_s, sample)
         try:
-            command = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "kvevents.cli", "simulate",
-                       "--rate", str(rate), "-b", bootstrap, "--topic", topic, "--json", "-q",
-                       "--ground-truth", str(work / "truth.jsonl"), "--flush-log", str(work),
-                       "--iterations-per-second", str(engine_speed(rate))]
+            command = [
+                mpiexec(),
+                "-n",
+                str(ranks),
+                sys.executable,
+                "-m",
+                "kvevents.cli",
+                "simulate",
+                "--rate",
+                str(rate),
+                "-b",
+                bootstrap,
+                "--topic",
+                topic,
+                "--json",
+                "-q",
+                "--ground-truth",
+                str(work / "truth.jsonl"),
+                "--flush-log",
+                str(work),
+                "--iterations-per-second",
+                str(engine_speed(rate)),
+            ]
             command += ["--duration", str(duration)] if requests is None else ["--requests", str(requests)]
             if not realtime:
                 command.append("--no-realtime")
@@ -193,7 +222,9 @@ def run_step(bootstrap: str, ranks: int, rate: float, duration: float, realtime:
         envelope = quantiles([v for v, _ in tail.envelope], [w for _, w in tail.envelope])
     expected_iterations = duration * engine_speed(rate) if realtime and requests is None else None
     per_rank = summary["per_rank"]
-    kept_pace = expected_iterations is None or min(r["iterations"] for r in per_rank) >= 0.9 * expected_iterations
+    kept_pace = (
+        expected_iterations is None or min(r["iterations"] for r in per_rank) >= 0.9 * expected_iterations
+    )
     return {
         "rate_per_rank": rate,
         "iterations_per_second": engine_speed(rate),
@@ -212,7 +243,8 @@ def run_step(bootstrap: str, ranks: int, rate: float, duration: float, realtime:
         "min_iterations": min(r["iterations"] for r in per_rank),
         "index_caught_up": caught_up,
         "index_equals_truth": report.ok,
-        "e2e_latency": quantiles(latencies) | {"events_sampled": len(latencies), "messages_sampled": f"1 in {sample}"},
+        "e2e_latency": quantiles(latencies)
+        | {"events_sampled": len(latencies), "messages_sampled": f"1 in {sample}"},
         "envelope_latency": envelope,
     }
 
@@ -222,31 +254,44 @@ def fmt(v: Any, spec: str = "") -> str:
 
 
 def print_table(steps: list[dict[str, Any]]) -> None:
-    head = (f"{'rate/rank':>9} {'iter/s':>6} {'mode':>8} {'requests':>8} {'events':>8} {'events/s':>9} {'drops':>6} "
-            f"{'pace':>5} {'equal':>5} {'e2e p50':>8} {'e2e p99':>8} {'env p50':>8} {'env p99':>8}")
+    head = (
+        f"{'rate/rank':>9} {'iter/s':>6} {'mode':>8} {'requests':>8} {'events':>8} {'events/s':>9} {'drops':>6} "
+        f"{'pace':>5} {'equal':>5} {'e2e p50':>8} {'e2e p99':>8} {'env p50':>8} {'env p99':>8}"
+    )
     print(head)
     for s in steps:
         e, v = s["e2e_latency"], s["envelope_latency"]
-        print(f"{s['rate_per_rank']:>9g} {s['iterations_per_second']:>6g} {'realtime' if s['realtime'] else 'flat-out':>8} {s['requests']:>8} "
-              f"{s['events']:>8} {s['events_per_second']:>9,.0f} {s['drops']:>6} {s['kept_pace']!s:>5} "
-              f"{s['index_equals_truth']!s:>5} {fmt(e['p50_ms'], '.1f'):>8} {fmt(e['p99_ms'], '.1f'):>8} "
-              f"{fmt(v['p50_ms'], '.1f'):>8} {fmt(v['p99_ms'], '.1f'):>8}")
+        print(
+            f"{s['rate_per_rank']:>9g} {s['iterations_per_second']:>6g} {'realtime' if s['realtime'] else 'flat-out':>8} {s['requests']:>8} "
+            f"{s['events']:>8} {s['events_per_second']:>9,.0f} {s['drops']:>6} {s['kept_pace']!s:>5} "
+            f"{s['index_equals_truth']!s:>5} {fmt(e['p50_ms'], '.1f'):>8} {fmt(e['p99_ms'], '.1f'):>8} "
+            f"{fmt(v['p50_ms'], '.1f'):>8} {fmt(v['p99_ms'], '.1f'):>8}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="short steps, fewer rates")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--duration", type=float, default=None, help="seconds per step (default 8; quick 3)")
     parser.add_argument("--rates", default=None, help="comma-separated requests/s per rank to step through")
-    parser.add_argument("--poll-timeout", type=float, default=0.2,
-                        help="EventReader poll_timeout_s of the tailing index (default 0.2, the reader's: it "
-                             "hands over each message as it arrives, the timeout only bounds an idle wait)")
+    parser.add_argument(
+        "--poll-timeout",
+        type=float,
+        default=0.2,
+        help="EventReader poll_timeout_s of the tailing index (default 0.2, the reader's: it "
+        "hands over each message as it arrives, the timeout only bounds an idle wait)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     duration = args.duration or (3.0 if args.quick else 8.0)
-    rates = [float(r) for r in args.rates.split(",")] if args.rates else (
-        [10, 40, 160] if args.quick else [10, 20, 40, 80, 160, 320, 640, 1280])
+    rates = (
+        [float(r) for r in args.rates.split(",")]
+        if args.rates
+        else ([10, 40, 160] if args.quick else [10, 20, 40, 80, 160, 320, 640, 1280])
+    )
     steps: list[dict[str, Any]] = []
     started = time.monotonic()
     with kafka_broker() as (bootstrap, kafka):
@@ -254,31 +299,53 @@ def main(argv: list[str] | None = None) -> int:
         for rate in rates:
             step = run_step(bootstrap, args.ranks, rate, duration, poll_timeout_s=args.poll_timeout)
             steps.append(step)
-            print(f"  step {rate:g}/s per rank: {step['events_per_second']:,.0f} events/s, drops {step['drops']}, "
-                  f"kept pace {step['kept_pace']}, equal {step['index_equals_truth']}", file=sys.stderr)
+            print(
+                f"  step {rate:g}/s per rank: {step['events_per_second']:,.0f} events/s, drops {step['drops']}, "
+                f"kept pace {step['kept_pace']}, equal {step['index_equals_truth']}",
+                file=sys.stderr,
+            )
             if step["drops"] or step["events_lost_unreported"] or not step["kept_pace"]:
                 break
-        flat = run_step(bootstrap, args.ranks, rates[-1], duration, realtime=False, poll_timeout_s=args.poll_timeout)
-    clean = [s for s in steps if not s["drops"] and not s["events_lost_unreported"] and s["index_equals_truth"]]
+        flat = run_step(
+            bootstrap, args.ranks, rates[-1], duration, realtime=False, poll_timeout_s=args.poll_timeout
+        )
+    clean = [
+        s for s in steps if not s["drops"] and not s["events_lost_unreported"] and s["index_equals_truth"]
+    ]
     best = max(clean, key=lambda s: s["events_per_second"], default=None)
     print()
     print_table([*steps, flat])
     if best is not None:
         e = best["e2e_latency"]
-        print(f"\nhighest drop-free step: {best['rate_per_rank']:g} requests/s per rank x {best['ranks']} ranks = "
-              f"{best['events_per_second']:,.0f} events/s; e2e latency p50 {fmt(e['p50_ms'])} ms, "
-              f"p99 {fmt(e['p99_ms'])} ms (flush on the rank -> applied in the index)"
-              + ("" if best["kept_pace"] else "; the simulators fell behind real time there: that is all they "
-                 "could make on this machine"))
+        print(
+            f"\nhighest drop-free step: {best['rate_per_rank']:g} requests/s per rank x {best['ranks']} ranks = "
+            f"{best['events_per_second']:,.0f} events/s; e2e latency p50 {fmt(e['p50_ms'])} ms, "
+            f"p99 {fmt(e['p99_ms'])} ms (flush on the rank -> applied in the index)"
+            + (
+                ""
+                if best["kept_pace"]
+                else "; the simulators fell behind real time there: that is all they "
+                "could make on this machine"
+            )
+        )
     result = {
         "benchmark": "e2e",
         "description": __doc__.split("\n\n")[0],
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "loadavg_at_end": os.getloadavg(), "kafka": kafka},
-        "settings": {"ranks": args.ranks, "instances": 1, "seconds_per_step": duration, "rates": rates,
-                     "reader_poll_timeout_s": args.poll_timeout,
-                     "latency": "e2e: time.monotonic() of the rank's flush() of the event's iteration -> batch "
-                                "applied to the index; envelope: batch created_at_us (sink wall clock) -> applied"},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_at_end": os.getloadavg(),
+            "kafka": kafka,
+        },
+        "settings": {
+            "ranks": args.ranks,
+            "instances": 1,
+            "seconds_per_step": duration,
+            "rates": rates,
+            "reader_poll_timeout_s": args.poll_timeout,
+            "latency": "e2e: time.monotonic() of the rank's flush() of the event's iteration -> batch "
+            "applied to the index; envelope: batch created_at_us (sink wall clock) -> applied",
+        },
         "steps": steps,
         "flat_out": flat,
         "highest_drop_free": best,

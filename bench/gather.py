@@ -125,7 +125,15 @@ def run_case(protocol: str, args: argparse.Namespace, world: Any, rank: int, siz
             dropped = extend(events)
             if events:
                 first = events[0]
-                arrivals.append((time.monotonic(), first.attention_dp_rank, first.event_id, events[-1].event_id, len(events)))
+                arrivals.append(
+                    (
+                        time.monotonic(),
+                        first.attention_dp_rank,
+                        first.event_id,
+                        events[-1].event_id,
+                        len(events),
+                    )
+                )
             return dropped
 
         manager.buffer.extend = stamped  # type: ignore[method-assign]
@@ -155,7 +163,9 @@ def run_case(protocol: str, args: argparse.Namespace, world: Any, rank: int, siz
             if report.delivered:
                 acks.append((report.acked_at, report.events_by_rank, report.last_event_id_by_rank))
 
-        sink = KafkaEventSink(manager, topic, "bench", config={"bootstrap.servers": args.bootstrap}, on_delivery=on_delivery)
+        sink = KafkaEventSink(
+            manager, topic, "bench", config={"bootstrap.servers": args.bootstrap}, on_delivery=on_delivery
+        )
 
     def wait_delivered(expected_total: int, timeout: float) -> float | None:
         """Rank 0: wait until ``expected_total`` events arrived; the last arrival's time."""
@@ -204,7 +214,10 @@ def run_case(protocol: str, args: argparse.Namespace, world: Any, rank: int, siz
             "cpu": cpu,
             "arrivals": list(arrivals),
             "complete": complete,
-            "acks": [(t, {str(r): n for r, n in by.items()}, {str(r): i for r, i in last.items()}) for t, by, last in acks],
+            "acks": [
+                (t, {str(r): n for r, n in by.items()}, {str(r): i for r, i in last.items()})
+                for t, by, last in acks
+            ],
             "acked_complete": acked,
         }
         arrivals.clear()
@@ -352,7 +365,9 @@ def summarize(cases_by_rank: dict[int, list[dict[str, Any]]], args: argparse.Nam
         ranks = {r: cases_by_rank[r][index] for r in cases_by_rank}
         phases = {}
         for phase in root["steady"]:
-            costs = [ns / 1000 for r in ranks if r != 0 for ns in ranks[r]["steady"][phase]["engine_costs_ns"]]
+            costs = [
+                ns / 1000 for r in ranks if r != 0 for ns in ranks[r]["steady"][phase]["engine_costs_ns"]
+            ]
             lat = latencies_ms(phase, ranks)
             kafka_lat = kafka_latencies_ms(phase, ranks)
             phases[phase] = {
@@ -397,7 +412,9 @@ def summarize(cases_by_rank: dict[int, list[dict[str, Any]]], args: argparse.Nam
                 "kafka_latency_ms_p50", "kafka_latency_ms_p99",
             ):  # fmt: skip
                 entry[f"gap{phase}_{key}"] = med(r["steady"][phase][key] for r in runs)
-            entry[f"gap{phase}_cpu_percent_total"] = med(sum(r["steady"][phase]["cpu_percent"].values()) for r in runs)
+            entry[f"gap{phase}_cpu_percent_total"] = med(
+                sum(r["steady"][phase]["cpu_percent"].values()) for r in runs
+            )
         entry["throughput_events_per_s"] = med(r["throughput_events_per_s"] for r in runs)
         entry["throughput_events_per_s_best"] = max(r["throughput_events_per_s"] for r in runs)
         entry["kafka_events_per_s"] = med(r["kafka_events_per_s"] for r in runs)
@@ -421,7 +438,12 @@ def table_rows(phases: list[str], period_ms: float) -> list[tuple[str, str, str,
             (f"gap{phase}_engine_us_p50", f"{name} engine us/iteration p50", "{:.1f}", "<= 50"),
             (f"gap{phase}_engine_us_p99", f"{name} engine us/iteration p99", "{:.1f}", ""),
             (f"gap{phase}_latency_ms_p50", f"{name} gather latency ms p50", "{:.2f}", ""),
-            (f"gap{phase}_latency_ms_p99", f"{name} gather latency ms p99", "{:.2f}", f"<= {2 * period_ms:g}"),
+            (
+                f"gap{phase}_latency_ms_p99",
+                f"{name} gather latency ms p99",
+                "{:.2f}",
+                f"<= {2 * period_ms:g}",
+            ),
         ]
         if "kafka" in phase:
             rows += [
@@ -462,7 +484,6 @@ def print_table(summary: dict[str, Any], gaps: list[str], period_ms: float) -> N
         )
 
 
-
 @contextlib.contextmanager
 def kafka_broker(args: argparse.Namespace) -> Iterator[str | None]:
     """``KAFKA_BOOTSTRAP_SERVERS`` if set, else a local broker for the run; None with --no-kafka."""
@@ -470,7 +491,9 @@ def kafka_broker(args: argparse.Namespace) -> Iterator[str | None]:
         yield None
         return
     if importlib.util.find_spec("kvevents.producer.sink") is None:
-        print("kvevents.producer.sink is not installed: rank 0 drains into a reader, not Kafka", file=sys.stderr)
+        print(
+            "kvevents.producer.sink is not installed: rank 0 drains into a reader, not Kafka", file=sys.stderr
+        )
         yield None
         return
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
@@ -493,7 +516,9 @@ def kafka_broker(args: argparse.Namespace) -> Iterator[str | None]:
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
     mpiexec = find_mpiexec()
     if mpiexec is None:
-        print(f"mpiexec not found beside {sys.executable} nor on PATH: pip install -e '.[dev]'", file=sys.stderr)
+        print(
+            f"mpiexec not found beside {sys.executable} nor on PATH: pip install -e '.[dev]'", file=sys.stderr
+        )
         return 2
     with tempfile.TemporaryDirectory(prefix="bench-gather-") as tmp, kafka_broker(args) as bootstrap:
         command = [
@@ -526,7 +551,11 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
         "command": " ".join(["python bench/gather.py", *argv]),
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(seconds, 1),
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
         "config": {
             "ranks": RANKS,
             "repeats": args.repeats,
@@ -544,27 +573,42 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
             key: (b[key] / k[key] if k[key] else None) for key, _, _, _ in table_rows(gaps, period)
         },
         "ratios_pure_python_over_compiled_engine_path": {
-            key: (summary["kvevents-py"][key] / k[key] if k[key] else None) for key, _, _, _ in table_rows(gaps, period)
-        } if "kvevents-py" in summary else None,
+            key: (summary["kvevents-py"][key] / k[key] if k[key] else None)
+            for key, _, _, _ in table_rows(gaps, period)
+        }
+        if "kvevents-py" in summary
+        else None,
         "targets": {
             "engine_us_per_iteration_p50": TARGETS["engine_us_per_iteration"],
             "latency_ms_p99": TARGETS["latency_p99_periods"] * period,
             "throughput_events_per_s": TARGETS["throughput_events_per_s"],
             "throughput_into": "Kafka (acknowledged)" if k["kafka_events_per_s"] else "rank 0's buffer",
             "kafka": (
-                "KAFKA_BOOTSTRAP_SERVERS" if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else
-                f"local broker, JVM options {os.environ.get('KVEVENTS_BROKER_JVM_OPTS', 'the JVM defaults')!r}"
-            ) if k["kafka_events_per_s"] else None,
+                "KAFKA_BOOTSTRAP_SERVERS"
+                if os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+                else f"local broker, JVM options {os.environ.get('KVEVENTS_BROKER_JVM_OPTS', 'the JVM defaults')!r}"
+            )
+            if k["kafka_events_per_s"]
+            else None,
         },
         "meets_targets": {
             **{
                 f"gap{g}_{name}": ok
                 for g in gaps
                 for name, ok in (
-                    ("engine_us_per_iteration", k[f"gap{g}_engine_us_p50"] <= TARGETS["engine_us_per_iteration"]),
+                    (
+                        "engine_us_per_iteration",
+                        k[f"gap{g}_engine_us_p50"] <= TARGETS["engine_us_per_iteration"],
+                    ),
                     ("latency_p99", k[f"gap{g}_latency_ms_p99"] <= TARGETS["latency_p99_periods"] * period),
-                    ("engine_not_worse_than_lockstep", k[f"gap{g}_engine_us_p50"] <= b[f"gap{g}_engine_us_p50"]),
-                    ("latency_p99_better_than_lockstep", k[f"gap{g}_latency_ms_p99"] < b[f"gap{g}_latency_ms_p99"]),
+                    (
+                        "engine_not_worse_than_lockstep",
+                        k[f"gap{g}_engine_us_p50"] <= b[f"gap{g}_engine_us_p50"],
+                    ),
+                    (
+                        "latency_p99_better_than_lockstep",
+                        k[f"gap{g}_latency_ms_p99"] < b[f"gap{g}_latency_ms_p99"],
+                    ),
                 )
             },
             "throughput": rate(k) >= TARGETS["throughput_events_per_s"],
@@ -581,9 +625,15 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=4,
-                        help="repeats (default 4: with 4 protocols, each runs once in every position)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=4,
+        help="repeats (default 4: with 4 protocols, each runs once in every position)",
+    )
     parser.add_argument("--iterations", type=int, default=1000, help="steady engine iterations per rank")
     parser.add_argument(
         "--gaps-ms",
@@ -592,9 +642,14 @@ def main(argv: list[str] | None = None) -> int:
         help="steady phases: GIL-free pause after each iteration (GPU time), comma-separated",
     )
     parser.add_argument("--period-ms", type=float, default=5.0, help="attention_dp_events_gather_period_ms")
-    parser.add_argument("--throughput-events", type=int, default=250_000, help="events per rank, throughput phase")
     parser.add_argument(
-        "--offered-rate", type=float, default=300_000, help="throughput phase: events/s the 4 ranks offer together"
+        "--throughput-events", type=int, default=250_000, help="events per rank, throughput phase"
+    )
+    parser.add_argument(
+        "--offered-rate",
+        type=float,
+        default=300_000,
+        help="throughput phase: events/s the 4 ranks offer together",
     )
     parser.add_argument("--idle-s", type=float, default=2.0)
     parser.add_argument(

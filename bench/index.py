@@ -117,12 +117,16 @@ def ingest_dynamo(radix_tree: Any, events: list[tuple[int, bytes]]) -> tuple[flo
 # ------------------------------------------------------------------ queries
 
 
-def make_queries(stream: Stream, size: int, count: int, seed: int) -> list[tuple[list[int], list[int], list[int]]]:
+def make_queries(
+    stream: Stream, size: int, count: int, seed: int
+) -> list[tuple[list[int], list[int], list[int]]]:
     """(engine hashes, Dynamo tokens hashes, token ids) of ``count`` queries of ``size`` blocks:
     half a held conversation prefix (as long as held), half a held prefix cut short, then blocks
     no worker holds."""
     rng = random.Random(seed)
-    held_paths = [path for worker, path in stream.conversations if path and path[0] in stream.worker_held[worker]]
+    held_paths = [
+        path for worker, path in stream.conversations if path and path[0] in stream.worker_held[worker]
+    ]
     long_paths = [p for p in held_paths if len(p) >= size] or held_paths
     queries = []
     for i in range(count):
@@ -269,13 +273,27 @@ def topic_child(path: str, config: StreamConfig, target_events: int, repeat: int
     return run(payload, config, target_events, repeat)
 
 
-def rebuild_from_topic_and_checkpoint(payload: Path, config: StreamConfig, args: argparse.Namespace) -> dict[str, Any]:
+def rebuild_from_topic_and_checkpoint(
+    payload: Path, config: StreamConfig, args: argparse.Namespace
+) -> dict[str, Any]:
     """Both Kafka rebuild measurements, in a fresh child (its index alone in its memory)."""
     if not args.topic_events:
         skipped = {"status": "skipped (--topic-events 0)"}
         return {"rebuild_from_topic": skipped, "rebuild_from_checkpoint": skipped}
-    return run_child(["--child", "topic", "--payload", str(payload), "--events", str(config.target_events),
-                      "--topic-events", str(args.topic_events), "--repeat", str(args.topic_repeat)])
+    return run_child(
+        [
+            "--child",
+            "topic",
+            "--payload",
+            str(payload),
+            "--events",
+            str(config.target_events),
+            "--topic-events",
+            str(args.topic_events),
+            "--repeat",
+            str(args.topic_repeat),
+        ]
+    )
 
 
 def state_round_trip(index: CacheIndex) -> dict[str, Any]:
@@ -286,8 +304,12 @@ def state_round_trip(index: CacheIndex) -> dict[str, Any]:
     start = time.perf_counter()
     restored = CacheIndex.from_bytes(data)
     loaded = time.perf_counter() - start
-    return {"bytes": len(data), "to_bytes_s": saved, "from_bytes_s": loaded,
-            "equal": restored.to_bytes() == data}
+    return {
+        "bytes": len(data),
+        "to_bytes_s": saved,
+        "from_bytes_s": loaded,
+        "equal": restored.to_bytes() == data,
+    }
 
 
 # ------------------------------------------------------------------ main
@@ -300,16 +322,27 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small stream (smoke test)")
-    parser.add_argument("--events", type=int, default=None, help="events in the stream (default 600k, quick 60k)")
+    parser.add_argument(
+        "--events", type=int, default=None, help="events in the stream (default 600k, quick 60k)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timing repetitions (best is kept)")
     parser.add_argument("--queries", type=int, default=2000, help="queries per size")
-    parser.add_argument("--rebuild-events", type=int, default=10_000_000, help="events of the in-memory rebuild (0: skip)")
+    parser.add_argument(
+        "--rebuild-events", type=int, default=10_000_000, help="events of the in-memory rebuild (0: skip)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--topic-events", type=int, default=10_000_000,
-                        help="events of the rebuild from a Kafka topic and a checkpoint (0: skip)")
+    parser.add_argument(
+        "--topic-events",
+        type=int,
+        default=10_000_000,
+        help="events of the rebuild from a Kafka topic and a checkpoint (0: skip)",
+    )
     parser.add_argument("--topic-repeat", type=int, default=2, help="repetitions of the topic rebuild")
-    parser.add_argument("--child", choices=["memory-ours", "memory-ours-traced", "memory-dynamo", "rebuild", "topic"],
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child",
+        choices=["memory-ours", "memory-ours-traced", "memory-dynamo", "rebuild", "topic"],
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument("--payload", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -334,8 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         args.topic_repeat = 1
     radix_tree = load_dynamo()
     if radix_tree is None:
-        print("!! NVIDIA Dynamo (pip install 'kvevents[bench-dynamo]', ai-dynamo-runtime==1.6.1) is not "
-              "installed: measuring kvevents only, no baseline, no ratios", file=sys.stderr)
+        print(
+            "!! NVIDIA Dynamo (pip install 'kvevents[bench-dynamo]', ai-dynamo-runtime==1.6.1) is not "
+            "installed: measuring kvevents only, no baseline, no ratios",
+            file=sys.stderr,
+        )
     if not compiled_core_available():
         print("!! kvevents.consumer._indexcore is not built: measuring the pure-Python core", file=sys.stderr)
 
@@ -347,9 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     encode_s = time.perf_counter() - t0
     n_events, n_blocks = stream.events, stream.blocks_stored
     n_dynamo = len(stream.dynamo_events)
-    print(f"stream: {n_events:,} events ({stream.events_by_kind}), {n_blocks:,} blocks stored, "
-          f"{len(stream.batches):,} batches, {sum(map(len, encoded)) / 1e6:.1f} MB Avro; "
-          f"generated in {generated_s:.1f} s, encoded in {encode_s:.1f} s", file=sys.stderr)
+    print(
+        f"stream: {n_events:,} events ({stream.events_by_kind}), {n_blocks:,} blocks stored, "
+        f"{len(stream.batches):,} batches, {sum(map(len, encoded)) / 1e6:.1f} MB Avro; "
+        f"generated in {generated_s:.1f} s, encoded in {encode_s:.1f} s",
+        file=sys.stderr,
+    )
 
     # ---- ingest, alternating sides; best wall time and best CPU time of the repeats
     ours_runs, dyn_runs = [], []
@@ -364,17 +403,32 @@ def main(argv: list[str] | None = None) -> int:
             dyn_runs.append((wall, cpu))
     assert index is not None
     if index.held_blocks() != stream.held_worker_blocks:
-        raise SystemExit(f"index holds {index.held_blocks()} worker-blocks, the simulator {stream.held_worker_blocks}")
+        raise SystemExit(
+            f"index holds {index.held_blocks()} worker-blocks, the simulator {stream.held_worker_blocks}"
+        )
     ours_s, ours_cpu = min(w for w, _ in ours_runs), min(c for _, c in ours_runs)
     dyn_s = min(w for w, _ in dyn_runs) if dyn_runs else None
     dyn_cpu = min(c for _, c in dyn_runs) if dyn_runs else None
     ingest = {
-        "ours": {"seconds": ours_s, "cpu_seconds": ours_cpu, "events_per_s": n_events / ours_s,
-                 "blocks_per_s": n_blocks / ours_s, "runs_wall_cpu_s": ours_runs, "compiled_core": index.compiled,
-                 "codec_fast_path": fast_path_enabled()},
-        "dynamo": None if dyn_s is None else {
-            "seconds": dyn_s, "cpu_seconds": dyn_cpu, "events": n_dynamo, "events_per_s": n_dynamo / dyn_s,
-            "blocks_per_s": n_blocks / dyn_s, "runs_wall_cpu_s": dyn_runs},
+        "ours": {
+            "seconds": ours_s,
+            "cpu_seconds": ours_cpu,
+            "events_per_s": n_events / ours_s,
+            "blocks_per_s": n_blocks / ours_s,
+            "runs_wall_cpu_s": ours_runs,
+            "compiled_core": index.compiled,
+            "codec_fast_path": fast_path_enabled(),
+        },
+        "dynamo": None
+        if dyn_s is None
+        else {
+            "seconds": dyn_s,
+            "cpu_seconds": dyn_cpu,
+            "events": n_dynamo,
+            "events_per_s": n_dynamo / dyn_s,
+            "blocks_per_s": n_blocks / dyn_s,
+            "runs_wall_cpu_s": dyn_runs,
+        },
     }
     ingest["events_per_s_ratio"] = ratio(n_events / ours_s, n_dynamo / dyn_s if dyn_s else None)
     ingest["blocks_per_s_ratio"] = ratio(n_blocks / ours_s, n_blocks / dyn_s if dyn_s else None)
@@ -382,20 +436,36 @@ def main(argv: list[str] | None = None) -> int:
     ingest["cpu_events_per_s_ratio"] = ratio(n_events / ours_cpu, n_dynamo / dyn_cpu if dyn_cpu else None)
     ingest["cpu_same_stream_speedup"] = ratio(dyn_cpu, ours_cpu)
     via_codec = min(ingest_ours_via_codec(encoded) for _ in range(max(1, args.repeat - 1)))
-    ingest["ours_via_decode_batch"] = {"seconds": via_codec, "events_per_s": n_events / via_codec,
-                                       "events_per_s_ratio": ratio(n_events / via_codec, n_dynamo / dyn_s if dyn_s else None)}
+    ingest["ours_via_decode_batch"] = {
+        "seconds": via_codec,
+        "events_per_s": n_events / via_codec,
+        "events_per_s_ratio": ratio(n_events / via_codec, n_dynamo / dyn_s if dyn_s else None),
+    }
 
     # ---- a 64-block-prefill-only stream: Dynamo's best case in blocks/s
-    prefill_cfg = StreamConfig(target_events=max(2000, config.target_events // 30), new_conversation=1.0,
-                               with_documents=1.0, long_context=0.0, reply_blocks=(0, 0), user_blocks=(1, 1),
-                               system_blocks=(1, 1), documents=5000, primary_blocks=1 << 20, secondary_blocks=0)
+    prefill_cfg = StreamConfig(
+        target_events=max(2000, config.target_events // 30),
+        new_conversation=1.0,
+        with_documents=1.0,
+        long_context=0.0,
+        reply_blocks=(0, 0),
+        user_blocks=(1, 1),
+        system_blocks=(1, 1),
+        documents=5000,
+        primary_blocks=1 << 20,
+        secondary_blocks=0,
+    )
     prefill = generate(prefill_cfg)
     prefill_encoded = [encode_batch(b) for b in prefill.batches]
     p_ours = min(ingest_ours(prefill_encoded)[0] for _ in range(args.repeat))
-    p_dyn = (min(ingest_dynamo(radix_tree, prefill.dynamo_events)[0] for _ in range(args.repeat))
-             if radix_tree else None)
+    p_dyn = (
+        min(ingest_dynamo(radix_tree, prefill.dynamo_events)[0] for _ in range(args.repeat))
+        if radix_tree
+        else None
+    )
     ingest["long_prefill_stream"] = {
-        "events": prefill.events, "blocks": prefill.blocks_stored,
+        "events": prefill.events,
+        "blocks": prefill.blocks_stored,
         "ours_blocks_per_s": prefill.blocks_stored / p_ours,
         "dynamo_blocks_per_s": None if p_dyn is None else prefill.blocks_stored / p_dyn,
         "blocks_per_s_ratio": ratio(p_dyn, p_ours),
@@ -412,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
         block_size = config.block_size
         sides: dict[str, tuple[Any, list[Any]]] = {
             "ours_find_matches": (index.find_matches, engine),
-            "ours_find_matches_for_tokens": (lambda t, bs=block_size: index.find_matches_for_tokens(t, bs), tokens),
+            "ours_find_matches_for_tokens": (
+                lambda t, bs=block_size: index.find_matches_for_tokens(t, bs),
+                tokens,
+            ),
         }
         if tree is not None:
             sides["dynamo_find_matches"] = (lambda q, t=tree: t.find_matches(q).scores, local)
@@ -422,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
             row["p50_ratio"] = ratio(row["ours_find_matches"]["p50_us"], row["dynamo_find_matches"]["p50_us"])
             row["cross_check"] = cross_check(index, tree, stream, qs[:200])
         row["mean_matched_blocks_best_worker"] = statistics.fmean(
-            max(index.find_matches(e).values(), default=0) for e in engine[:300])
+            max(index.find_matches(e).values(), default=0) for e in engine[:300]
+        )
         queries[str(size)] = row
 
     state = state_round_trip(index)
@@ -437,8 +511,20 @@ def main(argv: list[str] | None = None) -> int:
         mem_ours = run_child(["--child", "memory-ours", "--payload", str(payload)])
         mem_traced = run_child(["--child", "memory-ours-traced", "--payload", str(payload)])
         mem_dyn = run_child(["--child", "memory-dynamo", "--payload", str(payload)]) if radix_tree else None
-        rebuild = (run_child(["--child", "rebuild", "--payload", str(payload), "--rebuild-events", str(args.rebuild_events)])
-                   if args.rebuild_events else None)
+        rebuild = (
+            run_child(
+                [
+                    "--child",
+                    "rebuild",
+                    "--payload",
+                    str(payload),
+                    "--rebuild-events",
+                    str(args.rebuild_events),
+                ]
+            )
+            if args.rebuild_events
+            else None
+        )
         kafka_rebuilds = rebuild_from_topic_and_checkpoint(payload, config, args)
     held = mem_ours["held_worker_blocks"]
     memory = {
@@ -449,17 +535,31 @@ def main(argv: list[str] | None = None) -> int:
         "ours_estimate_bytes_per_worker_block": mem_ours["memory_bytes_estimate"] / held,
         "dynamo_rss_bytes_per_worker_block": None if mem_dyn is None else mem_dyn["rss_delta"] / held,
     }
-    memory["rss_ratio"] = ratio(memory["ours_rss_bytes_per_worker_block"], memory["dynamo_rss_bytes_per_worker_block"])
-    memory["traced_vs_dynamo_rss_ratio"] = ratio(memory["ours_traced_bytes_per_worker_block"],
-                                                 memory["dynamo_rss_bytes_per_worker_block"])
+    memory["rss_ratio"] = ratio(
+        memory["ours_rss_bytes_per_worker_block"], memory["dynamo_rss_bytes_per_worker_block"]
+    )
+    memory["traced_vs_dynamo_rss_ratio"] = ratio(
+        memory["ours_traced_bytes_per_worker_block"], memory["dynamo_rss_bytes_per_worker_block"]
+    )
 
     results = {
         "benchmark": "index",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
         "config": config.__dict__,
-        "stream": {"events": n_events, "events_by_kind": stream.events_by_kind, "blocks_stored": n_blocks,
-                   "batches": len(stream.batches), "avro_bytes": sum(map(len, encoded)), "dynamo_events": n_dynamo,
-                   "workers": config.instances * config.dp_size, "held_worker_blocks": stream.held_worker_blocks},
+        "stream": {
+            "events": n_events,
+            "events_by_kind": stream.events_by_kind,
+            "blocks_stored": n_blocks,
+            "batches": len(stream.batches),
+            "avro_bytes": sum(map(len, encoded)),
+            "dynamo_events": n_dynamo,
+            "workers": config.instances * config.dp_size,
+            "held_worker_blocks": stream.held_worker_blocks,
+        },
         "targets": TARGETS,
         "ingest": ingest,
         "find_matches": queries,
@@ -494,13 +594,17 @@ def print_kafka_rebuilds(topic: dict[str, Any], ckpt: dict[str, Any]) -> None:
         print(f"{'rebuild from a Kafka topic':34} {topic.get('status')}")
         return
     p = topic["production"]
-    print(f"\nrebuild from Kafka topic {topic['topic']} ({topic['partitions']} partitions, broker: "
-          f"{topic['broker']['source']}, JVM {' '.join(topic['broker'].get('jvm_options', [])) or 'external'})")
+    print(
+        f"\nrebuild from Kafka topic {topic['topic']} ({topic['partitions']} partitions, broker: "
+        f"{topic['broker']['source']}, JVM {' '.join(topic['broker'].get('jvm_options', [])) or 'external'})"
+    )
     first = p if p["produced_now"] else (p.get("when_produced") or {})
     made = "reused from an earlier run" if not p["produced_now"] else "produced now"
     if first:
-        made += (f"; producing took {first['produce_s']:.1f} s ({first['value_bytes'] / 1e9:.2f} GB of Avro, "
-                 f"{first['produce_mb_per_s']:.0f} MB/s, zstd)")
+        made += (
+            f"; producing took {first['produce_s']:.1f} s ({first['value_bytes'] / 1e9:.2f} GB of Avro, "
+            f"{first['produce_mb_per_s']:.0f} MB/s, zstd)"
+        )
     disk = "-" if p.get("disk_bytes") is None else f"{p['disk_bytes'] / 1e9:.2f} GB on disk"
     print(f"  topic: {p['messages']:,} messages, {made}, {disk}")
     for name, row in topic["raw_fetch"].items():
@@ -508,24 +612,32 @@ def print_kafka_rebuilds(topic: dict[str, Any], ckpt: dict[str, Any]) -> None:
     for name, rows in topic["runs"].items():
         runs = ", ".join(f"{r['seconds']:.1f}" for r in rows)
         print(f"  rebuild, {name:24} {min(r['seconds'] for r in rows):7.1f} s  (runs {runs} s)")
-    print(f"  {'rebuild ' + format(topic['events'] / 1e6, '.1f') + 'M events':32} {topic['seconds']:7.1f} s "
-          f"({topic['events_per_s']:,.0f} events/s, CPU {topic['cpu_seconds']:.1f} s, RSS "
-          f"{topic['max_rss_bytes'] / 1e9:.2f} GB)   target < 60 s: {_verdict(topic['seconds'], 60.0, False)}")
+    print(
+        f"  {'rebuild ' + format(topic['events'] / 1e6, '.1f') + 'M events':32} {topic['seconds']:7.1f} s "
+        f"({topic['events_per_s']:,.0f} events/s, CPU {topic['cpu_seconds']:.1f} s, RSS "
+        f"{topic['max_rss_bytes'] / 1e9:.2f} GB)   target < 60 s: {_verdict(topic['seconds'], 60.0, False)}"
+    )
     fast = topic.get("fast_start_jvm")
     if fast:
-        print(f"  broker with fast-start JVM ({' '.join(fast['jvm_options'])}): raw read "
-              f"{fast['raw_read']['seconds']:.1f} s (vs {fast['throughput_jvm_raw_read_s']:.1f}), rebuild "
-              f"{fast['rebuild']['seconds']:.1f} s (vs {fast['throughput_jvm_rebuild_s']:.1f})")
+        print(
+            f"  broker with fast-start JVM ({' '.join(fast['jvm_options'])}): raw read "
+            f"{fast['raw_read']['seconds']:.1f} s (vs {fast['throughput_jvm_raw_read_s']:.1f}), rebuild "
+            f"{fast['rebuild']['seconds']:.1f} s (vs {fast['throughput_jvm_rebuild_s']:.1f})"
+        )
     if ckpt.get("status") != "measured":
         return
-    print(f"  checkpoint: {ckpt['state_bytes'] / 1e6:.1f} MB, capture {ckpt['capture_s']:.2f} s, file save "
-          f"{ckpt['save_file_s']:.2f} s, Kafka save {ckpt['save_kafka_s']:.2f} s ({ckpt['kafka_chunks']} chunks); "
-          f"tail {ckpt['tail_messages']:,} messages")
+    print(
+        f"  checkpoint: {ckpt['state_bytes'] / 1e6:.1f} MB, capture {ckpt['capture_s']:.2f} s, file save "
+        f"{ckpt['save_file_s']:.2f} s, Kafka save {ckpt['save_kafka_s']:.2f} s ({ckpt['kafka_chunks']} chunks); "
+        f"tail {ckpt['tail_messages']:,} messages"
+    )
     for source in ("file", "kafka"):
         c = ckpt[source]
-        print(f"  restore from {source:5} + catch up  {c['seconds']:7.2f} s (load {c['load_s']:.2f}, restore + "
-              f"{c['tail_events']:,} tail events {c['restore_and_catch_up_s']:.2f})  equals full rebuild: "
-              f"{c['equals_full_rebuild']}   target < 5 s: {_verdict(c['seconds'], 5.0, False)}")
+        print(
+            f"  restore from {source:5} + catch up  {c['seconds']:7.2f} s (load {c['load_s']:.2f}, restore + "
+            f"{c['tail_events']:,} tail events {c['restore_and_catch_up_s']:.2f})  equals full rebuild: "
+            f"{c['equals_full_rebuild']}   target < 5 s: {_verdict(c['seconds'], 5.0, False)}"
+        )
 
 
 def print_table(r: dict[str, Any]) -> None:
@@ -533,50 +645,143 @@ def print_table(r: dict[str, Any]) -> None:
     dyn = ing["dynamo"] or {}
     lp = ing["long_prefill_stream"]
     rows = [
-        ("ingest events/s", ing["ours"]["events_per_s"], dyn.get("events_per_s"), ing["events_per_s_ratio"],
-         ">= 5x", _verdict(ing["events_per_s_ratio"], 5.0, True)),
-        ("ingest blocks/s", ing["ours"]["blocks_per_s"], dyn.get("blocks_per_s"), ing["blocks_per_s_ratio"],
-         ">= 1x", _verdict(ing["blocks_per_s_ratio"], 1.0, True)),
-        ("  same-stream speedup (wall)", ing["ours"]["seconds"], dyn.get("seconds"), ing["same_stream_speedup"],
-         "(info)", ""),
-        ("  same-stream speedup (CPU)", ing["ours"]["cpu_seconds"], dyn.get("cpu_seconds"),
-         ing["cpu_same_stream_speedup"], "(info)", ""),
+        (
+            "ingest events/s",
+            ing["ours"]["events_per_s"],
+            dyn.get("events_per_s"),
+            ing["events_per_s_ratio"],
+            ">= 5x",
+            _verdict(ing["events_per_s_ratio"], 5.0, True),
+        ),
+        (
+            "ingest blocks/s",
+            ing["ours"]["blocks_per_s"],
+            dyn.get("blocks_per_s"),
+            ing["blocks_per_s_ratio"],
+            ">= 1x",
+            _verdict(ing["blocks_per_s_ratio"], 1.0, True),
+        ),
+        (
+            "  same-stream speedup (wall)",
+            ing["ours"]["seconds"],
+            dyn.get("seconds"),
+            ing["same_stream_speedup"],
+            "(info)",
+            "",
+        ),
+        (
+            "  same-stream speedup (CPU)",
+            ing["ours"]["cpu_seconds"],
+            dyn.get("cpu_seconds"),
+            ing["cpu_same_stream_speedup"],
+            "(info)",
+            "",
+        ),
         ("  events/s ratio on CPU time", None, None, ing["cpu_events_per_s_ratio"], "(info)", ""),
-        ("  via decode_batch + apply ev/s", ing["ours_via_decode_batch"]["events_per_s"], None,
-         ing["ours_via_decode_batch"]["events_per_s_ratio"], "(info)", ""),
-        ("  64-block prefills blocks/s", lp["ours_blocks_per_s"], lp["dynamo_blocks_per_s"], lp["blocks_per_s_ratio"],
-         ">= 1x", _verdict(lp["blocks_per_s_ratio"], 1.0, True)),
+        (
+            "  via decode_batch + apply ev/s",
+            ing["ours_via_decode_batch"]["events_per_s"],
+            None,
+            ing["ours_via_decode_batch"]["events_per_s_ratio"],
+            "(info)",
+            "",
+        ),
+        (
+            "  64-block prefills blocks/s",
+            lp["ours_blocks_per_s"],
+            lp["dynamo_blocks_per_s"],
+            lp["blocks_per_s_ratio"],
+            ">= 1x",
+            _verdict(lp["blocks_per_s_ratio"], 1.0, True),
+        ),
     ]
     for size in ("64", "512"):
         q = r["find_matches"][size]
         d = q.get("dynamo_find_matches", {})
-        rows.append((f"find_matches {size} p99 us", q["ours_find_matches"]["p99_us"], d.get("p99_us"), q.get("p99_ratio"),
-                     "<= 1x", _verdict(q.get("p99_ratio"), 1.0, False)))
-        rows.append((f"find_matches {size} p50 us", q["ours_find_matches"]["p50_us"], d.get("p50_us"), q.get("p50_ratio"),
-                     "(info)", ""))
-        rows.append((f"  for_tokens {size} p99 us", q["ours_find_matches_for_tokens"]["p99_us"], None, None, "(info)", ""))
-    rows.append(("bytes/worker-block (RSS)", mem["ours_rss_bytes_per_worker_block"],
-                 mem["dynamo_rss_bytes_per_worker_block"], mem["rss_ratio"], "<= 1x", _verdict(mem["rss_ratio"], 1.0, False)))
-    rows.append(("bytes/worker-block (traced)", mem["ours_traced_bytes_per_worker_block"], None,
-                 mem["traced_vs_dynamo_rss_ratio"], "<= 1x", _verdict(mem["traced_vs_dynamo_rss_ratio"], 1.0, False)))
+        rows.append(
+            (
+                f"find_matches {size} p99 us",
+                q["ours_find_matches"]["p99_us"],
+                d.get("p99_us"),
+                q.get("p99_ratio"),
+                "<= 1x",
+                _verdict(q.get("p99_ratio"), 1.0, False),
+            )
+        )
+        rows.append(
+            (
+                f"find_matches {size} p50 us",
+                q["ours_find_matches"]["p50_us"],
+                d.get("p50_us"),
+                q.get("p50_ratio"),
+                "(info)",
+                "",
+            )
+        )
+        rows.append(
+            (
+                f"  for_tokens {size} p99 us",
+                q["ours_find_matches_for_tokens"]["p99_us"],
+                None,
+                None,
+                "(info)",
+                "",
+            )
+        )
+    rows.append(
+        (
+            "bytes/worker-block (RSS)",
+            mem["ours_rss_bytes_per_worker_block"],
+            mem["dynamo_rss_bytes_per_worker_block"],
+            mem["rss_ratio"],
+            "<= 1x",
+            _verdict(mem["rss_ratio"], 1.0, False),
+        )
+    )
+    rows.append(
+        (
+            "bytes/worker-block (traced)",
+            mem["ours_traced_bytes_per_worker_block"],
+            None,
+            mem["traced_vs_dynamo_rss_ratio"],
+            "<= 1x",
+            _verdict(mem["traced_vs_dynamo_rss_ratio"], 1.0, False),
+        )
+    )
     rb = r["rebuild_in_memory_10m"]
     if rb:
-        rows.append((f"rebuild {rb['events'] / 1e6:.1f}M events s", rb["seconds"], None, None, "< 60 s (topic)",
-                     _verdict(rb["seconds"], 60.0, False) + " (bytes in memory)"))
+        rows.append(
+            (
+                f"rebuild {rb['events'] / 1e6:.1f}M events s",
+                rb["seconds"],
+                None,
+                None,
+                "< 60 s (topic)",
+                _verdict(rb["seconds"], 60.0, False) + " (bytes in memory)",
+            )
+        )
     print(f"\n{'metric':34} {'kvevents':>14} {'Dynamo':>14} {'ratio':>8}  {'target':>14}  verdict")
     for name, ours, theirs, rat, target, verdict in rows:
-        print(f"{name:34} {_fmt(ours, ',.1f'):>14} {_fmt(theirs, ',.1f'):>14} {_fmt(rat, '.2f'):>8}  {target:>14}  {verdict}")
+        print(
+            f"{name:34} {_fmt(ours, ',.1f'):>14} {_fmt(theirs, ',.1f'):>14} {_fmt(rat, '.2f'):>8}  {target:>14}  {verdict}"
+        )
     print_kafka_rebuilds(r["rebuild_from_topic_10m"], r["rebuild_from_checkpoint"])
     s = r["stream"]
-    print(f"\nstream: {s['events']:,} events, {s['blocks_stored']:,} blocks, {s['workers']} workers, "
-          f"{s['held_worker_blocks']:,} worker-blocks held at the end; Dynamo got {s['dynamo_events']:,} events "
-          f"(no Updated)")
+    print(
+        f"\nstream: {s['events']:,} events, {s['blocks_stored']:,} blocks, {s['workers']} workers, "
+        f"{s['held_worker_blocks']:,} worker-blocks held at the end; Dynamo got {s['dynamo_events']:,} events "
+        f"(no Updated)"
+    )
     for size in ("64", "512"):
         cc = r["find_matches"][size].get("cross_check")
         if cc:
-            print(f"cross-check {size}-block queries: {cc['identical_answers']}/{cc['queries']} identical answers")
+            print(
+                f"cross-check {size}-block queries: {cc['identical_answers']}/{cc['queries']} identical answers"
+            )
     st = r["state_round_trip"]
-    print(f"state: {st['bytes'] / 1e6:.1f} MB, to_bytes {st['to_bytes_s']:.2f} s, from_bytes {st['from_bytes_s']:.2f} s")
+    print(
+        f"state: {st['bytes'] / 1e6:.1f} MB, to_bytes {st['to_bytes_s']:.2f} s, from_bytes {st['from_bytes_s']:.2f} s"
+    )
 
 
 if __name__ == "__main__":

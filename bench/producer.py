@@ -91,7 +91,9 @@ class NaiveManager:
                 self.buffer.extend(events)
 
     def enqueue_created_event(self, levels: list[int], window_size: int) -> None:
-        self._queue.append(KVCacheEvent(self._next_id, KVCacheCreatedData(list(levels)), window_size, self._rank))
+        self._queue.append(
+            KVCacheEvent(self._next_id, KVCacheCreatedData(list(levels)), window_size, self._rank)
+        )
         self._next_id += 1
 
     def enqueue_stored_event(self, blocks: list[BlockInfo], window_size: int) -> None:
@@ -101,8 +103,14 @@ class NaiveManager:
             blocks[0].prev_block_hash,
             [
                 KVCacheStoredBlockData(
-                    b.block_hash, b.tokens, b.lora_id, PRIMARY_LEVEL if b.is_primary else SECONDARY_LEVEL,
-                    b.priority, b.token_extra_ids, b.mm_keys, b.cache_salt,
+                    b.block_hash,
+                    b.tokens,
+                    b.lora_id,
+                    PRIMARY_LEVEL if b.is_primary else SECONDARY_LEVEL,
+                    b.priority,
+                    b.token_extra_ids,
+                    b.mm_keys,
+                    b.cache_salt,
                 )
                 for b in blocks
             ],
@@ -313,7 +321,11 @@ def bench_engine_thread(args: argparse.Namespace) -> dict[str, Any]:
     """The engine thread's cost per call, manager vs naive baseline, per scenario; the manager
     on its pure-Python engine path beside it (``manager_pure_python``), same run."""
     scenarios = ["draining", "full_nobody_draining", "saturated"]
-    capacity_for = {"draining": 10_000_000, "saturated": 10_000_000, "full_nobody_draining": args.full_capacity}
+    capacity_for = {
+        "draining": 10_000_000,
+        "saturated": 10_000_000,
+        "full_nobody_draining": args.full_capacity,
+    }
     results: dict[str, Any] = {}
     for scenario in scenarios:
         capacity = capacity_for[scenario]
@@ -330,7 +342,11 @@ def bench_engine_thread(args: argparse.Namespace) -> dict[str, Any]:
                 "ratio_pure_python_over_manager": pure["call"]["median_us"] / manager["call"]["median_us"],
                 "naive": naive["call"],
                 "ratio_naive_over_manager": naive["call"]["median_us"] / manager["call"]["median_us"],
-                "flush_after_it": {"manager": manager["flush"], "naive": naive["flush"], "manager_pure_python": pure["flush"]},
+                "flush_after_it": {
+                    "manager": manager["flush"],
+                    "naive": naive["flush"],
+                    "manager_pure_python": pure["flush"],
+                },
             }
         noop = _measure(NoopManager, _noop, "draining" if scenario != "saturated" else "saturated", args)
         rows["noop_call"] = {"floor": noop["call"]}
@@ -346,8 +362,7 @@ def bench_engine_thread(args: argparse.Namespace) -> dict[str, Any]:
         results[scenario] = rows
     meets = {
         scenario: {
-            op: results[scenario][op]["manager"]["median_us"] <= target
-            for op, target in TARGETS_US.items()
+            op: results[scenario][op]["manager"]["median_us"] <= target for op, target in TARGETS_US.items()
         }
         for scenario in scenarios
     }
@@ -505,14 +520,20 @@ def _thread_cpu_s() -> dict[str, float]:
 
 def _cpu_since(before: dict[str, float]) -> dict[str, float]:
     now = _thread_cpu_s()
-    return {name: round(cpu - before.get(name, 0.0), 3) for name, cpu in sorted(now.items()) if cpu - before.get(name, 0.0) > 0}
+    return {
+        name: round(cpu - before.get(name, 0.0), 3)
+        for name, cpu in sorted(now.items())
+        if cpu - before.get(name, 0.0) > 0
+    }
 
 
 def _sink_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap, "log_level": 3, **extra}
 
 
-def _run_sink(events: list[KVCacheEvent], topic: str, per_message: int, config: dict[str, Any]) -> dict[str, Any]:
+def _run_sink(
+    events: list[KVCacheEvent], topic: str, per_message: int, config: dict[str, Any]
+) -> dict[str, Any]:
     """Time the sink moving ``events`` (all in the manager's buffer at once) to acknowledged
     Kafka messages of at most ``per_message`` events; returns the seconds and the exact messages
     produced (for the raw baseline)."""
@@ -554,7 +575,9 @@ def _run_sink(events: list[KVCacheEvent], topic: str, per_message: int, config: 
             "thread_cpu_s": threads}  # fmt: skip
 
 
-def _run_raw(values: list[bytes], topic: str, config: dict[str, Any]) -> tuple[float, float, dict[str, float]]:
+def _run_raw(
+    values: list[bytes], topic: str, config: dict[str, Any]
+) -> tuple[float, float, dict[str, float]]:
     """Time raw confluent-kafka producing ``values`` (same key, headers and librdkafka settings)
     until every one is acknowledged: wall seconds, CPU seconds of this process, per thread."""
     from confluent_kafka import Producer
@@ -562,7 +585,10 @@ def _run_raw(values: list[bytes], topic: str, config: dict[str, Any]) -> tuple[f
     from kvevents.schemas import CONTENT_TYPE, current_fingerprint
 
     producer = Producer(config)
-    headers = [("content-type", CONTENT_TYPE.encode()), (FINGERPRINT_HEADER, current_fingerprint().hex().encode())]
+    headers = [
+        ("content-type", CONTENT_TYPE.encode()),
+        (FINGERPRINT_HEADER, current_fingerprint().hex().encode()),
+    ]
     delivered = [0]
 
     def on_delivery(err: Any, _msg: Any) -> None:
@@ -633,10 +659,18 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
             "ratio_median": statistics.median(ratios),
             "ratio_geometric_mean": statistics.geometric_mean(ratios),
             "cpu_ratio_raw_over_sink_median": statistics.median(r["cpu_ratio_raw_over_sink"] for r in runs),
-            "sink_cpu_us_per_event_median": statistics.median(r["sink_cpu_s"] for r in runs) / len(events) * 1e6,
-            "raw_cpu_us_per_event_median": statistics.median(r["raw_cpu_s"] for r in runs) / len(events) * 1e6,
-            "sink_thread_cpu_us_per_event_median": _thread_medians([r["sink_thread_cpu_s"] for r in runs], len(events)),
-            "raw_thread_cpu_us_per_event_median": _thread_medians([r["raw_thread_cpu_s"] for r in runs], len(events)),
+            "sink_cpu_us_per_event_median": statistics.median(r["sink_cpu_s"] for r in runs)
+            / len(events)
+            * 1e6,
+            "raw_cpu_us_per_event_median": statistics.median(r["raw_cpu_s"] for r in runs)
+            / len(events)
+            * 1e6,
+            "sink_thread_cpu_us_per_event_median": _thread_medians(
+                [r["sink_thread_cpu_s"] for r in runs], len(events)
+            ),
+            "raw_thread_cpu_us_per_event_median": _thread_medians(
+                [r["raw_thread_cpu_s"] for r in runs], len(events)
+            ),
             "ratio_best": max(ratios),
             "sink_events_per_s_median": statistics.median(r["sink_events_per_s"] for r in runs),
             "raw_events_per_s_median": statistics.median(r["raw_events_per_s"] for r in runs),
@@ -651,7 +685,9 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "broker": BROKER.source,
         "config": {k: v for k, v in _sink_defaults().items()},
         "target_ratio_min": SINK_TARGETS["throughput_ratio_min"],
-        "meets_target_median": all(v["ratio_median"] >= SINK_TARGETS["throughput_ratio_min"] for v in out.values()),
+        "meets_target_median": all(
+            v["ratio_median"] >= SINK_TARGETS["throughput_ratio_min"] for v in out.values()
+        ),
         **out,
     }
 
@@ -668,7 +704,9 @@ def _raw_config(sink_config: dict[str, Any]) -> dict[str, Any]:
     from kvevents.producer import DEFAULT_PRODUCER_CONFIG
 
     config = {**DEFAULT_PRODUCER_CONFIG, **sink_config}
-    return {k: v for k, v in config.items() if k not in ("client.id", "on_delivery", "logger") and not callable(v)}
+    return {
+        k: v for k, v in config.items() if k not in ("client.id", "on_delivery", "logger") and not callable(v)
+    }
 
 
 def _sink_defaults() -> dict[str, Any]:
@@ -721,7 +759,11 @@ def _flush_to_ack(bootstrap: str, linger_ms: float, seconds: float, rate: int, c
     sink.wait_delivered(60)
     sink.close(30)
     manager.close()
-    acks = sorted((r.sequence, r.last_event_id_by_rank.get(0, -1), r.acked_at, r.produced_at) for r in reports if r.delivered)
+    acks = sorted(
+        (r.sequence, r.last_event_id_by_rank.get(0, -1), r.acked_at, r.produced_at)
+        for r in reports
+        if r.delivered
+    )
     latencies_ms, sink_ms, kafka_ms = [], [], []
     j = 0
     for flushed_at, last_id in flushes:  # both in order: walk them together
@@ -784,7 +826,8 @@ def bench_sink_latency(args: argparse.Namespace) -> dict[str, Any]:
         "broker": BROKER.source,
         "default_linger_ms": default,
         "target_p99_ms_max": SINK_TARGETS["flush_to_ack_p99_ms_max"],
-        "meets_target_median": key in out and out[key]["p99_ms_median"] <= SINK_TARGETS["flush_to_ack_p99_ms_max"],
+        "meets_target_median": key in out
+        and out[key]["p99_ms_median"] <= SINK_TARGETS["flush_to_ack_p99_ms_max"],
         **out,
     }
 
@@ -800,6 +843,7 @@ def bench_sink_engine_kafka_down(args: argparse.Namespace) -> dict[str, Any]:
         probe.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{probe.getsockname()[1]}"
     bootstrap = BROKER.get()
+
     def up(m: KVCacheEventManager) -> Callable[[], object]:
         sink = KafkaEventSink(m, BROKER.topic("engine"), "bench-up", config=_sink_config(bootstrap))
         return functools.partial(sink.close, 30)
@@ -817,7 +861,8 @@ def bench_sink_engine_kafka_down(args: argparse.Namespace) -> dict[str, Any]:
     ops = {"enqueue_stored_4x32": _stored, "enqueue_updated": _updated, "enqueue_removed_new": _removed_new}
     samples: dict[tuple[str, str], dict[str, list[float]]] = {
         (scenario, name): {"means_op": [], "means_flush": [], "op": [], "flush": []}
-        for scenario in scenarios for name in ops
+        for scenario in scenarios
+        for name in ops
     }
     # Interleaved (repeat > scenario > operation): the machine's background load hits every
     # scenario alike.
@@ -838,7 +883,9 @@ def bench_sink_engine_kafka_down(args: argparse.Namespace) -> dict[str, Any]:
         scenario: {
             name: {
                 "call": _summary(samples[(scenario, name)]["means_op"], samples[(scenario, name)]["op"]),
-                "flush": _summary(samples[(scenario, name)]["means_flush"], samples[(scenario, name)]["flush"]),
+                "flush": _summary(
+                    samples[(scenario, name)]["means_flush"], samples[(scenario, name)]["flush"]
+                ),
             }
             for name in ops
         }
@@ -880,9 +927,13 @@ def print_sink_throughput(result: dict[str, Any]) -> None:
     for shape in ("large_messages", "small_messages"):
         row = result[shape]
         for who in ("sink", "raw"):
-            threads = ", ".join(f"{name} {us:.2f}" for name, us in row[f"{who}_thread_cpu_us_per_event_median"].items())
+            threads = ", ".join(
+                f"{name} {us:.2f}" for name, us in row[f"{who}_thread_cpu_us_per_event_median"].items()
+            )
             print(f"  {shape} {who}: CPU us/event by thread (median): {threads}")
-    print(f"target sink/raw >= {result['target_ratio_min']}: {'met' if result['meets_target_median'] else 'NOT met'}")
+    print(
+        f"target sink/raw >= {result['target_ratio_min']}: {'met' if result['meets_target_median'] else 'NOT met'}"
+    )
 
 
 def print_sink_latency(result: dict[str, Any]) -> None:
@@ -967,8 +1018,12 @@ def print_worker_table(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS)
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=300, help="engine iterations per repeat")
     parser.add_argument("--calls", type=int, default=50, help="calls of the operation per iteration")
@@ -976,10 +1031,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full-capacity", type=int, default=1000, help="buffer size of the full scenario")
     parser.add_argument("--sink-events", type=int, default=300_000, help="events per sink throughput run")
     parser.add_argument("--sink-repeats", type=int, default=5, help="repeats of each sink run")
-    parser.add_argument("--sink-pause", type=float, default=2.0, help="seconds of rest for the broker between runs")
+    parser.add_argument(
+        "--sink-pause", type=float, default=2.0, help="seconds of rest for the broker between runs"
+    )
     parser.add_argument("--sink-lingers", type=lambda v: [float(x) for x in v.split(",")], default=[5.0, 10.0, 20.0],
                         help="linger.ms values of the latency runs (comma-separated)")  # fmt: skip
-    parser.add_argument("--latency-seconds", type=float, default=5.0, help="seconds of offered load per latency run")
+    parser.add_argument(
+        "--latency-seconds", type=float, default=5.0, help="seconds of offered load per latency run"
+    )
     parser.add_argument("--rate", type=int, default=100_000, help="offered events/s of the latency runs")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few repeats and iterations")
     parser.add_argument("--output", type=Path, default=RESULTS)
@@ -1025,13 +1084,17 @@ PRINTERS: dict[str, Callable[[dict[str, Any]], None]] = {
 }
 
 
-def _run_sections(chosen: list[str], args: argparse.Namespace, argv: list[str] | None, document: dict[str, Any]) -> None:
+def _run_sections(
+    chosen: list[str], args: argparse.Namespace, argv: list[str] | None, document: dict[str, Any]
+) -> None:
     for name in chosen:
         started = time.perf_counter()
         result = SECTIONS[name](args)
         result["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         result["seconds"] = round(time.perf_counter() - started, 1)
-        result["command"] = " ".join(["python bench/producer.py", *(argv if argv is not None else sys.argv[1:])])
+        result["command"] = " ".join(
+            ["python bench/producer.py", *(argv if argv is not None else sys.argv[1:])]
+        )
         document["sections"][name] = result
         PRINTERS[name](result)
 

@@ -54,7 +54,9 @@ def build_index(workers: int, iterations: int) -> tuple[CacheIndex, WorkloadConf
         rank = w % 4
         with KVCacheEventManager(1_000_000) as manager:
             sim = EngineSimulator(
-                SimulatorConfig(instance_id=name, attention_dp_rank=rank, block_size=BLOCK_SIZE, num_secondary_blocks=256),
+                SimulatorConfig(
+                    instance_id=name, attention_dp_rank=rank, block_size=BLOCK_SIZE, num_secondary_blocks=256
+                ),
                 manager,
                 WorkloadGenerator(workload.for_worker(name, rank)),
             )
@@ -96,7 +98,9 @@ def post(conn: http.client.HTTPConnection, body: bytes) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--iterations", type=int, default=1500)
@@ -113,7 +117,10 @@ def main() -> None:
           f"({time.monotonic() - started:.1f} s to simulate)")  # fmt: skip
     requests = WorkloadGenerator(workload).held_out(args.queries, seed=1)
     prompts = [(r.prompt.tolist(), r.lora_id) for r in requests]
-    bodies = [json.dumps({"token_ids": t, "block_size": BLOCK_SIZE, "lora_id": lora}).encode() for t, lora in prompts]
+    bodies = [
+        json.dumps({"token_ids": t, "block_size": BLOCK_SIZE, "lora_id": lora}).encode()
+        for t, lora in prompts
+    ]
     expected = [[s.to_json() for s in score_prompt(index, t, BLOCK_SIZE, lora)[1]] for t, lora in prompts]
     blocks = statistics.fmean(len(t) // BLOCK_SIZE for t, _ in prompts)
     hit = sum(1 for e in expected if e) / len(expected)
@@ -148,7 +155,9 @@ def main() -> None:
         counts = [0] * clients
         deadline = time.monotonic() + args.seconds
 
-        def client(i: int, deadline: float = deadline, counts: list[int] = counts, step: int = clients) -> None:
+        def client(
+            i: int, deadline: float = deadline, counts: list[int] = counts, step: int = clients
+        ) -> None:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             n = i
             while time.monotonic() < deadline:
@@ -170,7 +179,11 @@ def main() -> None:
     best_in = min(inproc, key=lambda r: r["p50_us"])
     best_http = min(sequential, key=lambda r: r["p50_us"])
     result = {
-        "machine": {"python": platform.python_version(), "cpus": multiprocessing.cpu_count(), "compiled_core": index.compiled},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": multiprocessing.cpu_count(),
+            "compiled_core": index.compiled,
+        },
         "index": {"workers": args.workers, "events": events, "held_blocks": index.held_blocks()},
         "queries": {"count": len(prompts), "mean_blocks": round(blocks, 1), "with_a_hit": round(hit, 3)},
         "in_process": best_in,
@@ -182,7 +195,9 @@ def main() -> None:
     print(f"{'':24} {'p50 us':>10} {'p99 us':>10}")
     print(f"{'in-process score_prompt':24} {best_in['p50_us']:>10} {best_in['p99_us']:>10}")
     print(f"{'HTTP POST /match':24} {best_http['p50_us']:>10} {best_http['p99_us']:>10}")
-    print(f"HTTP / in-process p50: {result['http_over_in_process_p50']}x; requests/s by clients: {concurrent}")
+    print(
+        f"HTTP / in-process p50: {result['http_over_in_process_p50']}x; requests/s by clients: {concurrent}"
+    )
     if not args.quick:
         RESULTS.parent.mkdir(exist_ok=True)
         RESULTS.write_text(json.dumps(result, indent=1) + "\n")

@@ -262,8 +262,8 @@ class PyIndexCore:
             self._add_holder(node, slot, _level(block.cache_level), _priority(block.priority))
             if node.content is None:
                 counters["orphan_blocks"] += 1
-            parent_content = content if content is not None else (
-                node.content if node.content is not None else _UNKNOWN
+            parent_content = (
+                content if content is not None else (node.content if node.content is not None else _UNKNOWN)
             )
         counters["blocks_stored"] += max(0, len(blocks) - start)
 
@@ -423,7 +423,12 @@ class PyIndexCore:
         mm_keys: Sequence[Sequence[Any]] | None,
     ) -> list[int]:
         return content_hashes_for_tokens(
-            tokens, block_size, lora_id, cache_salt=cache_salt, token_extra_ids=token_extra_ids, mm_keys=mm_keys
+            tokens,
+            block_size,
+            lora_id,
+            cache_salt=cache_salt,
+            token_extra_ids=token_extra_ids,
+            mm_keys=mm_keys,
         )
 
     def _holders_of(self, key: int, by_content: bool) -> Iterable[tuple[int, list[int]]]:
@@ -506,7 +511,9 @@ class PyIndexCore:
             "windows": windows,
         }
 
-    def worker_blocks(self, instance_id: str, rank: int, window: int) -> list[tuple[int, int | None, int, int]]:
+    def worker_blocks(
+        self, instance_id: str, rank: int, window: int
+    ) -> list[tuple[int, int | None, int, int]]:
         w = self._find_worker(instance_id, rank)
         slot = -1 if w is None else self._slot(w, window, False)
         if slot < 0:
@@ -532,7 +539,9 @@ class PyIndexCore:
     def memory_bytes(self) -> int:
         """A rough estimate: measured dict and object sizes of this layout, not a walk."""
         holders = self.held_blocks()
-        return 64 + 250 * len(self._nodes) + 130 * holders + 120 * len(self._by_content) + 400 * len(self._slots)
+        return (
+            64 + 250 * len(self._nodes) + 130 * holders + 120 * len(self._by_content) + 400 * len(self._slots)
+        )
 
     # ------------------------------------------------------------------ seams for snapshots
 
@@ -582,8 +591,16 @@ class PyIndexCore:
                     windows.append(WindowState(window, None if s.capacity is None else list(s.capacity)))
             workers.append(
                 WorkerState(
-                    w.instance.instance_id, w.rank, w.cursor, w.last_created, w.session_fresh,
-                    w.split_blocks, w.split_tail, list(w.reasons), w.gaps, windows,
+                    w.instance.instance_id,
+                    w.rank,
+                    w.cursor,
+                    w.last_created,
+                    w.session_fresh,
+                    w.split_blocks,
+                    w.split_tail,
+                    list(w.reasons),
+                    w.gaps,
+                    windows,
                 )
             )
         instances = [
@@ -591,7 +608,11 @@ class PyIndexCore:
             for i in sorted(self._instances.values(), key=lambda i: i.instance_id)
         ]
         engine, content, has_content, counts, holders = (
-            array("Q"), array("Q"), array("B"), array("I"), array("I")
+            array("Q"),
+            array("Q"),
+            array("B"),
+            array("I"),
+            array("I"),
         )
         for e in sorted(self._nodes):
             node = self._nodes[e]
@@ -608,8 +629,13 @@ class PyIndexCore:
             for col in (engine, content, counts, holders):
                 col.byteswap()
         return IndexState(
-            instances, workers, engine.tobytes(), content.tobytes(), has_content.tobytes(),
-            counts.tobytes(), holders.tobytes(),
+            instances,
+            workers,
+            engine.tobytes(),
+            content.tobytes(),
+            has_content.tobytes(),
+            counts.tobytes(),
+            holders.tobytes(),
         )
 
     def import_state(self, state: IndexState) -> None:
@@ -653,8 +679,11 @@ class PyIndexCore:
 def _columns(state: IndexState) -> tuple[array, array, array, array, array]:
     """The node columns of ``state`` as arrays (checked for consistent lengths)."""
     engine, content, has_content, counts, holders = (
-        array("Q", state.engine), array("Q", state.content), array("B", state.has_content),
-        array("I", state.holder_counts), array("I", state.holders),
+        array("Q", state.engine),
+        array("Q", state.content),
+        array("B", state.has_content),
+        array("I", state.holder_counts),
+        array("I", state.holders),
     )
     if sys.byteorder == "big":
         for col in (engine, content, counts, holders):

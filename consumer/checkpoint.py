@@ -137,7 +137,9 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     return b"".join((head, checkpoint.index_state, digest.digest()))
 
 
-def decode_checkpoint(data: bytes | bytearray | memoryview, *, topic: str | None = None, source: str = "checkpoint") -> Checkpoint:
+def decode_checkpoint(
+    data: bytes | bytearray | memoryview, *, topic: str | None = None, source: str = "checkpoint"
+) -> Checkpoint:
     """Read :func:`encode_checkpoint`'s bytes; with ``topic``, also require that topic.
     ``source`` names where the bytes came from in error messages."""
     view = memoryview(data)
@@ -145,21 +147,25 @@ def decode_checkpoint(data: bytes | bytearray | memoryview, *, topic: str | None
         raise CheckpointError(f"{source}: truncated: {len(view)} bytes, not even a header")
     magic, version, header_len = _PREFIX.unpack_from(view)
     if magic != MAGIC:
-        raise CheckpointError(f"{source}: not a kvevents checkpoint (starts with {bytes(magic)!r}, expected {MAGIC!r})")
+        raise CheckpointError(
+            f"{source}: not a kvevents checkpoint (starts with {bytes(magic)!r}, expected {MAGIC!r})"
+        )
     if version != FORMAT_VERSION:
-        raise CheckpointError(f"{source}: checkpoint format version {version}; this kvevents reads {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{source}: checkpoint format version {version}; this kvevents reads {FORMAT_VERSION}"
+        )
     body_start = _PREFIX.size + header_len
     if len(view) < body_start + _DIGEST_SIZE:
-        raise CheckpointError(f"{source}: truncated: {len(view)} bytes, the header alone needs {body_start + _DIGEST_SIZE}")
+        raise CheckpointError(
+            f"{source}: truncated: {len(view)} bytes, the header alone needs {body_start + _DIGEST_SIZE}"
+        )
     try:
         header = msgspec.msgpack.decode(view[_PREFIX.size : body_start], type=_Header)
     except msgspec.DecodeError as exc:
         raise CheckpointError(f"{source}: corrupt header ({exc})") from exc
     expected = body_start + header.index_bytes + _DIGEST_SIZE
     if len(view) != expected:
-        raise CheckpointError(
-            f"{source}: truncated or padded: {len(view)} bytes, the header says {expected}"
-        )
+        raise CheckpointError(f"{source}: truncated or padded: {len(view)} bytes, the header says {expected}")
     digest = xxhash.xxh3_128(view[: expected - _DIGEST_SIZE]).digest()
     if digest != bytes(view[expected - _DIGEST_SIZE :]):
         raise CheckpointError(f"{source}: checksum mismatch: the checkpoint is corrupt")
@@ -243,4 +249,3 @@ def restore(
         reader.close()
         raise
     return Restored(index, reader, result)
-

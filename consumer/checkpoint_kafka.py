@@ -112,7 +112,9 @@ class KafkaCheckpointStore:
         from kvevents.topics import create_topic
 
         limit = max_message_bytes or max(1_048_588, self.chunk_bytes + _CHUNK_HEADER.size + _FRAMING_ROOM)
-        return create_topic(self.bootstrap_servers, checkpoint_topic_spec(self.topic, max_message_bytes=limit))
+        return create_topic(
+            self.bootstrap_servers, checkpoint_topic_spec(self.topic, max_message_bytes=limit)
+        )
 
     # ------------------------------------------------------------------ saving
 
@@ -128,16 +130,18 @@ class KafkaCheckpointStore:
         checkpoint_id = uuid.uuid4().bytes
         size = self.chunk_bytes
         chunks = max(1, -(-len(data) // size))
-        producer = Producer({
-            **self._config,
-            "bootstrap.servers": self.bootstrap_servers,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "message.max.bytes": size + _CHUNK_HEADER.size + _FRAMING_ROOM,
-            # one chunk per record batch: several in one batch could exceed max.message.bytes
-            "batch.size": size + _CHUNK_HEADER.size + _FRAMING_ROOM,
-        })
+        producer = Producer(
+            {
+                **self._config,
+                "bootstrap.servers": self.bootstrap_servers,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.max.bytes": size + _CHUNK_HEADER.size + _FRAMING_ROOM,
+                # one chunk per record batch: several in one batch could exceed max.message.bytes
+                "batch.size": size + _CHUNK_HEADER.size + _FRAMING_ROOM,
+            }
+        )
         failures: list[str] = []
 
         def delivered(err: KafkaError | None, _msg: Any) -> None:
@@ -184,7 +188,11 @@ class KafkaCheckpointStore:
         latest: dict[bytes, bytes | None] = {}
         try:
             reader = EventReader(
-                self.bootstrap_servers, self.topic, config=self._config, consume_batch=500, metadata_timeout_s=self._timeout
+                self.bootstrap_servers,
+                self.topic,
+                config=self._config,
+                consume_batch=500,
+                metadata_timeout_s=self._timeout,
             )
         except ReaderError as exc:
             raise CheckpointError(f"cannot read checkpoint topic {self.topic!r}: {exc}") from exc
@@ -194,14 +202,18 @@ class KafkaCheckpointStore:
                 if key is not None and key.startswith(prefix):
                     latest[key] = message.value()
             if not reader.caught_up:
-                raise CheckpointError(f"checkpoint topic {self.topic!r}: not read to its end within {self._timeout} s")
+                raise CheckpointError(
+                    f"checkpoint topic {self.topic!r}: not read to its end within {self._timeout} s"
+                )
         raw = latest.get(self._manifest_key)
         if raw is None:
             return None, latest
         try:
             manifest = msgspec.msgpack.decode(raw, type=_Manifest)
         except msgspec.DecodeError as exc:
-            raise CheckpointError(f"checkpoint {self.name!r} in {self.topic!r}: corrupt manifest ({exc})") from exc
+            raise CheckpointError(
+                f"checkpoint {self.name!r} in {self.topic!r}: corrupt manifest ({exc})"
+            ) from exc
         return manifest, latest
 
     def _latest_manifest(self) -> _Manifest | None:
@@ -209,7 +221,9 @@ class KafkaCheckpointStore:
         for key in latest:  # how many chunks each slot holds now, to delete leftovers
             parts = key.decode(errors="replace").split("/")
             if len(parts) == 3 and parts[2].isdigit() and latest[key] is not None:
-                self._slot_chunks_seen[parts[1]] = max(self._slot_chunks_seen.get(parts[1], 0), int(parts[2]) + 1)
+                self._slot_chunks_seen[parts[1]] = max(
+                    self._slot_chunks_seen.get(parts[1], 0), int(parts[2]) + 1
+                )
         return manifest
 
     def load(self, *, topic: str | None = None) -> Checkpoint | None:
@@ -231,6 +245,7 @@ class KafkaCheckpointStore:
             parts.append(memoryview(value)[_CHUNK_HEADER.size :])
         data = b"".join(parts)
         if len(data) != manifest.size:
-            raise CheckpointError(f"checkpoint {self.name!r} in {self.topic!r}: {len(data)} bytes, the manifest says {manifest.size}")
+            raise CheckpointError(
+                f"checkpoint {self.name!r} in {self.topic!r}: {len(data)} bytes, the manifest says {manifest.size}"
+            )
         return decode_checkpoint(data, topic=topic, source=f"checkpoint {self.name!r} in {self.topic!r}")
-

@@ -53,9 +53,7 @@ class MalformedMessage:
 def dead_letter_producer_config(consumer_config: Mapping[str, Any]) -> dict[str, Any]:
     """The consumer settings that also apply to a producer on the same cluster (address,
     security, client id, logging), plus idempotence; consumer-only settings are left out."""
-    config = {
-        k: v for k, v in consumer_config.items() if k in _SHARED_KEYS or k.startswith(_SHARED_PREFIXES)
-    }
+    config = {k: v for k, v in consumer_config.items() if k in _SHARED_KEYS or k.startswith(_SHARED_PREFIXES)}
     config.setdefault("enable.idempotence", True)
     config.setdefault("linger.ms", 50)
     return config
@@ -85,11 +83,21 @@ class DeadLetterProducer:
             headers.append(("kvevents-source-timestamp", str(timestamp).encode()))
         try:
             self._producer.produce(
-                self.topic, value=message.value(), key=message.key(), headers=headers, on_delivery=self._delivered
+                self.topic,
+                value=message.value(),
+                key=message.key(),
+                headers=headers,
+                on_delivery=self._delivered,
             )
         except (BufferError, KafkaException, ValueError) as exc:
-            log.warning("could not hand a malformed message (%s:%d@%d) to the dead-letter topic %s: %s",
-                        malformed.topic, malformed.partition, malformed.offset, self.topic, exc)
+            log.warning(
+                "could not hand a malformed message (%s:%d@%d) to the dead-letter topic %s: %s",
+                malformed.topic,
+                malformed.partition,
+                malformed.offset,
+                self.topic,
+                exc,
+            )
             with self._lock:
                 self.failed += 1
         self._producer.poll(0)
@@ -101,7 +109,9 @@ class DeadLetterProducer:
             else:
                 self.failed += 1
         if err is not None:
-            log.warning("a malformed message could not be delivered to the dead-letter topic %s: %s", self.topic, err)
+            log.warning(
+                "a malformed message could not be delivered to the dead-letter topic %s: %s", self.topic, err
+            )
 
     def poll(self) -> None:
         self._producer.poll(0)
@@ -111,7 +121,9 @@ class DeadLetterProducer:
         (counted as failed)."""
         left = self._producer.flush(timeout)
         if left:
-            log.warning("%d malformed messages were not delivered to the dead-letter topic %s", left, self.topic)
+            log.warning(
+                "%d malformed messages were not delivered to the dead-letter topic %s", left, self.topic
+            )
             with self._lock:
                 self.failed += left
         return int(left)

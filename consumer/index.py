@@ -195,7 +195,11 @@ class CacheIndex:
     # ------------------------------------------------------------------ matching
 
     def find_matches(
-        self, block_hashes: Sequence[int], window_size: int | None = None, *, max_cache_level: int | None = None
+        self,
+        block_hashes: Sequence[int],
+        window_size: int | None = None,
+        *,
+        max_cache_level: int | None = None,
     ) -> dict[WorkerKey, int]:
         """Per worker, how many leading blocks of ``block_hashes`` (engine hashes) it holds
         contiguously from the first; workers with none are omitted.
@@ -207,7 +211,11 @@ class CacheIndex:
         return self._core.match_counts(block_hashes, False, window_size, _max_level(max_cache_level))
 
     def find_matches_by_content(
-        self, content_hashes: Sequence[int], window_size: int | None = None, *, max_cache_level: int | None = None
+        self,
+        content_hashes: Sequence[int],
+        window_size: int | None = None,
+        *,
+        max_cache_level: int | None = None,
     ) -> dict[WorkerKey, int]:
         """:meth:`find_matches` on content hashes (from :meth:`content_hashes`)."""
         return self._core.match_counts(content_hashes, True, window_size, _max_level(max_cache_level))
@@ -231,7 +239,12 @@ class CacheIndex:
         per-token extra ids / per-block multimodal keys when the engine reported them.
         """
         hashes = self.content_hashes(
-            tokens, block_size, lora_id, cache_salt=cache_salt, token_extra_ids=token_extra_ids, mm_keys=mm_keys
+            tokens,
+            block_size,
+            lora_id,
+            cache_salt=cache_salt,
+            token_extra_ids=token_extra_ids,
+            mm_keys=mm_keys,
         )
         return self._core.match_counts(hashes, True, window_size, _max_level(max_cache_level))
 
@@ -245,7 +258,9 @@ class CacheIndex:
     ) -> dict[WorkerKey, Match]:
         """Per worker, its best contiguous run (blocks, of which at level 0)."""
         best: dict[WorkerKey, Match] = {}
-        for slot, run, primary in self._core.match(hashes, by_content, window_size, _max_level(max_cache_level)):
+        for slot, run, primary in self._core.match(
+            hashes, by_content, window_size, _max_level(max_cache_level)
+        ):
             key = self._slot_worker(slot)
             match = Match(run, primary)
             if key not in best or match > best[key]:

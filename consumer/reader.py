@@ -142,10 +142,14 @@ class EventReader:
         if not topic:
             raise ValueError("topic must be a non-empty string")
         if group_id is not None and (partitions is not None or isinstance(start, Mapping)):
-            raise ValueError("a consumer group gets its partitions and offsets from Kafka: "
-                             "partitions and start offsets are for an assigning reader")
+            raise ValueError(
+                "a consumer group gets its partitions and offsets from Kafka: "
+                "partitions and start offsets are for an assigning reader"
+            )
         if isinstance(start, str) and start not in ("beginning", "end"):
-            raise ValueError(f"start must be 'beginning', 'end' or a mapping of partition offsets, got {start!r}")
+            raise ValueError(
+                f"start must be 'beginning', 'end' or a mapping of partition offsets, got {start!r}"
+            )
         if consume_batch < 1 or poll_timeout_s <= 0:
             raise ValueError("consume_batch must be >= 1 and poll_timeout_s > 0")
         self.topic = topic
@@ -183,15 +187,20 @@ class EventReader:
             settings.setdefault("group.id", f"kvevents-reader-{uuid.uuid4().hex[:12]}")  # never joins
         self.config = {k: v for k, v in settings.items() if k not in ("error_cb", "logger")}
         self._dead_letter = (
-            None if dead_letter_topic is None
-            else DeadLetterProducer(dead_letter_topic, dict(dead_letter_config or dead_letter_producer_config(settings)))
+            None
+            if dead_letter_topic is None
+            else DeadLetterProducer(
+                dead_letter_topic, dict(dead_letter_config or dead_letter_producer_config(settings))
+            )
         )
         self._consumer = Consumer(settings)
         try:
             if group_id is None:
                 self._assign(start, partitions)
             else:
-                self._consumer.subscribe([topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost)
+                self._consumer.subscribe(
+                    [topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
+                )
         except BaseException:
             self._consumer.close()
             raise
@@ -253,7 +262,11 @@ class EventReader:
                     log.warning(
                         "%s[%d]: offsets %d..%d were deleted by retention; reading from %d "
                         "(the index marks the workers whose batches are missing as degraded)",
-                        self.topic, p, offset, low - 1, low,
+                        self.topic,
+                        p,
+                        offset,
+                        low - 1,
+                        low,
                     )
                     offset = low
             self._partitions[p] = _Partition(offset, offset, high, offset >= high)
@@ -273,7 +286,11 @@ class EventReader:
             high = None if marks is None else marks[1]
             position = committed.get(tp.partition)
             if position is None and marks is not None:
-                position = marks[0] if self.config.get("auto.offset.reset") in ("earliest", "smallest", "beginning") else marks[1]
+                position = (
+                    marks[0]
+                    if self.config.get("auto.offset.reset") in ("earliest", "smallest", "beginning")
+                    else marks[1]
+                )
             state = _Partition(position, position, high)
             if position is not None and high is not None:
                 state.done = position >= high
@@ -541,7 +558,11 @@ class EventReader:
     def _after_poll(self) -> None:
         if self._dead_letter is not None:
             self._dead_letter.poll()
-        if self.group_id is not None and self._uncommitted and time.monotonic() - self._last_commit >= self._commit_interval:
+        if (
+            self.group_id is not None
+            and self._uncommitted
+            and time.monotonic() - self._last_commit >= self._commit_interval
+        ):
             self._commit(None, asynchronous=True)
 
     def _progress(self, started: float, totals: list[int], events: int) -> ReaderProgress:
@@ -579,8 +600,13 @@ class EventReader:
         )
         self.malformed_total += 1
         self.malformed.append(malformed)
-        log.warning("set aside a malformed message at %s[%d]@%d: %s",
-                    malformed.topic, malformed.partition, malformed.offset, malformed.error)
+        log.warning(
+            "set aside a malformed message at %s[%d]@%d: %s",
+            malformed.topic,
+            malformed.partition,
+            malformed.offset,
+            malformed.error,
+        )
         if index is not None and malformed.key:
             instance = malformed.key.decode("utf-8", "replace")
             reason = f"a malformed message of this instance was skipped ({malformed.topic}[{malformed.partition}]@{malformed.offset})"
@@ -617,7 +643,9 @@ class EventReader:
         offsets = [
             TopicPartition(self.topic, p, s.position)
             for p, s in self._partitions.items()
-            if s.position is not None and s.position != OFFSET_INVALID and (partitions is None or p in partitions)
+            if s.position is not None
+            and s.position != OFFSET_INVALID
+            and (partitions is None or p in partitions)
         ]
         self._last_commit = time.monotonic()
         self._uncommitted = False
@@ -672,4 +700,3 @@ class EventReader:
 
 def _events_seen(counters: Mapping[str, int]) -> int:
     return counters["events_applied"] + counters["events_duplicate"]
-

@@ -156,5 +156,8 @@ class ThroughputMeter:
         if span <= 0:
             return Throughput(0.0, 0.0, 0.0, 0.0)
         return Throughput(
-            span, (self.messages - messages) / span, (self.events - events) / span, (self.bytes - nbytes) / span
+            span,
+            (self.messages - messages) / span,
+            (self.events - events) / span,
+            (self.bytes - nbytes) / span,
         )

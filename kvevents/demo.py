@@ -111,21 +111,23 @@ class DemoReport:
         verdict = "EQUALS" if v["ok"] else "DIFFERS FROM"
         r = self.routing["hit_rate"]
         t = self.seconds
-        return "\n".join([
-            f"kvevents demo: {self.instances} instances x {self.ranks} attention-DP ranks, topic {self.topic} "
-            f"on {self.bootstrap_servers}{' (local broker started for the demo)' if self.broker_started else ''}",
-            f"  engines : {requests:,} requests, {events:,} events in {sim_seconds:.1f} s "
-            f"({events / sim_seconds if sim_seconds else 0:,.0f} events/s), drops {drops}",
-            f"  kafka   : {delivered:,} events, {nbytes:,} bytes in {messages:,} messages delivered",
-            f"  rebuild : {rb['events']:,} events from {rb['messages']:,} messages in {rb['seconds']:.2f} s "
-            f"({rate:,.0f} events/s ingest), {rb['malformed']} malformed",
-            f"  index   : {verdict} the ground truth ({v['equal_workers']}/{len(v['workers'])} workers equal, "
-            f"{blocks:,} blocks)",
-            f"  routing : {self.routing['requests']} held-out requests, prefix-cache hit rate "
-            f"by index {r['index']:.1%}, round-robin {r['round_robin']:.1%}, random {r['random']:.1%} "
-            f"(best possible {r['oracle']:.1%})",
-            "  time    : " + ", ".join(f"{k} {v:.1f} s" for k, v in t.items()),
-        ])
+        return "\n".join(
+            [
+                f"kvevents demo: {self.instances} instances x {self.ranks} attention-DP ranks, topic {self.topic} "
+                f"on {self.bootstrap_servers}{' (local broker started for the demo)' if self.broker_started else ''}",
+                f"  engines : {requests:,} requests, {events:,} events in {sim_seconds:.1f} s "
+                f"({events / sim_seconds if sim_seconds else 0:,.0f} events/s), drops {drops}",
+                f"  kafka   : {delivered:,} events, {nbytes:,} bytes in {messages:,} messages delivered",
+                f"  rebuild : {rb['events']:,} events from {rb['messages']:,} messages in {rb['seconds']:.2f} s "
+                f"({rate:,.0f} events/s ingest), {rb['malformed']} malformed",
+                f"  index   : {verdict} the ground truth ({v['equal_workers']}/{len(v['workers'])} workers equal, "
+                f"{blocks:,} blocks)",
+                f"  routing : {self.routing['requests']} held-out requests, prefix-cache hit rate "
+                f"by index {r['index']:.1%}, round-robin {r['round_robin']:.1%}, random {r['random']:.1%} "
+                f"(best possible {r['oracle']:.1%})",
+                "  time    : " + ", ".join(f"{k} {v:.1f} s" for k, v in t.items()),
+            ]
+        )
 
 
 def _mpiexec() -> str:
@@ -171,7 +173,9 @@ def _run_simulators(
             procs.append(subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
             ))  # fmt: skip
-        say(f"running {opts.instances} x 'mpiexec -n {opts.ranks} kvevents simulate' for {opts.duration_s:g} s ...")
+        say(
+            f"running {opts.instances} x 'mpiexec -n {opts.ranks} kvevents simulate' for {opts.duration_s:g} s ..."
+        )
         outputs = [p.communicate() for p in procs]
     except BaseException:
         for p in procs:  # one SIGINT: mpiexec forwards it and the ranks stop cleanly
@@ -191,7 +195,9 @@ def _run_simulators(
         try:
             summaries.append(json.loads(out))
         except json.JSONDecodeError:
-            raise DemoError(f"simulator instance {k} printed no JSON summary:\n{out[-2000:]}{err[-2000:]}") from None
+            raise DemoError(
+                f"simulator instance {k} printed no JSON summary:\n{out[-2000:]}{err[-2000:]}"
+            ) from None
     return summaries, truths, argvs
 
 
@@ -269,8 +275,13 @@ def run_demo(opts: DemoOptions, say: Callable[[str], None] = lambda text: None) 
             instances=opts.instances,
             ranks=opts.ranks,
             simulate=[{k: v for k, v in s.items() if k != "per_rank"} for s in summaries],
-            rebuild={"messages": read.messages, "events": read.events, "bytes": read.bytes,
-                     "malformed": read.malformed, "seconds": read.seconds},
+            rebuild={
+                "messages": read.messages,
+                "events": read.events,
+                "bytes": read.bytes,
+                "malformed": read.malformed,
+                "seconds": read.seconds,
+            },
             verify=report.to_json() | {"text": report.describe()},
             routing=routing.to_json(),
             seconds={k: round(v, 2) for k, v in seconds.items()},

@@ -77,7 +77,8 @@ def evaluate_routing(
     block_size = block_sizes.pop()
     workers: list[WorkerKey] = [WorkerKey(t.instance_id, t.attention_dp_rank or 0) for t in truths]
     held = {
-        key: frozenset(next(iter(t.windows.values()), {}).keys()) for key, t in zip(workers, truths, strict=True)
+        key: frozenset(next(iter(t.windows.values()), {}).keys())
+        for key, t in zip(workers, truths, strict=True)
     }
     rng = random.Random(seed)
     reusable = 0

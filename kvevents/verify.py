@@ -40,7 +40,9 @@ def truths_from_lines(lines: Iterable[str], source: str = "<ground truth>") -> l
         try:
             truths.append(GroundTruth.from_json(json.loads(line)))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"{source}:{number}: not a ground-truth line ({type(exc).__name__}: {exc})") from None
+            raise ValueError(
+                f"{source}:{number}: not a ground-truth line ({type(exc).__name__}: {exc})"
+            ) from None
     return truths
 
 
@@ -163,8 +165,10 @@ class Report:
     def describe(self, *, all_workers: bool = False) -> str:
         """A short text: the verdict, then every worker that is not ok (or all of them)."""
         verdict = "index equals the ground truth" if self.ok else "index DIFFERS from the ground truth"
-        lines = [f"{verdict}: {self.equal_workers}/{len(self.workers)} workers equal, "
-                 f"{len(self.degraded_workers)} degraded, {len(self.unexpected)} unexpected"]
+        lines = [
+            f"{verdict}: {self.equal_workers}/{len(self.workers)} workers equal, "
+            f"{len(self.degraded_workers)} degraded, {len(self.unexpected)} unexpected"
+        ]
         lines += [w.describe() for w in self.workers if all_workers or not w.ok]
         lines += [f"{i}/{r}: in the index, not in the ground truth" for i, r in self.unexpected]
         return "\n".join(lines)

@@ -109,5 +109,7 @@ def tolerate_peer_failures() -> None:
         )
     os.environ.setdefault("MPIR_CVAR_NO_COLLECTIVE_FINALIZE", "1")
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    log.info("tolerating peer failures: SIGUSR1 ignored, MPIR_CVAR_NO_COLLECTIVE_FINALIZE=%s",
-             os.environ["MPIR_CVAR_NO_COLLECTIVE_FINALIZE"])
+    log.info(
+        "tolerating peer failures: SIGUSR1 ignored, MPIR_CVAR_NO_COLLECTIVE_FINALIZE=%s",
+        os.environ["MPIR_CVAR_NO_COLLECTIVE_FINALIZE"],
+    )

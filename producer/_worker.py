@@ -127,7 +127,9 @@ class Worker:
         pending = self.pending
         popleft = pending.popleft
         park_after = max(1, round(PARK_AFTER_IDLE_S / POLL_INTERVAL_S))
-        idle_polls = park_after  # parked until the first flush: a manager that has seen no event costs nothing
+        idle_polls = (
+            park_after  # parked until the first flush: a manager that has seen no event costs nothing
+        )
         while True:
             if not pending:
                 idle_polls += 1

@@ -57,7 +57,9 @@ def _mm_keys(values: Iterable[Sequence[object]]) -> tuple[MmKey, ...]:
         try:
             content_hash, offset = item
         except (TypeError, ValueError):
-            raise ValueError(f"BlockInfo.mm_keys items must be (32-byte hash, offset) pairs, got {item!r}") from None
+            raise ValueError(
+                f"BlockInfo.mm_keys items must be (32-byte hash, offset) pairs, got {item!r}"
+            ) from None
         if not isinstance(content_hash, bytes | bytearray | memoryview) or len(content_hash) != MM_HASH_SIZE:
             raise ValueError(f"BlockInfo.mm_keys hash must be {MM_HASH_SIZE} bytes, got {content_hash!r}")
         if offset.__class__ is not int or offset < 0:  # type: ignore[operator]

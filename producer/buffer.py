@@ -67,7 +67,12 @@ def check_timeout(timeout: float | None) -> float | None:
     """``timeout`` in seconds, checked: ``None`` (wait forever) or a finite number >= 0."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout) or timeout < 0:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or math.isnan(timeout)
+        or timeout < 0
+    ):
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
     return float(timeout)
 
@@ -93,10 +98,14 @@ class EventBuffer:
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise ValueError(f"capacity must be an int > 0, got {capacity!r}")
-        if isinstance(drop_warning_interval_s, bool) or not isinstance(drop_warning_interval_s, int | float) or not (
-            drop_warning_interval_s >= 0
+        if (
+            isinstance(drop_warning_interval_s, bool)
+            or not isinstance(drop_warning_interval_s, int | float)
+            or not (drop_warning_interval_s >= 0)
         ):
-            raise ValueError(f"drop_warning_interval_s must be a number >= 0, got {drop_warning_interval_s!r}")
+            raise ValueError(
+                f"drop_warning_interval_s must be a number >= 0, got {drop_warning_interval_s!r}"
+            )
         self._capacity = capacity
         self._warning_interval = float(drop_warning_interval_s)
         self._clock = clock
@@ -265,7 +274,9 @@ class EventBuffer:
         timeout = check_timeout(timeout)
         with self._cond:
             if not self._events and not self._undrained_drops and not self._closed:
-                self._cond.wait_for(lambda: bool(self._events or self._undrained_drops) or self._closed, timeout)
+                self._cond.wait_for(
+                    lambda: bool(self._events or self._undrained_drops) or self._closed, timeout
+                )
             events = self._take_locked()
             drops = self._undrained_drops
             self._undrained_drops = {}

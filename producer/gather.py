@@ -146,7 +146,12 @@ _IDLE_WAIT_S = 0.1
 
 
 def _positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
@@ -539,8 +544,12 @@ class AttentionDpGather:
             if tag == Tag.RESYNC:
                 self._resync(data)
             elif tag not in (Tag.STOP, Tag.BYE_ACK) or size:
-                log.error("attention-DP rank %d got an unexpected message from rank 0 (tag %d, %d bytes)",
-                          self._rank, tag, size)
+                log.error(
+                    "attention-DP rank %d got an unexpected message from rank 0 (tag %d, %d bytes)",
+                    self._rank,
+                    tag,
+                    size,
+                )
             tags.append(tag)
         return tags
 
@@ -611,15 +620,23 @@ class AttentionDpGather:
             self._test_sends()
             self._send_resyncs()
             if deadline is None and (self._stop_requested or self._peer_left):
-                reason = "closed on this rank" if self._stop_requested else (
-                    f"rank {', '.join(str(p.rank) for p in peers.values() if p.state == 'left')} closed"
+                reason = (
+                    "closed on this rank"
+                    if self._stop_requested
+                    else (
+                        f"rank {', '.join(str(p.rank) for p in peers.values() if p.state == 'left')} closed"
+                    )
                 )
                 deadline = self._begin_stop(now)
             if deadline is not None:
                 if all(p.state == "dead" or (p.state == "left" and not p.pending) for p in peers.values()):
                     break
                 if now >= deadline:
-                    missing = [p.rank for p in peers.values() if p.state == "live" or (p.state == "left" and p.pending)]
+                    missing = [
+                        p.rank
+                        for p in peers.values()
+                        if p.state == "live" or (p.state == "left" and p.pending)
+                    ]
                     log.warning(
                         "attention-DP gather stopping: ranks %s did not send their last events within %.1f s",
                         missing,
@@ -657,7 +674,10 @@ class AttentionDpGather:
                 self._counters.resyncs_sent += 1
                 log.warning(
                     "attention-DP rank 0 lost %d event(s) of rank %d after they left it: asked rank %d for a "
-                    "snapshot", peer.resync[0], peer.rank, peer.rank,
+                    "snapshot",
+                    peer.resync[0],
+                    peer.rank,
+                    peer.rank,
                 )
                 peer.resync = None
 
@@ -726,7 +746,12 @@ class AttentionDpGather:
                 self._isend(b"", Tag.BYE_ACK, peer.rank)
         else:
             counters.messages_rejected += 1
-            log.error("attention-DP rank %d sent a message with unknown tag %d (%d bytes)", peer.rank, tag, len(data))
+            log.error(
+                "attention-DP rank %d sent a message with unknown tag %d (%d bytes)",
+                peer.rank,
+                tag,
+                len(data),
+            )
 
     def _merge(self, peer: _Peer, data: bytearray) -> None:
         batch: EventBatch | None = None
@@ -744,7 +769,10 @@ class AttentionDpGather:
         if batch.sequence != peer.next_sequence:
             self._counters.sequence_errors += 1
             log.error(
-                "attention-DP rank %d sent batch %d, expected %d", peer.rank, batch.sequence, peer.next_sequence
+                "attention-DP rank %d sent batch %d, expected %d",
+                peer.rank,
+                batch.sequence,
+                peer.next_sequence,
             )
         peer.next_sequence = batch.sequence + 1
         for drops in batch.dropped:  # rank r counted them itself: it needs no RESYNC for them

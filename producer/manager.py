@@ -413,11 +413,16 @@ class KVCacheEventManager:
             self._gather.request_resync(source_rank, lost_events, newest_event_id)
 
     def _on_drops(self, source_rank: int, dropped_events: int, newest_event_id: int | None) -> None:
-        self.report_lost_events(source_rank, dropped_events, newest_event_id, where="dropped by the event buffer")
+        self.report_lost_events(
+            source_rank, dropped_events, newest_event_id, where="dropped by the event buffer"
+        )
 
     def _on_resync(self, lost_events: int, newest_event_id: int | None) -> None:
         self.report_lost_events(
-            self._rank or 0, lost_events, newest_event_id, where="lost on attention-DP rank 0 (buffer or Kafka sink)"
+            self._rank or 0,
+            lost_events,
+            newest_event_id,
+            where="lost on attention-DP rank 0 (buffer or Kafka sink)",
         )
 
     def flush(self) -> None:

@@ -83,7 +83,9 @@ class _Families:
             family = self._by_name[name] = MetricFamily(name, kind, help_)
         family.samples.append(Sample({**self.labels, **{k: str(v) for k, v in labels.items()}}, float(value)))
 
-    def add_each(self, name: str, kind: Kind, help_: str, label: str, values: Mapping[Any, int], **labels: object) -> None:
+    def add_each(
+        self, name: str, kind: Kind, help_: str, label: str, values: Mapping[Any, int], **labels: object
+    ) -> None:
         """One sample per ``values`` item (the family exists even when ``values`` is empty)."""
         family = self._by_name.get(name)
         if family is None:
@@ -91,7 +93,9 @@ class _Families:
         for key in sorted(values, key=str):
             self.add(name, kind, help_, values[key], **{label: key}, **labels)
 
-    def histogram(self, name: str, help_: str, bounds: tuple[float, ...], counts: tuple[int, ...], total: float) -> None:
+    def histogram(
+        self, name: str, help_: str, bounds: tuple[float, ...], counts: tuple[int, ...], total: float
+    ) -> None:
         cumulative, running = [], 0
         for bound, count in zip((*bounds, float("inf")), counts, strict=True):
             running += count
@@ -130,13 +134,25 @@ def gather_families(stats: GatherStats, labels: Mapping[str, str] | None = None)
 
 def _add_manager(out: _Families, s: ManagerStats) -> None:
     b = s.buffer
-    out.add("kvevents_events_enqueued_total", "counter", "Event ids the engine thread handed out.", s.events_enqueued_total)
-    out.add("kvevents_iterations_flushed_total", "counter", "Non-empty flush() calls.", s.iterations_flushed_total)
+    out.add(
+        "kvevents_events_enqueued_total",
+        "counter",
+        "Event ids the engine thread handed out.",
+        s.events_enqueued_total,
+    )
+    out.add(
+        "kvevents_iterations_flushed_total", "counter", "Non-empty flush() calls.", s.iterations_flushed_total
+    )
     out.add("kvevents_pending_iterations", "gauge", "Flushed iterations the manager's worker has not processed yet.",
             s.pending_iterations)  # fmt: skip
     out.add_each("kvevents_events_flushed_total", "counter", "Events the worker built (or dropped), per type.",
                  "type", s.events_flushed_by_type)  # fmt: skip
-    out.add("kvevents_stored_blocks_total", "counter", "Blocks carried by flushed Stored events.", s.stored_blocks_total)
+    out.add(
+        "kvevents_stored_blocks_total",
+        "counter",
+        "Blocks carried by flushed Stored events.",
+        s.stored_blocks_total,
+    )
     out.add("kvevents_removed_block_hashes_total", "counter", "Hashes carried by flushed Removed events.",
             s.removed_block_hashes_total)  # fmt: skip
     out.add("kvevents_buffer_capacity_events", "gauge", "Most events the manager's buffer holds.", b.capacity)
@@ -165,22 +181,45 @@ def _add_gather(out: _Families, s: GatherStats) -> None:
     if s.attention_dp_rank != 0:
         out.add(p + "messages_sent_total", "counter", "Event messages this rank sent to rank 0.",
                 s.messages_sent_total, **rank)  # fmt: skip
-        out.add(p + "events_sent_total", "counter", "Events this rank sent to rank 0.", s.events_sent_total, **rank)
-        out.add(p + "bytes_sent_total", "counter", "Bytes this rank sent to rank 0.", s.bytes_sent_total, **rank)
-        out.add(p + "in_flight_messages", "gauge", "Messages sent and not yet completed.", s.in_flight_messages, **rank)
+        out.add(
+            p + "events_sent_total",
+            "counter",
+            "Events this rank sent to rank 0.",
+            s.events_sent_total,
+            **rank,
+        )
+        out.add(
+            p + "bytes_sent_total", "counter", "Bytes this rank sent to rank 0.", s.bytes_sent_total, **rank
+        )
+        out.add(
+            p + "in_flight_messages",
+            "gauge",
+            "Messages sent and not yet completed.",
+            s.in_flight_messages,
+            **rank,
+        )
         out.add(p + "sends_deferred_total", "counter", "Sends put off because max_in_flight messages were pending.",
                 s.sends_deferred_total, **rank)  # fmt: skip
         out.add(p + "resyncs_received_total", "counter", "RESYNC messages from rank 0 (it lost this rank's events).",
                 s.resyncs_received_total, **rank)  # fmt: skip
         return
-    out.add(p + "messages_received_total", "counter", "Event messages rank 0 received.", s.messages_received_total)
+    out.add(
+        p + "messages_received_total", "counter", "Event messages rank 0 received.", s.messages_received_total
+    )
     out.add(p + "events_received_total", "counter", "Events rank 0 received from the other ranks.",
             s.events_received_total)  # fmt: skip
     out.add(p + "bytes_received_total", "counter", "Bytes rank 0 received.", s.bytes_received_total)
     out.add(p + "messages_rejected_total", "counter", "Messages rank 0 rejected (counted as dropped events).",
             s.messages_rejected_total)  # fmt: skip
-    out.add(p + "sequence_errors_total", "counter", "Messages that skipped a sequence number.", s.sequence_errors_total)
-    out.add(p + "ranks_dead", "gauge", "Ranks declared dead (silent past heartbeat_timeout_s).", len(s.ranks_dead))
+    out.add(
+        p + "sequence_errors_total",
+        "counter",
+        "Messages that skipped a sequence number.",
+        s.sequence_errors_total,
+    )
+    out.add(
+        p + "ranks_dead", "gauge", "Ranks declared dead (silent past heartbeat_timeout_s).", len(s.ranks_dead)
+    )
     out.add(p + "ranks_left", "gauge", "Ranks that left the gather.", len(s.ranks_left))
     out.add(p + "dead_rank_detections_total", "counter", "Times a rank was declared dead.",
             s.dead_rank_detections_total)  # fmt: skip
@@ -192,26 +231,49 @@ def _add_sink(out: _Families, s: SinkStats) -> None:
     for reason, counts in s.events_lost.items():
         out.add_each(_DROPPED, "counter", _DROPPED_HELP, "rank", counts, reason=reason)
     p = "kvevents_sink_"
-    out.add(p + "events_drained_total", "counter", "Events the sink took from the manager.", s.events_drained_total)
+    out.add(
+        p + "events_drained_total",
+        "counter",
+        "Events the sink took from the manager.",
+        s.events_drained_total,
+    )
     out.add(p + "messages_produced_total", "counter", "Messages handed to librdkafka (the next sequence number).",
             s.messages_produced_total)  # fmt: skip
-    out.add(p + "messages_delivered_total", "counter", "Messages Kafka acknowledged.", s.messages_delivered_total)
+    out.add(
+        p + "messages_delivered_total", "counter", "Messages Kafka acknowledged.", s.messages_delivered_total
+    )
     out.add_each(p + "messages_failed_total", "counter", "Messages librdkafka failed or refused, per error.",
                  "error", s.messages_failed_by_error)  # fmt: skip
     out.add_each(p + "events_delivered_total", "counter", "Events Kafka acknowledged, per source rank.",
                  "rank", s.events_delivered_by_rank)  # fmt: skip
-    out.add(p + "bytes_delivered_total", "counter", "Message bytes Kafka acknowledged.", s.bytes_delivered_total)
-    out.add(p + "in_flight_messages", "gauge", "Messages in librdkafka, not yet acknowledged.", s.in_flight_messages)
+    out.add(
+        p + "bytes_delivered_total", "counter", "Message bytes Kafka acknowledged.", s.bytes_delivered_total
+    )
+    out.add(
+        p + "in_flight_messages",
+        "gauge",
+        "Messages in librdkafka, not yet acknowledged.",
+        s.in_flight_messages,
+    )
     out.add(p + "in_flight_events", "gauge", "Events in those messages.", s.in_flight_events)
     out.add(p + "queue_messages", "gauge", "Messages waiting in the sink's queue.", s.queued_messages)
     out.add(p + "queue_events", "gauge", "Events waiting in the sink's queue.", s.queued_events)
     out.add(p + "queue_bytes", "gauge", "Encoded bytes waiting in the sink's queue.", s.queued_bytes)
-    out.add(p + "queue_capacity_events", "gauge", "Bound of the sink's queue, in events.", s.max_queued_events)
+    out.add(
+        p + "queue_capacity_events", "gauge", "Bound of the sink's queue, in events.", s.max_queued_events
+    )
     out.add(p + "queue_capacity_bytes", "gauge", "Bound of the sink's queue, in bytes.", s.max_queued_bytes)
     out.add(p + "queue_high_water_mark_events", "gauge", "Most events the sink's queue ever held.",
             s.queue_high_water_events)  # fmt: skip
-    out.add(p + "events_split_total", "counter", "Stored events cut into several messages.", s.events_split_total)
-    out.add(p + "fragments_total", "counter", "Messages holding a fragment of a split Stored event.", s.fragments_total)
+    out.add(
+        p + "events_split_total", "counter", "Stored events cut into several messages.", s.events_split_total
+    )
+    out.add(
+        p + "fragments_total",
+        "counter",
+        "Messages holding a fragment of a split Stored event.",
+        s.fragments_total,
+    )
     out.add_each(p + "drops_reported_total", "counter",
                  "Lost events reported in-band (EventBatch.dropped) by a delivered batch, per source rank.",
                  "rank", s.drops_reported_by_rank)  # fmt: skip
@@ -331,7 +393,9 @@ def _prometheus() -> Any:
         import prometheus_client
         import prometheus_client.core
     except ImportError as exc:
-        raise ImportError("Prometheus metrics need prometheus_client: pip install 'kvevents[metrics]'") from exc
+        raise ImportError(
+            "Prometheus metrics need prometheus_client: pip install 'kvevents[metrics]'"
+        ) from exc
     return prometheus_client
 
 
@@ -347,7 +411,9 @@ class PrometheusCollector:
         for family in self._metrics.families():
             names = sorted({k for s in family.samples for k in s.labels})
             if family.kind == "counter":
-                metric = core.CounterMetricFamily(family.name.removesuffix("_total"), family.help, labels=names)
+                metric = core.CounterMetricFamily(
+                    family.name.removesuffix("_total"), family.help, labels=names
+                )
             elif family.kind == "gauge":
                 metric = core.GaugeMetricFamily(family.name, family.help, labels=names)
             else:

@@ -410,8 +410,14 @@ class PagedBlockCache:
         what :meth:`KVCacheEventManager.enqueue_snapshot` needs for this window size."""
         make = self._block_info
         return [
-            make(h, None if b.parent is None else b.parent.block_hash, b.tokens, b.lora_id,
-                 b.level == PRIMARY_LEVEL, b.priority)
+            make(
+                h,
+                None if b.parent is None else b.parent.block_hash,
+                b.tokens,
+                b.lora_id,
+                b.level == PRIMARY_LEVEL,
+                b.priority,
+            )
             for h, b in self._blocks.items()
         ]
 

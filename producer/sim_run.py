@@ -211,10 +211,23 @@ class RankResult:
     @classmethod
     def failed(cls, topo: Topology, error: str, interrupted: bool = False) -> RankResult:
         """The result of a rank that raised ``error`` before it finished."""
-        return cls(topo.instance_id, topo.attention_dp_rank, topo.attention_dp_size, seconds=0.0,
-                   requests_arrived=0, requests_served=0, iterations=0, events_enqueued=0, stored_blocks=0,
-                   removed_blocks=0, manager_drops=0, snapshots=0, hit_rate=0.0, interrupted=interrupted,
-                   error=error)
+        return cls(
+            topo.instance_id,
+            topo.attention_dp_rank,
+            topo.attention_dp_size,
+            seconds=0.0,
+            requests_arrived=0,
+            requests_served=0,
+            iterations=0,
+            events_enqueued=0,
+            stored_blocks=0,
+            removed_blocks=0,
+            manager_drops=0,
+            snapshots=0,
+            hit_rate=0.0,
+            interrupted=interrupted,
+            error=error,
+        )
 
 
 @dataclass(frozen=True)
@@ -290,11 +303,16 @@ class SimRun:
         topo, cfg = self.topo, self.config
         if topo.attention_dp_size > 1:
             return KVCacheEventManager(
-                cfg.max_kv_event_entries, topo.attention_dp_rank, topo.attention_dp_size, comm=topo.instance_comm
+                cfg.max_kv_event_entries,
+                topo.attention_dp_rank,
+                topo.attention_dp_size,
+                comm=topo.instance_comm,
             )
         return KVCacheEventManager(cfg.max_kv_event_entries)
 
-    def execute(self, progress: Callable[[Progress], None] | None = None, progress_interval_s: float = 1.0) -> RankResult:
+    def execute(
+        self, progress: Callable[[Progress], None] | None = None, progress_interval_s: float = 1.0
+    ) -> RankResult:
         """Run this rank to the end and return its result (not yet collected)."""
         cfg, topo = self.config, self.topo
         started = time.monotonic()
@@ -329,7 +347,9 @@ class SimRun:
                 if progress is not None and now >= next_progress:
                     next_progress = now + progress_interval_s
                     progress(self._progress(now - started, sim, manager, sink))
-                wanted = cfg.snapshot_on_drops and manager.snapshot_requested and now >= self._retry_snapshot_at
+                wanted = (
+                    cfg.snapshot_on_drops and manager.snapshot_requested and now >= self._retry_snapshot_at
+                )
                 if wanted and not self._publish_snapshot(sim):
                     self._retry_snapshot_at = now + _SNAPSHOT_RETRY_S  # too large: not every iteration
                 return self._stop or (deadline is not None and now >= deadline)
@@ -391,10 +411,18 @@ class SimRun:
     def _write_flush_log(self, flushes: list[tuple[int, float]]) -> None:
         assert self.config.flush_log_dir is not None
         topo = self.topo
-        path = os.path.join(self.config.flush_log_dir, f"flush-{topo.instance_id}-{topo.attention_dp_rank}.json")
+        path = os.path.join(
+            self.config.flush_log_dir, f"flush-{topo.instance_id}-{topo.attention_dp_rank}.json"
+        )
         with open(path, "w") as f:
-            json.dump({"instance_id": topo.instance_id, "attention_dp_rank": topo.attention_dp_rank,
-                       "flushes": flushes}, f)
+            json.dump(
+                {
+                    "instance_id": topo.instance_id,
+                    "attention_dp_rank": topo.attention_dp_rank,
+                    "flushes": flushes,
+                },
+                f,
+            )
 
     def _publish_snapshot(self, sim: EngineSimulator) -> bool:
         """Queue a snapshot of the caches (it goes out with the next flush). A snapshot larger
@@ -442,7 +470,9 @@ class SimRun:
     @staticmethod
     def _progress(seconds: float, sim: EngineSimulator, manager: KVCacheEventManager, sink: Any) -> Progress:
         m = manager.stats()
-        delivered = None if sink is None or isinstance(sink, _Discard) else sink.stats().events_delivered_total
+        delivered = (
+            None if sink is None or isinstance(sink, _Discard) else sink.stats().events_delivered_total
+        )
         requests = sim.stats().requests_arrived
         return Progress(seconds, requests, m.buffer.events_added_total, m.events_dropped_total, delivered)
 

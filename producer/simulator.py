@@ -104,6 +104,7 @@ def held_prefix_length(hashes: Iterable[int], held: Container[int]) -> int:
         count += 1
     return count
 
+
 @dataclass(frozen=True)
 class SimulatorConfig:
     """One simulated engine rank: its identity, its caches and its pace."""

@@ -220,7 +220,11 @@ class KafkaEventSink:
         manager_dp_size = getattr(manager, "attention_dp_size", None)
         if attention_dp_size is None:
             attention_dp_size = manager_dp_size or 1
-        if isinstance(attention_dp_size, bool) or not isinstance(attention_dp_size, int) or attention_dp_size < 1:
+        if (
+            isinstance(attention_dp_size, bool)
+            or not isinstance(attention_dp_size, int)
+            or attention_dp_size < 1
+        ):
             raise ValueError(f"attention_dp_size must be an int >= 1, got {attention_dp_size!r}")
         if topic_config_timeout is None:
             raise ValueError("topic_config_timeout must be a number of seconds >= 0 (0: do not read it)")
@@ -690,7 +694,9 @@ class KafkaEventSink:
             self._writer.speculative = speculative
 
     def _resplit_head(self, chunk: Chunk, budget: int) -> None:
-        whole = self._writer.template_prefix() + chunk.part if chunk.envelope is None else chunk.encoded_message()
+        whole = (
+            self._writer.template_prefix() + chunk.part if chunk.envelope is None else chunk.encoded_message()
+        )
         events = self._codec.decode_batch(whole).events
         replacement: list[Chunk] = []
         for item in self._chunker.chunks(events, budget):
@@ -855,7 +861,16 @@ class KafkaEventSink:
             _call_safely(self._user_stats_cb, stats_json)
 
 
-_LIBRDKAFKA_STATS = ("msg_cnt", "msg_size", "msg_max", "msg_size_max", "txmsgs", "txmsg_bytes", "tx", "txbytes")
+_LIBRDKAFKA_STATS = (
+    "msg_cnt",
+    "msg_size",
+    "msg_max",
+    "msg_size_max",
+    "txmsgs",
+    "txmsg_bytes",
+    "tx",
+    "txbytes",
+)
 """Top-level librdkafka statistics the sink keeps (messages/bytes queued, sent)."""
 
 

@@ -84,9 +84,7 @@ def producer_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     if not str(merged.get("bootstrap.servers", "")).strip() and "test.mock.num.brokers" not in merged:
         from_env = os.environ.get(BOOTSTRAP_ENV, "").strip()
         if not from_env:
-            raise ValueError(
-                f"no Kafka address: put 'bootstrap.servers' in config or set {BOOTSTRAP_ENV}"
-            )
+            raise ValueError(f"no Kafka address: put 'bootstrap.servers' in config or set {BOOTSTRAP_ENV}")
         merged["bootstrap.servers"] = from_env
     return merged
 

@@ -177,7 +177,9 @@ def _as_bytes_view(data: Any) -> bytes | bytearray | memoryview:
         try:
             return data.cast("B") if data.format != "B" or data.ndim != 1 else data
         except TypeError as exc:
-            raise DecodeError(f"expected contiguous bytes, got a {data.format!r} memoryview ({exc})") from None
+            raise DecodeError(
+                f"expected contiguous bytes, got a {data.format!r} memoryview ({exc})"
+            ) from None
     raise DecodeError(f"expected bytes, got {type(data).__name__}")
 
 
@@ -220,7 +222,9 @@ def decode_batch(data: bytes | bytearray | memoryview) -> EventBatch:
     return _reference.decode_body(memoryview(view)[_SINGLE_OBJECT_HEADER:], writer, _SCHEMA)
 
 
-def decode_record(data: bytes | bytearray | memoryview, reader_schema: dict[str, Any] | str | None = None) -> Any:
+def decode_record(
+    data: bytes | bytearray | memoryview, reader_schema: dict[str, Any] | str | None = None
+) -> Any:
     """Decode a single-object message into a plain Avro record, resolved to ``reader_schema``.
 
     For tools and for readers of another schema version: the result is fastavro's record

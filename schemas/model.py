@@ -133,9 +133,7 @@ class KVCacheUpdatedData(msgspec.Struct, frozen=True, gc=False):
     priority: KVCacheEventDiff | None = None
 
 
-KVCacheEventData: TypeAlias = (
-    KVCacheCreatedData | KVCacheStoredData | KVCacheRemovedData | KVCacheUpdatedData
-)
+KVCacheEventData: TypeAlias = KVCacheCreatedData | KVCacheStoredData | KVCacheRemovedData | KVCacheUpdatedData
 
 
 class KVCacheEvent(msgspec.Struct, frozen=True, gc=False):

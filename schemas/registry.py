@@ -166,4 +166,6 @@ class RegistryCodec:
             return codec.decode_record(view, reader_schema)
         view, writer = self._split(view)
         reader = codec._SCHEMA if reader_schema is None else parse_for_codec(reader_schema)
-        return _reference.read_record(memoryview(view)[_HEADER:], codec._SCHEMA if writer is None else writer, reader)
+        return _reference.read_record(
+            memoryview(view)[_HEADER:], codec._SCHEMA if writer is None else writer, reader
+        )

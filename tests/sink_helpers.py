@@ -45,7 +45,9 @@ def stored_block(info: BlockInfo) -> KVCacheStoredBlockData:
     )
 
 
-def chain(first_hash: int, parent: int | None, count: int, tokens_per_block: int, rng: random.Random) -> list[BlockInfo]:
+def chain(
+    first_hash: int, parent: int | None, count: int, tokens_per_block: int, rng: random.Random
+) -> list[BlockInfo]:
     """``count`` chained blocks with varied optional fields."""
     blocks = []
     previous = parent
@@ -61,7 +63,9 @@ def chain(first_hash: int, parent: int | None, count: int, tokens_per_block: int
                 lora_id=rng.choice([None, 7, U64_MAX]) if fancy else None,
                 is_primary=rng.random() < 0.9,
                 priority=rng.randrange(0, 101) if fancy else 35,
-                token_extra_ids=[rng.randrange(0, 2**64) for _ in tokens] if fancy and rng.random() < 0.3 else None,
+                token_extra_ids=[rng.randrange(0, 2**64) for _ in tokens]
+                if fancy and rng.random() < 0.3
+                else None,
                 mm_keys=((rng.randbytes(32), 0),) if fancy and rng.random() < 0.3 else (),
                 cache_salt="salt✓" if fancy and rng.random() < 0.3 else None,
             )
@@ -96,7 +100,9 @@ class Workload:
                                rng.choice([16, 32]), rng)  # fmt: skip
                 self._next_hash += len(blocks)
                 manager.enqueue_stored_event(blocks, window)
-                self._add(KVCacheStoredData(blocks[0].prev_block_hash, [stored_block(b) for b in blocks]), window)
+                self._add(
+                    KVCacheStoredData(blocks[0].prev_block_hash, [stored_block(b) for b in blocks]), window
+                )
                 open_removed = None
             elif kind < 0.85:
                 block_hash = rng.randrange(U64_MAX + 1)
@@ -142,7 +148,9 @@ def rank_events(rank: int, count: int, seed: int, first_id: int = 0) -> list[KVC
     events = []
     for i in range(count):
         if rng.random() < 0.5:
-            blocks = [stored_block(b) for b in chain(rng.randrange(U64_MAX), None, rng.randint(1, 3), 16, rng)]
+            blocks = [
+                stored_block(b) for b in chain(rng.randrange(U64_MAX), None, rng.randint(1, 3), 16, rng)
+            ]
             data: Any = KVCacheStoredData(None, blocks)
         else:
             data = KVCacheRemovedData([rng.randrange(U64_MAX + 1) for _ in range(rng.randint(1, 4))])
@@ -150,7 +158,9 @@ def rank_events(rank: int, count: int, seed: int, first_id: int = 0) -> list[KVC
     return events
 
 
-def huge_stored_event(event_id: int, blocks: int, tokens_per_block: int, rank: int | None = None) -> KVCacheEvent:
+def huge_stored_event(
+    event_id: int, blocks: int, tokens_per_block: int, rank: int | None = None
+) -> KVCacheEvent:
     rng = random.Random(event_id)
     infos = chain(rng.randrange(U64_MAX), rng.randrange(U64_MAX), blocks, tokens_per_block, rng)
     return KVCacheEvent(
@@ -168,12 +178,17 @@ def reassemble(batches: Iterable[EventBatch]) -> list[KVCacheEvent]:
         if offset:
             head, previous = batch_events[0], events[-1]
             assert head.event_id == previous.event_id, (head.event_id, previous.event_id)
-            assert (head.window_size, head.attention_dp_rank) == (previous.window_size, previous.attention_dp_rank)
+            assert (head.window_size, head.attention_dp_rank) == (
+                previous.window_size,
+                previous.attention_dp_rank,
+            )
             assert isinstance(head.data, KVCacheStoredData) and isinstance(previous.data, KVCacheStoredData)
             assert len(previous.data.blocks) == offset, (len(previous.data.blocks), offset)
             assert head.data.parent_hash == previous.data.blocks[-1].block_hash
             joined = KVCacheStoredData(previous.data.parent_hash, previous.data.blocks + head.data.blocks)
-            events[-1] = KVCacheEvent(previous.event_id, joined, previous.window_size, previous.attention_dp_rank)
+            events[-1] = KVCacheEvent(
+                previous.event_id, joined, previous.window_size, previous.attention_dp_rank
+            )
             batch_events = batch_events[1:]
         events.extend(batch_events)
     return events
@@ -199,7 +214,12 @@ class Consumed:
 
 
 def consume(
-    bootstrap: str, topic: str, *, expect_messages: int | None = None, idle_s: float = 3.0, timeout_s: float = 120.0
+    bootstrap: str,
+    topic: str,
+    *,
+    expect_messages: int | None = None,
+    idle_s: float = 3.0,
+    timeout_s: float = 120.0,
 ) -> list[Consumed]:
     """Read every partition of ``topic`` from the beginning (assigned, no consumer group): until
     ``expect_messages`` are read (then ``idle_s`` more to catch extras), or until nothing came
@@ -240,7 +260,9 @@ def consume(
                 )
             if messages:
                 last = time.monotonic()
-            elif time.monotonic() - last > idle_s and (expect_messages is None or len(out) >= expect_messages):
+            elif time.monotonic() - last > idle_s and (
+                expect_messages is None or len(out) >= expect_messages
+            ):
                 break
     finally:
         consumer.close()

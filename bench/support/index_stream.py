@@ -132,7 +132,9 @@ class _Generator:
         self.out = Stream(config)
         self.children: dict[tuple[int, Any], int] = {}
         self.parent: list[int] = []
-        offloading = set(self.rng.sample(range(config.instances), round(config.instances * config.offloading_instances)))
+        offloading = set(
+            self.rng.sample(range(config.instances), round(config.instances * config.offloading_instances))
+        )
         self.workers = [
             _Worker(i * config.dp_size + r, i, r, i in offloading)
             for i in range(config.instances)
@@ -142,7 +144,9 @@ class _Generator:
         self.requests_since_flush = [0] * config.instances
         self.sequence = [0] * config.instances
         self.producer_ids = [self.rng.getrandbits(62) for _ in range(config.instances)]
-        self.system = [self._chunks(self.rng.randint(*config.system_blocks)) for _ in range(config.system_prompts)]
+        self.system = [
+            self._chunks(self.rng.randint(*config.system_blocks)) for _ in range(config.system_prompts)
+        ]
         self.docs = [self._chunks(config.document_blocks) for _ in range(config.documents)]
         weights = [1.0 / (k + 1) ** 1.1 for k in range(config.documents)]
         self.doc_weights = list(_accumulate(weights))
@@ -189,11 +193,15 @@ class _Generator:
         out.events_by_kind[kind] = out.events_by_kind.get(kind, 0) + 1
         self.pending[w.instance].append(event)
         if isinstance(data, KVCacheStoredData):
-            body: Any = {"stored": {
-                "parent_hash": data.parent_hash,
-                "blocks": [{"block_hash": b.block_hash, "tokens_hash": out.local_hashes[self._ids[b.block_hash]]}
-                           for b in data.blocks],
-            }}
+            body: Any = {
+                "stored": {
+                    "parent_hash": data.parent_hash,
+                    "blocks": [
+                        {"block_hash": b.block_hash, "tokens_hash": out.local_hashes[self._ids[b.block_hash]]}
+                        for b in data.blocks
+                    ],
+                }
+            }
             out.blocks_stored += len(data.blocks)
         elif isinstance(data, KVCacheRemovedData):
             body = {"removed": {"block_hashes": data.block_hashes}}
@@ -221,11 +229,16 @@ class _Generator:
         events = self.pending[instance]
         if not events:
             return
-        self.out.batches.append(EventBatch(
-            f"engine-{instance:03d}", events, attention_dp_size=self.c.dp_size,
-            producer_id=self.producer_ids[instance], sequence=self.sequence[instance],
-            created_at_us=1_700_000_000_000_000 + len(self.out.batches),
-        ))
+        self.out.batches.append(
+            EventBatch(
+                f"engine-{instance:03d}",
+                events,
+                attention_dp_size=self.c.dp_size,
+                producer_id=self.producer_ids[instance],
+                sequence=self.sequence[instance],
+                created_at_us=1_700_000_000_000_000 + len(self.out.batches),
+            )
+        )
         self.sequence[instance] += 1
         self.pending[instance] = []
         self.requests_since_flush[instance] = 0

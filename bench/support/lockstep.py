@@ -76,7 +76,12 @@ class LockstepExchange:
                 data = b""
                 if drain.events or drain.dropped:
                     data = encode_batch(
-                        EventBatch(f"rank-{self._rank}", drain.events, attention_dp_size=self._size, dropped=drain.dropped)
+                        EventBatch(
+                            f"rank-{self._rank}",
+                            drain.events,
+                            attention_dp_size=self._size,
+                            dropped=drain.dropped,
+                        )
                     )
                 vec_size[0] = len(data)
                 comm.Send([vec_size, mpi.UINT64_T], 0, TAG_SIZE)

@@ -57,8 +57,11 @@ LIBRDKAFKA_DEFAULTS = {
 FETCH_SETTINGS = {
     "librdkafka defaults": LIBRDKAFKA_DEFAULTS,
     "kvevents defaults": {},  # EventReader's DEFAULT_CONSUMER_CONFIG
-    "bigger": {"max.partition.fetch.bytes": 33_554_432, "fetch.max.bytes": 134_217_728,
-               "queued.max.messages.kbytes": 1_048_576},
+    "bigger": {
+        "max.partition.fetch.bytes": 33_554_432,
+        "fetch.max.bytes": 134_217_728,
+        "queued.max.messages.kbytes": 1_048_576,
+    },
 }
 
 
@@ -105,7 +108,9 @@ def topic_name(config: Any, copies: int) -> str:
 
 
 @contextmanager
-def bench_broker(jvm_options: tuple[str, ...] = THROUGHPUT_JVM_OPTIONS) -> Iterator[tuple[str, dict[str, Any]]]:
+def bench_broker(
+    jvm_options: tuple[str, ...] = THROUGHPUT_JVM_OPTIONS,
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """The broker: ``$KAFKA_BOOTSTRAP_SERVERS``, else a local one whose data stays for next time
     (started with ``jvm_options``, or ``$KVEVENTS_BROKER_JVM_OPTS`` when set)."""
     env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
@@ -116,11 +121,16 @@ def bench_broker(jvm_options: tuple[str, ...] = THROUGHPUT_JVM_OPTIONS) -> Itera
 
     state = Path(os.environ.get("KVEVENTS_BENCH_BROKER_DIR", "~/.cache/kvevents/bench-broker")).expanduser()
     options = os.environ.get("KVEVENTS_BROKER_JVM_OPTS")
-    broker = LocalBroker(state, heap="1g", jvm_options=None if options is not None else jvm_options,
-                         stop_with_parent=True)
+    broker = LocalBroker(
+        state, heap="1g", jvm_options=None if options is not None else jvm_options, stop_with_parent=True
+    )
     broker.start()
-    info = {"source": "local", "state_dir": str(state), "jvm_options": list(broker.jvm_options),
-            "start_s": broker.last_start_seconds}
+    info = {
+        "source": "local",
+        "state_dir": str(state),
+        "jvm_options": list(broker.jvm_options),
+        "start_s": broker.last_start_seconds,
+    }
     try:
         yield broker.bootstrap_servers, info
     finally:
@@ -146,24 +156,39 @@ def _disk_bytes(state_dir: str | None, topic: str) -> int | None:
     return total
 
 
-def ensure_topic(bootstrap: str, topic: str, messages: list[bytes] | Iterator[bytes], expected: int,
-                 state_dir: str | None) -> dict[str, Any]:
+def ensure_topic(
+    bootstrap: str, topic: str, messages: list[bytes] | Iterator[bytes], expected: int, state_dir: str | None
+) -> dict[str, Any]:
     """Produce the topic unless it already holds ``expected`` messages; what it took."""
     from kvevents.topics import TopicSpec, create_topic
 
     found = _topic_messages(bootstrap, topic)
     if found == expected:
-        return {"produced_now": False, "messages": found, "disk_bytes": _disk_bytes(state_dir, topic),
-                "when_produced": _production_log(state_dir).get(topic)}
+        return {
+            "produced_now": False,
+            "messages": found,
+            "disk_bytes": _disk_bytes(state_dir, topic),
+            "when_produced": _production_log(state_dir).get(topic),
+        }
     if found is not None:  # an interrupted earlier run: start over
         AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(30)
         time.sleep(2)
-    create_topic(bootstrap, TopicSpec(topic, partitions=PARTITIONS, retention_ms=-1, max_message_bytes=8 << 20))
-    producer = Producer({
-        "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "compression.type": "zstd",
-        "linger.ms": 20, "batch.size": 1_000_000, "queue.buffering.max.kbytes": 524_288,
-        "partitioner": "murmur2_random", "message.max.bytes": 8 << 20,
-    })
+    create_topic(
+        bootstrap, TopicSpec(topic, partitions=PARTITIONS, retention_ms=-1, max_message_bytes=8 << 20)
+    )
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": "zstd",
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.kbytes": 524_288,
+            "partitioner": "murmur2_random",
+            "message.max.bytes": 8 << 20,
+        }
+    )
     failures: list[str] = []
 
     def delivered(err: Any, _msg: Any) -> None:
@@ -187,9 +212,15 @@ def ensure_topic(bootstrap: str, topic: str, messages: list[bytes] | Iterator[by
     if left or failures:
         raise SystemExit(f"producing {topic}: {left} undelivered, failures {failures[:3]}")
     assert _topic_messages(bootstrap, topic) == expected == count
-    result = {"produced_now": True, "messages": count, "value_bytes": nbytes, "produce_s": seconds,
-              "produce_mb_per_s": nbytes / seconds / 1e6, "disk_bytes": _disk_bytes(state_dir, topic),
-              "produced_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    result = {
+        "produced_now": True,
+        "messages": count,
+        "value_bytes": nbytes,
+        "produce_s": seconds,
+        "produce_mb_per_s": nbytes / seconds / 1e6,
+        "disk_bytes": _disk_bytes(state_dir, topic),
+        "produced_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     if state_dir is not None:  # what producing took, for the runs that reuse the topic
         log = _production_log(state_dir)
         log[topic] = result
@@ -234,14 +265,22 @@ def rebuild(bootstrap: str, topic: str, config: dict[str, Any]) -> tuple[dict[st
         result = reader.apply_to(index)
     seconds = time.perf_counter() - start
     return {
-        "seconds": seconds, "cpu_seconds": time.process_time() - cpu, "messages": result.messages,
-        "events": result.events, "events_per_s": result.events / seconds, "mb_per_s": result.bytes / seconds / 1e6,
-        "caught_up": result.caught_up, "workers": index.stats().workers, "held_worker_blocks": index.held_blocks(),
+        "seconds": seconds,
+        "cpu_seconds": time.process_time() - cpu,
+        "messages": result.messages,
+        "events": result.events,
+        "events_per_s": result.events / seconds,
+        "mb_per_s": result.bytes / seconds / 1e6,
+        "caught_up": result.caught_up,
+        "workers": index.stats().workers,
+        "held_worker_blocks": index.held_blocks(),
         "max_rss_bytes": rss_bytes(),
     }, index
 
 
-def checkpoint_cycle(bootstrap: str, topic: str, full: CacheIndex, tail_messages: int, workdir: Path) -> dict[str, Any]:
+def checkpoint_cycle(
+    bootstrap: str, topic: str, full: CacheIndex, tail_messages: int, workdir: Path
+) -> dict[str, Any]:
     """Checkpoint an index that lacks the topic's last ``tail_messages`` messages, then time
     restoring it (file, then compacted topic) and catching up the tail."""
     total = _topic_messages(bootstrap, topic) or 0
@@ -266,8 +305,12 @@ def checkpoint_cycle(bootstrap: str, topic: str, full: CacheIndex, tail_messages
     del checkpoint
     gc.collect()
     out: dict[str, Any] = {
-        "tail_messages": tail, "state_bytes": file_bytes, "capture_s": capture_s, "save_file_s": save_file_s,
-        "save_kafka_s": save_kafka_s, "kafka_chunks": saved.chunks,
+        "tail_messages": tail,
+        "state_bytes": file_bytes,
+        "capture_s": capture_s,
+        "save_file_s": save_file_s,
+        "save_kafka_s": save_kafka_s,
+        "kafka_chunks": saved.chunks,
     }
     for source in ("file", "kafka"):
         gc.collect()
@@ -281,8 +324,11 @@ def checkpoint_cycle(bootstrap: str, topic: str, full: CacheIndex, tail_messages
             caught = restored.caught_up
             assert caught is not None
             out[source] = {
-                "seconds": total_s, "load_s": load_s, "restore_and_catch_up_s": total_s - load_s,
-                "catch_up_s": caught.seconds, "tail_events": caught.events,
+                "seconds": total_s,
+                "load_s": load_s,
+                "restore_and_catch_up_s": total_s - load_s,
+                "catch_up_s": caught.seconds,
+                "tail_events": caught.events,
                 "equals_full_rebuild": restored.index.same_state(full),
             }
         del restored, loaded
@@ -300,8 +346,9 @@ def run(payload: dict[str, Any], config: Any, target_events: int, repeat: int) -
     copies = -(-target_events // per_copy)
     topic = topic_name(config, copies)
     with bench_broker() as (bootstrap, broker_info):
-        production = ensure_topic(bootstrap, topic, replicated(encoded, copies), copies * len(encoded),
-                                  broker_info.get("state_dir"))
+        production = ensure_topic(
+            bootstrap, topic, replicated(encoded, copies), copies * len(encoded), broker_info.get("state_dir")
+        )
         del encoded, payload
         gc.collect()
         fetch = {name: raw_read(bootstrap, topic, settings) for name, settings in FETCH_SETTINGS.items()}
@@ -315,8 +362,9 @@ def run(payload: dict[str, Any], config: Any, target_events: int, repeat: int) -
         best = {name: min(rows, key=lambda r: r["seconds"]) for name, rows in runs.items()}
         assert full is not None
         with tempfile.TemporaryDirectory() as tmp:
-            checkpoint = checkpoint_cycle(bootstrap, topic, full, tail_messages=max(1, production["messages"] // 100),
-                                          workdir=Path(tmp))
+            checkpoint = checkpoint_cycle(
+                bootstrap, topic, full, tail_messages=max(1, production["messages"] // 100), workdir=Path(tmp)
+            )
         del full
     jvm_compare = None
     if broker_info["source"] == "local" and os.environ.get("KVEVENTS_BROKER_JVM_OPTS") is None:
@@ -324,17 +372,31 @@ def run(payload: dict[str, Any], config: Any, target_events: int, repeat: int) -
         with bench_broker(FAST_START_JVM_OPTIONS) as (bootstrap, fast_info):
             raw = raw_read(bootstrap, topic, {})
             row, _ = rebuild(bootstrap, topic, {})
-        jvm_compare = {"jvm_options": fast_info["jvm_options"], "raw_read": raw, "rebuild": row,
-                       "throughput_jvm_raw_read_s": fetch["kvevents defaults"]["seconds"],
-                       "throughput_jvm_rebuild_s": best["kvevents defaults"]["seconds"]}
+        jvm_compare = {
+            "jvm_options": fast_info["jvm_options"],
+            "raw_read": raw,
+            "rebuild": row,
+            "throughput_jvm_raw_read_s": fetch["kvevents defaults"]["seconds"],
+            "throughput_jvm_rebuild_s": best["kvevents defaults"]["seconds"],
+        }
     main = best["kvevents defaults"]
     return {
         "rebuild_from_topic": {
-            "topic": topic, "partitions": PARTITIONS, "broker": broker_info, "production": production,
-            "events": main["events"], "seconds": main["seconds"], "events_per_s": main["events_per_s"],
-            "cpu_seconds": main["cpu_seconds"], "max_rss_bytes": main["max_rss_bytes"],
-            "target_s": 60.0, "runs": runs, "best_by_fetch_settings": {n: r["seconds"] for n, r in best.items()},
-            "raw_fetch": fetch, "fetch_settings": FETCH_SETTINGS, "fast_start_jvm": jvm_compare,
+            "topic": topic,
+            "partitions": PARTITIONS,
+            "broker": broker_info,
+            "production": production,
+            "events": main["events"],
+            "seconds": main["seconds"],
+            "events_per_s": main["events_per_s"],
+            "cpu_seconds": main["cpu_seconds"],
+            "max_rss_bytes": main["max_rss_bytes"],
+            "target_s": 60.0,
+            "runs": runs,
+            "best_by_fetch_settings": {n: r["seconds"] for n, r in best.items()},
+            "raw_fetch": fetch,
+            "fetch_settings": FETCH_SETTINGS,
+            "fast_start_jvm": jvm_compare,
             "status": "measured",
         },
         "rebuild_from_checkpoint": {**checkpoint, "target_s": 5.0, "status": "measured"},

@@ -118,7 +118,9 @@ def logging_level(args: argparse.Namespace) -> int:
     return logging.WARNING - 10 * min(int(getattr(args, "verbose", 0) or 0), 2)
 
 
-def command(name: str) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+def command(
+    name: str,
+) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
     """Decorate a command's ``func(args) -> int``: logging level from -q/-v, :class:`CommandError`
     printed as ``kvevents NAME: message`` with its code, Ctrl-C -> exit 130 (a command that has a
     summary to print catches KeyboardInterrupt itself and returns :data:`EXIT_INTERRUPTED`)."""

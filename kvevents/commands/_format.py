@@ -136,14 +136,18 @@ def _data_json(event: KVCacheEvent) -> dict[str, Any]:
     if isinstance(data, KVCacheUpdatedData):
         return {
             "block_hash": data.block_hash,
-            "cache_level": None if data.cache_level is None else [data.cache_level.old_value, data.cache_level.new_value],
+            "cache_level": None
+            if data.cache_level is None
+            else [data.cache_level.old_value, data.cache_level.new_value],
             "priority": None if data.priority is None else [data.priority.old_value, data.priority.new_value],
         }
     assert isinstance(data, KVCacheCreatedData)
     return {"num_blocks_per_cache_level": list(data.num_blocks_per_cache_level), "snapshot": data.snapshot}
 
 
-def event_json(batch: EventBatch, event: KVCacheEvent, time_us: int, partition: int, offset: int) -> dict[str, Any]:
+def event_json(
+    batch: EventBatch, event: KVCacheEvent, time_us: int, partition: int, offset: int
+) -> dict[str, Any]:
     """One event as a JSON-ready dict (hashes as unsigned ints; tokens as counts)."""
     return {
         "kind": "event",
@@ -160,7 +164,9 @@ def event_json(batch: EventBatch, event: KVCacheEvent, time_us: int, partition: 
     }
 
 
-def batch_json(batch: EventBatch, partition: int, offset: int, time_us: int, note: str = "") -> dict[str, Any]:
+def batch_json(
+    batch: EventBatch, partition: int, offset: int, time_us: int, note: str = ""
+) -> dict[str, Any]:
     """A batch's envelope as a JSON-ready dict."""
     return {
         "kind": "batch",

@@ -52,7 +52,9 @@ def add_index_flags(parser: argparse.ArgumentParser, *, saves: bool = True) -> N
         + (", and save there" if saves else ""),
     )
     group.add_argument(
-        "--checkpoint-name", default="default", help="the checkpoint's name in --checkpoint-topic (default: default)"
+        "--checkpoint-name",
+        default="default",
+        help="the checkpoint's name in --checkpoint-topic (default: default)",
     )
     group.add_argument(
         "--core",
@@ -89,7 +91,9 @@ def describe_progress(p: ReaderProgress) -> str:
 def _checkpoint_store(args: argparse.Namespace, bootstrap: str) -> Any:
     from kvevents.consumer import KafkaCheckpointStore
 
-    return KafkaCheckpointStore(bootstrap, args.checkpoint_topic, name=args.checkpoint_name, config=kafka_config(args))
+    return KafkaCheckpointStore(
+        bootstrap, args.checkpoint_topic, name=args.checkpoint_name, config=kafka_config(args)
+    )
 
 
 def _load_checkpoint(args: argparse.Namespace, bootstrap: str) -> tuple[Checkpoint | None, str]:
@@ -99,7 +103,9 @@ def _load_checkpoint(args: argparse.Namespace, bootstrap: str) -> tuple[Checkpoi
     try:
         if path is not None:
             if not path.exists() and getattr(args, "save_checkpoint", None) == path:
-                log.warning("%s does not exist yet: rebuilding from the beginning (it will be saved there)", path)
+                log.warning(
+                    "%s does not exist yet: rebuilding from the beginning (it will be saved there)", path
+                )
             else:
                 checkpoint = load_checkpoint(path, topic=args.topic)
                 return checkpoint, f"checkpoint file {path}"
@@ -114,7 +120,9 @@ def _load_checkpoint(args: argparse.Namespace, bootstrap: str) -> tuple[Checkpoi
     return None, "the beginning of the topic"
 
 
-def build_index(args: argparse.Namespace, *, catch_up: bool = True, progress: Progress | None = None) -> Built:
+def build_index(
+    args: argparse.Namespace, *, catch_up: bool = True, progress: Progress | None = None
+) -> Built:
     """The index from the checkpoint (if any) caught up with the topic (``catch_up``); raises
     :class:`CommandError` for a missing topic, a bad checkpoint, no broker."""
     from kvevents.consumer import CacheIndex, CheckpointError, EventReader, ReaderError

@@ -37,7 +37,9 @@ class IndexFollower:
     """Applies the topic to the index in a background thread, under ``lock``; keeps the
     reader's figures in :attr:`status` (the reader itself is used only by this thread)."""
 
-    def __init__(self, index: CacheIndex, reader: EventReader, lock: threading.Lock, poll_s: float = 0.5) -> None:
+    def __init__(
+        self, index: CacheIndex, reader: EventReader, lock: threading.Lock, poll_s: float = 0.5
+    ) -> None:
         self.index = index
         self.reader = reader
         self.lock = lock
@@ -157,10 +159,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK if body["status"] == "ok" else HTTPStatus.SERVICE_UNAVAILABLE, body)
         elif path == "/workers":
             with self.server.lock:
-                body = {"workers": worker_rows(self.server.index), "summary": index_summary(self.server.index)}
+                body = {
+                    "workers": worker_rows(self.server.index),
+                    "summary": index_summary(self.server.index),
+                }
             self._send(HTTPStatus.OK, body)
         else:
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {path!r}: GET /healthz, GET /workers, POST /match"})
+            self._send(
+                HTTPStatus.NOT_FOUND,
+                {"error": f"no such path {path!r}: GET /healthz, GET /workers, POST /match"},
+            )
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -174,7 +182,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if length > MAX_BODY_BYTES:
             self.close_connection = True
-            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"body larger than {MAX_BODY_BYTES} bytes"})
+            self._send(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": f"body larger than {MAX_BODY_BYTES} bytes"}
+            )
             return
         raw = self.rfile.read(length)
         try:

@@ -154,7 +154,9 @@ def parse_match_request(raw: bytes, default_block_size: int) -> MatchRequest:
         raise ValueError('the body must be a JSON object like {"token_ids": [1, 2, 3], "block_size": 32}')
     unknown = sorted(set(body) - {"token_ids", "block_size", "lora_id", "secondary_weight", "window_size"})
     if unknown:
-        raise ValueError(f"unknown field(s) {unknown}; known: token_ids, block_size, lora_id, secondary_weight, window_size")
+        raise ValueError(
+            f"unknown field(s) {unknown}; known: token_ids, block_size, lora_id, secondary_weight, window_size"
+        )
     if "token_ids" not in body:
         raise ValueError("'token_ids' is missing (a JSON list of token ids)")
     if not isinstance(body["token_ids"], list):
@@ -165,5 +167,9 @@ def parse_match_request(raw: bytes, default_block_size: int) -> MatchRequest:
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
         raise ValueError(f"'secondary_weight' must be a number within 0..1, got {weight!r}")
     return MatchRequest(
-        tokens, block_size, _optional_int(body, "lora_id", 0), float(weight), _optional_int(body, "window_size", 1)
+        tokens,
+        block_size,
+        _optional_int(body, "lora_id", 0),
+        float(weight),
+        _optional_int(body, "window_size", 1),
     )

@@ -210,7 +210,10 @@ class StreamStats:
             return [], {t: [] for t in TYPES}
         first, last = min(self.buckets), max(self.buckets)
         times = [(b - first) * self.bucket_s for b in range(first, last + 1)]
-        rates = {t: [self.buckets.get(b, Counter())[t] / self.bucket_s for b in range(first, last + 1)] for t in TYPES}
+        rates = {
+            t: [self.buckets.get(b, Counter())[t] / self.bucket_s for b in range(first, last + 1)]
+            for t in TYPES
+        }
         return times, rates
 
     def lifetime_summary(self) -> dict[str, float | int]:
@@ -265,7 +268,9 @@ class StreamStats:
                 "producer_changes": dict(sorted(self.producer_changes.items())),
                 "replayed_batches": self.replayed_batches,
                 "event_ids_skipped": sum(self.event_id_gaps.values()),
-                "event_ids_skipped_by_worker": {f"{i}/{r}": n for (i, r), n in sorted(self.event_id_gaps.items())},
+                "event_ids_skipped_by_worker": {
+                    f"{i}/{r}": n for (i, r), n in sorted(self.event_id_gaps.items())
+                },
                 "replayed_events": self.replayed_events,
                 "malformed_messages": self.malformed,
             },

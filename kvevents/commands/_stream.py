@@ -96,7 +96,9 @@ def start_offsets_for_time(
     (the high watermark when there is none)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({**config, "bootstrap.servers": bootstrap_servers, "group.id": "kvevents-offsets-for-time"})
+    consumer = Consumer(
+        {**config, "bootstrap.servers": bootstrap_servers, "group.id": "kvevents-offsets-for-time"}
+    )
     try:
         metadata = consumer.list_topics(topic, timeout=timeout)
         info = metadata.topics.get(topic)

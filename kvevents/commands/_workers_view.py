@@ -76,7 +76,9 @@ def _levels_of(rows: list[dict[str, Any]]) -> list[str]:
 def render_workers(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
     """A text table: one line per (worker, window size), then a summary line."""
     levels = _levels_of(rows)
-    head = f"{'instance':<20} {'rank':>4} {'window':>7} {'blocks':>8} " + " ".join(f"{'L' + lv:>7}" for lv in levels)
+    head = f"{'instance':<20} {'rank':>4} {'window':>7} {'blocks':>8} " + " ".join(
+        f"{'L' + lv:>7}" for lv in levels
+    )
     head += f" {'capacity':>12} {'last_id':>9}  state"
     lines = [head]
     for row in rows:

@@ -41,16 +41,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--duration", type=float, default=30.0, metavar="SECONDS",
-                        help="how long the simulators run (default: 30)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long the simulators run (default: 30)",
+    )
     parser.add_argument("--instances", type=int, default=2, help="engine instances (default: 2)")
     parser.add_argument("--ranks", type=int, default=4, help="attention-DP ranks per instance (default: 4)")
     parser.add_argument("--rate", type=float, default=10.0, help="requests per second per rank (default: 10)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
-    parser.add_argument("--held-out", type=int, default=400, help="held-out requests for routing (default: 400)")
-    parser.add_argument("--partitions", type=int, default=2, help="partitions of the fresh topic (default: 2)")
-    parser.add_argument("--sim-arg", action="append", default=[], metavar="ARG",
-                        help="a further 'kvevents simulate' flag (repeatable), e.g. --sim-arg=--block-size=16")
+    parser.add_argument(
+        "--held-out", type=int, default=400, help="held-out requests for routing (default: 400)"
+    )
+    parser.add_argument(
+        "--partitions", type=int, default=2, help="partitions of the fresh topic (default: 2)"
+    )
+    parser.add_argument(
+        "--sim-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a further 'kvevents simulate' flag (repeatable), e.g. --sim-arg=--block-size=16",
+    )
     add_kafka_flags(parser)
     parser.set_defaults(topic=None)
     add_output_flags(parser, json_help="print the report as JSON")

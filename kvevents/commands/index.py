@@ -68,13 +68,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_kafka_flags(parser)
     add_index_flags(parser)
     parser.add_argument(
-        "--save-checkpoint", type=Path, default=None, metavar="FILE", help="write a checkpoint file at the end"
+        "--save-checkpoint",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write a checkpoint file at the end",
     )
     live = parser.add_argument_group("following")
     live.add_argument("--tail", action="store_true", help="after the rebuild, keep following the topic")
-    live.add_argument("--duration", type=float, default=None, help="with --tail: stop after this many seconds")
     live.add_argument(
-        "--refresh", type=float, default=None, help="seconds between table updates (default: 1 on a terminal, 10 otherwise)"
+        "--duration", type=float, default=None, help="with --tail: stop after this many seconds"
+    )
+    live.add_argument(
+        "--refresh",
+        type=float,
+        default=None,
+        help="seconds between table updates (default: 1 on a terminal, 10 otherwise)",
     )
     live.add_argument(
         "--checkpoint-interval",
@@ -136,7 +145,9 @@ def _follow(args: argparse.Namespace, built: Built, show: Progress, interrupted:
             table.draw(_table_lines(built))
         else:
             metrics = built.reader.metrics()
-            show.update(f"tailing: {metrics.events_total:,} events read, lag {metrics.lag_total:,} msgs", force=True)
+            show.update(
+                f"tailing: {metrics.events_total:,} events read, lag {metrics.lag_total:,} msgs", force=True
+            )
         if args.checkpoint_interval and time.monotonic() - last_save >= args.checkpoint_interval:
             saved = capture_and_save(args, built)
             last_save = time.monotonic()

@@ -65,14 +65,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     prompts = parser.add_argument_group("prompts")
     source = prompts.add_mutually_exclusive_group()
     source.add_argument("--tokens", type=Path, default=None, metavar="FILE", help="prompts, one per line")
-    source.add_argument("--synthetic", type=int, default=None, metavar="N", help="N held-out simulator requests")
+    source.add_argument(
+        "--synthetic", type=int, default=None, metavar="N", help="N held-out simulator requests"
+    )
     prompts.add_argument("--seed", type=int, default=0, help="seed of the synthetic requests (default: 0)")
     prompts.add_argument(
-        "--content-seed", type=int, default=0, help="seed of the shared content (as the simulators'; default: 0)"
+        "--content-seed",
+        type=int,
+        default=0,
+        help="seed of the shared content (as the simulators'; default: 0)",
     )
     scoring = parser.add_argument_group("scoring")
-    scoring.add_argument("--block-size", type=int, default=32, help="tokens per block, as the engines' (default: 32)")
-    scoring.add_argument("--lora-id", type=int, default=None, help="LoRA id of --tokens prompts (default: none)")
+    scoring.add_argument(
+        "--block-size", type=int, default=32, help="tokens per block, as the engines' (default: 32)"
+    )
+    scoring.add_argument(
+        "--lora-id", type=int, default=None, help="LoRA id of --tokens prompts (default: none)"
+    )
     scoring.add_argument(
         "--secondary-weight",
         type=float,
@@ -81,7 +90,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "like a primary block)",
     )
     scoring.add_argument("--window-size", type=int, default=None, help="match this window size only")
-    scoring.add_argument("--top", type=int, default=5, help="workers listed per prompt in text output (default: 5)")
+    scoring.add_argument(
+        "--top", type=int, default=5, help="workers listed per prompt in text output (default: 5)"
+    )
     serve = parser.add_argument_group("serving")
     serve.add_argument("--serve", action="store_true", help="answer HTTP requests instead of routing prompts")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -229,7 +240,10 @@ def _serve(args: argparse.Namespace, built: Built) -> int:
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
     follower.start()
     workers = len(built.index.workers())
-    print(f"serving on {server.url} (POST /match, GET /healthz, GET /workers); {workers} worker(s); Ctrl-C stops", flush=True)
+    print(
+        f"serving on {server.url} (POST /match, GET /healthz, GET /workers); {workers} worker(s); Ctrl-C stops",
+        flush=True,
+    )
     interrupted = False
 
     def on_term(signum: int, frame: FrameType | None) -> None:
@@ -248,7 +262,8 @@ def _serve(args: argparse.Namespace, built: Built) -> int:
     status = follower.status
     print(
         f"served {server.requests_served} request(s); {status.get('events', 0):,} events read; "
-        f"lag {status.get('lag_messages', 0):,} msgs" + (f"; follower error: {follower.error}" if follower.error else ""),
+        f"lag {status.get('lag_messages', 0):,} msgs"
+        + (f"; follower error: {follower.error}" if follower.error else ""),
         file=sys.stderr,
     )
     return EXIT_INTERRUPTED if interrupted else 0

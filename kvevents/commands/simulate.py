@@ -52,34 +52,78 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     run = parser.add_argument_group("run")
     run.add_argument("--instances", type=int, default=1, help="engine instances (default: 1)")
-    run.add_argument("--ranks", type=int, default=None,
-                     help="attention-DP ranks per instance (default: the MPI world size / --instances)")
+    run.add_argument(
+        "--ranks",
+        type=int,
+        default=None,
+        help="attention-DP ranks per instance (default: the MPI world size / --instances)",
+    )
     run.add_argument("--instance-prefix", default="sim", help="instance names PREFIX-k (default: sim)")
-    run.add_argument("--first-instance", type=int, default=0, help="number of the first instance (default: 0)")
-    run.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="wall-clock seconds to run")
+    run.add_argument(
+        "--first-instance", type=int, default=0, help="number of the first instance (default: 0)"
+    )
+    run.add_argument(
+        "--duration", type=float, default=None, metavar="SECONDS", help="wall-clock seconds to run"
+    )
     run.add_argument("--requests", type=int, default=None, help="requests per rank, then stop")
-    run.add_argument("--rate", "--request-rate", dest="rate", type=float, default=10.0,
-                     help="mean requests per second per rank (default: 10)")
+    run.add_argument(
+        "--rate",
+        "--request-rate",
+        dest="rate",
+        type=float,
+        default=10.0,
+        help="mean requests per second per rank (default: 10)",
+    )
     run.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     run.add_argument("--content-seed", type=int, default=0, help="seed of the shared prompts and documents")
-    run.add_argument("--no-realtime", dest="realtime", action="store_false",
-                     help="iterate as fast as possible instead of at --iterations-per-second")
-    run.add_argument("--max-kv-event-entries", type=int, default=10_000,
-                     help="the event manager's buffer per rank (default: 10000)")
-    run.add_argument("--snapshot-on-drops", action="store_true",
-                     help="publish a cache snapshot whenever the manager lost events of its rank")
-    run.add_argument("--ground-truth", type=Path, default=None, metavar="FILE",
-                     help="write every worker's final cache contents here (JSON lines)")
-    run.add_argument("--no-kafka", action="store_true", help="run without Kafka (events are made and discarded)")
-    run.add_argument("--flush-log", default=None, metavar="DIR",
-                     help="each rank writes DIR/flush-INSTANCE-RANK.json: per flush, the last event id and "
-                     "its time.monotonic() (for latency benchmarks)")
+    run.add_argument(
+        "--no-realtime",
+        dest="realtime",
+        action="store_false",
+        help="iterate as fast as possible instead of at --iterations-per-second",
+    )
+    run.add_argument(
+        "--max-kv-event-entries",
+        type=int,
+        default=10_000,
+        help="the event manager's buffer per rank (default: 10000)",
+    )
+    run.add_argument(
+        "--snapshot-on-drops",
+        action="store_true",
+        help="publish a cache snapshot whenever the manager lost events of its rank",
+    )
+    run.add_argument(
+        "--ground-truth",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write every worker's final cache contents here (JSON lines)",
+    )
+    run.add_argument(
+        "--no-kafka", action="store_true", help="run without Kafka (events are made and discarded)"
+    )
+    run.add_argument(
+        "--flush-log",
+        default=None,
+        metavar="DIR",
+        help="each rank writes DIR/flush-INSTANCE-RANK.json: per flush, the last event id and "
+        "its time.monotonic() (for latency benchmarks)",
+    )
     engine = parser.add_argument_group("engine (SimulatorConfig)")
     engine.add_argument("--block-size", type=int, default=32, help="tokens per block (default: 32)")
-    engine.add_argument("--num-primary-blocks", type=int, default=1024, help="GPU blocks per rank (default: 1024)")
-    engine.add_argument("--num-secondary-blocks", type=int, default=256,
-                        help="host blocks per rank for offloading; 0 disables it (default: 256)")
-    engine.add_argument("--iterations-per-second", type=float, default=100.0, help="engine iterations per second")
+    engine.add_argument(
+        "--num-primary-blocks", type=int, default=1024, help="GPU blocks per rank (default: 1024)"
+    )
+    engine.add_argument(
+        "--num-secondary-blocks",
+        type=int,
+        default=256,
+        help="host blocks per rank for offloading; 0 disables it (default: 256)",
+    )
+    engine.add_argument(
+        "--iterations-per-second", type=float, default=100.0, help="engine iterations per second"
+    )
     engine.add_argument("--max-batch-size", type=int, default=64, help="requests running at once at most")
     add_kafka_flags(parser)
     add_output_flags(parser, json_help="print the summary as JSON")
@@ -257,4 +301,3 @@ def format_summary(summary: dict[str, Any], results: list[RankResult]) -> str:
     if summary["interrupted"]:
         lines.append("interrupted")
     return "\n".join(lines)
-

@@ -107,12 +107,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_kafka_flags(parser)
     rng = parser.add_argument_group("range")
-    rng.add_argument("--since", type=_bound, default=None, metavar="WHEN", help="start (default: the beginning)")
-    rng.add_argument("--until", type=_bound, default=None, metavar="WHEN", help="end, excluded (default: the end at start)")
     rng.add_argument(
-        "--bucket", type=float, default=None, metavar="SECONDS", help="time bucket of the rates over time (default: about span/60)"
+        "--since", type=_bound, default=None, metavar="WHEN", help="start (default: the beginning)"
     )
-    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="draw the event rates over time")
+    rng.add_argument(
+        "--until", type=_bound, default=None, metavar="WHEN", help="end, excluded (default: the end at start)"
+    )
+    rng.add_argument(
+        "--bucket",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="time bucket of the rates over time (default: about span/60)",
+    )
+    parser.add_argument(
+        "--plot", type=Path, default=None, metavar="FILE.png", help="draw the event rates over time"
+    )
     add_output_flags(parser, json_help="print every figure as one JSON object")
     parser.set_defaults(func=run)
 
@@ -205,7 +215,9 @@ def run(args: argparse.Namespace) -> int:
                 else:
                     received.append((item.batch, time_us, item.size))
                 if show.due():
-                    show.update(f"reading: {read:,} batches, at offset {item.offset} of partition {item.partition}")
+                    show.update(
+                        f"reading: {read:,} batches, at offset {item.offset} of partition {item.partition}"
+                    )
     except ReaderError as exc:
         raise CommandError(str(exc)) from exc
     finally:
@@ -264,7 +276,9 @@ def render(report: dict[str, Any]) -> list[str]:
     ]
     for kind, count in report["events"].items():
         lines.append(f"{kind:<12} {count:>10,} {report['rates_per_s'][kind]:>12,.1f}")
-    lines.append(f"{'all':<12} {sum(report['events'].values()):>10,} {sum(report['rates_per_s'].values()):>12,.1f}")
+    lines.append(
+        f"{'all':<12} {sum(report['events'].values()):>10,} {sum(report['rates_per_s'].values()):>12,.1f}"
+    )
     moves = report["level_moves"]
     others = {k: v for k, v in moves["all"].items() if k not in ("0->1", "1->0")}
     lines += [
@@ -295,11 +309,17 @@ def render(report: dict[str, Any]) -> list[str]:
         f"batches, {gaps['event_ids_skipped']:,} event ids skipped, {gaps['replayed_batches']:,} replayed "
         f"batches, {gaps['replayed_events']:,} replayed events, {gaps['malformed_messages']:,} malformed messages"
     )
-    for title, key in (("dropped", "dropped_by_worker"), ("event ids skipped", "event_ids_skipped_by_worker")):
+    for title, key in (
+        ("dropped", "dropped_by_worker"),
+        ("event ids skipped", "event_ids_skipped_by_worker"),
+    ):
         if gaps[key]:
             lines.append(f"  {title}: " + ", ".join(f"{w} {n:,}" for w, n in gaps[key].items()))
     if gaps["missing_batches_by_instance"]:
-        lines.append("  missing batches: " + ", ".join(f"{i} {n:,}" for i, n in gaps["missing_batches_by_instance"].items()))
+        lines.append(
+            "  missing batches: "
+            + ", ".join(f"{i} {n:,}" for i, n in gaps["missing_batches_by_instance"].items())
+        )
     if report.get("plot"):
         lines.append(f"plot: {report['plot']}")
     return lines
@@ -310,7 +330,8 @@ def _require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise CommandError(
-            "--plot needs matplotlib, which is not installed: pip install 'kvevents[cli]' (or matplotlib)", code=2
+            "--plot needs matplotlib, which is not installed: pip install 'kvevents[cli]' (or matplotlib)",
+            code=2,
         ) from None
 
 

@@ -58,7 +58,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_kafka_flags(parser)
     where = parser.add_argument_group("what to read")
     where.add_argument(
-        "--from-beginning", action="store_true", help="start at the oldest retained message (default: the end)"
+        "--from-beginning",
+        action="store_true",
+        help="start at the oldest retained message (default: the end)",
     )
     where.add_argument(
         "--follow",
@@ -71,7 +73,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     filters = parser.add_argument_group("filters (repeatable; events must pass every kind given)")
     filters.add_argument("--instance", action="append", default=[], help="only this engine instance id")
     filters.add_argument("--rank", type=int, action="append", default=[], help="only this attention-DP rank")
-    filters.add_argument("--type", action="append", default=[], choices=EVENT_TYPES, help="only events of this type")
+    filters.add_argument(
+        "--type", action="append", default=[], choices=EVENT_TYPES, help="only events of this type"
+    )
     filters.add_argument("--no-batches", action="store_true", help="no batch lines (events only)")
     add_output_flags(parser, json_help="one JSON object per line")
     parser.set_defaults(func=run)
@@ -163,7 +167,9 @@ class TailPrinter:
             if not self.filter.event_ok(rank, event_type(event)):
                 continue
             if self.as_json:
-                lines.append(json.dumps(event_json(batch, event, time_us, received.partition, received.offset)))
+                lines.append(
+                    json.dumps(event_json(batch, event, time_us, received.partition, received.offset))
+                )
             else:
                 lines.append(event_line(batch, event, time_us))
             self.counts.shown += 1

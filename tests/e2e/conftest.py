@@ -34,8 +34,10 @@ def find_mpiexec() -> str:
     """``mpiexec`` beside this interpreter (the venv's, from the mpich wheel), else on PATH."""
     found = kvevents_find_mpiexec()
     if found is None:
-        pytest.fail("mpiexec not found (pip install -e '.[dev]' brings mpich): end-to-end tests never skip",
-                    pytrace=False)
+        pytest.fail(
+            "mpiexec not found (pip install -e '.[dev]' brings mpich): end-to-end tests never skip",
+            pytrace=False,
+        )
     return found
 
 
@@ -55,8 +57,10 @@ class Run:
             pytest.fail(f"no JSON on stdout:\n{self.describe()}")
 
     def describe(self) -> str:
-        return (f"exit {self.returncode} after {self.seconds:.1f}s\n--- stdout ---\n{self.stdout[-4000:]}\n"
-                f"--- stderr ---\n{self.stderr[-4000:]}")
+        return (
+            f"exit {self.returncode} after {self.seconds:.1f}s\n--- stdout ---\n{self.stdout[-4000:]}\n"
+            f"--- stderr ---\n{self.stderr[-4000:]}"
+        )
 
 
 @pytest.fixture
@@ -65,19 +69,29 @@ def kvevents_cli() -> Callable[..., Run]:
     ``mpiexec -n ranks`` when ``ranks`` is given) in its own process group, killed on timeout."""
     mpiexec = find_mpiexec()
 
-    def run(*args: str, ranks: int | None = None, timeout: float = 120, env: dict[str, str] | None = None) -> Run:
+    def run(
+        *args: str, ranks: int | None = None, timeout: float = 120, env: dict[str, str] | None = None
+    ) -> Run:
         command: Sequence[str] = [sys.executable, "-m", "kvevents.cli", *args]
         if ranks is not None:
             command = [mpiexec, "-n", str(ranks), *command]
         started = time.monotonic()
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+            start_new_session=True,
+        )
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
-            pytest.fail(f"kvevents {' '.join(args)} hung (killed after {timeout}s)\n{stdout[-3000:]}\n{stderr[-3000:]}")
+            pytest.fail(
+                f"kvevents {' '.join(args)} hung (killed after {timeout}s)\n{stdout[-3000:]}\n{stderr[-3000:]}"
+            )
         return Run(proc.returncode, stdout, stderr, time.monotonic() - started)
 
     return run

@@ -15,11 +15,26 @@ from kvevents.verify import compare, load_ground_truth
 WORKERS = [WorkerKey("sim-0", r) for r in range(4)]
 
 
-def test_simulate_under_mpiexec_through_kafka_rebuilds_the_ground_truth(kvevents_cli, kafka_bootstrap, kafka_topic_factory, tmp_path):
+def test_simulate_under_mpiexec_through_kafka_rebuilds_the_ground_truth(
+    kvevents_cli, kafka_bootstrap, kafka_topic_factory, tmp_path
+):
     topic = kafka_topic_factory(partitions=2)
     truth = tmp_path / "truth.jsonl"
-    run = kvevents_cli("simulate", "--duration", "4", "--rate", "20", "-b", kafka_bootstrap, "--topic", topic,
-                       "--ground-truth", str(truth), "--json", ranks=4)
+    run = kvevents_cli(
+        "simulate",
+        "--duration",
+        "4",
+        "--rate",
+        "20",
+        "-b",
+        kafka_bootstrap,
+        "--topic",
+        topic,
+        "--ground-truth",
+        str(truth),
+        "--json",
+        ranks=4,
+    )
     assert run.returncode == 0, run.describe()
     summary = run.json()
     assert summary["ranks"] == 4 and not summary["failed_ranks"] and summary["drops"] == 0
@@ -37,21 +52,45 @@ def test_simulate_under_mpiexec_through_kafka_rebuilds_the_ground_truth(kvevents
     assert index.workers() == WORKERS and sum(w.blocks for w in report.workers) > 100
 
 
-def test_forced_drops_degrade_workers_until_their_snapshots_rebuild_them(kvevents_cli, kafka_bootstrap, kafka_topic, tmp_path):
+def test_forced_drops_degrade_workers_until_their_snapshots_rebuild_them(
+    kvevents_cli, kafka_bootstrap, kafka_topic, tmp_path
+):
     truth = tmp_path / "truth.jsonl"
     run = kvevents_cli(
         # Flat out (no real-time pacing) into a 100-event buffer: every rank's buffer and rank 0's
         # (4 x 100, holding the other ranks' events too) overflow again and again.
-        "simulate", "--no-realtime", "--requests", "150", "--max-kv-event-entries", "100", "--num-primary-blocks",
-        "256", "--num-secondary-blocks", "64", "--snapshot-on-drops", "-b", kafka_bootstrap, "--topic", kafka_topic,
-        "--ground-truth", str(truth), "--json", ranks=4,
+        "simulate",
+        "--no-realtime",
+        "--requests",
+        "150",
+        "--max-kv-event-entries",
+        "100",
+        "--num-primary-blocks",
+        "256",
+        "--num-secondary-blocks",
+        "64",
+        "--snapshot-on-drops",
+        "-b",
+        kafka_bootstrap,
+        "--topic",
+        kafka_topic,
+        "--ground-truth",
+        str(truth),
+        "--json",
+        ranks=4,
     )
     assert run.returncode == 0, run.describe()
     summary = run.json()
-    assert summary["drops"] > 0 and summary["snapshots"] > 0, f"the tiny buffer dropped nothing:\n{run.describe()}"
-    assert all(r["snapshots"] > 0 for r in summary["per_rank"]), "every rank lost events, every rank must resync"
+    assert summary["drops"] > 0 and summary["snapshots"] > 0, (
+        f"the tiny buffer dropped nothing:\n{run.describe()}"
+    )
+    assert all(r["snapshots"] > 0 for r in summary["per_rank"]), (
+        "every rank lost events, every rank must resync"
+    )
     assert summary["events_lost_unreported"] == 0
-    snapshotted = {WorkerKey(r["instance_id"], r["attention_dp_rank"]) for r in summary["per_rank"] if r["snapshots"]}
+    snapshotted = {
+        WorkerKey(r["instance_id"], r["attention_dp_rank"]) for r in summary["per_rank"] if r["snapshots"]
+    }
 
     index = CacheIndex()
     ever_degraded: set[WorkerKey] = set()
@@ -60,7 +99,9 @@ def test_forced_drops_degrade_workers_until_their_snapshots_rebuild_them(kvevent
             index.apply(batch)
             ever_degraded.update(index.degraded_workers())
     assert ever_degraded, "drops were made but no worker was ever flagged degraded"
-    assert ever_degraded <= snapshotted, f"degraded {ever_degraded}, but only {snapshotted} published snapshots"
+    assert ever_degraded <= snapshotted, (
+        f"degraded {ever_degraded}, but only {snapshotted} published snapshots"
+    )
     assert index.stats().counters["resyncs"] >= len(ever_degraded)
     report = compare(index, load_ground_truth(truth))
     assert report.ok, report.describe()
@@ -68,8 +109,19 @@ def test_forced_drops_degrade_workers_until_their_snapshots_rebuild_them(kvevent
 
 
 def test_demo_runs_the_whole_pipeline_and_exits_0(kvevents_cli, kafka_bootstrap):
-    run = kvevents_cli("demo", "--duration", "5", "--rate", "20", "--held-out", "200", "-b", kafka_bootstrap,
-                       "--json", timeout=150)
+    run = kvevents_cli(
+        "demo",
+        "--duration",
+        "5",
+        "--rate",
+        "20",
+        "--held-out",
+        "200",
+        "-b",
+        kafka_bootstrap,
+        "--json",
+        timeout=150,
+    )
     assert run.returncode == 0, run.describe()
     report = json.loads(run.stdout)
     assert report["ok"] and report["broker_started"] is False and report["instances"] == 2
@@ -79,13 +131,16 @@ def test_demo_runs_the_whole_pipeline_and_exits_0(kvevents_cli, kafka_bootstrap)
     assert rates["index"] > rates["round_robin"] and rates["index"] > rates["random"]
 
 
-def test_demo_without_a_configured_broker_starts_one_and_leaves_nothing_running(kvevents_cli, kafka, tmp_path):
+def test_demo_without_a_configured_broker_starts_one_and_leaves_nothing_running(
+    kvevents_cli, kafka, tmp_path
+):
     from kvevents.broker import LocalBroker
 
     state = tmp_path / "demo-broker"
     env = {"KVEVENTS_BROKER_DIR": str(state), "KAFKA_BOOTSTRAP_SERVERS": ""}
-    run = kvevents_cli("demo", "--duration", "3", "--instances", "1", "--held-out", "50", "--json", env=env,
-                       timeout=180)
+    run = kvevents_cli(
+        "demo", "--duration", "3", "--instances", "1", "--held-out", "50", "--json", env=env, timeout=180
+    )
     assert run.returncode == 0, run.describe()
     report = json.loads(run.stdout)
     assert report["ok"] and report["broker_started"] is True

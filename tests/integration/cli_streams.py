@@ -48,13 +48,18 @@ def simulate_to_topic(
     sims: dict[str, list[EngineSimulator]] = {}
     for name in instances:
         managers[name] = [
-            KVCacheEventManager(100_000, attention_dp_rank=r, attention_dp_size=ranks, attention_dp_gather=False)
+            KVCacheEventManager(
+                100_000, attention_dp_rank=r, attention_dp_size=ranks, attention_dp_gather=False
+            )
             for r in range(ranks)
         ]
         sims[name] = [
             EngineSimulator(
                 SimulatorConfig(
-                    instance_id=name, attention_dp_rank=r, block_size=BLOCK_SIZE, num_primary_blocks=96,
+                    instance_id=name,
+                    attention_dp_rank=r,
+                    block_size=BLOCK_SIZE,
+                    num_primary_blocks=96,
                     num_secondary_blocks=32,
                 ),
                 managers[name][r],

@@ -53,8 +53,14 @@ class StreamMaker:
             for _ in range(rng.randint(1, 4)):
                 self.counter += 1
                 h = (zlib.crc32(name.encode()) & 0xFFFF) << 40 | self.counter
-                blocks.append(KVCacheStoredBlockData(h, [rng.randrange(50) for _ in range(BLOCK)],
-                                                     cache_level=rng.choice([0, 0, 1]), priority=rng.randrange(101)))
+                blocks.append(
+                    KVCacheStoredBlockData(
+                        h,
+                        [rng.randrange(50) for _ in range(BLOCK)],
+                        cache_level=rng.choice([0, 0, 1]),
+                        priority=rng.randrange(101),
+                    )
+                )
                 held.append(h)
             data = KVCacheStoredData(parent, blocks)
         elif roll < 0.8:
@@ -63,12 +69,16 @@ class StreamMaker:
                 held.remove(v)
             data = KVCacheRemovedData(victims)
         else:
-            data = KVCacheUpdatedData(rng.choice(held), KVCacheEventDiff(0, 1), KVCacheEventDiff(35, rng.randrange(101)))
+            data = KVCacheUpdatedData(
+                rng.choice(held), KVCacheEventDiff(0, 1), KVCacheEventDiff(35, rng.randrange(101))
+            )
         return KVCacheEvent(eid, data, WINDOW, rank)  # type: ignore[arg-type]
 
     def batch(self, name: str | None = None, events: int | None = None) -> EventBatch:
         name = name or self.rng.choice(self.names)
-        evs = [self._event(name, self.rng.randrange(self.dp)) for _ in range(events or self.rng.randint(1, 12))]
+        evs = [
+            self._event(name, self.rng.randrange(self.dp)) for _ in range(events or self.rng.randint(1, 12))
+        ]
         evs.sort(key=lambda e: (e.attention_dp_rank, e.event_id))
         dropped = [RankDrops(0, 2)] if self.rng.random() < 0.03 else []
         seq = self.sequence[name]
@@ -80,16 +90,20 @@ class StreamMaker:
 
 
 def producer(bootstrap: str) -> Producer:
-    return Producer({
-        "bootstrap.servers": bootstrap,
-        "enable.idempotence": True,
-        "compression.type": "zstd",
-        "linger.ms": 5,
-        "partitioner": "murmur2_random",
-    })
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "compression.type": "zstd",
+            "linger.ms": 5,
+            "partitioner": "murmur2_random",
+        }
+    )
 
 
-def produce(bootstrap: str, topic: str, items: Iterable[EventBatch | tuple[bytes | None, bytes | None]]) -> int:
+def produce(
+    bootstrap: str, topic: str, items: Iterable[EventBatch | tuple[bytes | None, bytes | None]]
+) -> int:
     """Produce batches (keyed by instance id) or raw (key, value) pairs; wait for delivery."""
     failures: list[object] = []
     p = producer(bootstrap)

@@ -54,8 +54,16 @@ def store_topic(kafka_bootstrap: str) -> str:
     return name
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(cut=st.integers(0, 400), chunk_bytes=st.sampled_from([1024, 4096, 900_000]), core=st.sampled_from(["compiled", "python"]))
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    cut=st.integers(0, 400),
+    chunk_bytes=st.sampled_from([1024, 4096, 900_000]),
+    core=st.sampled_from(["compiled", "python"]),
+)
 def test_restore_and_catch_up_equals_a_full_replay(
     kafka_bootstrap, events_topic, store_topic, tmp_path_factory, cut, chunk_bytes, core
 ) -> None:
@@ -68,7 +76,9 @@ def test_restore_and_catch_up_equals_a_full_replay(
     assert checkpoint.messages == cut
     path = tmp_path_factory.mktemp("ckpt") / "index.ckpt"
     save_checkpoint(path, checkpoint)
-    store = KafkaCheckpointStore(kafka_bootstrap, store_topic, name=f"n{uuid.uuid4().hex[:6]}", chunk_bytes=chunk_bytes)
+    store = KafkaCheckpointStore(
+        kafka_bootstrap, store_topic, name=f"n{uuid.uuid4().hex[:6]}", chunk_bytes=chunk_bytes
+    )
     saved = store.save(checkpoint)
     assert saved.chunks == -(-saved.bytes // chunk_bytes)
     for source in (load_checkpoint(path, topic=topic), store.load(topic=topic)):
@@ -80,7 +90,9 @@ def test_restore_and_catch_up_equals_a_full_replay(
             assert restored.index.degraded_workers() == expected.degraded_workers()
 
 
-def test_the_latest_checkpoint_wins_and_a_half_written_one_never_loads(kafka_bootstrap, events_topic, store_topic):
+def test_the_latest_checkpoint_wins_and_a_half_written_one_never_loads(
+    kafka_bootstrap, events_topic, store_topic
+):
     topic, _ = events_topic
     store = KafkaCheckpointStore(kafka_bootstrap, store_topic, name="router-1", chunk_bytes=2048)
     assert store.load() is None
@@ -113,7 +125,9 @@ def test_the_latest_checkpoint_wins_and_a_half_written_one_never_loads(kafka_boo
         fresh.load(topic="another-topic")
 
 
-def test_a_checkpoint_bigger_than_the_topic_message_limit_is_chunked(kafka_bootstrap, kafka_topic_factory, tmp_path: Path):
+def test_a_checkpoint_bigger_than_the_topic_message_limit_is_chunked(
+    kafka_bootstrap, kafka_topic_factory, tmp_path: Path
+):
     small = kafka_topic_factory(cleanup_policy="compact", max_message_bytes=16 * 1024)
     store = KafkaCheckpointStore(kafka_bootstrap, small, chunk_bytes=8 * 1024)
     index = CacheIndex()

@@ -85,22 +85,42 @@ def chain_tokens(truth: GroundTruth) -> tuple[list[int], int]:
 
 
 def new_instance_batch(name: str, tokens: list[int]) -> EventBatch:
-    blocks = [KVCacheStoredBlockData(1000 + i, tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]) for i in range(len(tokens) // BLOCK_SIZE)]
-    events = [KVCacheEvent(0, KVCacheCreatedData([64, 0]), 8192, 0), KVCacheEvent(1, KVCacheStoredData(None, blocks), 8192, 0)]
+    blocks = [
+        KVCacheStoredBlockData(1000 + i, tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
+        for i in range(len(tokens) // BLOCK_SIZE)
+    ]
+    events = [
+        KVCacheEvent(0, KVCacheCreatedData([64, 0]), 8192, 0),
+        KVCacheEvent(1, KVCacheStoredData(None, blocks), 8192, 0),
+    ]
     return EventBatch(name, events, producer_id=3, sequence=0, created_at_us=time.time_ns() // 1000)
 
 
 # ---------------------------------------------------------------------------------------- tail
 
 
-def test_tail_prints_every_event_and_reports_the_malformed_message(stream: Stream, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "tail", "-b", stream.bootstrap, "-t", stream.topic, "--from-beginning", "--no-follow", "--json")
+def test_tail_prints_every_event_and_reports_the_malformed_message(
+    stream: Stream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(
+        capsys,
+        "tail",
+        "-b",
+        stream.bootstrap,
+        "-t",
+        stream.topic,
+        "--from-beginning",
+        "--no-follow",
+        "--json",
+    )
     assert code == 0
     rows = [json.loads(line) for line in out.splitlines()]
     events = [r for r in rows if r["kind"] == "event"]
     assert len(events) == stream.produced.events
     assert sum(1 for r in rows if r["kind"] == "batch") == len(stream.produced.sent)
-    sent = Counter((b.instance_id, e.attention_dp_rank, e.event_id) for b in stream.produced.sent for e in b.events)
+    sent = Counter(
+        (b.instance_id, e.attention_dp_rank, e.event_id) for b in stream.produced.sent for e in b.events
+    )
     assert Counter((r["instance_id"], r["attention_dp_rank"], r["event_id"]) for r in events) == sent
     assert f"malformed message at {stream.topic}[" in err and "(key 'junk')" in err
     assert "1 malformed message(s)" in err
@@ -147,7 +167,10 @@ def test_tail_follows_new_events_and_stops_at_count(stream: Stream) -> None:
 
 def test_tail_stops_cleanly_on_ctrl_c(stream: Stream) -> None:
     proc = subprocess.Popen(
-        cli("tail", "-b", stream.bootstrap, "-t", stream.topic), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cli("tail", "-b", stream.bootstrap, "-t", stream.topic),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     time.sleep(4)
     proc.send_signal(signal.SIGINT)
@@ -164,7 +187,9 @@ def test_index_rebuilds_verifies_and_saves_checkpoints(
 ) -> None:
     base = ("-b", stream.bootstrap, "-t", stream.topic)
     ckpt = tmp_path / "idx.ckpt"
-    code, out, _ = run(capsys, "index", *base, "--verify", str(stream.truth_file), "--save-checkpoint", str(ckpt), "--json")
+    code, out, _ = run(
+        capsys, "index", *base, "--verify", str(stream.truth_file), "--save-checkpoint", str(ckpt), "--json"
+    )
     assert code == 0
     report = json.loads(out)
     assert report["verify"]["equal"] is True and len(report["verify"]["workers"]) == 4
@@ -175,12 +200,17 @@ def test_index_rebuilds_verifies_and_saves_checkpoints(
     levels: Counter[int] = Counter()
     for row in report["workers"]:
         levels.update({int(k): v for k, v in row["blocks_by_level"].items()})
-    truth_levels = Counter(b.cache_level for t in stream.produced.truths for w in t.windows.values() for b in w.values())
+    truth_levels = Counter(
+        b.cache_level for t in stream.produced.truths for w in t.windows.values() for b in w.values()
+    )
     assert levels == truth_levels and truth_levels[1] > 0
 
     code, out, _ = run(capsys, "index", *base, "--checkpoint", str(ckpt), "--verify", str(stream.truth_file))
     assert code == 0
-    assert f"from checkpoint file {ckpt}: 0 messages" in out and "verify: index equals the ground truth: 4/4 workers equal" in out
+    assert (
+        f"from checkpoint file {ckpt}: 0 messages" in out
+        and "verify: index equals the ground truth: 4/4 workers equal" in out
+    )
 
     checkpoints = f"cli-ckpt-{uuid.uuid4().hex[:8]}"
     code, out, _ = run(capsys, "index", *base, "--checkpoint-topic", checkpoints, "--json")
@@ -188,10 +218,15 @@ def test_index_rebuilds_verifies_and_saves_checkpoints(
     code, out, _ = run(capsys, "index", *base, "--checkpoint-topic", checkpoints, "--json")
     again = json.loads(out)
     assert code == 0 and again["summary"]["source"] == f"checkpoint 'default' in topic {checkpoints!r}"
-    assert again["summary"]["rebuild"]["messages"] == 0 and again["summary"]["held_blocks"] == summary["held_blocks"]
+    assert (
+        again["summary"]["rebuild"]["messages"] == 0
+        and again["summary"]["held_blocks"] == summary["held_blocks"]
+    )
 
 
-def test_index_verify_fails_on_a_different_truth(stream: Stream, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_index_verify_fails_on_a_different_truth(
+    stream: Stream, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     lines = stream.truth_file.read_text().splitlines()
     first = json.loads(lines[0])
     window = next(iter(first["windows"]))
@@ -204,9 +239,23 @@ def test_index_verify_fails_on_a_different_truth(stream: Stream, capsys: pytest.
     assert f"window {window}: extra [0x" in out
 
 
-def test_index_tail_redraws_the_table_until_the_duration(stream: Stream, capsys: pytest.CaptureFixture[str]) -> None:
+def test_index_tail_redraws_the_table_until_the_duration(
+    stream: Stream, capsys: pytest.CaptureFixture[str]
+) -> None:
     started = time.monotonic()
-    code, out, _ = run(capsys, "index", "-b", stream.bootstrap, "-t", stream.topic, "--tail", "--duration", "2", "--refresh", "0.5")
+    code, out, _ = run(
+        capsys,
+        "index",
+        "-b",
+        stream.bootstrap,
+        "-t",
+        stream.topic,
+        "--tail",
+        "--duration",
+        "2",
+        "--refresh",
+        "0.5",
+    )
     assert code == 0 and 2 <= time.monotonic() - started < 30
     assert out.count("instance             rank") >= 3  # at least two redraws and the final table
     assert "sim-a" in out and "lag 0 msgs" in out
@@ -228,14 +277,19 @@ def test_index_tail_stops_on_ctrl_c_and_saves_its_checkpoint(stream: Stream, tmp
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    assert "interrupted: the index holds what was applied before Ctrl-C" in rest and "checkpoint saved to" in rest
+    assert (
+        "interrupted: the index holds what was applied before Ctrl-C" in rest
+        and "checkpoint saved to" in rest
+    )
     from kvevents.consumer import load_checkpoint
 
     checkpoint = load_checkpoint(ckpt, topic=stream.topic)
     assert checkpoint.messages == len(stream.produced.sent) + 1  # every message, the malformed one too
 
 
-def test_index_of_a_missing_topic_is_a_clear_error(stream: Stream, capsys: pytest.CaptureFixture[str]) -> None:
+def test_index_of_a_missing_topic_is_a_clear_error(
+    stream: Stream, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, _, err = run(capsys, "index", "-b", stream.bootstrap, "-t", f"nope-{uuid.uuid4().hex[:6]}")
     assert code == 1 and err.startswith("kvevents index: topic 'nope-")
 
@@ -248,7 +302,9 @@ def test_route_token_file_picks_the_worker_holding_the_prefix(
 ) -> None:
     prompts = tmp_path / "prompts.txt"
     chains = [chain_tokens(t) for t in stream.produced.truths]
-    prompts.write_text("# one chain per worker\n" + "".join(" ".join(map(str, tokens)) + "\n" for tokens, _ in chains))
+    prompts.write_text(
+        "# one chain per worker\n" + "".join(" ".join(map(str, tokens)) + "\n" for tokens, _ in chains)
+    )
     code, out, _ = run(capsys, "route", "-b", stream.bootstrap, "-t", stream.topic, "--tokens", str(prompts),
                        "--block-size", str(BLOCK_SIZE), "--json")  # fmt: skip
     assert code == 0
@@ -259,12 +315,14 @@ def test_route_token_file_picks_the_worker_holding_the_prefix(
         assert length > 0 and result["best"]["matched_blocks"] == length == max(truth_hits.values())
         best = (result["best"]["instance_id"], result["best"]["attention_dp_rank"])
         assert truth_hits[best] == length
-        assert {(s["instance_id"], s["attention_dp_rank"]): s["matched_blocks"] for s in result["scores"]} == {
-            w: n for w, n in truth_hits.items() if n
-        }
+        assert {
+            (s["instance_id"], s["attention_dp_rank"]): s["matched_blocks"] for s in result["scores"]
+        } == {w: n for w, n in truth_hits.items() if n}
 
 
-def test_route_synthetic_requests_score_as_the_ground_truth(stream: Stream, capsys: pytest.CaptureFixture[str]) -> None:
+def test_route_synthetic_requests_score_as_the_ground_truth(
+    stream: Stream, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = run(capsys, "route", "-b", stream.bootstrap, "-t", stream.topic, "--synthetic", "8", "--seed", "1",
                        "--block-size", str(BLOCK_SIZE), "--json")  # fmt: skip
     assert code == 0
@@ -308,7 +366,10 @@ def test_route_serve_answers_http_and_keeps_following(stream: Stream) -> None:
         status, body = http(url + "/match", {"token_ids": tokens, "block_size": BLOCK_SIZE, "lora_id": None})
         assert status == 200 and body["best"]["matched_blocks"] == length
         assert truth.prefix_hit_blocks(tokens) == length
-        assert body["scores"] == sorted(body["scores"], key=lambda s: (-s["score"], -s["matched_blocks"], s["instance_id"], s["attention_dp_rank"]))
+        assert body["scores"] == sorted(
+            body["scores"],
+            key=lambda s: (-s["score"], -s["matched_blocks"], s["instance_id"], s["attention_dp_rank"]),
+        )
         status, body = http(url + "/match", b'{"token_ids": [1, 2,')
         assert status == 400 and "not JSON" in body["error"]
         status, body = http(url + "/healthz")
@@ -344,7 +405,9 @@ def test_stats_counts_the_stream_and_plots_the_rates(
     stream: Stream, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     png = tmp_path / "rates.png"
-    code, out, err = run(capsys, "stats", "-b", stream.bootstrap, "-t", stream.topic, "--json", "--plot", str(png))
+    code, out, err = run(
+        capsys, "stats", "-b", stream.bootstrap, "-t", stream.topic, "--json", "--plot", str(png)
+    )
     assert code == 0
     report = json.loads(out)
     expected = Counter(event_type(e) for b in stream.produced.sent for e in b.events)
@@ -354,12 +417,24 @@ def test_stats_counts_the_stream_and_plots_the_rates(
     assert report["level_moves"]["primary_to_secondary"] == offloads > 0
     removed = sum(s.stats().removed_blocks for s in stream.produced.simulators)
     assert report["blocks"]["removed"] == removed
-    assert report["drops_and_gaps"]["dropped_events"] == 0 and report["drops_and_gaps"]["event_ids_skipped"] == 0
+    assert (
+        report["drops_and_gaps"]["dropped_events"] == 0 and report["drops_and_gaps"]["event_ids_skipped"] == 0
+    )
     assert report["prefix_reuse"]["already_stored_by_another_worker"] > 0  # shared system prompts
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert "malformed message at" in err
 
-    code, out, _ = run(capsys, "stats", "-b", stream.bootstrap, "-t", stream.topic, "--since", "2100-01-01T00:00:00Z", "--json")
+    code, out, _ = run(
+        capsys,
+        "stats",
+        "-b",
+        stream.bootstrap,
+        "-t",
+        stream.topic,
+        "--since",
+        "2100-01-01T00:00:00Z",
+        "--json",
+    )
     assert code == 0 and json.loads(out)["range"]["batches"] == 0
     code, out, _ = run(capsys, "stats", "-b", stream.bootstrap, "-t", stream.topic, "--since", "1h")
     assert code == 0 and f"{len(stream.produced.sent):,} batches" in out

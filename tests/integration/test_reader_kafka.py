@@ -22,7 +22,9 @@ def index_of(batches: list[EventBatch]) -> CacheIndex:
     return index
 
 
-def test_rebuild_reads_every_partition_to_the_watermarks_captured_at_start(kafka_bootstrap, kafka_topic_factory):
+def test_rebuild_reads_every_partition_to_the_watermarks_captured_at_start(
+    kafka_bootstrap, kafka_topic_factory
+):
     topic = kafka_topic_factory(partitions=3)
     stream = StreamMaker(seed=1)
     early = stream.batches(300)
@@ -78,7 +80,9 @@ def test_live_tail_from_the_end_until_stopped_from_another_thread(kafka_bootstra
         assert seen == news and reader.offsets() == {0: 30}
 
 
-def test_a_live_tail_hands_over_each_message_as_it_arrives_not_at_the_poll_timeout(kafka_bootstrap, kafka_topic):
+def test_a_live_tail_hands_over_each_message_as_it_arrives_not_at_the_poll_timeout(
+    kafka_bootstrap, kafka_topic
+):
     stream = StreamMaker(seed=5, instances=1)
     with EventReader(kafka_bootstrap, kafka_topic, start="end", poll_timeout_s=20.0) as reader:
         reader.apply_to(CacheIndex())  # caught up (nothing yet)
@@ -150,8 +154,14 @@ def test_malformed_messages_are_set_aside_counted_dead_lettered_and_the_reader_g
         assert degraded and all(w.instance_id == "inst-0" for w in degraded)
         assert any("malformed message" in r for w in degraded for r in index.worker_stats(w).degraded_reasons)
     metrics = reader.metrics()
-    assert (metrics.malformed_total, metrics.dead_lettered_total, metrics.dead_letter_failed_total) == (2, 2, 0)
-    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"})
+    assert (metrics.malformed_total, metrics.dead_lettered_total, metrics.dead_letter_failed_total) == (
+        2,
+        2,
+        0,
+    )
+    consumer = Consumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"}
+    )
     consumer.subscribe([dead])
     copies = []
     deadline = time.monotonic() + 30
@@ -163,7 +173,10 @@ def test_malformed_messages_are_set_aside_counted_dead_lettered_and_the_reader_g
     headers = [dict(m.headers()) for m in copies]
     assert [m.value() for m in copies] == [b"\xc3\x01not avro at all", None]
     assert [h["kvevents-source-offset"] for h in headers] == [b"5", b"6"]
-    assert all(h["kvevents-source-topic"] == topic.encode() and h["kvevents-source-partition"] == b"0" for h in headers)
+    assert all(
+        h["kvevents-source-topic"] == topic.encode() and h["kvevents-source-partition"] == b"0"
+        for h in headers
+    )
     assert headers[0]["kvevents-error"].decode() == seen[0].error
 
 

@@ -80,7 +80,11 @@ def test_100k_mixed_events_arrive_identical_and_in_order_per_instance(
         assert {c.key for c in mine} == {sink.instance_id.encode()}
         assert len({c.partition for c in mine}) == 1  # one key, one partition: one order
         assert all(
-            c.headers == {"content-type": CONTENT_TYPE.encode(), FINGERPRINT_HEADER: current_fingerprint().hex().encode()}
+            c.headers
+            == {
+                "content-type": CONTENT_TYPE.encode(),
+                FINGERPRINT_HEADER: current_fingerprint().hex().encode(),
+            }
             for c in mine
         )
         in_offset_order = [c.batch for c in sorted(mine, key=lambda c: c.offset)]
@@ -194,20 +198,38 @@ def _check_exact_loss(batches: list[Any], expected: dict[int, list[Any]]) -> dic
         wanted = {e.event_id: e for e in events}
         assert all(wanted[e.event_id] == e for e in got), f"rank {rank}: an event changed on the way"
         missing[rank] = len(events) - len(got)
-        assert reported.get(rank, 0) == missing[rank], f"rank {rank}: {missing[rank]} missing, {reported.get(rank, 0)} reported"
+        assert reported.get(rank, 0) == missing[rank], (
+            f"rank {rank}: {missing[rank]} missing, {reported.get(rank, 0)} reported"
+        )
     return missing
 
 
-def test_overflow_while_the_broker_is_down_reports_exactly_what_is_missing(stopped_broker: LateBroker) -> None:
+def test_overflow_while_the_broker_is_down_reports_exactly_what_is_missing(
+    stopped_broker: LateBroker,
+) -> None:
     topic = stopped_broker.topics["overflow"]
-    manager = KVCacheEventManager(1000, attention_dp_rank=0, attention_dp_size=4, drop_warning_interval_s=3600, attention_dp_gather=False)
-    config = {"bootstrap.servers": stopped_broker.bootstrap, "queue.buffering.max.messages": 5, **FAST_RECONNECT}
-    sink = KafkaEventSink(manager, topic, "overflowing", config=config, topic_config_timeout=1.0, max_queued_events=3000)
+    manager = KVCacheEventManager(
+        1000,
+        attention_dp_rank=0,
+        attention_dp_size=4,
+        drop_warning_interval_s=3600,
+        attention_dp_gather=False,
+    )
+    config = {
+        "bootstrap.servers": stopped_broker.bootstrap,
+        "queue.buffering.max.messages": 5,
+        **FAST_RECONNECT,
+    }
+    sink = KafkaEventSink(
+        manager, topic, "overflowing", config=config, topic_config_timeout=1.0, max_queued_events=3000
+    )
     workload, others = _feed_four_ranks(manager, rounds=150)
     expected = {0: workload.expected, **others}
     total = sum(len(e) for e in expected.values())
     assert manager.settle(10)
-    assert wait_for(lambda: sink.stats().events_drained_total + manager.stats().events_dropped_total == total, 20)
+    assert wait_for(
+        lambda: sink.stats().events_drained_total + manager.stats().events_dropped_total == total, 20
+    )
     during = sink.stats()
     assert during.events_lost_by_reason["queue_full"] > 0 and during.manager_drops_by_rank.get(3, 0) > 0
     assert during.messages_delivered_total == 0
@@ -227,9 +249,13 @@ def test_overflow_while_the_broker_is_down_reports_exactly_what_is_missing(stopp
     assert stats.events_lost_by_reason["delivery_failed"] == 0
 
 
-def test_failed_deliveries_are_reported_in_band_and_are_the_only_sequence_gaps(stopped_broker: LateBroker) -> None:
+def test_failed_deliveries_are_reported_in_band_and_are_the_only_sequence_gaps(
+    stopped_broker: LateBroker,
+) -> None:
     topic = stopped_broker.topics["timeouts"]
-    manager = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=4, attention_dp_gather=False)
+    manager = KVCacheEventManager(
+        100_000, attention_dp_rank=0, attention_dp_size=4, attention_dp_gather=False
+    )
     config = {"bootstrap.servers": stopped_broker.bootstrap, "message.timeout.ms": 1500, **FAST_RECONNECT}
     sink = KafkaEventSink(manager, topic, "timing-out", config=config, topic_config_timeout=0.5)
     workload, others = _feed_four_ranks(manager, rounds=60)
@@ -264,7 +290,11 @@ def test_tiny_message_limits_keep_order_and_content(
     limited_by: str, kafka_bootstrap: str, kafka_topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
     limit = 3000 if limited_by == "topic" else 2000
-    topic = kafka_topic_factory(partitions=1, max_message_bytes=limit) if limited_by == "topic" else kafka_topic_factory()
+    topic = (
+        kafka_topic_factory(partitions=1, max_message_bytes=limit)
+        if limited_by == "topic"
+        else kafka_topic_factory()
+    )
     config: dict[str, Any] = {"bootstrap.servers": kafka_bootstrap}
     if limited_by == "producer":
         config["message.max.bytes"] = limit
@@ -287,5 +317,8 @@ def test_tiny_message_limits_keep_order_and_content(
     assert max(c.size for c in consumed) <= limit
     batches = [c.batch for c in sorted(consumed, key=lambda c: c.offset)]
     assert [b.sequence for b in batches] == list(range(len(batches)))
-    assert sum(1 for b in batches if b.first_event_block_offset) == stats.fragments_total - stats.events_split_total
+    assert (
+        sum(1 for b in batches if b.first_event_block_offset)
+        == stats.fragments_total - stats.events_split_total
+    )
     assert reassemble(batches) == workload.expected

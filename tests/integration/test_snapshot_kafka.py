@@ -16,11 +16,22 @@ from kvevents.schemas import EventBatch, encode_batch
 pytestmark = pytest.mark.kafka
 
 WORKLOAD = WorkloadConfig(
-    seed=9, request_rate=60.0, system_prompt_tokens=(64, 256), document_tokens=(64, 384), num_documents=24,
-    user_tokens=(8, 64), output_tokens=(4, 48), max_prompt_tokens=1200, follow_up_delay_s=0.1,
+    seed=9,
+    request_rate=60.0,
+    system_prompt_tokens=(64, 256),
+    document_tokens=(64, 384),
+    num_documents=24,
+    user_tokens=(8, 64),
+    output_tokens=(4, 48),
+    max_prompt_tokens=1200,
+    follow_up_delay_s=0.1,
 )
 CONFIG = SimulatorConfig(
-    instance_id="engine-a", attention_dp_rank=0, block_size=16, num_primary_blocks=160, num_secondary_blocks=48,
+    instance_id="engine-a",
+    attention_dp_rank=0,
+    block_size=16,
+    num_primary_blocks=160,
+    num_secondary_blocks=48,
     window_sizes=(512, 2048),
 )
 WORKER = WorkerKey("engine-a", 0)
@@ -37,7 +48,9 @@ class MiniSink:
     def publish(self) -> None:
         assert self.manager.settle(timeout=30)
         drain = self.manager.drain(timeout=0)
-        batch = EventBatch(CONFIG.instance_id, drain.events, producer_id=77, sequence=self.sequence, dropped=drain.dropped)
+        batch = EventBatch(
+            CONFIG.instance_id, drain.events, producer_id=77, sequence=self.sequence, dropped=drain.dropped
+        )
         self.sequence += 1
         self.producer.produce(self.topic, key=CONFIG.instance_id.encode(), value=encode_batch(batch))
         assert self.producer.flush(30) == 0
@@ -52,14 +65,21 @@ def assert_equals_truth(index: CacheIndex, truth: GroundTruth) -> None:
 def follow(reader: EventReader, index: CacheIndex, sink: MiniSink) -> None:
     """Apply everything produced so far (a live tail that stops when it has it all)."""
     while sum(reader.offsets().values()) < sink.sequence:
-        reader.apply_to(index, until_caught_up=False, max_messages=sink.sequence - sum(reader.offsets().values()), timeout=30)
+        reader.apply_to(
+            index,
+            until_caught_up=False,
+            max_messages=sink.sequence - sum(reader.offsets().values()),
+            timeout=30,
+        )
 
 
 def test_a_snapshot_through_kafka_rebuilds_a_worker_degraded_by_drops(kafka_bootstrap, kafka_topic_factory):
     topic = kafka_topic_factory(partitions=2)
     index = CacheIndex()
-    with KVCacheEventManager(max_kv_event_entries=400, attention_dp_rank=0, attention_dp_size=1) as manager, \
-            EventReader(kafka_bootstrap, topic) as reader:
+    with (
+        KVCacheEventManager(max_kv_event_entries=400, attention_dp_rank=0, attention_dp_size=1) as manager,
+        EventReader(kafka_bootstrap, topic) as reader,
+    ):
         sim = EngineSimulator(CONFIG, manager, WorkloadGenerator(WORKLOAD))
         sink = MiniSink(manager, kafka_bootstrap, topic)
         for _ in range(20):
@@ -121,7 +141,9 @@ def test_a_snapshot_through_the_kafka_sink_rebuilds_a_worker_degraded_by_drops(k
         assert manager.settle(timeout=30) and sink.wait_delivered(timeout=60)
         target = sink.stats().messages_delivered_total
         while sum(reader.offsets().values()) < target:
-            reader.apply_to(index, until_caught_up=False, max_messages=target - sum(reader.offsets().values()), timeout=30)
+            reader.apply_to(
+                index, until_caught_up=False, max_messages=target - sum(reader.offsets().values()), timeout=30
+            )
 
     def equals_truth() -> None:
         truth = sim.ground_truth()

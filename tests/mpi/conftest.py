@@ -66,7 +66,9 @@ class MpiRun:
             assert "error" not in result, f"rank {rank}: {result['error']}\n{self.describe()}"
 
     def describe(self) -> str:
-        logs = "\n".join(f"--- rank {r} log ---\n{self.log(r)[-3000:]}" for r in sorted(self.results) or range(4))
+        logs = "\n".join(
+            f"--- rank {r} log ---\n{self.log(r)[-3000:]}" for r in sorted(self.results) or range(4)
+        )
         return (
             f"mpiexec exited {self.returncode} after {self.seconds:.1f}s\n--- stdout ---\n{self.stdout[-3000:]}\n"
             f"--- stderr ---\n{self.stderr[-3000:]}\n{logs}"
@@ -86,11 +88,26 @@ def mpirun(tmp_path: Path) -> Callable[..., MpiRun]:
     ) -> MpiRun:
         out = tmp_path / f"run{next(runs)}"
         out.mkdir()
-        command = [mpiexec, *mpiexec_args, "-n", str(n), sys.executable, str(PROGRAMS / program), "--out", str(out), *args]
+        command = [
+            mpiexec,
+            *mpiexec_args,
+            "-n",
+            str(n),
+            sys.executable,
+            str(PROGRAMS / program),
+            "--out",
+            str(out),
+            *args,
+        ]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         started = time.monotonic()
         proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
         try:
             stdout, stderr = proc.communicate(timeout=timeout)

@@ -23,7 +23,18 @@ def test_every_event_reaches_rank_0_exactly_once_in_order(
     # the compiled extensions (KVEVENTS_PURE_PYTHON reaches the ranks through mpiexec's env).
     if pure_python:
         monkeypatch.setenv("KVEVENTS_PURE_PYTHON", "1")
-    run = mpirun("gather_all.py", n, "--iterations", "150", "--events", "20", "--closer", str(closer), "--after-stop", "3")
+    run = mpirun(
+        "gather_all.py",
+        n,
+        "--iterations",
+        "150",
+        "--events",
+        "20",
+        "--closer",
+        str(closer),
+        "--after-stop",
+        "3",
+    )
     run.assert_clean(n)
     root = run.results[0]
     for rank in range(n):
@@ -41,7 +52,18 @@ def test_every_event_reaches_rank_0_exactly_once_in_order(
 def test_shutdown_from_any_rank_stops_every_rank_and_later_events_stay_local(
     mpirun: MpiRunner, n: int, closer: int
 ) -> None:
-    run = mpirun("gather_all.py", n, "--iterations", "40", "--events", "10", "--closer", str(closer), "--after-stop", "5")
+    run = mpirun(
+        "gather_all.py",
+        n,
+        "--iterations",
+        "40",
+        "--events",
+        "10",
+        "--closer",
+        str(closer),
+        "--after-stop",
+        "5",
+    )
     run.assert_clean(n)
     root_stats: dict[str, Any] = run.results[0]["gather"]
     assert root_stats["state"] == "stopped"
@@ -82,9 +104,11 @@ def test_drop_counts_are_exact_per_rank_under_overload(mpirun: MpiRunner) -> Non
         if rank:
             # A rank's own buffer overflowed too, and those drops were reported to rank 0.
             assert run.results[rank]["buffer"]["events_dropped_total"] > 0
-            assert run.results[rank]["gather"]["events_sent_total"] + run.results[rank]["buffer"][
-                "events_dropped_total"
-            ] == enqueued
+            assert (
+                run.results[rank]["gather"]["events_sent_total"]
+                + run.results[rank]["buffer"]["events_dropped_total"]
+                == enqueued
+            )
 
 
 def test_a_misconfigured_communicator_fails_alike_on_every_rank(mpirun: MpiRunner) -> None:
@@ -92,7 +116,10 @@ def test_a_misconfigured_communicator_fails_alike_on_every_rank(mpirun: MpiRunne
     run.assert_clean(3)
     messages = [run.results[r]["errors"] for r in range(3)]
     assert all(m == messages[0] for m in messages)  # the same error everywhere, nobody hung
-    assert "attention_dp_size must equal the number of processes of the communicator (3)" in messages[0]["size_too_big"]
+    assert (
+        "attention_dp_size must equal the number of processes of the communicator (3)"
+        in messages[0]["size_too_big"]
+    )
     assert "must be claimed exactly once; claimed [0, 1, 1]" in messages[0]["rank_claimed_twice"]
 
 

@@ -53,7 +53,9 @@ def check_detection(run: Any, root: dict[str, Any], failed_at: float) -> None:
     delay = detected_at - failed_at
     # Rank 0 last heard from the victim at most a heartbeat interval (or a period) before it
     # failed, and checks every few ms; the reader adds up to 50 ms.
-    assert TIMEOUT_S - INTERVAL_S - 0.05 <= delay <= TIMEOUT_S + 0.5, f"detected {delay:.3f}s after the failure"
+    assert TIMEOUT_S - INTERVAL_S - 0.05 <= delay <= TIMEOUT_S + 0.5, (
+        f"detected {delay:.3f}s after the failure"
+    )
 
 
 def check_victim_prefix(root: dict[str, Any], victim: dict[str, Any]) -> None:
@@ -117,7 +119,9 @@ def test_stalled_rank_does_not_stall_the_others_and_is_taken_back(mpirun: MpiRun
 def test_hydra_by_default_kills_the_whole_job_when_a_rank_dies(mpirun: MpiRunner) -> None:
     # Documented MPICH behaviour the gather cannot change: without -disable-auto-cleanup a
     # SIGKILLed rank makes hydra SIGKILL every other rank at once; nothing hangs either.
-    run = mpirun("peer_failure.py", 4, "--how", "sigkill", "--hydra-sees-death", "--victim", str(VICTIM), timeout=60)
+    run = mpirun(
+        "peer_failure.py", 4, "--how", "sigkill", "--hydra-sees-death", "--victim", str(VICTIM), timeout=60
+    )
     assert run.returncode == 9, run.describe()
     assert run.seconds < 15
     assert load(run, "victim")["enqueued_total"] > 0  # the victim got as far as dying

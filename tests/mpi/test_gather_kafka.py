@@ -74,7 +74,9 @@ def test_every_event_of_every_rank_reaches_kafka_once_in_order(
     assert report["unreported_by_rank"] == {}
 
 
-def test_drops_under_overload_reach_kafka_exactly(mpirun: MpiRunner, kafka_bootstrap: str, kafka_topic: str) -> None:
+def test_drops_under_overload_reach_kafka_exactly(
+    mpirun: MpiRunner, kafka_bootstrap: str, kafka_topic: str
+) -> None:
     run = mpirun(
         "gather_kafka.py", 4, "--bootstrap", kafka_bootstrap, "--topic", kafka_topic, "--iterations", "200",
         "--events", "40", "--max-entries", "25", timeout=120,

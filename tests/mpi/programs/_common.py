@@ -76,13 +76,16 @@ def enqueue_iteration(manager: KVCacheEventManager, rng: random.Random, events: 
         if kind < 0.4:
             base = rng.getrandbits(60)
             blocks = [
-                BlockInfo(base + b + 1, base + b if b else None, [rank, i, b] * 4) for b in range(rng.randint(1, 4))
+                BlockInfo(base + b + 1, base + b if b else None, [rank, i, b] * 4)
+                for b in range(rng.randint(1, 4))
             ]
             manager.enqueue_stored_event(blocks, WINDOW)
         elif kind < 0.75:
             manager.enqueue_removed_event(rng.getrandbits(64), WINDOW + (i % 2) + 1)
         elif kind < 0.98:
-            manager.enqueue_updated_event(KVCacheUpdatedData(rng.getrandbits(64), priority=KVCacheEventDiff(35, 90)), WINDOW)
+            manager.enqueue_updated_event(
+                KVCacheUpdatedData(rng.getrandbits(64), priority=KVCacheEventDiff(35, 90)), WINDOW
+            )
         else:
             manager.enqueue_created_event([1000, 100], WINDOW)
     manager.flush()
@@ -91,7 +94,9 @@ def enqueue_iteration(manager: KVCacheEventManager, rng: random.Random, events: 
 def ids_by_rank(events: list[KVCacheEvent]) -> dict[int, list[int]]:
     got: dict[int, list[int]] = {}
     for event in events:
-        got.setdefault(event.attention_dp_rank if event.attention_dp_rank is not None else -1, []).append(event.event_id)
+        got.setdefault(event.attention_dp_rank if event.attention_dp_rank is not None else -1, []).append(
+            event.event_id
+        )
     return got
 
 

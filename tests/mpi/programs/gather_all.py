@@ -46,7 +46,9 @@ def main() -> None:
     p.add_argument("--closer", type=int, default=0, help="the rank that closes first")
     p.add_argument("--slow-reader-ms", type=float, default=0.0, help="rank 0 reader pause between drains")
     p.add_argument("--pause-every", type=int, default=1, help="sleep 1 ms every this many iterations")
-    p.add_argument("--after-stop", type=int, default=0, help="iterations a rank != 0 runs after its gather stopped")
+    p.add_argument(
+        "--after-stop", type=int, default=0, help="iterations a rank != 0 runs after its gather stopped"
+    )
     args = p.parse_args()
     rank = world_rank()
     setup_logging(args.out, rank)
@@ -76,7 +78,9 @@ def main() -> None:
                 note = array("q", [0, 0])
                 world.Recv([note, MPI.INT64_T], source, 1 + iteration % 5)
                 if list(note) != [source, iteration]:
-                    fail(args.out, rank, f"engine message mixed up: {list(note)} from {source} at {iteration}")
+                    fail(
+                        args.out, rank, f"engine message mixed up: {list(note)} from {source} at {iteration}"
+                    )
                 engine_received += 1
         else:
             world.Send([array("q", [rank, iteration]), MPI.INT64_T], 0, 1 + iteration % 5)

@@ -46,7 +46,10 @@ def run_parent_of_victim(child: int, out: Path) -> None:
     until rank 0 has written its result, exit 0."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _, status = os.waitpid(child, 0)
-    fate = {"signaled": os.WIFSIGNALED(status), "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}
+    fate = {
+        "signaled": os.WIFSIGNALED(status),
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+    }
     write_json(Path(out), "victim_fate", fate)
     wait_for(lambda: (out / "rank0.json").exists(), 60, 0.05)
     os._exit(0)
@@ -77,7 +80,9 @@ def main() -> None:
     config = GatherConfig(
         heartbeat_interval_s=0.1, heartbeat_timeout_s=args.heartbeat_timeout_s, shutdown_timeout_s=5.0
     )
-    manager = KVCacheEventManager(100_000, rank, size, args.period_ms, drop_warning_interval_s=3600, gather_config=config)
+    manager = KVCacheEventManager(
+        100_000, rank, size, args.period_ms, drop_warning_interval_s=3600, gather_config=config
+    )
     assert manager.gather is not None
     rng = random.Random(rank)
 
@@ -87,7 +92,9 @@ def main() -> None:
     def note(drain: EventDrain, now: float) -> None:
         for r, ids in ids_by_rank(drain.events).items():
             arrivals.append((now, r, len(ids)))
-        victim_drops.extend((now, d.dropped_events) for d in drain.dropped if d.attention_dp_rank == args.victim)
+        victim_drops.extend(
+            (now, d.dropped_events) for d in drain.dropped if d.attention_dp_rank == args.victim
+        )
 
     reader = DrainingReader(manager, on_drain=note)
     got = reader.got
@@ -158,7 +165,11 @@ def main() -> None:
         write_result(
             args.out,
             rank,
-            {"rank": rank, "enqueued": manager.stats().events_enqueued_total, "gather": dataclasses.asdict(manager.gather.stats())},
+            {
+                "rank": rank,
+                "enqueued": manager.stats().events_enqueued_total,
+                "gather": dataclasses.asdict(manager.gather.stats()),
+            },
         )
         # Stay until rank 0 is done: with a dead peer, hydra may end the job when one exits.
         wait_for(lambda: (args.out / "rank0.json").exists(), 60, 0.05)

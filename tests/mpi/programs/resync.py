@@ -43,7 +43,9 @@ def main() -> None:
             assert manager.gather is not None
             gather = manager.gather
             result["phase1_received"] = wait_for(lambda: gather.stats().events_received_total >= 300, 10)
-            result["phase1_drops"] = {str(r): n for r, n in manager.stats().buffer.events_dropped_by_rank.items()}
+            result["phase1_drops"] = {
+                str(r): n for r, n in manager.stats().buffer.events_dropped_by_rank.items()
+            }
         world.Barrier()
         # Phase 2: rank 0 reports losses of rank 1's event 5 (before its snapshot) and rank 2's.
         if rank == 0:
@@ -57,11 +59,15 @@ def main() -> None:
             result["phase2_requested"] = manager.snapshot_requested
             assert manager.gather is not None
             result["resyncs_received"] = manager.gather.stats().resyncs_received_total
-            result["metric_resyncs_received"] = ProducerMetrics(manager).value("kvevents_gather_resyncs_received_total")
+            result["metric_resyncs_received"] = ProducerMetrics(manager).value(
+                "kvevents_gather_resyncs_received_total"
+            )
         if rank == 0:
             assert manager.gather is not None
             result["resyncs_sent"] = manager.gather.stats().resyncs_sent_total
-            result["metric_resyncs_sent"] = ProducerMetrics(manager).value("kvevents_gather_resyncs_sent_total")
+            result["metric_resyncs_sent"] = ProducerMetrics(manager).value(
+                "kvevents_gather_resyncs_sent_total"
+            )
     write_result(args.out, rank, result)
 
 

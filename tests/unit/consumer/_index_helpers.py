@@ -25,24 +25,41 @@ def tokens_of(h: int) -> list[int]:
     return [(h % 100_000_000) * 10 + i for i in range(BLOCK)]
 
 
-def block(h: int, level: int = 0, priority: int = 35, tokens: Sequence[int] | None = None, **kw: object) -> KVCacheStoredBlockData:
-    return KVCacheStoredBlockData(h, tokens_of(h) if tokens is None else tokens, cache_level=level, priority=priority, **kw)  # type: ignore[arg-type]
+def block(
+    h: int, level: int = 0, priority: int = 35, tokens: Sequence[int] | None = None, **kw: object
+) -> KVCacheStoredBlockData:
+    return KVCacheStoredBlockData(
+        h, tokens_of(h) if tokens is None else tokens, cache_level=level, priority=priority, **kw
+    )  # type: ignore[arg-type]
 
 
 def created(
-    eid: int, window: int = WINDOW, rank: int | None = None, levels: Sequence[int] = (100, 10), snapshot: bool = False
+    eid: int,
+    window: int = WINDOW,
+    rank: int | None = None,
+    levels: Sequence[int] = (100, 10),
+    snapshot: bool = False,
 ) -> KVCacheEvent:
     return KVCacheEvent(eid, KVCacheCreatedData(list(levels), snapshot), window, rank)
 
 
 def stored(
-    eid: int, hashes: Sequence[int], parent: int | None = None, window: int = WINDOW, rank: int | None = None, level: int = 0
+    eid: int,
+    hashes: Sequence[int],
+    parent: int | None = None,
+    window: int = WINDOW,
+    rank: int | None = None,
+    level: int = 0,
 ) -> KVCacheEvent:
     return KVCacheEvent(eid, KVCacheStoredData(parent, [block(h, level) for h in hashes]), window, rank)
 
 
 def stored_blocks(
-    eid: int, blocks: Sequence[KVCacheStoredBlockData], parent: int | None = None, window: int = WINDOW, rank: int | None = None
+    eid: int,
+    blocks: Sequence[KVCacheStoredBlockData],
+    parent: int | None = None,
+    window: int = WINDOW,
+    rank: int | None = None,
 ) -> KVCacheEvent:
     return KVCacheEvent(eid, KVCacheStoredData(parent, list(blocks)), window, rank)
 
@@ -52,8 +69,12 @@ def removed(eid: int, hashes: Sequence[int], window: int = WINDOW, rank: int | N
 
 
 def updated(
-    eid: int, h: int, level: tuple[int, int] | None = None, priority: tuple[int, int] | None = None,
-    window: int = WINDOW, rank: int | None = None,
+    eid: int,
+    h: int,
+    level: tuple[int, int] | None = None,
+    priority: tuple[int, int] | None = None,
+    window: int = WINDOW,
+    rank: int | None = None,
 ) -> KVCacheEvent:
     return KVCacheEvent(
         eid,
@@ -68,10 +89,20 @@ def updated(
 
 
 def batch(
-    events: Sequence[KVCacheEvent], seq: int, instance: str = "i0", pid: int = 7, dp: int = 1,
-    dropped: Sequence[tuple[int, int]] = (), offset: int = 0,
+    events: Sequence[KVCacheEvent],
+    seq: int,
+    instance: str = "i0",
+    pid: int = 7,
+    dp: int = 1,
+    dropped: Sequence[tuple[int, int]] = (),
+    offset: int = 0,
 ) -> EventBatch:
     return EventBatch(
-        instance, list(events), attention_dp_size=dp, producer_id=pid, sequence=seq,
-        dropped=[RankDrops(r, n) for r, n in dropped], first_event_block_offset=offset,
+        instance,
+        list(events),
+        attention_dp_size=dp,
+        producer_id=pid,
+        sequence=seq,
+        dropped=[RankDrops(r, n) for r, n in dropped],
+        first_event_block_offset=offset,
     )

@@ -71,7 +71,12 @@ class NaiveIndex:
     def apply(self, batch: EventBatch) -> None:
         inst = self.instances.setdefault(batch.instance_id, Instance())
         replay = False
-        ranks = lambda: set(range(max(1, batch.attention_dp_size))) | {r for (i, r) in self.workers if i == batch.instance_id}  # noqa: E731
+
+        def ranks() -> set[int]:
+            return set(range(max(1, batch.attention_dp_size))) | {
+                r for (i, r) in self.workers if i == batch.instance_id
+            }
+
         if inst.pid is None:
             inst.pid, inst.seq = batch.producer_id, batch.sequence
         elif batch.producer_id != inst.pid:
@@ -169,7 +174,9 @@ class NaiveIndex:
         w.cursor = eid
         w.last_created = is_created
 
-    def store(self, w: Worker, window: int, parent: int | None, blocks: Sequence[KVCacheStoredBlockData]) -> None:
+    def store(
+        self, w: Worker, window: int, parent: int | None, blocks: Sequence[KVCacheStoredBlockData]
+    ) -> None:
         win = w.windows.setdefault(window, {"capacity": None, "blocks": {}})
         known = True
         parent_content: int | None = None  # None with known=True: the root of a prefix
@@ -187,7 +194,9 @@ class NaiveIndex:
 
     # ---------------------------------------------------------------- queries
 
-    def match(self, hashes: Sequence[int], by_content: bool, window: int | None, max_level: int) -> dict[Any, tuple[int, int]]:
+    def match(
+        self, hashes: Sequence[int], by_content: bool, window: int | None, max_level: int
+    ) -> dict[Any, tuple[int, int]]:
         """{(iid, rank): best (run, primary)} over the worker's windows."""
         out: dict[Any, tuple[int, int]] = {}
         for key, w in self.workers.items():
@@ -262,19 +271,41 @@ class TroubledProducer:
         rank = draw(st.integers(0, inst["dp"] - 1))
         window = draw(st.sampled_from(self.WINDOWS))
         held = inst["held"][rank][window]
-        op = draw(st.sampled_from(
-            ["store", "store", "store", "remove", "update", "created", "flush", "flush", "drop",
-             "lose", "replay", "restart", "stale", "snapshot"]
-        ))
+        op = draw(
+            st.sampled_from(
+                [
+                    "store",
+                    "store",
+                    "store",
+                    "remove",
+                    "update",
+                    "created",
+                    "flush",
+                    "flush",
+                    "drop",
+                    "lose",
+                    "replay",
+                    "restart",
+                    "stale",
+                    "snapshot",
+                ]
+            )
+        )
         if op == "store":
             choices = [None, *sorted(held)]
             parent = draw(st.sampled_from(choices)) if draw(st.integers(0, 9)) else draw(st.integers(1, 5))
             blocks = []
             for _ in range(draw(st.integers(1, 3))):
                 tokens = draw(st.lists(st.integers(0, 2), min_size=self.BLOCK, max_size=self.BLOCK))
-                engine = self.engine_hash(inst["seed"], parent if not blocks else blocks[-1].block_hash, tokens)
+                engine = self.engine_hash(
+                    inst["seed"], parent if not blocks else blocks[-1].block_hash, tokens
+                )
                 level = draw(st.sampled_from([0, 0, 1]))
-                blocks.append(KVCacheStoredBlockData(engine, tokens, cache_level=level, priority=draw(st.integers(0, 100))))
+                blocks.append(
+                    KVCacheStoredBlockData(
+                        engine, tokens, cache_level=level, priority=draw(st.integers(0, 100))
+                    )
+                )
                 held[engine] = tokens
             self.event(inst, rank, KVCacheStoredData(parent, blocks), window)
         elif op == "remove" and held:
@@ -286,11 +317,16 @@ class TroubledProducer:
             target = draw(st.sampled_from(sorted(held)))
             level = draw(st.none() | st.integers(0, 1))
             prio = draw(st.none() | st.integers(0, 100))
-            self.event(inst, rank, KVCacheUpdatedData(
-                target,
-                None if level is None else KVCacheEventDiff(1 - level, level),
-                None if prio is None else KVCacheEventDiff(35, prio),
-            ), window)
+            self.event(
+                inst,
+                rank,
+                KVCacheUpdatedData(
+                    target,
+                    None if level is None else KVCacheEventDiff(1 - level, level),
+                    None if prio is None else KVCacheEventDiff(35, prio),
+                ),
+                window,
+            )
         elif op == "created":
             for w in draw(st.lists(st.sampled_from(self.WINDOWS), min_size=1, max_size=2, unique=True)):
                 self.event(inst, rank, KVCacheCreatedData([10, 2]), w)
@@ -301,7 +337,9 @@ class TroubledProducer:
                 self.event(inst, rank, KVCacheCreatedData([10, 2], snapshot=True), w)
             for w in self.WINDOWS:
                 for engine, tokens in sorted(inst["held"][rank][w].items()):
-                    self.event(inst, rank, KVCacheStoredData(None, [KVCacheStoredBlockData(engine, tokens)]), w)
+                    self.event(
+                        inst, rank, KVCacheStoredData(None, [KVCacheStoredBlockData(engine, tokens)]), w
+                    )
         elif op == "flush":
             self.flush(inst, name)
         elif op == "drop" and inst["pending"]:
@@ -315,7 +353,9 @@ class TroubledProducer:
             self.delivered.append(draw(st.sampled_from(self.delivered)))
         elif op == "restart":
             self.flush(inst, name)
-            inst["old"].extend(b for b in self.delivered if b.instance_id == name and b.producer_id == inst["pid"])
+            inst["old"].extend(
+                b for b in self.delivered if b.instance_id == name and b.producer_id == inst["pid"]
+            )
             inst["pid"] += 10
             inst["seq"] = 0
             if draw(st.booleans()):  # the engine restarted too: ids from 0, a Created run per rank
@@ -336,20 +376,34 @@ class TroubledProducer:
         inst["dropped"] = {}
         batches = [(events, 0)]
         last = events[-1] if events else None
-        if (last is not None and isinstance(last.data, KVCacheStoredData) and len(last.data.blocks) > 1
-                and self.draw(self.st.booleans())):
+        if (
+            last is not None
+            and isinstance(last.data, KVCacheStoredData)
+            and len(last.data.blocks) > 1
+            and self.draw(self.st.booleans())
+        ):
             k = self.draw(self.st.integers(1, len(last.data.blocks) - 1))
             blocks = last.data.blocks
-            head = KVCacheEvent(last.event_id, KVCacheStoredData(last.data.parent_hash, blocks[:k]),
-                                last.window_size, last.attention_dp_rank)
+            head = KVCacheEvent(
+                last.event_id,
+                KVCacheStoredData(last.data.parent_hash, blocks[:k]),
+                last.window_size,
+                last.attention_dp_rank,
+            )
             parent = self.draw(self.st.sampled_from([blocks[k - 1].block_hash, None]))
-            tail = KVCacheEvent(last.event_id, KVCacheStoredData(parent, blocks[k:]),
-                                last.window_size, last.attention_dp_rank)
+            tail = KVCacheEvent(
+                last.event_id, KVCacheStoredData(parent, blocks[k:]), last.window_size, last.attention_dp_rank
+            )
             batches = [([*events[:-1], head], 0), ([tail], k)]
         for i, (evs, offset) in enumerate(batches):
             batch = EventBatch(
-                name, evs, attention_dp_size=inst["dp"], producer_id=inst["pid"], sequence=inst["seq"],
-                dropped=dropped if i == 0 else [], first_event_block_offset=offset,
+                name,
+                evs,
+                attention_dp_size=inst["dp"],
+                producer_id=inst["pid"],
+                sequence=inst["seq"],
+                dropped=dropped if i == 0 else [],
+                first_event_block_offset=offset,
             )
             inst["seq"] += 1
             if deliver:

@@ -23,7 +23,13 @@ def sample_index() -> CacheIndex:
 
 
 def sample_checkpoint() -> Checkpoint:
-    return Checkpoint("kv-cache-events", {0: 12, 1: 0, 2: 7}, sample_index().to_bytes(), created_at_us=123, kvevents_version="0.1.0")
+    return Checkpoint(
+        "kv-cache-events",
+        {0: 12, 1: 0, 2: 7},
+        sample_index().to_bytes(),
+        created_at_us=123,
+        kvevents_version="0.1.0",
+    )
 
 
 def test_round_trip_through_a_file(tmp_path: Path) -> None:
@@ -97,7 +103,9 @@ def test_a_corrupt_index_state_with_a_valid_checksum_is_a_clear_error() -> None:
         decode_checkpoint(encode_checkpoint(wrong_version)).index()
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(st.data())
 def test_restoring_a_checkpoint_and_catching_up_equals_a_full_replay(data: st.DataObject) -> None:
     """Random troubled streams (drops, splits, replays, restarts, snapshots), a checkpoint at a

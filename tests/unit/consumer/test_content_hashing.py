@@ -91,8 +91,12 @@ def test_compiled_query_hashes_equal_the_python_definition(tokens, block_size, l
 
 block_strategy = st.builds(
     lambda tokens, lora, extra, mm, salt, h: KVCacheStoredBlockData(
-        h, tokens, lora_id=lora, token_extra_ids=extra[: len(tokens)] if extra is not None else None,
-        mm_keys=tuple(mm), cache_salt=salt,
+        h,
+        tokens,
+        lora_id=lora,
+        token_extra_ids=extra[: len(tokens)] if extra is not None else None,
+        mm_keys=tuple(mm),
+        cache_salt=salt,
     ),
     tokens=st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=9),
     lora=st.none() | st.integers(0, MASK),

@@ -20,10 +20,28 @@ W0 = WorkerKey("i0", 0)
 
 def rich_batch():
     return batch(
-        [created(0), stored_blocks(1, [block(2**64 - 1, lora_id=2**63 + 5, cache_salt="ü", token_extra_ids=[0, 1, 0, 2**64 - 1],
-                                             mm_keys=((bytes(range(32)), -3),)), block(2**63)]),
-         removed(2, [2**63]), updated(3, 2**64 - 1, level=(0, 1), priority=(1, 99)), stored(4, [5], parent=2**64 - 1)],
-        3, pid=-(2**63), dropped=[(0, 0)],
+        [
+            created(0),
+            stored_blocks(
+                1,
+                [
+                    block(
+                        2**64 - 1,
+                        lora_id=2**63 + 5,
+                        cache_salt="ü",
+                        token_extra_ids=[0, 1, 0, 2**64 - 1],
+                        mm_keys=((bytes(range(32)), -3),),
+                    ),
+                    block(2**63),
+                ],
+            ),
+            removed(2, [2**63]),
+            updated(3, 2**64 - 1, level=(0, 1), priority=(1, 99)),
+            stored(4, [5], parent=2**64 - 1),
+        ],
+        3,
+        pid=-(2**63),
+        dropped=[(0, 0)],
     )
 
 

@@ -47,7 +47,9 @@ def token_queries() -> list[list[int]]:
     return queries
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(st.data())
 def test_cores_and_entry_points_agree_with_the_naive_model(data: st.DataObject) -> None:
     batches = stream(data)
@@ -89,7 +91,9 @@ def test_cores_and_entry_points_agree_with_the_naive_model(data: st.DataObject) 
         for window, max_level in [(None, 15), (None, 0), (64, 15), (128, 0)]:
             want = {WorkerKey(*k): v for k, v in model.match(query, by_content, window, max_level).items()}
             for index in indexes:
-                details = index.match_details(query, by_content=by_content, window_size=window, max_cache_level=max_level)
+                details = index.match_details(
+                    query, by_content=by_content, window_size=window, max_cache_level=max_level
+                )
                 assert {k: (m.blocks, m.primary_blocks) for k, m in details.items()} == want
                 finder = index.find_matches_by_content if by_content else index.find_matches
                 assert finder(query, window, max_cache_level=max_level) == {k: v[0] for k, v in want.items()}
@@ -101,12 +105,14 @@ def test_cores_and_entry_points_agree_with_the_naive_model(data: st.DataObject) 
     for core in ("python", "compiled"):
         restored = CacheIndex.from_bytes(state, core=core)
         assert restored.to_bytes() == state
-        assert restored.find_matches(engine_queries(batches, data)[0] if batches else []) == c_obj.find_matches(
+        assert restored.find_matches(
             engine_queries(batches, data)[0] if batches else []
-        )
+        ) == c_obj.find_matches(engine_queries(batches, data)[0] if batches else [])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(st.data())
 def test_restored_index_continues_like_the_original(data: st.DataObject) -> None:
     """A restored index applied the rest of the stream equals one that applied it all."""

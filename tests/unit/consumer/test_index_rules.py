@@ -44,15 +44,40 @@ def test_find_matches_counts_leading_blocks_held_contiguously(index, feed):
 
 
 def test_workers_are_scored_separately_and_zero_matches_are_omitted(index, feed):
-    feed(index, batch([created(0, rank=0), created(0, rank=1), created(0, rank=2),
-                       stored(1, [1, 2, 3], rank=0), stored(1, [1, 2], rank=1), stored(1, [5], rank=2)], 0, dp=3))
+    feed(
+        index,
+        batch(
+            [
+                created(0, rank=0),
+                created(0, rank=1),
+                created(0, rank=2),
+                stored(1, [1, 2, 3], rank=0),
+                stored(1, [1, 2], rank=1),
+                stored(1, [5], rank=2),
+            ],
+            0,
+            dp=3,
+        ),
+    )
     assert index.find_matches([1, 2, 3]) == {W0: 3, W1: 2}
     assert set(index.workers()) == {W0, W1, WorkerKey("i0", 2)}
 
 
 def test_removed_deletes_blocks_of_that_worker_only(index, feed):
-    feed(index, batch([created(0, rank=0), created(0, rank=1), stored(1, [1, 2, 3], rank=0),
-                       stored(1, [1, 2, 3], rank=1), removed(2, [2], rank=0)], 0, dp=2))
+    feed(
+        index,
+        batch(
+            [
+                created(0, rank=0),
+                created(0, rank=1),
+                stored(1, [1, 2, 3], rank=0),
+                stored(1, [1, 2, 3], rank=1),
+                removed(2, [2], rank=0),
+            ],
+            0,
+            dp=2,
+        ),
+    )
     assert index.find_matches([1, 2, 3]) == {W0: 1, W1: 3}
     assert [b.block_hash for b in index.worker_blocks(W0, WINDOW)] == [1, 3]
     assert index.stats().counters["blocks_removed"] == 1
@@ -76,15 +101,29 @@ def test_storing_a_held_block_again_updates_its_level(index, feed):
 
 
 def test_unknown_removed_and_updated_are_counted_and_ignored(index, feed):
-    feed(index, batch([created(0), stored(1, [1]), removed(2, [9]), updated(3, 8, level=(0, 1)),
-                       removed(4, [1], window=WINDOW * 2)], 0))
+    feed(
+        index,
+        batch(
+            [
+                created(0),
+                stored(1, [1]),
+                removed(2, [9]),
+                updated(3, 8, level=(0, 1)),
+                removed(4, [1], window=WINDOW * 2),
+            ],
+            0,
+        ),
+    )
     counters = index.stats().counters
     assert (counters["unknown_removed"], counters["unknown_updated"]) == (2, 1)
     assert index.find_matches([1]) == {W0: 1}
 
 
 def test_levels_and_priorities_saturate(index, feed):
-    feed(index, batch([created(0), stored_blocks(1, [block(1, level=99, priority=999), block(2, priority=-5)])], 0))
+    feed(
+        index,
+        batch([created(0), stored_blocks(1, [block(1, level=99, priority=999), block(2, priority=-5)])], 0),
+    )
     entries = index.worker_blocks(W0, WINDOW)
     assert [(e.cache_level, e.priority) for e in entries] == [(15, 255), (0, 0)]
 
@@ -93,9 +132,20 @@ def test_levels_and_priorities_saturate(index, feed):
 
 
 def test_secondary_blocks_count_by_default_stop_with_max_level_and_weigh_fractionally(index, feed):
-    feed(index, batch([created(0, rank=0), created(0, rank=1),
-                       stored(1, [1, 2, 3, 4], rank=0), stored(1, [1, 2, 3, 4], rank=1),
-                       updated(2, 2, level=(0, 1), rank=1)], 0, dp=2))
+    feed(
+        index,
+        batch(
+            [
+                created(0, rank=0),
+                created(0, rank=1),
+                stored(1, [1, 2, 3, 4], rank=0),
+                stored(1, [1, 2, 3, 4], rank=1),
+                updated(2, 2, level=(0, 1), rank=1),
+            ],
+            0,
+            dp=2,
+        ),
+    )
     assert index.find_matches([1, 2, 3, 4]) == {W0: 4, W1: 4}
     assert index.find_matches([1, 2, 3, 4], max_cache_level=0) == {W0: 4, W1: 1}
     assert index.weighted_matches([1, 2, 3, 4], secondary_weight=0.25) == {W0: 4.0, W1: 3.25}
@@ -113,8 +163,18 @@ def test_secondary_blocks_count_by_default_stop_with_max_level_and_weigh_fractio
 
 
 def test_window_sizes_are_separate_caches(index, feed):
-    feed(index, batch([created(0, window=64), created(1, window=128),
-                       stored(2, [1, 2, 3], window=64), stored(3, [1, 2], window=128)], 0))
+    feed(
+        index,
+        batch(
+            [
+                created(0, window=64),
+                created(1, window=128),
+                stored(2, [1, 2, 3], window=64),
+                stored(3, [1, 2], window=128),
+            ],
+            0,
+        ),
+    )
     assert index.find_matches([1, 2, 3]) == {W0: 3}
     assert index.find_matches([1, 2, 3], window_size=128) == {W0: 2}
     assert index.find_matches([1, 2, 3], window_size=32) == {}
@@ -123,8 +183,18 @@ def test_window_sizes_are_separate_caches(index, feed):
 
 
 def test_created_run_resets_all_windows_then_builds_each(index, feed):
-    feed(index, batch([created(0, window=64), created(1, window=128), stored(2, [1], window=64),
-                       stored(3, [2], window=128)], 0))
+    feed(
+        index,
+        batch(
+            [
+                created(0, window=64),
+                created(1, window=128),
+                stored(2, [1], window=64),
+                stored(3, [2], window=128),
+            ],
+            0,
+        ),
+    )
     # a Created directly after a Created keeps the window created just before
     feed(index, batch([created(4, window=64, levels=(7, 0)), created(5, window=32)], 1))
     stats = index.worker_stats(W0)
@@ -135,8 +205,19 @@ def test_created_run_resets_all_windows_then_builds_each(index, feed):
 
 
 def test_created_after_other_events_drops_every_window(index, feed):
-    feed(index, batch([created(0, window=64), created(1, window=128), stored(2, [1], window=64),
-                       stored(3, [2], window=128), created(4, window=64)], 0))
+    feed(
+        index,
+        batch(
+            [
+                created(0, window=64),
+                created(1, window=128),
+                stored(2, [1], window=64),
+                stored(3, [2], window=128),
+                created(4, window=64),
+            ],
+            0,
+        ),
+    )
     assert sorted(index.worker_stats(W0).windows) == [64]
     assert index.held_blocks() == 0
 
@@ -223,7 +304,9 @@ def test_sequence_jump_degrades_every_rank_of_the_instance(index, feed):
     feed(index, batch([created(0, rank=0)], 0, dp=2))
     feed(index, batch([stored(1, [1], rank=0)], 3, dp=2))
     assert index.degraded_workers() == [W0, W1]
-    assert index.worker_stats(W1).degraded_reasons == ("batches lost: producer 7 sequence jumped from 0 to 3",)
+    assert index.worker_stats(W1).degraded_reasons == (
+        "batches lost: producer 7 sequence jumped from 0 to 3",
+    )
     assert index.worker_stats(W0).last_batch_sequence == 3
 
 
@@ -311,10 +394,24 @@ def test_block_with_unknown_parent_is_an_orphan_found_by_engine_hash_only(index,
 
 
 def test_orphan_gains_content_when_another_worker_stores_its_prefix(index, feed):
-    feed(index, batch([created(0, rank=0), created(0, rank=1), stored(1, [5], parent=4, rank=0),
-                       stored(1, [4, 5], rank=1)], 0, dp=2))
+    feed(
+        index,
+        batch(
+            [
+                created(0, rank=0),
+                created(0, rank=1),
+                stored(1, [5], parent=4, rank=0),
+                stored(1, [4, 5], rank=1),
+            ],
+            0,
+            dp=2,
+        ),
+    )
     assert index.find_matches_for_tokens(tokens_for([4, 5]), BLOCK) == {W1: 2}
-    assert index.find_matches_by_content(index.content_hashes(tokens_for([4, 5]), BLOCK)[1:]) == {W0: 1, W1: 1}
+    assert index.find_matches_by_content(index.content_hashes(tokens_for([4, 5]), BLOCK)[1:]) == {
+        W0: 1,
+        W1: 1,
+    }
 
 
 def test_tokens_match_across_workers_whose_engine_hashes_differ(index, feed):
@@ -331,8 +428,17 @@ def test_tokens_match_across_workers_whose_engine_hashes_differ(index, feed):
 
 
 def test_content_depends_on_the_prefix(index, feed):
-    feed(index, batch([created(0), stored_blocks(1, [block(1), block(2)]),
-                       stored_blocks(2, [block(3, tokens=tokens_of(2))])], 0))
+    feed(
+        index,
+        batch(
+            [
+                created(0),
+                stored_blocks(1, [block(1), block(2)]),
+                stored_blocks(2, [block(3, tokens=tokens_of(2))]),
+            ],
+            0,
+        ),
+    )
     # block 3 has block 2's tokens but no parent: it matches a query starting with those tokens
     assert index.find_matches_for_tokens(tokens_of(2), BLOCK) == {W0: 1}
     assert index.find_matches_for_tokens(tokens_for([1, 2]), BLOCK) == {W0: 2}
@@ -369,7 +475,10 @@ def test_extra_ids_and_multimodal_keys_separate_content(index, feed):
     assert index.find_matches_for_tokens(plain, BLOCK) == {}
     assert index.find_matches_for_tokens(plain, BLOCK, token_extra_ids=[0, 9, 0, 0]) == {}
     assert index.find_matches_for_tokens(plain, BLOCK, token_extra_ids=[0, 9, 0, 0], mm_keys=[mm]) == {W0: 1}
-    assert index.find_matches_for_tokens(plain, BLOCK, token_extra_ids=[0, 9, 0, 0], mm_keys=[((bytes(32), 1),)]) == {}
+    assert (
+        index.find_matches_for_tokens(plain, BLOCK, token_extra_ids=[0, 9, 0, 0], mm_keys=[((bytes(32), 1),)])
+        == {}
+    )
 
 
 def test_all_zero_extra_ids_are_the_same_as_none(index, feed):
@@ -393,7 +502,10 @@ def test_conflicting_content_for_one_engine_hash_keeps_the_first_and_counts(inde
 
 
 def test_worker_stats_report_cursor_session_levels_and_capacity(index, feed):
-    feed(index, batch([created(0, levels=(100, 20)), stored(1, [1, 2]), updated(2, 1, level=(0, 1))], 3, pid=11))
+    feed(
+        index,
+        batch([created(0, levels=(100, 20)), stored(1, [1, 2]), updated(2, 1, level=(0, 1))], 3, pid=11),
+    )
     stats = index.worker_stats(W0)
     assert (stats.last_event_id, stats.producer_id, stats.last_batch_sequence) == (2, 11, 3)
     assert stats.windows[WINDOW].capacity == (100, 20)
@@ -454,7 +566,9 @@ def test_queries_accept_arrays_and_lists_alike(index, feed):
     from array import array
 
     feed(index, batch([created(0), stored(1, [1, 2, 2**64 - 1])], 0))
-    assert index.find_matches(array("Q", [1, 2, 2**64 - 1])) == index.find_matches([1, 2, 2**64 - 1]) == {W0: 3}
+    assert (
+        index.find_matches(array("Q", [1, 2, 2**64 - 1])) == index.find_matches([1, 2, 2**64 - 1]) == {W0: 3}
+    )
     tokens = tokens_for([1, 2])
     assert index.content_hashes(array("i", tokens), BLOCK) == index.content_hashes(tokens, BLOCK)
 
@@ -472,9 +586,19 @@ def test_core_choice(monkeypatch):
 
 def test_runs_over_equal_sized_but_different_holder_sets(index, feed):
     # ranks 0 and 1 hold blocks 1-3; ranks 1 and 2 hold 4-6: same count, other set at block 4
-    feed(index, batch([created(0, rank=r) for r in range(3)]
-                      + [stored(1, [1, 2, 3], rank=0), stored(1, [1, 2, 3, 4, 5, 6], rank=1),
-                         stored(1, [4, 5, 6], parent=3, rank=2)], 0, dp=3))
+    feed(
+        index,
+        batch(
+            [created(0, rank=r) for r in range(3)]
+            + [
+                stored(1, [1, 2, 3], rank=0),
+                stored(1, [1, 2, 3, 4, 5, 6], rank=1),
+                stored(1, [4, 5, 6], parent=3, rank=2),
+            ],
+            0,
+            dp=3,
+        ),
+    )
     assert index.find_matches([1, 2, 3, 4, 5, 6]) == {W0: 3, W1: 6}
     assert index.find_matches([4, 5, 6]) == {W1: 3, WorkerKey("i0", 2): 3}
     feed(index, batch([updated(2, 5, level=(0, 1), rank=1)], 1, dp=3))

@@ -30,11 +30,32 @@ def index(core: str) -> CacheIndex:
 
 
 def test_snapshot_after_dropped_events_rebuilds_the_worker_exactly(index, feed):
-    feed(index, batch([created(0, window=64), created(1, window=128), stored(2, [1, 2], window=64),
-                       stored(3, [7], window=128)], 0))
+    feed(
+        index,
+        batch(
+            [
+                created(0, window=64),
+                created(1, window=128),
+                stored(2, [1, 2], window=64),
+                stored(3, [7], window=128),
+            ],
+            0,
+        ),
+    )
     # events 4..9 were dropped by the producer (reported in-band), then it publishes a snapshot
-    feed(index, batch([created(10, window=64, snapshot=True), created(11, window=128, snapshot=True),
-                       stored(12, [1, 3], window=64), stored(13, [8], window=128)], 1, dropped=[(0, 6)]))
+    feed(
+        index,
+        batch(
+            [
+                created(10, window=64, snapshot=True),
+                created(11, window=128, snapshot=True),
+                stored(12, [1, 3], window=64),
+                stored(13, [8], window=128),
+            ],
+            1,
+            dropped=[(0, 6)],
+        ),
+    )
     assert not index.is_degraded(W0)
     assert index.find_matches([1, 3], window_size=64) == {W0: 2}
     assert index.find_matches([1, 2], window_size=64) == {W0: 1}

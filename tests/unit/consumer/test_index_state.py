@@ -12,11 +12,24 @@ W0 = WorkerKey("i0", 0)
 
 def populated(core: str) -> CacheIndex:
     index = CacheIndex(core=core)
-    index.apply(batch([created(0, rank=0), created(0, rank=1), stored(1, [1, 2, 3], rank=0),
-                       stored(1, [1, 2], rank=1, window=128), updated(2, 2, level=(0, 1), priority=(35, 90), rank=0)],
-                      0, dp=2))
-    index.apply(batch([stored(9, [5], parent=4, rank=0), removed(2, [2], window=128, rank=1)], 2, dp=2,
-                      dropped=[(1, 2)]))
+    index.apply(
+        batch(
+            [
+                created(0, rank=0),
+                created(0, rank=1),
+                stored(1, [1, 2, 3], rank=0),
+                stored(1, [1, 2], rank=1, window=128),
+                updated(2, 2, level=(0, 1), priority=(35, 90), rank=0),
+            ],
+            0,
+            dp=2,
+        )
+    )
+    index.apply(
+        batch(
+            [stored(9, [5], parent=4, rank=0), removed(2, [2], window=128, rank=1)], 2, dp=2, dropped=[(1, 2)]
+        )
+    )
     return index
 
 
@@ -59,22 +72,31 @@ def test_bad_state_bytes_raise_value_errors_naming_the_problem(core):
     with pytest.raises(ValueError, match="corrupt index state"):
         CacheIndex.from_bytes(good[:-7], core=core)
     state = decode_state(good)
-    broken = encode_state(state.__class__(**{**{f: getattr(state, f) for f in state.__struct_fields__},
-                                             "holders": state.holders[:-4]}))
+    broken = encode_state(
+        state.__class__(
+            **{**{f: getattr(state, f) for f in state.__struct_fields__}, "holders": state.holders[:-4]}
+        )
+    )
     with pytest.raises(ValueError, match="corrupt index state"):
         CacheIndex.from_bytes(broken, core=core)
 
 
 def test_holders_out_of_order_or_repeated_are_a_corrupt_state(core):
     index = CacheIndex(core=core)
-    index.apply(batch([created(0, rank=0), created(0, rank=1), stored(1, [1], rank=0), stored(1, [1], rank=1)], 0, dp=2))
+    index.apply(
+        batch(
+            [created(0, rank=0), created(0, rank=1), stored(1, [1], rank=0), stored(1, [1], rank=1)], 0, dp=2
+        )
+    )
     state = decode_state(index.to_bytes())
     fields = {f: getattr(state, f) for f in state.__struct_fields__}
     holders = state.holders
     swapped = holders[4:8] + holders[0:4]
     repeated = holders[0:4] + holders[0:4]
     for bad in (swapped, repeated):
-        with pytest.raises(ValueError, match="corrupt index state: holders of node 0 not in ascending slot order"):
+        with pytest.raises(
+            ValueError, match="corrupt index state: holders of node 0 not in ascending slot order"
+        ):
             CacheIndex.from_bytes(encode_state(state.__class__(**{**fields, "holders": bad})), core=core)
 
 

@@ -41,17 +41,32 @@ def test_throughput_overall_and_recent():
     time.sleep(0.06)  # recent: from the newest sample at least window_s old (the one above)
     overall, recent = meter.overall(), meter.recent()
     assert overall.events_per_s == pytest.approx(150 / overall.seconds)
-    assert recent.seconds < overall.seconds and recent.events_per_s == pytest.approx(50 / recent.seconds, rel=0.2)
+    assert recent.seconds < overall.seconds and recent.events_per_s == pytest.approx(
+        50 / recent.seconds, rel=0.2
+    )
     assert ReadResult(1, 100, 10, 0, 2.0, True).events_per_s == 50.0
     assert ReadResult(0, 0, 0, 0, 0.0, True).events_per_s == 0.0
 
 
 def test_the_dead_letter_producer_shares_connection_and_security_settings_only():
-    config = dead_letter_producer_config({
-        "bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL", "sasl.username": "u", "ssl.ca.location": "/ca",
-        "client.id": "router", "group.id": "g", "fetch.max.bytes": 1, "auto.offset.reset": "earliest",
-    })
+    config = dead_letter_producer_config(
+        {
+            "bootstrap.servers": "b:9092",
+            "security.protocol": "SASL_SSL",
+            "sasl.username": "u",
+            "ssl.ca.location": "/ca",
+            "client.id": "router",
+            "group.id": "g",
+            "fetch.max.bytes": 1,
+            "auto.offset.reset": "earliest",
+        }
+    )
     assert config == {
-        "bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL", "sasl.username": "u", "ssl.ca.location": "/ca",
-        "client.id": "router", "enable.idempotence": True, "linger.ms": 50,
+        "bootstrap.servers": "b:9092",
+        "security.protocol": "SASL_SSL",
+        "sasl.username": "u",
+        "ssl.ca.location": "/ca",
+        "client.id": "router",
+        "enable.idempotence": True,
+        "linger.ms": 50,
     }

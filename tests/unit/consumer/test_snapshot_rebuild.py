@@ -27,7 +27,11 @@ WORKLOAD = WorkloadConfig(
     follow_up_delay_s=0.1,
 )
 CONFIG = SimulatorConfig(
-    instance_id="sim-7", block_size=16, num_primary_blocks=160, num_secondary_blocks=48, window_sizes=(512, 2048)
+    instance_id="sim-7",
+    block_size=16,
+    num_primary_blocks=160,
+    num_secondary_blocks=48,
+    window_sizes=(512, 2048),
 )
 WORKER = WorkerKey("sim-7", 0)
 
@@ -44,7 +48,9 @@ class Pipeline:
     def deliver(self) -> EventBatch:
         assert self.manager.settle(timeout=30)
         drain = self.manager.drain(timeout=0)
-        batch = EventBatch(CONFIG.instance_id, drain.events, producer_id=3, sequence=self.sequence, dropped=drain.dropped)
+        batch = EventBatch(
+            CONFIG.instance_id, drain.events, producer_id=3, sequence=self.sequence, dropped=drain.dropped
+        )
         self.sequence += 1
         self.batches.append(batch)
         message = encode_batch(batch)
@@ -56,11 +62,23 @@ class Pipeline:
 def as_old_reader(batch: EventBatch) -> EventBatch:
     """What a reader of schema v1 sees: every snapshot flag at its default."""
     events = [
-        KVCacheEvent(e.event_id, KVCacheCreatedData(e.data.num_blocks_per_cache_level), e.window_size, e.attention_dp_rank)
-        if isinstance(e.data, KVCacheCreatedData) else e
+        KVCacheEvent(
+            e.event_id,
+            KVCacheCreatedData(e.data.num_blocks_per_cache_level),
+            e.window_size,
+            e.attention_dp_rank,
+        )
+        if isinstance(e.data, KVCacheCreatedData)
+        else e
         for e in batch.events
     ]
-    return EventBatch(batch.instance_id, events, producer_id=batch.producer_id, sequence=batch.sequence, dropped=batch.dropped)
+    return EventBatch(
+        batch.instance_id,
+        events,
+        producer_id=batch.producer_id,
+        sequence=batch.sequence,
+        dropped=batch.dropped,
+    )
 
 
 def assert_index_equals_truth(index: CacheIndex, truth: GroundTruth) -> None:

@@ -28,7 +28,9 @@ def created(eid: int, rank: int = 0, levels: Sequence[int] = (100, 10)) -> KVCac
     return KVCacheEvent(eid, KVCacheCreatedData(list(levels)), WINDOW, rank)
 
 
-def stored(eid: int, hashes: Sequence[int], parent: int | None = None, rank: int = 0, level: int = 0) -> KVCacheEvent:
+def stored(
+    eid: int, hashes: Sequence[int], parent: int | None = None, rank: int = 0, level: int = 0
+) -> KVCacheEvent:
     blocks = [KVCacheStoredBlockData(h, tokens_of(h), cache_level=level) for h in hashes]
     return KVCacheEvent(eid, KVCacheStoredData(parent, blocks), WINDOW, rank)
 
@@ -38,7 +40,11 @@ def removed(eid: int, hashes: Sequence[int], rank: int = 0) -> KVCacheEvent:
 
 
 def updated(
-    eid: int, h: int, level: tuple[int, int] | None = None, priority: tuple[int, int] | None = None, rank: int = 0
+    eid: int,
+    h: int,
+    level: tuple[int, int] | None = None,
+    priority: tuple[int, int] | None = None,
+    rank: int = 0,
 ) -> KVCacheEvent:
     diff = None if level is None else KVCacheEventDiff(*level)
     prio = None if priority is None else KVCacheEventDiff(*priority)
@@ -46,10 +52,20 @@ def updated(
 
 
 def batch(
-    events: Sequence[KVCacheEvent], seq: int, instance: str = "i0", pid: int = 7, dp: int = 2,
-    dropped: Sequence[tuple[int, int]] = (), time_us: int = 0,
+    events: Sequence[KVCacheEvent],
+    seq: int,
+    instance: str = "i0",
+    pid: int = 7,
+    dp: int = 2,
+    dropped: Sequence[tuple[int, int]] = (),
+    time_us: int = 0,
 ) -> EventBatch:
     return EventBatch(
-        instance, list(events), attention_dp_size=dp, producer_id=pid, sequence=seq,
-        created_at_us=time_us, dropped=[RankDrops(r, n) for r, n in dropped],
+        instance,
+        list(events),
+        attention_dp_size=dp,
+        producer_id=pid,
+        sequence=seq,
+        created_at_us=time_us,
+        dropped=[RankDrops(r, n) for r, n in dropped],
     )

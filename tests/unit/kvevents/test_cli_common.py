@@ -35,7 +35,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def test_kafka_flags_defaults_and_repeatable_X() -> None:
-    args = parser().parse_args(["-X", "fetch.max.bytes=1024", "-X", "client.id=a=b", "-X", "fetch.max.bytes=2048"])
+    args = parser().parse_args(
+        ["-X", "fetch.max.bytes=1024", "-X", "client.id=a=b", "-X", "fetch.max.bytes=2048"]
+    )
     assert args.topic == "kv-cache-events" and args.bootstrap_servers is None
     assert kafka_config(args) == {"fetch.max.bytes": "2048", "client.id": "a=b"}  # later wins; '=' in values
     assert args.json is False and args.quiet is False

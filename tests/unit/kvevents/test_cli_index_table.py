@@ -21,7 +21,9 @@ WORKLOAD = WorkloadConfig(
 
 
 def simulate(instance: str = "eng", iterations: int = 40) -> tuple[CacheIndex, GroundTruth]:
-    config = SimulatorConfig(instance_id=instance, block_size=8, num_primary_blocks=48, num_secondary_blocks=16)
+    config = SimulatorConfig(
+        instance_id=instance, block_size=8, num_primary_blocks=48, num_secondary_blocks=16
+    )
     index = CacheIndex()
     with KVCacheEventManager(10_000) as manager:
         sim = EngineSimulator(config, manager, WorkloadGenerator(WORKLOAD))
@@ -29,7 +31,9 @@ def simulate(instance: str = "eng", iterations: int = 40) -> tuple[CacheIndex, G
             sim.step()
             assert manager.settle(timeout=10)
             drain = manager.drain(timeout=0)
-            index.apply(EventBatch(instance, drain.events, producer_id=1, sequence=seq, dropped=drain.dropped))
+            index.apply(
+                EventBatch(instance, drain.events, producer_id=1, sequence=seq, dropped=drain.dropped)
+            )
         return index, sim.ground_truth()
 
 
@@ -38,12 +42,17 @@ def simulated() -> tuple[CacheIndex, GroundTruth]:
     return simulate()
 
 
-def test_worker_table_shows_levels_capacity_and_degraded_workers(simulated: tuple[CacheIndex, GroundTruth]) -> None:
+def test_worker_table_shows_levels_capacity_and_degraded_workers(
+    simulated: tuple[CacheIndex, GroundTruth],
+) -> None:
     index, truth = simulated
     fresh = CacheIndex.from_bytes(index.to_bytes())
     fresh.mark_degraded(WorkerKey("eng", 0), "a malformed message was skipped")
     rows = worker_rows(fresh)
-    levels = {lv: sum(1 for b in next(iter(truth.windows.values())).values() if b.cache_level == lv) for lv in (0, 1)}
+    levels = {
+        lv: sum(1 for b in next(iter(truth.windows.values())).values() if b.cache_level == lv)
+        for lv in (0, 1)
+    }
     assert rows[0]["blocks_by_level"] == {str(lv): n for lv, n in levels.items() if n}
     lines = render_workers(rows, index_summary(fresh))
     assert lines[0].split()[:6] == ["instance", "rank", "window", "blocks", "L0", "L1"]

@@ -22,10 +22,14 @@ BS = 4
 PROMPT = list(range(100, 116))  # four blocks of 4 tokens
 
 
-def store_prefix(index: CacheIndex, instance: str, rank: int, tokens: list[int], blocks: int, level: int = 0) -> None:
+def store_prefix(
+    index: CacheIndex, instance: str, rank: int, tokens: list[int], blocks: int, level: int = 0
+) -> None:
     """The worker stores the first ``blocks`` blocks of ``tokens`` (engine hashes made up)."""
     stored = [
-        KVCacheStoredBlockData(hash((instance, rank, i)) & 0xFFFFFFFF, tokens[i * BS : (i + 1) * BS], cache_level=level)
+        KVCacheStoredBlockData(
+            hash((instance, rank, i)) & 0xFFFFFFFF, tokens[i * BS : (i + 1) * BS], cache_level=level
+        )
         for i in range(blocks)
     ]
     events = [created(0, rank), KVCacheEvent(1, KVCacheStoredData(None, stored), 64, rank)]
@@ -60,7 +64,10 @@ def test_token_file_skips_comments_and_names_lines(tmp_path: Path) -> None:
     path = tmp_path / "p.txt"
     path.write_text("# prompts\n1 2 3\n\n[4]\n")
     prompts = read_token_file(path, lora_id=3)
-    assert [(p.name, p.tokens, p.lora_id) for p in prompts] == [("p.txt:2", [1, 2, 3], 3), ("p.txt:4", [4], 3)]
+    assert [(p.name, p.tokens, p.lora_id) for p in prompts] == [
+        ("p.txt:2", [1, 2, 3], 3),
+        ("p.txt:4", [4], 3),
+    ]
     path.write_text("# nothing\n")
     with pytest.raises(ValueError, match="no prompt"):
         read_token_file(path)
@@ -71,7 +78,11 @@ def test_token_file_skips_comments_and_names_lines(tmp_path: Path) -> None:
 def test_scores_best_first_with_secondary_weight(index: CacheIndex) -> None:
     blocks, scores = score_prompt(index, PROMPT, BS)
     assert blocks == 4
-    assert [(s.instance_id, s.matched_blocks, s.primary_blocks) for s in scores] == [("b", 4, 4), ("c", 3, 0), ("a", 2, 2)]
+    assert [(s.instance_id, s.matched_blocks, s.primary_blocks) for s in scores] == [
+        ("b", 4, 4),
+        ("c", 3, 0),
+        ("a", 2, 2),
+    ]
     _, weighted = score_prompt(index, PROMPT, BS, secondary_weight=0.5)
     assert [(s.instance_id, s.score) for s in weighted] == [("b", 4.0), ("a", 2.0), ("c", 1.5)]
     assert score_prompt(index, [7] * 16, BS) == (4, [])
@@ -120,7 +131,13 @@ def call(url: str, body: bytes | None = None) -> tuple[int, dict]:  # type: igno
 def test_http_match_healthz_workers_and_errors(server: MatchServer) -> None:
     status, body = call(server.url + "/match", json.dumps({"token_ids": PROMPT, "block_size": BS}).encode())
     assert status == 200 and body["blocks"] == 4
-    assert body["best"] == {"instance_id": "b", "attention_dp_rank": 0, "matched_blocks": 4, "primary_blocks": 4, "score": 4.0}
+    assert body["best"] == {
+        "instance_id": "b",
+        "attention_dp_rank": 0,
+        "matched_blocks": 4,
+        "primary_blocks": 4,
+        "score": 4.0,
+    }
     assert [s["instance_id"] for s in body["scores"]] == ["b", "c", "a"]
     status, body = call(server.url + "/match", json.dumps({"token_ids": [5] * 8}).encode())
     assert status == 200 and body == {"blocks": 2, "scores": [], "best": None}

@@ -36,7 +36,11 @@ def test_level_moves_and_priority_changes() -> None:
         T0,
     )  # fmt: skip
     moves = stats.to_json()["level_moves"]
-    assert (moves["primary_to_secondary"], moves["secondary_to_primary"], moves["priority_changes"]) == (2, 1, 1)
+    assert (moves["primary_to_secondary"], moves["secondary_to_primary"], moves["priority_changes"]) == (
+        2,
+        1,
+        1,
+    )
     assert moves["all"] == {"0->1": 2, "1->0": 1, "1->2": 1}
 
 
@@ -118,7 +122,14 @@ def test_text_report_names_every_section() -> None:
     stats.add(batch([created(0), stored(1, [1]), removed(2, [1])], 0, dropped=[(1, 4)]), T0)
     report = {**stats.to_json(), "topic": "t", "interrupted": False}
     text = "\n".join(render(report))
-    for part in ("event type", "cache-level moves", "block lifetimes", "prefix reuse", "4 events dropped in-band", "i0/1 4"):
+    for part in (
+        "event type",
+        "cache-level moves",
+        "block lifetimes",
+        "prefix reuse",
+        "4 events dropped in-band",
+        "i0/1 4",
+    ):
         assert part in text, part
 
 

@@ -65,7 +65,9 @@ def test_printer_filters_by_instance_rank_and_type_and_counts() -> None:
         EventFilter(frozenset({"i0"}), frozenset({1}), frozenset({"stored"})), as_json=False, batches=True,
         count=None, out=out,
     )  # fmt: skip
-    printer.receive(received(batch([stored(0, [1], rank=0), stored(0, [2], rank=1), removed(1, [2], rank=1)], 0)))
+    printer.receive(
+        received(batch([stored(0, [1], rank=0), stored(0, [2], rank=1), removed(1, [2], rank=1)], 0))
+    )
     printer.receive(received(batch([stored(0, [3], rank=1)], 0, instance="other")))
     printer.receive(received(batch([removed(2, [5], rank=1)], 1)))  # nothing passes, no drops: no line
     lines = out.getvalue().splitlines()
@@ -75,7 +77,9 @@ def test_printer_filters_by_instance_rank_and_type_and_counts() -> None:
 
 def test_printer_shows_a_batch_with_drops_even_without_matching_events() -> None:
     out = io.StringIO()
-    printer = TailPrinter(EventFilter(types=frozenset({"created"})), as_json=True, batches=True, count=None, out=out)
+    printer = TailPrinter(
+        EventFilter(types=frozenset({"created"})), as_json=True, batches=True, count=None, out=out
+    )
     printer.receive(received(batch([stored(0, [1])], 0, dropped=[(1, 3)])))
     (line,) = out.getvalue().splitlines()
     assert json.loads(line)["kind"] == "batch" and json.loads(line)["dropped"] == {"1": 3}

@@ -14,8 +14,15 @@ from kvevents.schemas import EventBatch
 from kvevents.routing_eval import evaluate_routing
 
 WORKLOAD = WorkloadConfig(
-    seed=11, request_rate=30.0, system_prompt_tokens=(32, 64), document_tokens=(64, 256), num_documents=40,
-    user_tokens=(16, 64), output_tokens=(8, 32), max_prompt_tokens=1000, follow_up_delay_s=0.1,
+    seed=11,
+    request_rate=30.0,
+    system_prompt_tokens=(32, 64),
+    document_tokens=(64, 256),
+    num_documents=40,
+    user_tokens=(16, 64),
+    output_tokens=(8, 32),
+    max_prompt_tokens=1000,
+    follow_up_delay_s=0.1,
     follow_up_probability=0.8,
 )
 
@@ -36,8 +43,10 @@ def test_true_hits_from_the_truth_are_the_simulators_own_reusable_blocks():
     sim, generator = run_worker("w0", index)
     held = set(sim.ground_truth().windows[next(iter(sim.caches))])
     requests = generator.held_out(60, seed=1)
-    hits = [held_prefix_length(block_hashes(r.prompt, 16, r.lora_id, max_blocks=(len(r.prompt) - 1) // 16), held)
-            for r in requests]
+    hits = [
+        held_prefix_length(block_hashes(r.prompt, 16, r.lora_id, max_blocks=(len(r.prompt) - 1) // 16), held)
+        for r in requests
+    ]
     assert hits == [sim.reusable_blocks(r) for r in requests]
     assert sum(hits) > 0
 

@@ -22,13 +22,22 @@ from kvevents.schemas import (
 from kvevents.verify import compare, load_ground_truth
 
 WORKLOAD = WorkloadConfig(
-    seed=3, request_rate=40.0, system_prompt_tokens=(64, 128), document_tokens=(64, 256), num_documents=16,
-    user_tokens=(8, 32), output_tokens=(4, 24), max_prompt_tokens=800, follow_up_delay_s=0.1,
+    seed=3,
+    request_rate=40.0,
+    system_prompt_tokens=(64, 128),
+    document_tokens=(64, 256),
+    num_documents=16,
+    user_tokens=(8, 32),
+    output_tokens=(4, 24),
+    max_prompt_tokens=800,
+    follow_up_delay_s=0.1,
 )
 
 
 def simulate(instance_id: str, iterations: int = 60) -> tuple[EngineSimulator, list[EventBatch]]:
-    config = SimulatorConfig(instance_id=instance_id, block_size=16, num_primary_blocks=96, num_secondary_blocks=32)
+    config = SimulatorConfig(
+        instance_id=instance_id, block_size=16, num_primary_blocks=96, num_secondary_blocks=32
+    )
     with KVCacheEventManager(max_kv_event_entries=100_000) as manager:
         sim = EngineSimulator(config, manager, WorkloadGenerator(WORKLOAD.for_worker(instance_id, None)))
         sim.run(max_iterations=iterations)
@@ -49,7 +58,9 @@ def test_an_index_fed_every_event_equals_the_ground_truth_and_a_file_round_trips
     path.write_text("".join(json.dumps(s.ground_truth().to_json()) + "\n" for s in sims))
     report = compare(index, load_ground_truth(path))
     assert report.ok, report.describe()
-    assert [w.blocks for w in report.workers] == [sum(map(len, s.ground_truth().windows.values())) for s in sims]
+    assert [w.blocks for w in report.workers] == [
+        sum(map(len, s.ground_truth().windows.values())) for s in sims
+    ]
     assert all(w.blocks > 0 for w in report.workers)
     assert report.to_json()["ok"] is True
 
@@ -65,7 +76,11 @@ def test_lost_changed_and_foreign_state_are_reported_per_worker():
     last = batches[-1].events[-1].event_id
     tampered = [
         KVCacheEvent(last + 1, KVCacheRemovedData([victim]), window),
-        KVCacheEvent(last + 2, KVCacheUpdatedData(promoted, priority=KVCacheEventDiff(held[promoted].priority, 99)), window),
+        KVCacheEvent(
+            last + 2,
+            KVCacheUpdatedData(promoted, priority=KVCacheEventDiff(held[promoted].priority, 99)),
+            window,
+        ),
     ]
     index.apply(EventBatch("a", tampered, producer_id=1, sequence=1))
     _, other_batches = simulate("stranger", iterations=10)
@@ -76,8 +91,9 @@ def test_lost_changed_and_foreign_state_are_reported_per_worker():
     (worker,) = report.workers
     assert not worker.equal and worker.missing_total == 1 and worker.changed_total == 1
     assert worker.missing == {window: [victim]}
-    assert worker.changed[window] == [(promoted, (held[promoted].cache_level, held[promoted].priority),
-                                       (held[promoted].cache_level, 99))]
+    assert worker.changed[window] == [
+        (promoted, (held[promoted].cache_level, held[promoted].priority), (held[promoted].cache_level, 99))
+    ]
     text = report.describe()
     assert "DIFFERS" in text and f"{victim:#x}" in text and "stranger/0" in text
 

@@ -49,7 +49,9 @@ def test_chunks_are_single_object_eventbatches_in_order_with_drops_first() -> No
 
 
 def test_nothing_to_send_is_still_one_message_carrying_the_drops() -> None:
-    (only,) = chunk_batches([], [RankDrops(1, 2)], instance_id="r1", attention_dp_size=2, first_sequence=0, max_events=8)
+    (only,) = chunk_batches(
+        [], [RankDrops(1, 2)], instance_id="r1", attention_dp_size=2, first_sequence=0, max_events=8
+    )
     assert decode_batch(only).events == []
     assert decode_batch(only).dropped == [RankDrops(1, 2)]
 
@@ -160,7 +162,9 @@ def test_resync_payloads_round_trip(lost: int, newest: int | None) -> None:
     assert decode_resync(encode_resync(lost, newest)) == (lost, newest)
 
 
-@pytest.mark.parametrize("data", [b"", b"\x00" * 15, b"\x00" * 17, encode_resync(1, None)[:8] + b"\xfe" + b"\xff" * 7])
+@pytest.mark.parametrize(
+    "data", [b"", b"\x00" * 15, b"\x00" * 17, encode_resync(1, None)[:8] + b"\xfe" + b"\xff" * 7]
+)
 def test_malformed_resync_payloads_are_protocol_errors(data: bytes) -> None:
     with pytest.raises(ProtocolError, match="RESYNC"):
         decode_resync(data)

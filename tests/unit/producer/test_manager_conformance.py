@@ -67,7 +67,9 @@ def test_ctor_L38_max_kv_event_entries_must_be_positive(max_entries: int) -> Non
 
 
 def test_ctor_L41_42_dp_rank_needs_dp_size() -> None:
-    with pytest.raises(ValueError, match="If attention DP rank is set, the attention DP size must also be set"):
+    with pytest.raises(
+        ValueError, match="If attention DP rank is set, the attention DP size must also be set"
+    ):
         KVCacheEventManager(10, attention_dp_rank=0)
 
 
@@ -78,7 +80,9 @@ def test_ctor_L43_44_dp_rank_must_be_less_than_dp_size(rank: int, size: int) -> 
 
 
 def test_ctor_L56_57_dp_size_without_dp_rank_is_an_error() -> None:
-    with pytest.raises(ValueError, match="If attention DP rank is not set, the attention DP size must not be set"):
+    with pytest.raises(
+        ValueError, match="If attention DP rank is not set, the attention DP size must not be set"
+    ):
         KVCacheEventManager(10, attention_dp_size=2)
 
 
@@ -196,8 +200,15 @@ def test_stored_L102_106_each_block_keeps_all_its_attributes(manager: KVCacheEve
     #              priority, extraKeys) -- plus the newer mm_keys and cache_salt.
     mm = b"m" * 32
     first = BlockInfo(
-        21, 20, [1, 2, 3], lora_id=7, is_primary=True, priority=80,
-        token_extra_ids=[0, 9, 0], mm_keys=[(mm, 1)], cache_salt="salt",
+        21,
+        20,
+        [1, 2, 3],
+        lora_id=7,
+        is_primary=True,
+        priority=80,
+        token_extra_ids=[0, 9, 0],
+        mm_keys=[(mm, 1)],
+        cache_salt="salt",
     )
     second = BlockInfo(22, 21, [4, 5, 6], is_primary=False, priority=0)
     manager.enqueue_stored_event([first, second], 128)
@@ -216,7 +227,9 @@ def test_stored_L102_106_each_block_keeps_all_its_attributes(manager: KVCacheEve
     )
 
 
-def test_stored_L100_106_engine_reusing_its_list_does_not_change_the_event(manager: KVCacheEventManager) -> None:
+def test_stored_L100_106_engine_reusing_its_list_does_not_change_the_event(
+    manager: KVCacheEventManager,
+) -> None:
     # The C++ copies each block's data at enqueue time.
     blocks = chain(2)
     manager.enqueue_stored_event(blocks, W)

@@ -71,7 +71,14 @@ def test_drops_are_counted_per_source_rank_on_rank_0_with_gathered_events() -> N
         # 3 + 4 + 3 = 10 events into 6 places: the 3 of rank 0 and the first of rank 1 go.
         drain = m.drain(timeout=0)
         stats = m.stats().buffer
-    assert [(e.attention_dp_rank, e.event_id) for e in drain.events] == [(1, 1), (1, 2), (1, 3), (2, 0), (2, 1), (2, 2)]
+    assert [(e.attention_dp_rank, e.event_id) for e in drain.events] == [
+        (1, 1),
+        (1, 2),
+        (1, 3),
+        (2, 0),
+        (2, 1),
+        (2, 2),
+    ]
     assert drain.dropped == [RankDrops(0, 3), RankDrops(1, 1), RankDrops(2, 5)]
     assert stats.events_dropped_by_rank == {0: 3, 1: 1, 2: 5}
     assert stats.events_dropped_by_window_size == {16: 1, 17: 1, 18: 1, 32: 1}
@@ -537,7 +544,9 @@ def test_drained_events_and_drops_make_a_batch_that_round_trips_through_the_code
     ) as m:
         m.enqueue_created_event([100, 20], W)
         blocks = [
-            BlockInfo(u64_max, 5, [1, 2, 3], lora_id=9, token_extra_ids=[0, u64_max, 1], mm_keys=[(b"k" * 32, 0)]),
+            BlockInfo(
+                u64_max, 5, [1, 2, 3], lora_id=9, token_extra_ids=[0, u64_max, 1], mm_keys=[(b"k" * 32, 0)]
+            ),
             BlockInfo(7, u64_max, [4, 5, 6], is_primary=False, priority=90, cache_salt="salt"),
         ]
         m.enqueue_stored_event(blocks, W)

@@ -58,8 +58,14 @@ class CppModel:
             blocks[0].prev_block_hash,
             [
                 KVCacheStoredBlockData(
-                    b.block_hash, list(b.tokens), b.lora_id, 0 if b.is_primary else 1, b.priority,
-                    None if b.token_extra_ids is None else list(b.token_extra_ids), b.mm_keys, b.cache_salt,
+                    b.block_hash,
+                    list(b.tokens),
+                    b.lora_id,
+                    0 if b.is_primary else 1,
+                    b.priority,
+                    None if b.token_extra_ids is None else list(b.token_extra_ids),
+                    b.mm_keys,
+                    b.cache_salt,
                 )
                 for b in blocks
             ],
@@ -143,7 +149,9 @@ class ManagerAgainstModel(RuleBasedStateMachine):
         dp=st.sampled_from([(None, None), (0, 2), (1, 3)]),
     )
     def start(self, max_entries: int, dp: tuple[int | None, int | None]) -> None:
-        self.real = self.manager_class(max_entries, *dp, drop_warning_interval_s=3600, attention_dp_gather=False)
+        self.real = self.manager_class(
+            max_entries, *dp, drop_warning_interval_s=3600, attention_dp_gather=False
+        )
         self.model = CppModel(max_entries, *dp)
         self.rank_key = dp[0] or 0
 
@@ -162,9 +170,15 @@ class ManagerAgainstModel(RuleBasedStateMachine):
         self.real.enqueue_removed_event(block_hash, window)
         self.model.removed(block_hash, window)
 
-    @rule(block_hash=HASHES, priority=st.none() | st.tuples(st.integers(0, 100), st.integers(0, 100)), window=WINDOWS)
+    @rule(
+        block_hash=HASHES,
+        priority=st.none() | st.tuples(st.integers(0, 100), st.integers(0, 100)),
+        window=WINDOWS,
+    )
     def updated(self, block_hash: int, priority: tuple[int, int] | None, window: int) -> None:
-        data = KVCacheUpdatedData(block_hash, priority=None if priority is None else KVCacheEventDiff(*priority))
+        data = KVCacheUpdatedData(
+            block_hash, priority=None if priority is None else KVCacheEventDiff(*priority)
+        )
         self.real.enqueue_updated_event(data, window)
         self.model.updated(data, window)
 
@@ -192,7 +206,9 @@ class ManagerAgainstModel(RuleBasedStateMachine):
             return
         stats = self.real.stats()
         assert stats.events_enqueued_total == self.model.event_id
-        assert stats.buffer.events_dropped_by_window_size == {w: n for w, n in self.model.dropped_by_window.items() if n}
+        assert stats.buffer.events_dropped_by_window_size == {
+            w: n for w, n in self.model.dropped_by_window.items() if n
+        }
         assert stats.buffer.buffered_events == len(self.model.events)
 
     @precondition(lambda self: hasattr(self, "real"))
@@ -203,10 +219,15 @@ class ManagerAgainstModel(RuleBasedStateMachine):
         self.model.flush()
         assert self.real.get_events() == self.model.get_events()
         self.real = self.manager_class(
-            self.real.max_kv_event_entries, self.real.attention_dp_rank, self.real.attention_dp_size,
-            drop_warning_interval_s=3600, attention_dp_gather=False,
+            self.real.max_kv_event_entries,
+            self.real.attention_dp_rank,
+            self.real.attention_dp_size,
+            drop_warning_interval_s=3600,
+            attention_dp_gather=False,
         )
-        self.model = CppModel(self.real.max_kv_event_entries, self.real.attention_dp_rank, self.real.attention_dp_size)
+        self.model = CppModel(
+            self.real.max_kv_event_entries, self.real.attention_dp_rank, self.real.attention_dp_size
+        )
 
     def teardown(self) -> None:
         if hasattr(self, "real"):

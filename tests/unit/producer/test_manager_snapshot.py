@@ -50,7 +50,11 @@ def test_chains_cover_every_block_once_parents_first(blocks: list[BlockInfo]) ->
     for chain in chains:
         first = chain[0]
         # a chain starts at a root, an orphan, or a child of a block placed before it
-        assert first.prev_block_hash is None or first.prev_block_hash not in held or first.prev_block_hash in seen
+        assert (
+            first.prev_block_hash is None
+            or first.prev_block_hash not in held
+            or first.prev_block_hash in seen
+        )
         for parent, child in itertools.pairwise(chain):
             assert child.prev_block_hash == parent.block_hash
         seen.update(b.block_hash for b in chain)

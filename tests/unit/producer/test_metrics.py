@@ -19,7 +19,9 @@ MOCK = {"test.mock.num.brokers": 1, "log_level": 3}
 @pytest.fixture
 def dropping_manager() -> KVCacheEventManager:
     """A rank-0 manager whose buffer (4 x 2 events) dropped 1 of rank 0's and 5 of rank 1's."""
-    manager = KVCacheEventManager(4, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600, attention_dp_gather=False)
+    manager = KVCacheEventManager(
+        4, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600, attention_dp_gather=False
+    )
     manager.buffer.extend(rank_events(0, 1, seed=3))
     manager.buffer.extend(rank_events(1, 7, seed=1))
     manager.buffer.extend(rank_events(0, 3, seed=2))  # drops the oldest: rank 0's first, 2 of rank 1's
@@ -31,7 +33,10 @@ def test_manager_families_mirror_its_stats(dropping_manager: KVCacheEventManager
     stats = dropping_manager.stats()
     families = {f.name: f for f in manager_families(stats)}
     assert families["kvevents_events_dropped_total"].kind == "counter"
-    dropped = {(s.labels["rank"], s.labels["reason"]): s.value for s in families["kvevents_events_dropped_total"].samples}
+    dropped = {
+        (s.labels["rank"], s.labels["reason"]): s.value
+        for s in families["kvevents_events_dropped_total"].samples
+    }
     assert dropped == {("0", "buffer_full"): 1.0, ("1", "buffer_full"): 5.0}
     assert stats.buffer.events_dropped_by_rank == {0: 1, 1: 5}
     assert families["kvevents_buffer_capacity_events"].samples[0].value == 8
@@ -55,7 +60,13 @@ def test_the_python_object_reads_fresh_values(dropping_manager: KVCacheEventMana
 
 
 def test_sink_metrics_and_their_text_exposition() -> None:
-    manager = KVCacheEventManager(10_000, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600, attention_dp_gather=False)
+    manager = KVCacheEventManager(
+        10_000,
+        attention_dp_rank=0,
+        attention_dp_size=2,
+        drop_warning_interval_s=3600,
+        attention_dp_gather=False,
+    )
     workload = Workload(seed=4, rank=0)
     sink = KafkaEventSink(manager, "t", "engine-x", config=MOCK, topic_config_timeout=0)
     for _ in range(5):
@@ -68,11 +79,16 @@ def test_sink_metrics_and_their_text_exposition() -> None:
     text = prometheus_client.generate_latest(registry).decode()
     stats = sink.stats()
 
-    assert "# TYPE kvevents_events_dropped_total counter" in text or "# TYPE kvevents_events_dropped counter" in text
+    assert (
+        "# TYPE kvevents_events_dropped_total counter" in text
+        or "# TYPE kvevents_events_dropped counter" in text
+    )
     assert 'kvevents_events_dropped_total{instance_id="engine-x",rank="1",reason="buffer_full"} 7.0' in text
     parsed = {f.name: f for f in text_string_to_metric_families(text)}
     delivered = parsed["kvevents_sink_events_delivered"].samples
-    assert [(s.labels, s.value) for s in delivered] == [({"instance_id": "engine-x", "rank": "0"}, len(workload.expected))]
+    assert [(s.labels, s.value) for s in delivered] == [
+        ({"instance_id": "engine-x", "rank": "0"}, len(workload.expected))
+    ]
     reported = parsed["kvevents_sink_drops_reported"].samples
     assert [(s.labels["rank"], s.value) for s in reported] == [("1", 7.0)]
     latency = parsed["kvevents_sink_delivery_latency_seconds"]
@@ -88,7 +104,10 @@ def test_sink_metrics_and_their_text_exposition() -> None:
     # a second scrape sees new counts: the collector reads fresh snapshots
     manager.buffer.record_drops(1, 1)
     assert sink.wait_delivered(20)
-    again = {f.name: f for f in text_string_to_metric_families(prometheus_client.generate_latest(registry).decode())}
+    again = {
+        f.name: f
+        for f in text_string_to_metric_families(prometheus_client.generate_latest(registry).decode())
+    }
     dropped = [s for s in again["kvevents_events_dropped"].samples if s.labels["rank"] == "1"]
     assert [s.value for s in dropped] == [8.0]
     sink.close()
@@ -110,7 +129,7 @@ def test_several_sinks_share_families_told_apart_by_instance_label() -> None:
     assert text.count("# TYPE kvevents_sink_queue_capacity_events gauge") == 1
     assert 'kvevents_sink_queue_capacity_events{instance_id="e0"}' in text
     assert 'kvevents_sink_queue_capacity_events{instance_id="e1"}' in text
-    assert "kvevents_buffer_capacity_events{instance_id=\"e0\"} 10.0" in text
+    assert 'kvevents_buffer_capacity_events{instance_id="e0"} 10.0' in text
 
 
 def test_without_prometheus_client_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,15 +156,25 @@ def test_snapshot_requests_are_metrics() -> None:
 
 def _gather_stats(rank: int, **counts: object) -> GatherStats:
     fields = {f.name: 0 for f in dataclasses.fields(GatherStats)}
-    fields.update(attention_dp_rank=rank, attention_dp_size=4, state="running", stop_reason=None,
-                  ranks_left=(), ranks_dead=())
+    fields.update(
+        attention_dp_rank=rank,
+        attention_dp_size=4,
+        state="running",
+        stop_reason=None,
+        ranks_left=(),
+        ranks_dead=(),
+    )
     fields.update(counts)
     return GatherStats(**fields)  # type: ignore[arg-type]
 
 
 def test_gather_metrics_per_role() -> None:
-    root = {f.name: f for f in gather_families(_gather_stats(0, events_received_total=70, ranks_dead=(2,),
-                                                             resyncs_sent_total=3))}
+    root = {
+        f.name: f
+        for f in gather_families(
+            _gather_stats(0, events_received_total=70, ranks_dead=(2,), resyncs_sent_total=3)
+        )
+    }
     assert root["kvevents_gather_events_received_total"].samples[0].value == 70
     assert root["kvevents_gather_ranks_dead"].samples[0].value == 1
     assert root["kvevents_gather_resyncs_sent_total"].samples[0].value == 3

@@ -16,7 +16,9 @@ from kvevents.producer.buffer import EventBuffer
 from kvevents.schemas import KVCacheRemovedData, KVCacheUpdatedData
 
 
-def test_the_manager_uses_the_compiled_recorder_unless_pure_python_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_manager_uses_the_compiled_recorder_unless_pure_python_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from kvevents.producer._fastrecorder import Recorder
 
     monkeypatch.delenv("KVEVENTS_PURE_PYTHON", raising=False)

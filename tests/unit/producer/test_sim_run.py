@@ -34,9 +34,12 @@ def test_topologies_that_need_mpi_name_the_command(monkeypatch):
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({}, "duration or a request count"), ({"duration_s": 0}, "duration must be > 0"),
-     ({"requests": 1, "instances": 0}, "instances must be >= 1"),
-     ({"requests": 1, "max_kv_event_entries": 0}, "max_kv_event_entries")],
+    [
+        ({}, "duration or a request count"),
+        ({"duration_s": 0}, "duration must be > 0"),
+        ({"requests": 1, "instances": 0}, "instances must be >= 1"),
+        ({"requests": 1, "max_kv_event_entries": 0}, "max_kv_event_entries"),
+    ],
 )
 def test_bad_settings_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -44,8 +47,13 @@ def test_bad_settings_are_named(kwargs, message):
 
 
 def test_without_kafka_events_are_discarded_not_dropped():
-    config = SimRunConfig(requests=40, max_kv_event_entries=60, topic=None, workload=WorkloadConfig(request_rate=200),
-                          simulator=SimulatorConfig(iterations_per_second=1000))  # real time: ~0.2 s
+    config = SimRunConfig(
+        requests=40,
+        max_kv_event_entries=60,
+        topic=None,
+        workload=WorkloadConfig(request_rate=200),
+        simulator=SimulatorConfig(iterations_per_second=1000),
+    )  # real time: ~0.2 s
     (result,) = run(config)
     assert result.events_enqueued > 60 and result.manager_drops == 0  # more than the buffer: taken by rank 0
 

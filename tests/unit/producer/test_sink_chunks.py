@@ -105,7 +105,9 @@ def test_small_drains_make_one_chunk_with_per_rank_counts() -> None:
     chunk = chunks[0]
     assert chunk.events == 30
     assert chunk.by_rank == {r: sum(1 for e in events if e.attention_dp_rank == r) for r in range(3)}
-    assert chunk.last_event_ids == {r: max(e.event_id for e in events if e.attention_dp_rank == r) for r in range(3)}
+    assert chunk.last_event_ids == {
+        r: max(e.event_id for e in events if e.attention_dp_rank == r) for r in range(3)
+    }
 
 
 @pytest.mark.parametrize("budget", [600, 2_000, 20_000])
@@ -160,7 +162,12 @@ def test_an_event_that_cannot_fit_is_lost_not_skipped() -> None:
     w = writer()
     removed = KVCacheEvent(3, KVCacheRemovedData(list(range(5000))), 32, 1)
     one_big_block = KVCacheEvent(
-        4, KVCacheStoredData(None, [KVCacheStoredBlockData(1, range(10)), KVCacheStoredBlockData(2, range(2000))]), 32, 2
+        4,
+        KVCacheStoredData(
+            None, [KVCacheStoredBlockData(1, range(10)), KVCacheStoredBlockData(2, range(2000))]
+        ),
+        32,
+        2,
     )
     small = KVCacheEvent(5, KVCacheRemovedData([9]), 32, 0)
     items = list(Chunker(w).chunks([small, removed, one_big_block, small], 1000))
@@ -191,7 +198,9 @@ def test_single_rank_fast_path_counts_like_the_general_one() -> None:
     fast = next(iter(Chunker(writer(), single_rank=True).chunks(events, 1 << 20)))
     general = next(iter(Chunker(writer(), single_rank=False).chunks(events, 1 << 20)))
     assert isinstance(fast, Chunk) and isinstance(general, Chunk)
-    assert (fast.by_rank, fast.last_event_ids) == (general.by_rank, general.last_event_ids) == ({0: 50}, {0: 49})
+    assert (
+        (fast.by_rank, fast.last_event_ids) == (general.by_rank, general.last_event_ids) == ({0: 50}, {0: 49})
+    )
 
 
 def test_a_budget_too_small_for_anything_is_refused() -> None:

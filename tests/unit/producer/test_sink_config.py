@@ -60,7 +60,13 @@ def test_bad_configs_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_admin_config_keeps_connection_settings_and_drops_producer_callbacks() -> None:
-    config = {"bootstrap.servers": "k:1", "sasl.username": "u", "error_cb": print, "on_delivery": print, "logger": 1}
+    config = {
+        "bootstrap.servers": "k:1",
+        "sasl.username": "u",
+        "error_cb": print,
+        "on_delivery": print,
+        "logger": 1,
+    }
     assert admin_config(config) == {"bootstrap.servers": "k:1", "sasl.username": "u", "logger": 1}
 
 

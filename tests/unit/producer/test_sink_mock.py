@@ -64,7 +64,10 @@ def test_batches_carry_the_envelope_and_sequence_without_gaps() -> None:
     workload = Workload(seed=3)
     reports = []
     started_us = time.time_ns() // 1000
-    with KVCacheEventManager(100_000) as manager, mock_sink(manager, captured, on_delivery=reports.append) as sink:
+    with (
+        KVCacheEventManager(100_000) as manager,
+        mock_sink(manager, captured, on_delivery=reports.append) as sink,
+    ):
         for _ in range(40):
             workload.iteration(manager, 25)
             time.sleep(0.002)
@@ -97,7 +100,9 @@ def test_a_sink_that_keeps_up_encodes_each_message_once(monkeypatch: pytest.Monk
 
     framed = []
     original = EnvelopeWriter.message
-    monkeypatch.setattr(EnvelopeWriter, "message", lambda self, *a, **k: framed.append(1) or original(self, *a, **k))
+    monkeypatch.setattr(
+        EnvelopeWriter, "message", lambda self, *a, **k: framed.append(1) or original(self, *a, **k)
+    )
     captured = Captured()
     workload = Workload(seed=9)
     with KVCacheEventManager(10_000) as manager, mock_sink(manager, captured) as sink:
@@ -120,7 +125,9 @@ def test_every_sink_draws_its_own_producer_id() -> None:
 
 def test_the_manager_drops_travel_in_band_even_without_events() -> None:
     captured = Captured()
-    manager = KVCacheEventManager(10, attention_dp_rank=0, attention_dp_size=4, drop_warning_interval_s=3600, attention_dp_gather=False)
+    manager = KVCacheEventManager(
+        10, attention_dp_rank=0, attention_dp_size=4, drop_warning_interval_s=3600, attention_dp_gather=False
+    )
     with mock_sink(manager, captured) as sink:
         manager.buffer.record_drops(2, 5)  # what the gather does with rank 2's reported drops
         assert sink.wait_delivered(10)
@@ -137,8 +144,12 @@ def test_the_manager_drops_travel_in_band_even_without_events() -> None:
     assert stats.drops_pending_by_rank == {}
 
 
-def test_queue_overflow_while_kafka_is_away_is_counted_per_rank_and_reported_at_close(dead_address: str) -> None:
-    manager = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=3, attention_dp_gather=False)
+def test_queue_overflow_while_kafka_is_away_is_counted_per_rank_and_reported_at_close(
+    dead_address: str,
+) -> None:
+    manager = KVCacheEventManager(
+        100_000, attention_dp_rank=0, attention_dp_size=3, attention_dp_gather=False
+    )
     config = {
         "bootstrap.servers": dead_address,
         "queue.buffering.max.messages": 2,  # librdkafka holds two messages, the sink's queue the rest
@@ -182,8 +193,9 @@ def test_events_the_sink_loses_ask_the_engine_for_a_snapshot(dead_address: str) 
     with KVCacheEventManager(100_000) as manager:
         reasons: list[str] = []
         manager.add_snapshot_listener(reasons.append)
-        sink = KafkaEventSink(manager, "kv-events", "engine-s", config=config, topic_config_timeout=0,
-                              max_queued_events=20)
+        sink = KafkaEventSink(
+            manager, "kv-events", "engine-s", config=config, topic_config_timeout=0, max_queued_events=20
+        )
         assert not manager.snapshot_requested
         for round_ in range(10):
             manager.buffer.extend(rank_events(0, 7, seed=round_, first_id=round_ * 7))
@@ -196,7 +208,9 @@ def test_events_the_sink_loses_ask_the_engine_for_a_snapshot(dead_address: str) 
 
 
 def test_failed_deliveries_are_counted_per_rank_and_stay_pending(dead_address: str) -> None:
-    manager = KVCacheEventManager(100_000, attention_dp_rank=0, attention_dp_size=2, attention_dp_gather=False)
+    manager = KVCacheEventManager(
+        100_000, attention_dp_rank=0, attention_dp_size=2, attention_dp_gather=False
+    )
     config = {"bootstrap.servers": dead_address, "message.timeout.ms": 300, "log_level": 0}
     failures = []
     sink = KafkaEventSink(
@@ -230,7 +244,9 @@ def test_chunks_made_before_the_topic_limit_was_known_are_cut_again() -> None:
     for _ in range(10):
         workload.iteration(manager, 30)
     assert manager.settle(10)
-    manager.buffer.extend([huge_stored_event(workload.expected[-1].event_id + 1, blocks=40, tokens_per_block=32)])
+    manager.buffer.extend(
+        [huge_stored_event(workload.expected[-1].event_id + 1, blocks=40, tokens_per_block=32)]
+    )
     expected = [*workload.expected, *manager.buffer.take(0)]
     manager.buffer.extend(expected)
     sink = GatedDescribeSink(manager, "kv", "engine-d", config={**MOCK, "on_delivery": captured})
@@ -265,7 +281,9 @@ def test_close_takes_what_the_manager_still_holds_and_is_idempotent() -> None:
 
 
 def test_the_attention_dp_size_comes_from_the_manager_or_the_caller() -> None:
-    with KVCacheEventManager(10, attention_dp_rank=0, attention_dp_size=8, attention_dp_gather=False) as manager:
+    with KVCacheEventManager(
+        10, attention_dp_rank=0, attention_dp_size=8, attention_dp_gather=False
+    ) as manager:
         with mock_sink(manager, Captured()) as sink:
             assert sink.attention_dp_size == 8
         with mock_sink(manager, Captured(), attention_dp_size=2) as sink:

@@ -55,13 +55,25 @@ def without_snapshot(record: dict[str, Any]) -> dict[str, Any]:
 def as_v1_reader_sees_it(batch: EventBatch) -> EventBatch:
     """``batch`` with every snapshot flag at the default a v1 reader fills in (False)."""
     events = [
-        KVCacheEvent(e.event_id, KVCacheCreatedData(e.data.num_blocks_per_cache_level), e.window_size, e.attention_dp_rank)
-        if isinstance(e.data, KVCacheCreatedData) else e
+        KVCacheEvent(
+            e.event_id,
+            KVCacheCreatedData(e.data.num_blocks_per_cache_level),
+            e.window_size,
+            e.attention_dp_rank,
+        )
+        if isinstance(e.data, KVCacheCreatedData)
+        else e
         for e in batch.events
     ]
     return EventBatch(
-        batch.instance_id, events, batch.attention_dp_size, batch.producer_id, batch.sequence,
-        batch.created_at_us, batch.dropped, batch.first_event_block_offset,
+        batch.instance_id,
+        events,
+        batch.attention_dp_size,
+        batch.producer_id,
+        batch.sequence,
+        batch.created_at_us,
+        batch.dropped,
+        batch.first_event_block_offset,
     )
 
 
@@ -104,7 +116,9 @@ def test_the_current_schema_adds_only_a_defaulted_boolean() -> None:
 # ------------------------------------------------------------------ old writer -> new reader
 
 
-def test_new_reader_reads_v1_messages_with_snapshot_false(full_batch: EventBatch, body_path: codec.BodyCodec) -> None:
+def test_new_reader_reads_v1_messages_with_snapshot_false(
+    full_batch: EventBatch, body_path: codec.BodyCodec
+) -> None:
     expected = as_v1_reader_sees_it(full_batch)
     assert any(isinstance(e.data, KVCacheCreatedData) for e in expected.events)
     assert decode_batch(v1_message(full_batch)) == expected
@@ -113,7 +127,9 @@ def test_new_reader_reads_v1_messages_with_snapshot_false(full_batch: EventBatch
 # ------------------------------------------------------------------ new writer -> old reader
 
 
-def test_v1_reader_reads_v2_messages_and_skips_the_flag(full_batch: EventBatch, body_path: codec.BodyCodec) -> None:
+def test_v1_reader_reads_v2_messages_and_skips_the_flag(
+    full_batch: EventBatch, body_path: codec.BodyCodec
+) -> None:
     assert any(getattr(e.data, "snapshot", False) for e in full_batch.events)
     record = decode_record(encode_batch(full_batch), v1())
     assert record == without_snapshot(batch_to_record(full_batch))
@@ -121,10 +137,18 @@ def test_v1_reader_reads_v2_messages_and_skips_the_flag(full_batch: EventBatch, 
 
 def test_a_pure_v1_reader_reads_v2_bytes() -> None:
     """A reader that knows only v1, with plain fastavro (as a kvevents 0.1 consumer would)."""
-    batch = EventBatch("i", [KVCacheEvent(3, KVCacheCreatedData([8, 2], True), 64), KVCacheEvent(4, KVCacheCreatedData([1]), 128)])
+    batch = EventBatch(
+        "i",
+        [
+            KVCacheEvent(3, KVCacheCreatedData([8, 2], True), 64),
+            KVCacheEvent(4, KVCacheCreatedData([1]), 128),
+        ],
+    )
     message = encode_batch(batch)
     writer = parse_for_codec(_current())
-    record = fastavro.schemaless_reader(io.BytesIO(message[10:]), writer, parse_for_codec(v1()), return_record_name=True)
+    record = fastavro.schemaless_reader(
+        io.BytesIO(message[10:]), writer, parse_for_codec(v1()), return_record_name=True
+    )
     assert [e["data"] for e in record["events"]] == [
         ("kvevents.KVCacheCreatedData", {"num_blocks_per_cache_level": [8, 2]}),
         ("kvevents.KVCacheCreatedData", {"num_blocks_per_cache_level": [1]}),
@@ -139,7 +163,9 @@ def registry() -> SchemaRegistryClient:
     return SchemaRegistryClient.new_client({"url": "mock://snapshot-evolution"})
 
 
-def test_through_a_registry_v1_and_v2_read_each_other(full_batch: EventBatch, registry: SchemaRegistryClient) -> None:
+def test_through_a_registry_v1_and_v2_read_each_other(
+    full_batch: EventBatch, registry: SchemaRegistryClient
+) -> None:
     subject = "kv-cache-events-value"
     v1_id = registry.register_schema(subject, Schema(json.dumps(v1()), "AVRO"))
     v2_codec = RegistryCodec(registry, "kv-cache-events")
@@ -147,4 +173,6 @@ def test_through_a_registry_v1_and_v2_read_each_other(full_batch: EventBatch, re
     old_message = b"\x00" + v1_id.to_bytes(4, "big") + v1_message(full_batch)[10:]
     assert v2_codec.decode_batch(old_message) == as_v1_reader_sees_it(full_batch)
     new_message = v2_codec.encode_batch(full_batch)
-    assert RegistryCodec(registry).decode_record(new_message, json.dumps(v1())) == without_snapshot(batch_to_record(full_batch))
+    assert RegistryCodec(registry).decode_record(new_message, json.dumps(v1())) == without_snapshot(
+        batch_to_record(full_batch)
+    )
