@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from kvevents.broker import FAST_START_JVM_OPTIONS, LocalBroker
-from kvevents.kafka_jars import ensure_kafka_jars
+from kvevents.broker.jars import ensure_kafka_jars
 
 PROFILES: dict[str, dict[str, object]] = {
     "plain": {"jvm_options": (), "class_data_sharing": False},

@@ -49,10 +49,10 @@ from pathlib import Path
 from typing import Any
 
 from kvevents.consumer import CacheIndex, EventReader
+from kvevents.consumer.topics import TopicSpec, create_topic
 from kvevents.producer import find_mpiexec
 from kvevents.schemas import decode_batch
 
-from kvevents.topics import TopicSpec, create_topic
 from kvevents.verify import compare, load_ground_truth
 
 RESULTS = Path(__file__).resolve().parent / "results" / "e2e.json"

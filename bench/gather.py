@@ -152,9 +152,8 @@ def run_case(protocol: str, args: argparse.Namespace, world: Any, rank: int, siz
             stop_reader.set()
             reader.join()
             reader = None
+        from kvevents.consumer.topics import TopicSpec, create_topic
         from kvevents.producer import KafkaEventSink
-
-        from kvevents.topics import TopicSpec, create_topic
 
         topic = f"bench-gather-{protocol}-{os.getpid()}-{time.monotonic_ns()}"
         create_topic(args.bootstrap, TopicSpec(topic))

@@ -453,7 +453,7 @@ class _Broker:
     def topic(self, stem: str, partitions: int = 1) -> str:
         import uuid
 
-        from kvevents.topics import TopicSpec, create_topic
+        from kvevents.consumer.topics import TopicSpec, create_topic
 
         name = f"bench-{stem}-{uuid.uuid4().hex[:8]}"
         create_topic(self.get(), TopicSpec(name, partitions=partitions))

@@ -34,8 +34,8 @@ from typing import Any
 
 from kvevents.consumer import CacheIndex
 from kvevents.producer import KVCacheEventManager
-from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, SimulatorConfig
+from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 from kvevents.schemas import EventBatch
 
 from kvevents.commands._route_server import MatchServer

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from kvevents.producer import KVCacheEventManager
-from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import CountingEventManager, EngineSimulator, SimulatorConfig
+from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 
 RESULTS = Path(__file__).resolve().parent / "results" / "simulator.json"
 

@@ -61,9 +61,9 @@ class SavedCheckpoint:
 
 
 def checkpoint_topic_spec(name: str, *, max_message_bytes: int = 1_048_588) -> Any:
-    """A ``kvevents.topics.TopicSpec`` for a checkpoint topic: one partition, compacted (and
+    """A ``kvevents.consumer.topics.TopicSpec`` for a checkpoint topic: one partition, compacted (and
     compacted soon: small segments, no minimum lag), ``max.message.bytes`` for the chunks."""
-    from kvevents.topics import TopicSpec
+    from .topics import TopicSpec
 
     return TopicSpec(
         name,
@@ -109,7 +109,7 @@ class KafkaCheckpointStore:
     def create_topic(self, *, max_message_bytes: int | None = None) -> bool:
         """Create the compacted checkpoint topic (idempotent; an existing topic with other
         settings is an error naming them). Its ``max.message.bytes`` fits ``chunk_bytes``."""
-        from kvevents.topics import create_topic
+        from .topics import create_topic
 
         limit = max_message_bytes or max(1_048_588, self.chunk_bytes + _CHUNK_HEADER.size + _FRAMING_ROOM)
         return create_topic(

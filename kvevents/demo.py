@@ -140,7 +140,7 @@ def _mpiexec() -> str:
 
 
 def _configured_bootstrap(explicit: str | None) -> str | None:
-    from kvevents.bootstrap import NoBrokerConfigured, resolve_bootstrap_servers
+    from kvevents.broker.bootstrap import NoBrokerConfigured, resolve_bootstrap_servers
 
     try:
         return resolve_bootstrap_servers(explicit)
@@ -205,7 +205,7 @@ def _held_out_requests(argv: list[str], summary: dict[str, Any], per_worker: int
     """Held-out requests of each worker's stream, continued where the simulator left it."""
     from kvevents.cli import build_parser
     from kvevents.commands.simulate import config_from_args
-    from kvevents.producer.sim_workload import WorkloadGenerator
+    from kvevents.producer.simulator.workload import WorkloadGenerator
 
     config = config_from_args(build_parser().parse_args(argv), None)
     requests = []
@@ -221,8 +221,8 @@ def run_demo(opts: DemoOptions, say: Callable[[str], None] = lambda text: None) 
     """Run the demo (see the module docstring); ``say`` gets progress lines."""
     from kvevents.broker import LocalBroker
     from kvevents.consumer import CacheIndex, EventReader
+    from kvevents.consumer.topics import TopicSpec, create_topic
     from kvevents.routing_eval import evaluate_routing
-    from kvevents.topics import TopicSpec, create_topic
     from kvevents.verify import compare, load_ground_truth
 
     seconds: dict[str, float] = {}

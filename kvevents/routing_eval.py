@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvevents.consumer import CacheIndex, WorkerKey
-    from kvevents.producer.sim_workload import Request
     from kvevents.producer.simulator import GroundTruth
+    from kvevents.producer.simulator.workload import Request
 
 __all__ = ["POLICIES", "RoutingResult", "evaluate_routing"]
 
@@ -55,7 +55,7 @@ class RoutingResult:
 
 
 def _reusable_hashes(request: Request, block_size: int) -> list[int]:
-    from kvevents.producer.sim_cache import block_hashes
+    from kvevents.producer.simulator.cache import block_hashes
 
     limit = (len(request.prompt) - 1) // block_size
     return block_hashes(request.prompt, block_size, request.lora_id, max_blocks=limit)

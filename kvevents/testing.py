@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .bootstrap import BOOTSTRAP_ENV
-from .broker_config import free_port
-from .kafka_jars import KAFKA_VERSION
-from .kafka_probe import metadata_answers, wait_for_metadata
+from .broker.bootstrap import BOOTSTRAP_ENV
+from .broker.config import free_port
+from .broker.jars import KAFKA_VERSION
+from .broker.probe import metadata_answers, wait_for_metadata
 
 __all__ = [
     "KAFKA_IMAGE",
@@ -145,8 +145,8 @@ def kafka_for_tests(
             tried.append(f"testcontainers: {exc}")
             log.info("no Docker for Kafka: %s; starting a local broker", exc)
 
-    from .broker import BrokerAlreadyRunning, BrokerError, LocalBroker
-    from .kafka_jars import FetchError
+    from .broker.jars import FetchError
+    from .broker.process import BrokerAlreadyRunning, BrokerError, LocalBroker
 
     broker = LocalBroker(state_dir, start_timeout=start_timeout, stop_with_parent=True)
     try:

@@ -138,7 +138,7 @@ def bench_broker(
 
 
 def _topic_messages(bootstrap: str, topic: str) -> int | None:
-    from kvevents.topics import TopicError, describe_topic
+    from kvevents.consumer.topics import TopicError, describe_topic
 
     try:
         return sum(p.messages for p in describe_topic(bootstrap, topic, timeout=20).partitions)
@@ -160,7 +160,7 @@ def ensure_topic(
     bootstrap: str, topic: str, messages: list[bytes] | Iterator[bytes], expected: int, state_dir: str | None
 ) -> dict[str, Any]:
     """Produce the topic unless it already holds ``expected`` messages; what it took."""
-    from kvevents.topics import TopicSpec, create_topic
+    from kvevents.consumer.topics import TopicSpec, create_topic
 
     found = _topic_messages(bootstrap, topic)
     if found == expected:

@@ -1,6 +1,6 @@
 """Flags and helpers every ``kvevents`` command shares, so that all of them spell things alike.
 
-- :func:`add_kafka_flags`: ``--bootstrap-servers/-b`` (resolved like :mod:`kvevents.bootstrap`),
+- :func:`add_kafka_flags`: ``--bootstrap-servers/-b`` (resolved like :mod:`kvevents.broker.bootstrap`),
   ``--topic/-t`` (default ``kv-cache-events``), ``-X key=value`` (repeatable, passed to
   librdkafka unchanged, like kcat);
 - :func:`add_output_flags`: ``--json``, ``-q/--quiet``, ``-v/--verbose``;
@@ -103,7 +103,7 @@ def kafka_config(args: argparse.Namespace) -> dict[str, str]:
 def resolve_bootstrap(args: argparse.Namespace) -> str:
     """``--bootstrap-servers``, else ``$KAFKA_BOOTSTRAP_SERVERS``, else the running local broker;
     raises :class:`CommandError` saying how to get one when there is none."""
-    from kvevents.bootstrap import NoBrokerConfigured, resolve_bootstrap_servers
+    from kvevents.broker.bootstrap import NoBrokerConfigured, resolve_bootstrap_servers
 
     try:
         return resolve_bootstrap_servers(getattr(args, "bootstrap_servers", None))

@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _start(args: argparse.Namespace) -> int:
     from kvevents.broker import BrokerAlreadyRunning, BrokerError, LocalBroker
-    from kvevents.kafka_jars import FetchError
+    from kvevents.broker.jars import FetchError
 
     broker = LocalBroker(
         args.data_dir,
@@ -173,7 +173,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from kvevents.kafka_jars import FetchError, ensure_kafka_jars
+    from kvevents.broker.jars import FetchError, ensure_kafka_jars
 
     try:
         dist = ensure_kafka_jars()

@@ -31,7 +31,7 @@ engine hash function is needed). Workers holding nothing of the prompt are not l
 
 Prompts: --tokens FILE (one prompt per line: token ids separated by whitespace or commas,
 or a JSON list; '#' lines are comments), or --synthetic N held-out requests of the
-simulator's workload (producer/sim_workload.py; --seed and --content-seed as for simulate).
+simulator's workload (producer/simulator/workload.py; --seed and --content-seed as for simulate).
 
 --serve instead answers HTTP while a background thread keeps following the topic:
   POST /match  {"token_ids": [...], "block_size": 32, "lora_id": null}
@@ -109,7 +109,7 @@ def _prompts(args: argparse.Namespace) -> list[Any]:
             return read_token_file(args.tokens, args.lora_id)
         except ValueError as exc:
             raise CommandError(str(exc), code=2) from exc
-    from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
+    from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 
     generator = WorkloadGenerator(WorkloadConfig(seed=args.seed, content_seed=args.content_seed))
     return [

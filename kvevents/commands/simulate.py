@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ._common import EXIT_INTERRUPTED, CommandError, Progress, add_kafka_flags, add_output_flags, command
 
 if TYPE_CHECKING:
-    from kvevents.producer.sim_run import RankResult, SimRunConfig
+    from kvevents.producer.simulator.run import RankResult, SimRunConfig
 
 DESCRIPTION = """\
 Run simulated inference engines that drive real KVCacheEventManagers, and produce their
@@ -132,9 +132,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def config_from_args(args: argparse.Namespace, bootstrap: str | None) -> SimRunConfig:
     """The run's configuration (``CommandError`` naming a bad flag)."""
-    from kvevents.producer.sim_run import SimRunConfig
-    from kvevents.producer.sim_workload import WorkloadConfig
     from kvevents.producer.simulator import SimulatorConfig
+    from kvevents.producer.simulator.run import SimRunConfig
+    from kvevents.producer.simulator.workload import WorkloadConfig
 
     from ._common import kafka_config
 
@@ -173,7 +173,7 @@ def config_from_args(args: argparse.Namespace, bootstrap: str | None) -> SimRunC
 
 @command("simulate")
 def main(args: argparse.Namespace) -> int:
-    from kvevents.producer import sim_run
+    from kvevents.producer.simulator import run as sim_run
 
     from ._common import resolve_bootstrap
 

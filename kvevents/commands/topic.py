@@ -87,7 +87,7 @@ def _bootstrap(args: argparse.Namespace) -> str | None:
 
 
 def _create(args: argparse.Namespace) -> int:
-    from kvevents.topics import TopicError, TopicSpec, create_topic
+    from kvevents.consumer.topics import TopicError, TopicSpec, create_topic
 
     try:
         spec = TopicSpec(
@@ -116,7 +116,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from kvevents.topics import TopicError, describe_topic
+    from kvevents.consumer.topics import TopicError, describe_topic
 
     bootstrap = _bootstrap(args)
     if bootstrap is None:

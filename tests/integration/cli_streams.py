@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError
 from kafka_streams import producer as kafka_producer
 from kvevents.producer import KVCacheEventManager
-from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, GroundTruth, SimulatorConfig
+from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 from kvevents.schemas import EventBatch, KVCacheEvent, RankDrops, encode_batch
 
 WORKLOAD = WorkloadConfig(

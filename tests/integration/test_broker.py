@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, Producer
+from kvevents.consumer.topics import TopicMismatch, TopicSpec, create_topic, describe_topic
 
-from kvevents.broker import BrokerStartError, LocalBroker, _pid_alive
-from kvevents.broker_config import BrokerLayout, BrokerPorts, BrokerState, free_port
+from kvevents.broker.config import BrokerLayout, BrokerPorts, BrokerState, free_port
+from kvevents.broker.probe import metadata_answers
+from kvevents.broker.process import BrokerStartError, LocalBroker, _pid_alive
 from kvevents.cli import main
-from kvevents.kafka_probe import metadata_answers
-from kvevents.topics import TopicMismatch, TopicSpec, create_topic, describe_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -137,7 +137,7 @@ def test_a_taken_port_fails_the_start_with_the_log_quoted(tmp_path: Path) -> Non
 def test_a_free_port_taken_before_the_jvm_binds_it_is_retried_with_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kvevents.broker as broker_module
+    import kvevents.broker.process as broker_module
 
     real_choose = broker_module.choose_ports
     calls: list[BrokerPorts] = []

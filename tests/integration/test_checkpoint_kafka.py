@@ -38,7 +38,7 @@ def full_replay(batches: list[EventBatch]) -> CacheIndex:
 @pytest.fixture(scope="module")
 def events_topic(kafka_bootstrap: str) -> tuple[str, list[EventBatch]]:
     """One 3-partition topic with a 400-batch stream (drops included), shared by the examples."""
-    from kvevents.topics import TopicSpec, create_topic
+    from kvevents.consumer.topics import TopicSpec, create_topic
 
     name = f"ckpt-events-{uuid.uuid4().hex[:10]}"
     create_topic(kafka_bootstrap, TopicSpec(name, partitions=3))

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from cli_streams import BLOCK_SIZE, Produced, simulate_to_topic
 from kafka_streams import produce
+from kvevents.consumer.topics import TopicSpec, create_topic
 from kvevents.producer.simulator import GroundTruth
 from kvevents.schemas import (
     EventBatch,
@@ -35,7 +36,6 @@ from kvevents.schemas import (
 
 from kvevents.cli import main
 from kvevents.commands._format import event_type
-from kvevents.topics import TopicSpec, create_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -327,7 +327,7 @@ def test_route_synthetic_requests_score_as_the_ground_truth(
                        "--block-size", str(BLOCK_SIZE), "--json")  # fmt: skip
     assert code == 0
     report = json.loads(out)
-    from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
+    from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 
     requests = WorkloadGenerator(WorkloadConfig(seed=1)).held_out(8, 1)
     hits = 0

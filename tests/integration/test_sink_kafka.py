@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvevents.consumer.topics import TopicSpec, create_topic
 from kvevents.producer import KVCacheEventManager
 from kvevents.producer.sink import FINGERPRINT_HEADER, KafkaEventSink
 from kvevents.schemas import CONTENT_TYPE, current_fingerprint
@@ -36,8 +37,7 @@ from sink_helpers import (
 )
 
 from kvevents.broker import LocalBroker
-from kvevents.broker_config import choose_ports
-from kvevents.topics import TopicSpec, create_topic
+from kvevents.broker.config import choose_ports
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -132,7 +132,7 @@ def stopped_broker(late_broker: LateBroker) -> Iterator[LateBroker]:
 
 
 def _nothing_answers(bootstrap: str) -> bool:
-    from kvevents.kafka_probe import metadata_answers
+    from kvevents.broker.probe import metadata_answers
 
     return not metadata_answers(bootstrap, timeout=0.5)
 

@@ -9,8 +9,8 @@ import pytest
 from kafka_streams import producer as kafka_producer
 from kvevents.consumer import CacheIndex, EventReader, WorkerKey
 from kvevents.producer import KVCacheEventManager
-from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, GroundTruth, SimulatorConfig
+from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 from kvevents.schemas import EventBatch, encode_batch
 
 pytestmark = pytest.mark.kafka

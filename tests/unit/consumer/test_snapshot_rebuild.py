@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from kvevents.consumer import CacheIndex, WorkerKey
 from kvevents.producer import KVCacheEventManager
-from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, GroundTruth, SimulatorConfig
+from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 from kvevents.schemas import EventBatch, KVCacheCreatedData, KVCacheEvent, encode_batch
 
 WORKLOAD = WorkloadConfig(

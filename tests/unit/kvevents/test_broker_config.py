@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvevents.broker_config import (
+from kvevents.broker.config import (
     BrokerLayout,
     BrokerPorts,
     BrokerState,

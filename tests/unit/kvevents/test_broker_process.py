@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvevents.broker import BrokerAlreadyRunning, BrokerError, LocalBroker, find_java
-from kvevents.broker_config import BrokerLayout, BrokerState
+from kvevents.broker.config import BrokerLayout, BrokerState
 
 OBEYS_SIGTERM = "import time; time.sleep(60)"
 IGNORES_SIGTERM = (

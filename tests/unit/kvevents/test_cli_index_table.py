@@ -8,8 +8,8 @@ import io
 import pytest
 from kvevents.consumer import CacheIndex, WorkerKey
 from kvevents.producer import KVCacheEventManager
-from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, GroundTruth, SimulatorConfig
+from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 from kvevents.schemas import EventBatch
 
 from kvevents.commands._workers_view import index_summary, render_workers, worker_rows

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvevents.broker_config import free_port
+from kvevents.broker.config import free_port
 from kvevents.testing import (
     KAFKA_IMAGE,
     KafkaUnavailable,

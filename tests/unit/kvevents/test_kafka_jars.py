@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvevents.kafka_jars import KAFKA_VERSION, FetchError, cache_root, ensure_kafka_jars, render_pom
+from kvevents.broker.jars import KAFKA_VERSION, FetchError, cache_root, ensure_kafka_jars, render_pom
 
 POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from kvevents.consumer import CacheIndex
 from kvevents.producer import KVCacheEventManager
-from kvevents.producer.sim_cache import block_hashes
-from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, SimulatorConfig, held_prefix_length
+from kvevents.producer.simulator.cache import block_hashes
+from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 from kvevents.schemas import EventBatch
 
 from kvevents.routing_eval import evaluate_routing

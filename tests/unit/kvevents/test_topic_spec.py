@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from kvevents.topics import PartitionInfo, TopicDescription, TopicSpec, topic_mismatches
+from kvevents.consumer.topics import PartitionInfo, TopicDescription, TopicSpec, topic_mismatches
 
 
 def description(partitions: int = 1, replicas: int = 1, **configs: str) -> TopicDescription:

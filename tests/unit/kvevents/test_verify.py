@@ -8,8 +8,8 @@ import json
 import pytest
 from kvevents.consumer import CacheIndex, WorkerKey
 from kvevents.producer import KVCacheEventManager
-from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, SimulatorConfig
+from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 from kvevents.schemas import (
     EventBatch,
     KVCacheEvent,

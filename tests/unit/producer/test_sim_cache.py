@@ -10,7 +10,7 @@ import sys
 from array import array
 
 import pytest
-from kvevents.producer.sim_cache import (
+from kvevents.producer.simulator.cache import (
     CacheFullError,
     PagedBlockCache,
     RetentionRange,
@@ -108,7 +108,7 @@ def test_block_hashes_cover_full_blocks_only_and_share_equal_prefixes() -> None:
 def test_block_hashes_are_the_same_in_another_process() -> None:
     toks = tokens(3, 64)
     code = (
-        "import json, sys; from kvevents.producer.sim_cache import block_hashes; "
+        "import json, sys; from kvevents.producer.simulator.cache import block_hashes; "
         "print(json.dumps(block_hashes(json.loads(sys.argv[1]), 16, 7)))"
     )
     env = dict(os.environ, PYTHONHASHSEED="12345")

@@ -7,14 +7,14 @@ import time
 from array import array
 
 import pytest
-from kvevents.producer.sim_cache import block_hashes
-from kvevents.producer.sim_workload import Request, WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import (
     CountingEventManager,
     EngineSimulator,
     GroundTruth,
     SimulatorConfig,
 )
+from kvevents.producer.simulator.cache import block_hashes
+from kvevents.producer.simulator.workload import Request, WorkloadConfig, WorkloadGenerator
 from sim_support import RecordingEventManager, ReplayModel, truth_tuples
 
 SMALL = WorkloadConfig(

@@ -4,8 +4,8 @@ the simulator's ground truth, with event ids in order and nothing dropped."""
 from __future__ import annotations
 
 from kvevents.producer import KVCacheEventManager
-from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, SimulatorConfig
+from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 from kvevents.schemas import KVCacheRemovedData
 from sim_support import ReplayModel, truth_tuples
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, SimulatorConfig
+from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 from sim_support import RecordingEventManager, ReplayModel, truth_tuples
 
 

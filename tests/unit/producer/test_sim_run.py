@@ -1,12 +1,12 @@
-"""``kvevents.producer.sim_run`` without MPI: one rank of one instance, its ground truth equals
+"""``kvevents.producer.simulator.run`` without MPI: one rank of one instance, its ground truth equals
 what its manager emitted, and topologies that need MPI are refused with the command to run."""
 
 from __future__ import annotations
 
 import pytest
-from kvevents.producer.sim_run import SimRunConfig, mpi_world_size, run, topology
-from kvevents.producer.sim_workload import WorkloadConfig
 from kvevents.producer.simulator import GroundTruth, SimulatorConfig
+from kvevents.producer.simulator.run import SimRunConfig, mpi_world_size, run, topology
+from kvevents.producer.simulator.workload import WorkloadConfig
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def test_without_kafka_events_are_discarded_not_dropped():
 
 
 def test_a_snapshot_larger_than_the_buffer_is_counted_not_fatal(monkeypatch):
-    from kvevents.producer import sim_run
+    from kvevents.producer.simulator import run as sim_run
 
     monkeypatch.setattr(sim_run, "_Discard", Stalled)  # nobody reads: the 5-event buffer overflows
     (result,) = run(SimRunConfig(requests=40, realtime=False, max_kv_event_entries=5, snapshot_on_drops=True))

@@ -7,8 +7,8 @@ import math
 from collections import Counter
 
 import pytest
-from kvevents.producer.sim_cache import RetentionRange
-from kvevents.producer.sim_workload import (
+from kvevents.producer.simulator.cache import RetentionRange
+from kvevents.producer.simulator.workload import (
     HELD_OUT_REQUEST_ID_BASE,
     Request,
     WorkloadConfig,

@@ -1,7 +1,7 @@
 """A local Apache Kafka broker without Docker: single node, KRaft, from Maven Central's jars.
 
-``LocalBroker(state_dir)`` fetches Kafka's jars once (:mod:`kvevents.kafka_jars`), writes the
-config (:mod:`kvevents.broker_config`), formats the storage on the first start
+``LocalBroker(state_dir)`` fetches Kafka's jars once (:mod:`kvevents.broker.jars`), writes the
+config (:mod:`kvevents.broker.config`), formats the storage on the first start
 (``kafka.tools.StorageTool format --standalone``), runs ``kafka.Kafka`` as a background JVM and
 returns from :meth:`LocalBroker.start` only when the broker answers a metadata request.
 :meth:`LocalBroker.stop` sends SIGTERM, waits, and falls back to SIGKILL (and says so). The same
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from .broker_config import (
+from .config import (
     DEFAULT_HOST,
     BrokerLayout,
     BrokerPorts,
@@ -46,8 +46,8 @@ from .broker_config import (
     render_log4j2_properties,
     render_server_properties,
 )
-from .kafka_jars import KAFKA_VERSION, KafkaDistribution, ensure_kafka_jars
-from .kafka_probe import BrokerNotAnswering, metadata_answers, wait_for_metadata
+from .jars import KAFKA_VERSION, KafkaDistribution, ensure_kafka_jars
+from .probe import BrokerNotAnswering, metadata_answers, wait_for_metadata
 
 __all__ = [
     "FAST_START_JVM_OPTIONS",

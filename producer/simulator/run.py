@@ -33,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .manager import KVCacheEventManager
-from .sim_workload import WorkloadConfig, WorkloadGenerator
-from .simulator import EngineSimulator, SimulatorConfig
+from ..manager import KVCacheEventManager
+from .engine import EngineSimulator, SimulatorConfig
+from .workload import WorkloadConfig, WorkloadGenerator
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +320,7 @@ class SimRun:
         sink = None
         try:
             if topo.attention_dp_rank == 0 and cfg.topic is not None:
-                from .sink import KafkaEventSink
+                from ..sink import KafkaEventSink
 
                 sink = KafkaEventSink(manager, cfg.topic, topo.instance_id, config=cfg.kafka_config)
             elif topo.attention_dp_rank == 0:

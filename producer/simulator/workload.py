@@ -33,7 +33,7 @@ from typing import Any
 
 import xxhash
 
-from .sim_cache import RetentionRange, to_token_array
+from .cache import RetentionRange, to_token_array
 
 __all__ = [
     "HELD_OUT_REQUEST_ID_BASE",

@@ -32,7 +32,7 @@ from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from .sim_cache import (
+from .cache import (
     DEFAULT_OFFLOAD_MIN_PRIORITY,
     DEFAULT_WINDOW_SIZE,
     CacheStats,
@@ -42,7 +42,7 @@ from .sim_cache import (
     block_hashes,
     to_token_array,
 )
-from .sim_workload import Request, WorkloadGenerator
+from .workload import Request, WorkloadGenerator
 
 __all__ = [
     "CountingEventManager",

@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .kafka_probe import quiet_client_config
-
 __all__ = [
     "CLEANUP_POLICIES",
     "PartitionInfo",
@@ -24,11 +22,28 @@ __all__ = [
     "TopicSpec",
     "create_topic",
     "describe_topic",
+    "quiet_client_config",
     "topic_mismatches",
 ]
 
 CLEANUP_POLICIES = frozenset({"delete", "compact", "compact,delete", "delete,compact"})
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+def quiet_client_config(bootstrap_servers: str, **overrides: Any) -> dict[str, Any]:
+    """A librdkafka client config that reconnects quickly and does not print connection errors.
+
+    While a broker starts, every refused connection would otherwise be logged to stderr.
+    """
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers,
+        "log_level": 0,
+        "reconnect.backoff.ms": 50,
+        "reconnect.backoff.max.ms": 250,
+        "socket.connection.setup.timeout.ms": 2000,
+    }
+    config.update(overrides)
+    return config
 
 
 class TopicError(RuntimeError):

@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+
+from kvevents.consumer.topics import quiet_client_config
 
 __all__ = ["BrokerNotAnswering", "metadata_answers", "quiet_client_config", "wait_for_metadata"]
 
 
 class BrokerNotAnswering(TimeoutError):
     """No metadata answer within the time allowed."""
-
-
-def quiet_client_config(bootstrap_servers: str, **overrides: Any) -> dict[str, Any]:
-    """A librdkafka client config that reconnects quickly and does not print connection errors.
-
-    While a broker starts, every refused connection would otherwise be logged to stderr.
-    """
-    config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap_servers,
-        "log_level": 0,
-        "reconnect.backoff.ms": 50,
-        "reconnect.backoff.max.ms": 250,
-        "socket.connection.setup.timeout.ms": 2000,
-    }
-    config.update(overrides)
-    return config
 
 
 def metadata_answers(bootstrap_servers: str, timeout: float = 2.0) -> bool:

@@ -22,7 +22,7 @@ def resolve_bootstrap_servers(explicit: str | None = None, state_dir: Path | Non
     from_env = os.environ.get(BOOTSTRAP_ENV, "").strip()
     if from_env:
         return from_env
-    from .broker import LocalBroker
+    from .process import LocalBroker
 
     status = LocalBroker(state_dir).status()
     if status.running and status.bootstrap_servers:
