@@ -6,6 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvevents-installed
 PYTEST_ARGS ?=
+# What `make setup` installs: the dev extras, and NVIDIA Dynamo's runtime (bench-dynamo, a ~75 MB
+# wheel) for bench/index.py and the Dynamo agreement test, which must run (never skip) in CI.
+EXTRAS ?= dev,bench-dynamo
 
 # Tests spawn mpiexec (from PyPI's mpich) and the kvevents CLI: both live in the venv.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
@@ -18,7 +21,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml setup.py $(wildcard schemas/*.pyx producer/*.pyx consumer/*.pyx)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $@
 
 # The Kafka fixture in tests/conftest.py starts (and stops) the broker the tests need.
