@@ -1,0 +1,410 @@
+"""``kvevents export zmq``: the topic republished in vLLM's ZMQ wire format, with replay from Kafka.
+
+Streams. Each worker (instance, attention-DP rank) is one vLLM-style stream with its own ZMQ
+topic (``topic_template``, default llm-d's ``kv@<pod>@<model>``; ``pod`` is the instance id, with
+``-dp<rank>`` for ranks above 0) and its own seq, counting from 0 without gaps. A worker goes to
+its own PUB socket when ``workers`` maps it to one (vLLM's one publisher per rank), else to the
+shared PUB (``pub``), else it is skipped and counted. Sockets bind or connect.
+
+Seqs across restarts: with ``state_path`` the exporter saves its offsets, seqs and converter
+memory every ``checkpoint_interval_s`` and on close, and resumes from them (see
+:mod:`.state`).
+
+Replay. A publisher with a replay endpoint answers vLLM's protocol on a ROUTER socket: a DEALER
+sends ``[b"", start_seq (8 bytes BE)]`` (optionally a third frame: one ZMQ topic) and receives
+``[b"", topic, seq, payload]`` per batch of that publisher's streams with ``seq >= start_seq``
+(``replay_frames=2``: ``[b"", seq, payload]``), then ``[b"", (topic,) 0xff*8, b""]``. The batches
+come from Kafka, re-converted from the exporter's anchor (where it first started), so a
+subscriber recovers any gap within the topic's retention.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvevents.schemas import DecodeError, decode_batch
+
+from ..reader import EventReader
+from ..workers import WorkerKey
+from .convert import VllmConverter
+from .state import Anchor, ExportState, load_state, save_state
+from .vllm_wire import END_SEQ, VllmWire
+
+__all__ = ["Endpoint", "ExportStats", "ZmqExportConfig", "ZmqExporter", "stream_topic"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A ZMQ address and whether to bind it (else connect)."""
+
+    address: str
+    bind: bool = True
+
+
+@dataclass
+class ZmqExportConfig:
+    """What to read and where to publish (see the module docstring)."""
+
+    bootstrap_servers: str
+    topic: str
+    pub: Endpoint | None = None
+    replay: Endpoint | None = None
+    workers: Mapping[WorkerKey, tuple[Endpoint, Endpoint | None]] = field(default_factory=dict)
+    model: str = "model"
+    topic_template: str = "kv@{pod}@{model}"
+    positional: bool = False
+    replay_frames: int = 3
+    start: str = "beginning"
+    state_path: Path | None = None
+    checkpoint_interval_s: float = 5.0
+    reader_config: Mapping[str, Any] | None = None
+    hwm: int = 100_000
+    replay_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.pub is None and not self.workers:
+            raise ValueError("nowhere to publish: give a shared PUB endpoint or per-worker endpoints")
+        if self.replay_frames not in (2, 3):
+            raise ValueError(f"replay_frames must be 2 or 3, got {self.replay_frames}")
+        if self.start not in ("beginning", "end"):
+            raise ValueError(f"start must be 'beginning' or 'end', got {self.start!r}")
+
+
+def stream_topic(template: str, key: WorkerKey, model: str) -> str:
+    """The ZMQ topic of a worker's stream."""
+    pod = key.instance_id if key.attention_dp_rank == 0 else f"{key.instance_id}-dp{key.attention_dp_rank}"
+    return template.format(pod=pod, instance=key.instance_id, rank=key.attention_dp_rank, model=model)
+
+
+@dataclass
+class ExportStats:
+    """What one run published."""
+
+    messages_read: int = 0
+    malformed: int = 0
+    batches_published: int = 0
+    events_published: int = 0
+    unrouted_batches: int = 0
+    replays: int = 0
+    replayed_batches: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class _Pipeline:
+    """Kafka messages -> (worker, events) with deterministic handling of bad messages; shared
+    by the live exporter and replays so both number a stream's batches the same way."""
+
+    def __init__(self, converter: VllmConverter) -> None:
+        self.converter = converter
+        self.malformed = 0
+
+    def handle(self, message: Any) -> tuple[float, dict[WorkerKey, list[Any]]]:
+        """(the batch's creation time in seconds, its vLLM events per worker)."""
+        try:
+            batch = decode_batch(message.value())
+        except DecodeError as exc:
+            self.malformed += 1
+            key = message.key()
+            log.warning(
+                "skipped a malformed message at %s[%d]@%d: %s",
+                message.topic(),
+                message.partition(),
+                message.offset(),
+                exc,
+            )
+            ts = message.timestamp()[1] / 1000.0
+            if not key:
+                return ts, {}
+            instance = key.decode("utf-8", "replace")
+            return ts, self.converter.lose_instance(instance, "a malformed message of this instance was skipped")
+        ts = batch.created_at_us / 1e6 if batch.created_at_us > 0 else message.timestamp()[1] / 1000.0
+        return ts, self.converter.convert(batch)
+
+
+class ZmqExporter:
+    """Reads the topic and publishes every worker's stream (module docstring)."""
+
+    def __init__(self, config: ZmqExportConfig, *, context: Any = None) -> None:
+        import zmq  # the 'bridge' extra
+
+        self.config = config
+        self._zmq = zmq
+        self._ctx = context or zmq.Context.instance()
+        self.wire = VllmWire(config.positional)
+        self.stats = ExportStats()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sockets: list[Any] = []
+        self._routes: dict[WorkerKey, tuple[Any, bytes, int] | None] = {}
+        state = None if config.state_path is None else load_state(config.state_path, config.topic)
+        converter_state = None if state is None else VllmConverter.state_from_bytes(state.converter)
+        self.converter = VllmConverter(self.wire, converter_state, on_loss=self._lost)
+        self._pipeline = _Pipeline(self.converter)
+        self.seqs: dict[str, int] = {} if state is None else dict(state.seqs)
+        start: Any = config.start if state is None else state.offsets
+        self._reader = EventReader(config.bootstrap_servers, config.topic, start=start, config=config.reader_config)
+        self.offsets: dict[int, int] = self._reader.offsets()
+        self.anchor = (
+            state.anchor
+            if state is not None
+            else Anchor(dict(self.offsets), dict(self.seqs), self.converter.state_bytes())
+        )
+        self._last_save = time.monotonic()
+        try:
+            self._publishers = self._open_publishers()
+        except BaseException:
+            self.close()
+            raise
+        self._replay = _ReplayServer(self) if any(r is not None for _, r in self._publishers) else None
+        if self._replay is not None:
+            self._replay.start()
+
+    # ------------------------------------------------------------------ sockets
+
+    def _open(self, kind: int, endpoint: Endpoint) -> Any:
+        sock = self._ctx.socket(kind)
+        self._sockets.append(sock)
+        sock.setsockopt(self._zmq.LINGER, 1000)
+        if kind == self._zmq.PUB:
+            sock.set_hwm(self.config.hwm)
+        if endpoint.bind:
+            sock.bind(endpoint.address)
+        else:
+            sock.connect(endpoint.address)
+        return sock
+
+    def _open_publishers(self) -> list[tuple[Any, Endpoint | None]]:
+        """Index 0: the shared PUB (or None); then one per configured worker."""
+        cfg = self.config
+        publishers: list[tuple[Any, Endpoint | None]] = [
+            (None if cfg.pub is None else self._open(self._zmq.PUB, cfg.pub), cfg.replay)
+        ]
+        self._worker_pub: dict[WorkerKey, int] = {}
+        for key, (pub, replay) in cfg.workers.items():
+            publishers.append((self._open(self._zmq.PUB, pub), replay))
+            self._worker_pub[WorkerKey(*key)] = len(publishers) - 1
+        return publishers
+
+    def publisher_of(self, key: WorkerKey) -> int | None:
+        """Which publisher carries ``key``'s stream (None: none does)."""
+        index = self._worker_pub.get(key)
+        if index is not None:
+            return index
+        return 0 if self._publishers[0][0] is not None else None
+
+    def _route(self, key: WorkerKey) -> tuple[Any, bytes, int] | None:
+        route = self._routes.get(key, False)
+        if route is False:
+            index = self.publisher_of(key)
+            cfg = self.config
+            topic = stream_topic(cfg.topic_template, key, cfg.model)
+            route = None if index is None else (self._publishers[index][0], topic.encode("utf-8"), index)
+            self._routes[key] = route
+        return route  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ running
+
+    def _lost(self, key: WorkerKey, reason: str) -> None:
+        log.warning("%s/%d: events were lost (%s): publishing AllBlocksCleared", key[0], key[1], reason)
+
+    def run(
+        self,
+        *,
+        until_caught_up: bool = False,
+        timeout: float | None = None,
+        max_messages: int | None = None,
+        progress: Callable[[ExportStats], None] | None = None,
+        progress_interval_s: float = 5.0,
+    ) -> ExportStats:
+        """Publish until caught up (or :meth:`stop`, ``timeout``, ``max_messages``)."""
+        stats = self.stats
+        started = time.monotonic()
+        next_progress = started + progress_interval_s
+        handle = self._pipeline.handle
+        encode = self.wire.encode
+        seqs = self.seqs
+        for message in self._reader.messages(
+            until_caught_up=until_caught_up, timeout=timeout, max_messages=max_messages
+        ):
+            stats.messages_read += 1
+            ts, out = handle(message)
+            for key, events in out.items():
+                route = self._route(key)
+                if route is None:
+                    stats.unrouted_batches += 1
+                    continue
+                sock, topic, _ = route
+                name = topic.decode("utf-8")
+                seq = seqs.get(name, 0)
+                sock.send_multipart((topic, seq.to_bytes(8, "big"), encode(ts, events, key[1])))
+                seqs[name] = seq + 1
+                stats.batches_published += 1
+                stats.events_published += len(events)
+            with self._lock:
+                self.offsets[message.partition()] = message.offset() + 1
+            now = time.monotonic()
+            if self.config.state_path is not None and now - self._last_save >= self.config.checkpoint_interval_s:
+                self.save()
+            if progress is not None and now >= next_progress:
+                stats.seconds += now - started
+                started = now
+                progress(stats)
+                next_progress = now + progress_interval_s
+        stats.malformed = self._pipeline.malformed
+        stats.seconds += time.monotonic() - started
+        return stats
+
+    def live_position(self) -> tuple[dict[int, int], dict[str, int]]:
+        """(offsets, seqs) published so far, consistent with each other (for replays)."""
+        with self._lock:
+            return dict(self.offsets), dict(self.seqs)
+
+    def save(self) -> None:
+        """Save the restart state now (no-op without ``state_path``)."""
+        path = self.config.state_path
+        if path is None:
+            return
+        offsets, seqs = self.live_position()
+        save_state(path, ExportState(self.config.topic, offsets, seqs, self.converter.state_bytes(), self.anchor))
+        self._last_save = time.monotonic()
+
+    def stop(self) -> None:
+        """Make :meth:`run` return soon (thread-safe)."""
+        self._reader.stop()
+
+    def close(self) -> None:
+        """Save the state, stop the replay server, close sockets and the reader. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if hasattr(self, "_publishers"):
+                self.save()
+        finally:
+            replay = getattr(self, "_replay", None)
+            if replay is not None:
+                replay.stop()
+            for sock in self._sockets:
+                sock.close()
+            self._reader.close()
+
+    def __enter__(self) -> ZmqExporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _ReplayServer(threading.Thread):
+    """Answers replay requests on every publisher's ROUTER socket, one request at a time."""
+
+    def __init__(self, exporter: ZmqExporter) -> None:
+        super().__init__(name="kvevents-export-replay", daemon=True)
+        self.exporter = exporter
+        self._stopping = threading.Event()
+        zmq = exporter._zmq
+        self._routers: list[tuple[Any, int]] = []
+        for index, (_, endpoint) in enumerate(exporter._publishers):
+            if endpoint is not None:
+                self._routers.append((exporter._open(zmq.ROUTER, endpoint), index))
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(timeout=5)
+
+    def run(self) -> None:
+        zmq = self.exporter._zmq
+        poller = zmq.Poller()
+        for sock, _ in self._routers:
+            poller.register(sock, zmq.POLLIN)
+        while not self._stopping.is_set():
+            ready = dict(poller.poll(100))
+            for sock, index in self._routers:
+                if sock not in ready:
+                    continue
+                frames = sock.recv_multipart()
+                try:
+                    self._serve(sock, index, frames)
+                except Exception:  # noqa: BLE001 - a replay must never take the exporter down
+                    log.exception("replay request failed")
+
+    def _serve(self, sock: Any, index: int, frames: list[bytes]) -> None:
+        exporter = self.exporter
+        if len(frames) not in (3, 4) or frames[1] != b"" or len(frames[2]) != 8:
+            log.warning("invalid replay request (%d frames): expected [b'', start_seq, (topic)]", len(frames))
+            return
+        client, start_seq = frames[0], int.from_bytes(frames[2], "big")
+        only = frames[3] if len(frames) == 4 else None
+        three = exporter.config.replay_frames == 3
+        sent = 0
+        for topic, seq, payload in self.replay(index, start_seq, only):
+            sock.send_multipart([client, b"", topic, seq, payload] if three else [client, b"", seq, payload])
+            sent += 1
+        exporter.stats.replays += 1
+        exporter.stats.replayed_batches += sent
+        end = END_SEQ.to_bytes(8, "big")
+        sock.send_multipart([client, b"", only or b"", end, b""] if three else [client, b"", end, b""])
+        log.info("replay from seq %d: %d batches", start_seq, sent)
+
+    def replay(self, index: int, start_seq: int, only: bytes | None) -> list[tuple[bytes, bytes, bytes]]:
+        """Re-convert the topic from the anchor up to the live position; the batches of
+        publisher ``index`` (topic ``only``) with ``seq >= start_seq``."""
+        exporter = self.exporter
+        cfg = exporter.config
+        target, live_seqs = exporter.live_position()
+        anchor = exporter.anchor
+        converter = VllmConverter(exporter.wire, VllmConverter.state_from_bytes(anchor.converter))
+        pipeline = _Pipeline(converter)
+        seqs = dict(anchor.seqs)
+        out: list[tuple[bytes, bytes, bytes]] = []
+        if all(target.get(p, 0) <= o for p, o in anchor.offsets.items()):
+            return out
+        topics: dict[WorkerKey, tuple[bytes, int | None]] = {}
+        reader = EventReader(cfg.bootstrap_servers, cfg.topic, start=anchor.offsets, config=cfg.reader_config)
+        deadline = time.monotonic() + cfg.replay_timeout_s
+        try:
+            positions = dict(anchor.offsets)
+            while any(positions.get(p, 0) < t for p, t in target.items()):
+                if time.monotonic() > deadline or self._stopping.is_set():
+                    log.warning("replay stopped early (timeout %.0f s or shutdown)", cfg.replay_timeout_s)
+                    break
+                for message in reader.messages(timeout=0.5):
+                    p, offset = message.partition(), message.offset()
+                    if offset >= target.get(p, 0):
+                        continue
+                    positions[p] = offset + 1
+                    ts, converted = pipeline.handle(message)
+                    for key, events in converted.items():
+                        if key not in topics:
+                            name = stream_topic(cfg.topic_template, key, cfg.model).encode("utf-8")
+                            topics[key] = (name, exporter.publisher_of(key))
+                        topic, publisher = topics[key]
+                        if publisher is None:
+                            continue
+                        name_s = topic.decode("utf-8")
+                        seq = seqs.get(name_s, 0)
+                        seqs[name_s] = seq + 1
+                        if (
+                            publisher == index
+                            and seq >= start_seq
+                            and seq < live_seqs.get(name_s, 0)
+                            and (only is None or only == topic)
+                        ):
+                            payload = exporter.wire.encode(ts, events, key[1])
+                            out.append((topic, seq.to_bytes(8, "big"), payload))
+                    if not any(positions.get(q, 0) < t for q, t in target.items()):
+                        break
+        finally:
+            reader.close()
+        return out

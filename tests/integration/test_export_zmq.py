@@ -1,0 +1,243 @@
+"""``kvevents export zmq`` end to end on loopback: a simulated topic (real managers, offload so
+there are tier moves) -> the exporter (real PUB and replay ROUTER sockets) -> an llm-d-style
+subscriber: a plain pyzmq SUB that decodes vLLM's structs with msgspec (its own definitions,
+positional as llm-d's Go decoder reads them, or the current tagged maps), tracks each topic's seq
+and recovers gaps with vLLM's replay protocol over a DEALER. The subscriber's per-pod block sets
+(hash, medium) must equal what kvevents' ``CacheIndex`` holds, through a forced gap and a restart
+of the exporter (seqs continue from its state file)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+from cli_streams import simulate_to_topic
+from kvevents.consumer import CacheIndex, EventReader, WorkerKey
+from kvevents.consumer.export.vllm_wire import medium_for_level
+from kvevents.consumer.export.zmq_export import Endpoint, ZmqExportConfig, ZmqExporter, stream_topic
+
+pytestmark = pytest.mark.kafka
+
+END = 0xFFFF_FFFF_FFFF_FFFF
+
+
+# -- vLLM's structs, as a subscriber declares them (both encodings) ---------------------------
+
+
+class _Stored(msgspec.Struct):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+
+
+class _Removed(msgspec.Struct):
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class StoredArray(_Stored, array_like=True, tag="BlockStored"):
+    pass
+
+
+class RemovedArray(_Removed, array_like=True, tag="BlockRemoved"):
+    pass
+
+
+class ClearedArray(msgspec.Struct, array_like=True, tag="AllBlocksCleared"):
+    pass
+
+
+class BatchArray(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[StoredArray | RemovedArray | ClearedArray]
+    data_parallel_rank: int | None = None
+
+
+class StoredMap(_Stored, tag="BlockStored"):
+    pass
+
+
+class RemovedMap(_Removed, tag="BlockRemoved"):
+    pass
+
+
+class ClearedMap(msgspec.Struct, tag="AllBlocksCleared"):
+    pass
+
+
+class BatchMap(msgspec.Struct):
+    ts: float
+    events: list[StoredMap | RemovedMap | ClearedMap]
+    data_parallel_rank: int | None = None
+
+
+def _structs(array_like: bool) -> Any:
+    if array_like:
+        return StoredArray, RemovedArray, ClearedArray, msgspec.msgpack.Decoder(BatchArray)
+    return StoredMap, RemovedMap, ClearedMap, msgspec.msgpack.Decoder(BatchMap)
+
+
+class Subscriber:
+    """What an llm-d indexer does with the stream, plus vLLM-style gap recovery."""
+
+    def __init__(self, ctx: zmq.Context, pub: str, replay: str, positional: bool, drop: range) -> None:
+        self.stored, self.removed, self.cleared, self.decoder = _structs(positional)
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.connect(pub)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+        self.replay_endpoint = replay
+        self.ctx = ctx
+        self.drop = drop  # seqs of one topic this subscriber "loses" on purpose
+        self.dropped_topic: str | None = None
+        self.blocks: dict[str, set[tuple[int, str]]] = {}
+        self.next_seq: dict[str, int] = {}
+        self.gaps = 0
+        self.replayed = 0
+
+    def apply(self, topic: str, payload: bytes) -> None:
+        batch = self.decoder.decode(payload)
+        held = self.blocks.setdefault(topic, set())
+        for event in batch.events:
+            if isinstance(event, self.stored):
+                assert len(event.token_ids) == event.block_size * len(event.block_hashes)
+                held.update((h, event.medium) for h in event.block_hashes)
+            elif isinstance(event, self.removed):
+                held.difference_update((h, event.medium) for h in event.block_hashes)
+            else:
+                held.clear()
+
+    def receive(self, frames: list[bytes]) -> None:
+        assert len(frames) == 3
+        topic, seq = frames[0].decode(), int.from_bytes(frames[1], "big")
+        if self.dropped_topic is None:
+            self.dropped_topic = topic
+        if topic == self.dropped_topic and seq in self.drop:
+            return
+        expected = self.next_seq.get(topic, 0)
+        if seq < expected:
+            return  # a duplicate (an exporter restarted from its last saved state)
+        if seq > expected:
+            self.gaps += 1
+            self.recover(topic, expected, seq)
+        self.apply(topic, frames[2])
+        self.next_seq[topic] = seq + 1
+
+    def recover(self, topic: str, start: int, until: int) -> None:
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.connect(self.replay_endpoint)
+        try:
+            dealer.send_multipart([b"", start.to_bytes(8, "big"), topic.encode()])
+            while True:
+                assert dealer.poll(30_000), "no replay answer"
+                empty, rtopic, rseq, payload = dealer.recv_multipart()
+                seq = int.from_bytes(rseq, "big")
+                if seq == END:
+                    assert payload == b""
+                    break
+                assert empty == b"" and rtopic.decode() == topic
+                if start <= seq < until and seq == self.next_seq.get(topic, start):
+                    self.apply(topic, payload)
+                    self.next_seq[topic] = seq + 1
+                    self.replayed += 1
+        finally:
+            dealer.close(linger=0)
+        assert self.next_seq.get(topic, 0) == until, f"replay did not close the gap {start}..{until - 1}"
+
+    def reconnect(self) -> None:
+        """Lose whatever is queued (the subscriber was down) and subscribe again."""
+        endpoint = self.sub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.sub.close(linger=0)
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.connect(endpoint)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+
+    def drain(self, quiet_ms: int = 700) -> None:
+        while self.sub.poll(quiet_ms):
+            self.receive(self.sub.recv_multipart())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _index_blocks(bootstrap: str, topic: str, model: str) -> dict[str, set[tuple[int, str]]]:
+    index = CacheIndex()
+    with EventReader(bootstrap, topic) as reader:
+        reader.apply_to(index)
+    assert not index.degraded_workers()
+    out: dict[str, set[tuple[int, str]]] = {}
+    for key in index.workers():
+        held = out.setdefault(stream_topic("kv@{pod}@{model}", WorkerKey(*key), model), set())
+        for window in index.worker_stats(key).windows:
+            held.update((b.block_hash, medium_for_level(b.cache_level)) for b in index.worker_blocks(key, window))
+    return out
+
+
+@pytest.mark.parametrize("positional", [True, False], ids=["positional", "tagged-map"])
+def test_llmd_style_subscriber_rebuilds_the_index_through_a_gap_and_a_restart(
+    kafka_bootstrap: str, kafka_topic: str, tmp_path: Path, positional: bool
+) -> None:
+    produced = simulate_to_topic(kafka_bootstrap, kafka_topic, iterations=120)
+    total = len(produced.sent)
+    pub, replay = f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}"
+    config = ZmqExportConfig(
+        kafka_bootstrap,
+        kafka_topic,
+        pub=Endpoint(pub),
+        replay=Endpoint(replay),
+        model="m",
+        positional=positional,
+        state_path=tmp_path / "export.state",
+    )
+    ctx = zmq.Context()
+    subscriber = Subscriber(ctx, pub, replay, positional, drop=range(2, 5))
+    try:
+        # first exporter: a third of the topic (with the forced gap), then another third that the
+        # subscriber misses (it is down), then the exporter stops and saves its state
+        with ZmqExporter(config, context=ctx) as first:
+            subscriber.drain(300)  # let the subscription reach the PUB (a slow joiner is a gap too)
+            first.run(max_messages=total // 3)
+            subscriber.drain()
+            assert first.stats.replays >= 1  # the forced gap
+            first.run(max_messages=total // 3)
+            first_seqs = dict(first.seqs)
+        subscriber.reconnect()
+        # second exporter: resumes from the state file, seqs continue; the subscriber's gap spans
+        # the restart and is recovered from Kafka
+        with ZmqExporter(config, context=ctx) as second:
+            assert second.seqs == first_seqs
+            done = threading.Event()
+
+            def work() -> None:
+                subscriber.drain(300)
+                second.run(until_caught_up=True)
+                done.set()
+
+            thread = threading.Thread(target=work)
+            thread.start()
+            thread.join()
+            subscriber.drain()
+            final_seqs = dict(second.seqs)
+            assert second.stats.replays >= 1
+    finally:
+        subscriber.sub.close(linger=0)
+        ctx.term()
+
+    assert subscriber.gaps >= 2 and subscriber.replayed >= 3  # the forced gap, recovered by replay
+    assert subscriber.next_seq == final_seqs  # every stream complete, seq 0.. without a hole
+    expected = _index_blocks(kafka_bootstrap, kafka_topic, "m")
+    assert set(expected) == {f"kv@{pod}@m" for pod in ("sim-a", "sim-a-dp1", "sim-b", "sim-b-dp1")}
+    assert any(medium == "CPU" for held in expected.values() for _, medium in held), "no tier move exercised"
+    for topic, held in expected.items():
+        assert subscriber.blocks.get(topic, set()) == held, topic
