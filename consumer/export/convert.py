@@ -175,7 +175,9 @@ class VllmConverter:
                 if drop.dropped_events > 0:
                     rank = drop.attention_dp_rank
                     key = WorkerKey(instance, rank)
-                    self._lose(out, key, self._worker(instance, rank), f"{drop.dropped_events} events dropped")
+                    self._lose(
+                        out, key, self._worker(instance, rank), f"{drop.dropped_events} events dropped"
+                    )
         return replay
 
     def convert(self, batch: EventBatch) -> dict[WorkerKey, list[Any]]:
@@ -237,7 +239,9 @@ class VllmConverter:
         run: list[KVCacheStoredBlockData] = []
         run_parent = parent
         for block in data.blocks:
-            blocks[block.block_hash] = _Block(block.cache_level, parent, block.tokens.tobytes(), block.lora_id)
+            blocks[block.block_hash] = _Block(
+                block.cache_level, parent, block.tokens.tobytes(), block.lora_id
+            )
             if run and not _same_run(run[0], block):
                 events.append(_stored_event(wire, run, run_parent))
                 run, run_parent = [], parent

@@ -68,6 +68,8 @@ class ZmqExportConfig:
     reader_config: Mapping[str, Any] | None = None
     hwm: int = 100_000
     replay_timeout_s: float = 120.0
+    start_delay_s: float = 0.0
+    """Seconds between opening the sockets and the first publish (subscribers connect)."""
 
     def __post_init__(self) -> None:
         if self.pub is None and not self.workers:
@@ -127,7 +129,9 @@ class _Pipeline:
             if not key:
                 return ts, {}
             instance = key.decode("utf-8", "replace")
-            return ts, self.converter.lose_instance(instance, "a malformed message of this instance was skipped")
+            return ts, self.converter.lose_instance(
+                instance, "a malformed message of this instance was skipped"
+            )
         ts = batch.created_at_us / 1e6 if batch.created_at_us > 0 else message.timestamp()[1] / 1000.0
         return ts, self.converter.convert(batch)
 
@@ -153,7 +157,9 @@ class ZmqExporter:
         self._pipeline = _Pipeline(self.converter)
         self.seqs: dict[str, int] = {} if state is None else dict(state.seqs)
         start: Any = config.start if state is None else state.offsets
-        self._reader = EventReader(config.bootstrap_servers, config.topic, start=start, config=config.reader_config)
+        self._reader = EventReader(
+            config.bootstrap_servers, config.topic, start=start, config=config.reader_config
+        )
         self.offsets: dict[int, int] = self._reader.offsets()
         self.anchor = (
             state.anchor
@@ -169,6 +175,8 @@ class ZmqExporter:
         self._replay = _ReplayServer(self) if any(r is not None for _, r in self._publishers) else None
         if self._replay is not None:
             self._replay.start()
+        if config.start_delay_s > 0:
+            time.sleep(config.start_delay_s)
 
     # ------------------------------------------------------------------ sockets
 
@@ -254,7 +262,10 @@ class ZmqExporter:
             with self._lock:
                 self.offsets[message.partition()] = message.offset() + 1
             now = time.monotonic()
-            if self.config.state_path is not None and now - self._last_save >= self.config.checkpoint_interval_s:
+            if (
+                self.config.state_path is not None
+                and now - self._last_save >= self.config.checkpoint_interval_s
+            ):
                 self.save()
             if progress is not None and now >= next_progress:
                 stats.seconds += now - started
@@ -276,7 +287,9 @@ class ZmqExporter:
         if path is None:
             return
         offsets, seqs = self.live_position()
-        save_state(path, ExportState(self.config.topic, offsets, seqs, self.converter.state_bytes(), self.anchor))
+        save_state(
+            path, ExportState(self.config.topic, offsets, seqs, self.converter.state_bytes(), self.anchor)
+        )
         self._last_save = time.monotonic()
 
     def stop(self) -> None:
@@ -336,7 +349,7 @@ class _ReplayServer(threading.Thread):
                 frames = sock.recv_multipart()
                 try:
                     self._serve(sock, index, frames)
-                except Exception:  # noqa: BLE001 - a replay must never take the exporter down
+                except Exception:
                     log.exception("replay request failed")
 
     def _serve(self, sock: Any, index: int, frames: list[bytes]) -> None:

@@ -180,7 +180,9 @@ def _index_blocks(bootstrap: str, topic: str, model: str) -> dict[str, set[tuple
     for key in index.workers():
         held = out.setdefault(stream_topic("kv@{pod}@{model}", WorkerKey(*key), model), set())
         for window in index.worker_stats(key).windows:
-            held.update((b.block_hash, medium_for_level(b.cache_level)) for b in index.worker_blocks(key, window))
+            held.update(
+                (b.block_hash, medium_for_level(b.cache_level)) for b in index.worker_blocks(key, window)
+            )
     return out
 
 

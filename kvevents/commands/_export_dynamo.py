@@ -1,0 +1,201 @@
+"""``kvevents export dynamo``: the topic as NVIDIA Dynamo RouterEvent JSON lines (file, stdout or
+a ZMQ PUB), see :mod:`kvevents.consumer.export.dynamo_export`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvevents.commands._common import (
+    EXIT_INTERRUPTED,
+    CommandError,
+    Progress,
+    add_kafka_flags,
+    add_output_flags,
+    command,
+    config_pair,
+    kafka_config,
+    resolve_bootstrap,
+    stop_on_interrupt,
+)
+
+DESCRIPTION = """\
+Read a kvevents topic and write NVIDIA Dynamo RouterEvent JSON, one object per line:
+
+  {"worker_id": ID, "event": {"event_id": N, "data": DATA, "dp_rank": RANK}}
+
+  DATA  {"stored": {"parent_hash": H|null, "blocks": [{"block_hash": H, "tokens_hash": T}]}}
+        {"removed": {"block_hashes": [H, ...]}}    or    "cleared" (a Created event)
+
+tokens_hash is Dynamo's local hash of the block's tokens (XXH3-64 of u32 LE token ids, seed
+1337; a LoRA block's seed adds XXH3-64 of its adapter name: --lora-name ID=NAME, else the id's
+decimal string). Updated events (cache level, priority) have no Dynamo counterpart and are left
+out. ID: a stable integer per instance (XXH3-64 of its name, top bit cleared) unless --worker-id
+names it; the mapping is printed on stderr. A worker whose events were lost gets "cleared" first.
+Feed the lines to RadixTree.apply_event(worker_id, json.dumps(event)) or a Dynamo KV router.
+
+Output: --output FILE (default: stdout), and/or --zmq ENDPOINT: a PUB socket sending
+[--zmq-topic, JSON] per event. Counters go to stderr (stdout may carry the events).
+"""
+
+EPILOG = """\
+examples:
+  kvevents export dynamo --no-follow > events.jsonl         # the whole topic, then exit
+  kvevents export dynamo --from end --zmq tcp://*:5560 --output /dev/null
+  kvevents export dynamo --lora-name 3=sql-adapter --worker-id engine-0=7587888316235393281
+"""
+
+
+def _worker_id(text: str) -> tuple[str, int]:
+    name, value = config_pair(text)
+    if not value.isdigit() or int(value) >= 2**64:
+        raise argparse.ArgumentTypeError(f"a worker id is an unsigned 64-bit integer, got {value!r}")
+    return name, int(value)
+
+
+def _lora_name(text: str) -> tuple[int, str]:
+    key, value = config_pair(text)
+    if not key.isdigit() or not value:
+        raise argparse.ArgumentTypeError(f"expected LORA_ID=NAME, got {text!r}")
+    return int(key), value
+
+
+def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``export dynamo``."""
+    parser = formats.add_parser(
+        "dynamo",
+        help="write NVIDIA Dynamo RouterEvent JSON lines (file, stdout, ZMQ)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_kafka_flags(parser)
+    read = parser.add_argument_group("what to read")
+    read.add_argument("--from", dest="start", choices=["beginning", "end"], default="beginning")
+    read.add_argument(
+        "--follow",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep writing new events (default); --no-follow exits once caught up",
+    )
+    read.add_argument("--window-size", type=int, default=None, help="only this window size's events")
+    out = parser.add_argument_group("where to write")
+    out.add_argument(
+        "--output", "-o", default="-", help="a file for the JSON lines ('-': stdout, the default)"
+    )
+    out.add_argument("--zmq", default=None, metavar="ENDPOINT", help="also publish on a ZMQ PUB (binds)")
+    out.add_argument("--zmq-topic", default="kv-events", help="the PUB topic (default: Dynamo's kv-events)")
+    out.add_argument(
+        "--lora-name",
+        type=_lora_name,
+        action="append",
+        default=[],
+        metavar="ID=NAME",
+        help="a LoRA id's name",
+    )
+    out.add_argument(
+        "--worker-id", type=_worker_id, action="append", default=[], metavar="INSTANCE=ID", help="a worker id"
+    )
+    add_output_flags(parser, json_help="print the final counters as JSON (on stderr)")
+    parser.set_defaults(func=run)
+
+
+@command("export dynamo")
+def run(args: argparse.Namespace) -> int:
+    from kvevents.consumer import EventReader, ReaderError
+    from kvevents.consumer.export.dynamo_export import DynamoConverter
+    from kvevents.schemas import DecodeError, decode_batch
+
+    try:
+        import orjson
+
+        def dumps(obj: Any) -> bytes:
+            return orjson.dumps(obj)
+    except ImportError:  # orjson is optional; the stdlib gives the same JSON
+
+        def dumps(obj: Any) -> bytes:
+            return json.dumps(obj, separators=(",", ":")).encode()
+
+    pub: Any = None
+    if args.zmq is not None:
+        try:
+            import zmq
+        except ImportError as exc:
+            raise CommandError("--zmq needs pyzmq: pip install 'kvevents[bridge]'") from exc
+        pub = zmq.Context.instance().socket(zmq.PUB)
+        try:
+            pub.bind(args.zmq.replace("tcp://*:", "tcp://0.0.0.0:"))
+        except zmq.ZMQError as exc:
+            raise CommandError(f"cannot bind {args.zmq}: {exc}") from exc
+    topic = args.zmq_topic.encode()
+    converter = DynamoConverter(
+        lora_names=dict(args.lora_name), worker_ids=dict(args.worker_id), window_size=args.window_size
+    )
+    try:
+        reader = EventReader(resolve_bootstrap(args), args.topic, start=args.start, config=kafka_config(args))
+    except ReaderError as exc:
+        raise CommandError(str(exc)) from exc
+    raw = sys.stdout.buffer if args.output == "-" else Path(args.output).open("wb")  # noqa: SIM115
+    progress = Progress(enabled=not args.quiet)
+    announced: set[str] = set()
+    lines = malformed = 0
+    interrupted = False
+    try:
+        with stop_on_interrupt(reader.stop) as seen:
+            for message in reader.messages(until_caught_up=not args.follow):
+                try:
+                    batch = decode_batch(message.value())
+                except DecodeError as exc:
+                    malformed += 1
+                    print(
+                        f"kvevents export dynamo: skipped a malformed message at offset {message.offset()}: {exc}",
+                        file=sys.stderr,
+                    )
+                    key = message.key()
+                    records = (
+                        []
+                        if not key
+                        else converter.lose_instance(key.decode("utf-8", "replace"), "malformed")
+                    )
+                else:
+                    if batch.instance_id not in announced:
+                        announced.add(batch.instance_id)
+                        if not args.quiet:
+                            print(
+                                f"instance {batch.instance_id} -> worker_id {converter.worker_id(batch.instance_id)}",
+                                file=sys.stderr,
+                            )
+                    records = converter.convert(batch)
+                for record in records:
+                    line = dumps(record)
+                    raw.write(line + b"\n")
+                    if pub is not None:
+                        pub.send_multipart((topic, line))
+                lines += len(records)
+                if progress.due():
+                    progress.update(f"{reader.offsets()} read, {lines} RouterEvents written")
+            interrupted = bool(seen)
+            raw.flush()
+    finally:
+        reader.close()
+        if raw is not sys.stdout.buffer:
+            raw.close()
+        if pub is not None:
+            pub.close(linger=1000)
+    progress.done()
+    summary = {
+        **converter.counters.__dict__,
+        "lines": lines,
+        "malformed": malformed,
+        "worker_ids": converter.worker_ids,
+    }
+    print(
+        json.dumps(summary, sort_keys=True)
+        if args.json
+        else " ".join(f"{k}={v}" for k, v in summary.items()),
+        file=sys.stderr,
+    )
+    return EXIT_INTERRUPTED if interrupted else 0

@@ -1,0 +1,215 @@
+"""``kvevents export zmq``: the topic in vLLM's ZMQ wire format, for llm-d and other vLLM-event
+subscribers, with replay from Kafka (see :mod:`kvevents.consumer.export.zmq_export`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvevents.commands._common import (
+    EXIT_INTERRUPTED,
+    CommandError,
+    Progress,
+    add_kafka_flags,
+    add_output_flags,
+    command,
+    kafka_config,
+    resolve_bootstrap,
+    stop_on_interrupt,
+)
+
+DESCRIPTION = """\
+Read a kvevents topic and publish it in vLLM's ZMQ wire format, so that an unmodified llm-d
+KV-cache indexer (or any vLLM KV-event subscriber) consumes it:
+
+  live messages   3 frames [topic, seq (u64 big-endian), msgpack batch]
+  batch           {ts, events, data_parallel_rank} with tagged-map events (vLLM's current
+                  encoding); --positional sends the older arrays [ts, events, rank] and
+                  ["BlockStored", ...], which llm-d-kv-cache's Go decoder reads
+  BlockStored     block_hashes, parent_block_hash, token_ids, block_size, lora_id,
+                  medium (cache level 0 GPU, 1 CPU, 2 DISK), lora_name (null)
+  BlockRemoved    block_hashes, medium;  AllBlocksCleared for a Created event
+
+Every worker (instance, attention-DP rank) is one stream with its own topic (--topic-template,
+default llm-d's kv@<pod>@<model>; <pod> is the instance id, '-dp<rank>' added for ranks > 0)
+and its own seq from 0, without gaps. Workers go to their own PUB (--worker) or to the shared
+one (--pub). A cache-level move (Updated) becomes BlockRemoved on the old medium + BlockStored
+on the new one; a worker whose events were lost (drops reported in-band, missing batches, an
+event-id jump) gets AllBlocksCleared, and the producer's snapshot, when it comes, refills it.
+
+Replay (--replay, or a second endpoint in --worker): a ROUTER socket answering vLLM's protocol
+from Kafka: send [b'', start_seq (8 bytes BE)] from a DEALER (a third frame may name one
+topic); the answer is [topic, seq, payload] per batch from start_seq on (--replay-frames 2:
+[seq, payload]), then seq 0xffffffffffffffff with an empty payload. Batches are re-read from the
+topic, so any gap within its retention can be recovered, not only the last 10,000 batches.
+
+--state FILE makes seqs survive restarts: offsets, seqs and the converter's memory are saved
+every --checkpoint-interval seconds and on exit, and a restart resumes there (batches published
+after the last save are published again with the same seqs: duplicates, never a gap). Without
+--state, every start numbers the streams from 0 again (as a restarted vLLM does).
+
+Progress and warnings go to stderr; the final counters to stdout (--json for JSON).
+"""
+
+EPILOG = """\
+examples:
+  # one PUB for every worker, llm-d's topic convention, replay on 5558
+  kvevents export zmq --pub tcp://*:5557 --replay tcp://*:5558 --model meta-llama/Llama-3.1-8B
+  # vLLM's layout: one publisher per rank of instance sim-0 (port 5557 + rank), positional
+  kvevents export zmq --positional --worker sim-0:0=tcp://*:5557,tcp://*:5567 \\
+      --worker sim-0:1=tcp://*:5558,tcp://*:5568 --state /var/lib/kvevents/export.state
+  # push to a subscriber that binds (llm-d's indexer listens), from now on
+  kvevents export zmq --from end --connect --pub tcp://indexer:5557
+"""
+
+
+def _endpoint(text: str) -> str:
+    if "://" not in text:
+        raise argparse.ArgumentTypeError(f"expected a ZMQ endpoint like tcp://*:5557, got {text!r}")
+    return text.replace("tcp://*:", "tcp://0.0.0.0:")
+
+
+def _worker(text: str) -> tuple[str, int, str, str | None]:
+    """``INSTANCE[:RANK]=PUB[,REPLAY]``."""
+    who, sep, where = text.partition("=")
+    if not sep or not who or not where:
+        raise argparse.ArgumentTypeError(f"expected INSTANCE[:RANK]=PUB[,REPLAY], got {text!r}")
+    instance, _, rank = who.rpartition(":") if ":" in who else (who, "", "0")
+    if not rank.isdigit():
+        raise argparse.ArgumentTypeError(f"the rank in {text!r} must be a number")
+    pub, _, replay = where.partition(",")
+    return instance, int(rank), _endpoint(pub), _endpoint(replay) if replay else None
+
+
+def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``export zmq``."""
+    parser = formats.add_parser(
+        "zmq",
+        help="publish vLLM's ZMQ KV-event format (llm-d, Dynamo workers), with replay from Kafka",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_kafka_flags(parser)
+    read = parser.add_argument_group("what to read")
+    read.add_argument(
+        "--from",
+        dest="start",
+        choices=["beginning", "end"],
+        default="beginning",
+        help="where a first start reads from: the oldest retained batch (default) or new ones only "
+        "(a --state file, when present, decides instead)",
+    )
+    read.add_argument(
+        "--follow",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep publishing new batches (default); --no-follow exits once caught up",
+    )
+    read.add_argument("--state", type=Path, default=None, metavar="FILE", help="restart state (see above)")
+    read.add_argument(
+        "--checkpoint-interval", type=float, default=5.0, metavar="S", help="seconds between state saves"
+    )
+    pub = parser.add_argument_group("where to publish")
+    pub.add_argument("--pub", type=_endpoint, default=None, metavar="ENDPOINT", help="the shared PUB socket")
+    pub.add_argument(
+        "--replay", type=_endpoint, default=None, metavar="ENDPOINT", help="the shared PUB's replay ROUTER"
+    )
+    pub.add_argument(
+        "--worker",
+        type=_worker,
+        action="append",
+        default=[],
+        metavar="INSTANCE[:RANK]=PUB[,REPLAY]",
+        help="a worker's own PUB (and replay ROUTER), as vLLM has one per rank (repeatable)",
+    )
+    pub.add_argument(
+        "--connect", action="store_true", help="connect the PUB sockets (default: bind); replay always binds"
+    )
+    pub.add_argument("--model", default="model", help="the model name in topics (default: model)")
+    pub.add_argument(
+        "--topic-template",
+        default="kv@{pod}@{model}",
+        help="ZMQ topic of a worker's stream; fields {pod} {instance} {rank} {model} (default: %(default)s)",
+    )
+    pub.add_argument("--positional", action="store_true", help="the older array encoding (llm-d's decoder)")
+    pub.add_argument("--replay-frames", type=int, choices=[2, 3], default=3, help="replay reply frames")
+    pub.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds to wait after opening the sockets before publishing, so that subscribers "
+        "connect and subscribe (a PUB drops what it sends before; they can replay it)",
+    )
+    pub.add_argument("--hwm", type=int, default=100_000, help="PUB high-water mark in messages")
+    add_output_flags(parser, json_help="print the final counters as JSON")
+    parser.set_defaults(func=run)
+
+
+@command("export zmq")
+def run(args: argparse.Namespace) -> int:
+    try:
+        import zmq
+    except ImportError as exc:
+        raise CommandError("pyzmq is not installed: pip install 'kvevents[bridge]'") from exc
+    from kvevents.consumer import ReaderError, WorkerKey
+    from kvevents.consumer.export.zmq_export import Endpoint, ZmqExportConfig, ZmqExporter
+
+    bind = not args.connect
+    workers = {
+        WorkerKey(instance, rank): (Endpoint(pub, bind), None if replay is None else Endpoint(replay))
+        for instance, rank, pub, replay in args.worker
+    }
+    try:
+        config = ZmqExportConfig(
+            resolve_bootstrap(args),
+            args.topic,
+            pub=None if args.pub is None else Endpoint(args.pub, bind),
+            replay=None if args.replay is None else Endpoint(args.replay),
+            workers=workers,
+            model=args.model,
+            topic_template=args.topic_template,
+            positional=args.positional,
+            replay_frames=args.replay_frames,
+            start=args.start,
+            state_path=args.state,
+            checkpoint_interval_s=args.checkpoint_interval,
+            reader_config=kafka_config(args),
+            hwm=args.hwm,
+            start_delay_s=args.wait,
+        )
+        exporter = ZmqExporter(config)
+    except (ValueError, ReaderError) as exc:
+        raise CommandError(str(exc)) from exc
+    except zmq.ZMQError as exc:
+        raise CommandError(f"cannot open a ZMQ socket: {exc}") from exc
+    progress = Progress(enabled=not args.quiet)
+
+    def show(stats: Any) -> None:
+        progress.update(
+            f"{stats.messages_read} messages read, {stats.batches_published} batches "
+            f"({stats.events_published} events) published, {stats.replays} replays"
+        )
+
+    interrupted = False
+    try:
+        with stop_on_interrupt(exporter.stop) as seen:
+            stats = exporter.run(until_caught_up=not args.follow, progress=show, progress_interval_s=1.0)
+            interrupted = bool(seen)
+    except ReaderError as exc:
+        raise CommandError(str(exc)) from exc
+    finally:
+        exporter.close()
+    progress.done()
+    summary = {**stats.to_json(), **exporter.converter.counters.__dict__, "streams": len(exporter.seqs)}
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        for key, value in summary.items():
+            print(f"{key:24} {value}")
+    sys.stdout.flush()
+    return EXIT_INTERRUPTED if interrupted else 0

@@ -1,0 +1,40 @@
+"""``kvevents export FORMAT``: the topic republished for other systems.
+
+This module only registers the ``export`` parser and its sub-commands; each format lives in its
+own ``kvevents/commands/_export_<name>.py`` with a ``register_export(subparsers)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from kvevents.commands import _export_dynamo, _export_zmq
+
+DESCRIPTION = """\
+Republish the events of a kvevents topic for systems that do not read Kafka:
+
+  zmq      vLLM's ZMQ wire format (what llm-d's KV-cache indexer and Dynamo's workers read),
+           one stream per worker, gap-free seqs, replay from Kafka
+  dynamo   NVIDIA Dynamo RouterEvent JSON lines (file, stdout or ZMQ)
+
+Run 'kvevents export FORMAT --help' for each format's options.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``export`` and its formats."""
+    parser = subparsers.add_parser(
+        "export",
+        help="republish the topic for routers that do not read Kafka (vLLM ZMQ, Dynamo JSON)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    formats = parser.add_subparsers(dest="export_format", metavar="FORMAT")
+    _export_zmq.register_export(formats)
+    _export_dynamo.register_export(formats)
+
+    def usage(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=usage)

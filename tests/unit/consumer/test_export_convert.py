@@ -1,0 +1,172 @@
+"""The vLLM converter of ``kvevents export zmq``, batch by batch (no sockets, no Kafka): each
+event kind's vLLM events, tier moves, and the AllBlocksCleared that signals lost events."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from kvevents.consumer import WorkerKey
+from kvevents.consumer.export.convert import VllmConverter
+from kvevents.consumer.export.vllm_wire import VllmWire, medium_for_level
+from kvevents.schemas import (
+    EventBatch,
+    KVCacheCreatedData,
+    KVCacheEvent,
+    KVCacheEventDiff,
+    KVCacheRemovedData,
+    KVCacheStoredBlockData,
+    KVCacheStoredData,
+    KVCacheUpdatedData,
+    RankDrops,
+)
+
+W = 64
+A0, A1 = WorkerKey("a", 0), WorkerKey("a", 1)
+
+
+def _blk(h: int, level: int = 0, lora: int | None = None, n: int = 4) -> KVCacheStoredBlockData:
+    return KVCacheStoredBlockData(h, [h % 1000 + i for i in range(n)], lora_id=lora, cache_level=level)
+
+
+def _ev(eid: int, data: object, rank: int | None = 0) -> KVCacheEvent:
+    return KVCacheEvent(eid, data, W, rank)  # type: ignore[arg-type]
+
+
+def _plain(out: dict[WorkerKey, list[object]]) -> dict[WorkerKey, list[object]]:
+    """Events as plain msgpack-ready values (tag first), for readable comparisons."""
+    return {k: [msgspec.to_builtins(e) for e in v] for k, v in out.items()}
+
+
+@pytest.fixture
+def conv() -> VllmConverter:
+    return VllmConverter(VllmWire(positional=True))
+
+
+def _batch(events: list[KVCacheEvent], seq: int, **kw: object) -> EventBatch:
+    return EventBatch("a", events, attention_dp_size=2, producer_id=1, sequence=seq, **kw)  # type: ignore[arg-type]
+
+
+def test_each_kind(conv: VllmConverter) -> None:
+    out = conv.convert(
+        _batch(
+            [
+                _ev(0, KVCacheCreatedData([10, 5])),
+                _ev(1, KVCacheCreatedData([10, 5])),  # another window of the same cache: no 2nd clear
+                _ev(
+                    2, KVCacheStoredData(None, [_blk(1), _blk(2), _blk(3, lora=7), _blk(4, level=1, lora=7)])
+                ),
+                _ev(3, KVCacheRemovedData([4, 2, 99])),
+                _ev(4, KVCacheUpdatedData(3, priority=KVCacheEventDiff(35, 90))),
+            ],
+            0,
+        )
+    )
+    events = _plain(out)[A0]
+    assert events[0] == ["AllBlocksCleared"]
+    assert events[1] == ["BlockStored", [1, 2], None, [1, 2, 3, 4, 2, 3, 4, 5], 4, None, "GPU"] + [None] * 5
+    assert events[2][:7] == ["BlockStored", [3], 2, [3, 4, 5, 6], 4, 7, "GPU"]
+    assert events[3][:7] == ["BlockStored", [4], 3, [4, 5, 6, 7], 4, 7, "CPU"]
+    # Removed: one event per medium the blocks were on; an unknown block is skipped and counted
+    assert sorted(e[:3] for e in events[4:6]) == [["BlockRemoved", [2], "GPU"], ["BlockRemoved", [4], "CPU"]]
+    assert len(events) == 6  # a priority change has no vLLM counterpart
+    assert conv.counters.unknown_removed == 1 and conv.counters.priority_only_updates == 1
+    assert conv.held_blocks(A0) == {1: 0, 3: 0}
+
+
+def test_a_tier_move_is_removed_then_stored_on_the_other_medium(conv: VllmConverter) -> None:
+    conv.convert(_batch([_ev(0, KVCacheStoredData(None, [_blk(1), _blk(2, lora=3)]))], 0))
+    out = _plain(conv.convert(_batch([_ev(1, KVCacheUpdatedData(2, cache_level=KVCacheEventDiff(0, 1)))], 1)))
+    assert out[A0][0][:3] == ["BlockRemoved", [2], "GPU"]
+    assert out[A0][1][:7] == ["BlockStored", [2], 1, [2, 3, 4, 5], 4, 3, "CPU"]  # parent, tokens, LoRA kept
+    assert conv.held_blocks(A0) == {1: 0, 2: 1}
+    # storing a block again on another medium moves it too
+    out = _plain(conv.convert(_batch([_ev(2, KVCacheStoredData(1, [_blk(2, lora=3)]))], 2)))
+    assert [e[:3] for e in out[A0]] == [["BlockRemoved", [2], "CPU"], ["BlockStored", [2], 1]]
+    assert medium_for_level(5) == "LEVEL5"
+
+
+def test_lost_events_clear_the_worker_until_a_snapshot(conv: VllmConverter) -> None:
+    lost: list[tuple[WorkerKey, str]] = []
+    conv._on_loss = lambda key, reason: lost.append((key, reason))
+    conv.convert(
+        _batch([_ev(0, KVCacheStoredData(None, [_blk(1)])), _ev(0, KVCacheStoredData(None, [_blk(5)]), 1)], 0)
+    )
+    # in-band drops of rank 1: cleared before this batch's events
+    out = _plain(
+        conv.convert(_batch([_ev(1, KVCacheStoredData(5, [_blk(6)]), 1)], 1, dropped=[RankDrops(1, 3)]))
+    )
+    assert out[A1][0] == ["AllBlocksCleared"] and out[A1][1][:2] == ["BlockStored", [6]]
+    assert A0 not in out
+    # an event-id jump on rank 0
+    out = _plain(conv.convert(_batch([_ev(5, KVCacheRemovedData([1]))], 2)))
+    assert out[A0] == [["AllBlocksCleared"]]  # block 1 was forgotten with the clear: nothing to remove
+    # missing batches: every rank of the instance
+    out = _plain(conv.convert(_batch([], 9)))
+    assert out == {A0: [["AllBlocksCleared"]], A1: [["AllBlocksCleared"]]}
+    assert [k for k, _ in lost] == [A1, A0, A0, A1]
+    assert "batches 3..8 are missing" in lost[-1][1]
+    # the producer's snapshot refills rank 0
+    out = _plain(
+        conv.convert(
+            _batch(
+                [_ev(6, KVCacheCreatedData([10], snapshot=True)), _ev(7, KVCacheStoredData(None, [_blk(1)]))],
+                10,
+            )
+        )
+    )
+    assert out[A0][0] == ["AllBlocksCleared"] and out[A0][1][:2] == ["BlockStored", [1]]
+    assert conv.counters.clears_for_loss == 4
+
+
+def test_duplicates_are_skipped_and_a_split_event_continues(conv: VllmConverter) -> None:
+    first = _batch([_ev(0, KVCacheStoredData(None, [_blk(1), _blk(2)]))], 0)
+    conv.convert(first)
+    assert conv.convert(first) == {}  # the same batch again (at-least-once)
+    assert conv.counters.duplicates == 1
+    fragment = _batch([_ev(0, KVCacheStoredData(2, [_blk(3)]))], 1, first_event_block_offset=2)
+    out = _plain(conv.convert(fragment))
+    assert out[A0][0][:3] == ["BlockStored", [3], 2]
+    assert conv.counters.clears_for_loss == 0
+
+
+def test_a_new_producer_session_must_start_at_zero(conv: VllmConverter) -> None:
+    conv.convert(_batch([_ev(0, KVCacheStoredData(None, [_blk(1)]))], 0))
+    restarted = EventBatch(
+        "a", [_ev(0, KVCacheCreatedData([8]))], attention_dp_size=1, producer_id=2, sequence=0
+    )
+    assert _plain(conv.convert(restarted)) == {A0: [["AllBlocksCleared"]]}  # the engine's own Created
+    late = EventBatch(
+        "a", [_ev(1, KVCacheStoredData(None, [_blk(2)]))], attention_dp_size=1, producer_id=3, sequence=4
+    )
+    out = _plain(conv.convert(late))
+    assert out[A0][0] == ["AllBlocksCleared"]
+
+
+def test_state_round_trips(conv: VllmConverter) -> None:
+    conv.convert(_batch([_ev(0, KVCacheStoredData(None, [_blk(1), _blk(2, level=1)]))], 0))
+    again = VllmConverter(conv.wire, VllmConverter.state_from_bytes(conv.state_bytes()))
+    assert again.held_blocks(A0) == {1: 0, 2: 1}
+    out = _plain(again.convert(_batch([_ev(1, KVCacheRemovedData([2]))], 1)))
+    assert out[A0] == [["BlockRemoved", [2], "CPU", None]]
+
+
+def test_map_encoding_has_type_tags() -> None:
+    wire = VllmWire(positional=False)
+    payload = wire.encode(1.0, [wire.stored([1], None, [1, 2], 2, None, "GPU"), wire.cleared], 3)
+    assert msgspec.msgpack.decode(payload) == {
+        "ts": 1.0,
+        "events": [
+            {
+                "type": "BlockStored",
+                "block_hashes": [1],
+                "parent_block_hash": None,
+                "token_ids": [1, 2],
+                "block_size": 2,
+                "lora_id": None,
+                "medium": "GPU",
+                "lora_name": None,
+            },
+            {"type": "AllBlocksCleared"},
+        ],
+        "data_parallel_rank": 3,
+    }
