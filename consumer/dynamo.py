@@ -34,6 +34,7 @@ import xxhash
 from kvevents.schemas import (
     EventBatch,
     KVCacheCreatedData,
+    KVCacheEvent,
     KVCacheRemovedData,
     KVCacheStoredBlockData,
     KVCacheStoredData,
@@ -48,6 +49,7 @@ __all__ = [
     "dynamo_seed",
     "local_block_hashes",
     "mm_key_hash",
+    "router_event",
     "router_events",
     "worker_id_for",
 ]
@@ -139,6 +141,27 @@ def stored_block_dict(
     }
 
 
+def router_event(event: KVCacheEvent, lora_names: Mapping[int, str] | None = None) -> dict[str, Any] | None:
+    """The Dynamo ``KvCacheEvent`` dict of one event (None for an Updated event: no counterpart)."""
+    data = event.data
+    body: Any
+    kind = type(data)
+    if kind is KVCacheStoredData:
+        body = {
+            "stored": {
+                "parent_hash": data.parent_hash,  # type: ignore[union-attr]
+                "blocks": [stored_block_dict(b, lora_names) for b in data.blocks],  # type: ignore[union-attr]
+            }
+        }
+    elif kind is KVCacheRemovedData:
+        body = {"removed": {"block_hashes": list(data.block_hashes)}}  # type: ignore[union-attr]
+    elif kind is KVCacheCreatedData:
+        body = "cleared"
+    else:
+        return None  # Updated: no Dynamo counterpart
+    return {"event_id": event.event_id, "data": body, "dp_rank": event.attention_dp_rank or 0}
+
+
 def router_events(
     batch: EventBatch,
     *,
@@ -155,23 +178,9 @@ def router_events(
     for event in batch.events:
         if window_size is not None and event.window_size != window_size:
             continue
-        data = event.data
-        body: Any
-        if isinstance(data, KVCacheStoredData):
-            body = {
-                "stored": {
-                    "parent_hash": data.parent_hash,
-                    "blocks": [stored_block_dict(b, lora_names) for b in data.blocks],
-                }
-            }
-        elif isinstance(data, KVCacheRemovedData):
-            body = {"removed": {"block_hashes": list(data.block_hashes)}}
-        elif isinstance(data, KVCacheCreatedData):
-            body = "cleared"
-        else:
-            continue  # Updated: no Dynamo counterpart
-        rank = event.attention_dp_rank or 0
-        out.append((WorkerKey(instance, rank), {"event_id": event.event_id, "data": body, "dp_rank": rank}))
+        mapped = router_event(event, lora_names)
+        if mapped is not None:
+            out.append((WorkerKey(instance, mapped["dp_rank"]), mapped))
     return out
 
 

@@ -30,45 +30,48 @@ from kvevents.schemas import (
     EventBatch,
     KVCacheCreatedData,
     KVCacheRemovedData,
-    KVCacheStoredBlockData,
     KVCacheStoredData,
     KVCacheUpdatedData,
 )
 
 from ..workers import WorkerKey
-from .vllm_wire import VllmWire, medium_for_level
+from .vllm_wire import MEDIUM_BY_LEVEL, VllmWire, medium_for_level
 
 __all__ = ["ConverterCounters", "ConverterState", "VllmConverter"]
 
-
-class _Block(msgspec.Struct, array_like=True, gc=False):
-    level: int
-    parent: int | None
-    tokens: bytes  # array('i') bytes
-    lora_id: int | None
+# A held block: (level, parent hash, tokens as the event's array('i'), LoRA id). A tuple of
+# untracked objects, so the garbage collector soon stops scanning the (many) held blocks.
+_LEVEL, _PARENT, _TOKENS, _LORA = 0, 1, 2, 3
 
 
-class _Worker(msgspec.Struct, gc=False):
-    cursor: int | None = None
-    created_run: bool = False
-    windows: dict[int, dict[int, _Block]] = {}
+class _Worker:
+    __slots__ = ("created_run", "cursor", "windows")
+
+    def __init__(self) -> None:
+        self.cursor: int | None = None
+        self.created_run = False
+        self.windows: dict[int, dict[int, tuple[Any, ...]]] = {}
 
 
-class _Session(msgspec.Struct, array_like=True, gc=False):
-    producer_id: int
-    sequence: int
+class _SavedWorker(msgspec.Struct, array_like=True):
+    instance_id: str
+    rank: int
+    cursor: int | None
+    created_run: bool
+    windows: dict[int, list[tuple[int, int, int | None, bytes, int | None]]]
+    """window -> (hash, level, parent, tokens as array('i') bytes, LoRA id) per block."""
 
 
 class ConverterState(msgspec.Struct):
-    """What a converter remembers (serializable, for the exporter's restart state)."""
+    """What a converter remembers, serializable (the exporter's restart state)."""
 
-    workers: dict[str, dict[int, _Worker]] = {}
-    sessions: dict[str, _Session] = {}
+    workers: list[_SavedWorker] = []
+    sessions: dict[str, tuple[int, int]] = {}
 
 
 @dataclass
 class ConverterCounters:
-    """What the converter did, for logs and ``--stats``."""
+    """What the converter did, for logs and the command's summary."""
 
     batches: int = 0
     events_in: int = 0
@@ -85,6 +88,12 @@ _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(ConverterState)
 
 
+class _Media(dict[int, str]):
+    def __missing__(self, level: int) -> str:
+        value = self[level] = medium_for_level(level)
+        return value
+
+
 class VllmConverter:
     """Converts batches in topic order; ``convert(batch)`` returns ``{worker: [vLLM events]}``.
 
@@ -98,14 +107,54 @@ class VllmConverter:
         on_loss: Callable[[WorkerKey, str], None] | None = None,
     ) -> None:
         self.wire = wire
-        self.state = state if state is not None else ConverterState()
         self.counters = ConverterCounters()
         self._on_loss = on_loss
+        self._media = _Media(MEDIUM_BY_LEVEL)
+        self._workers: dict[WorkerKey, _Worker] = {}
+        self._sessions: dict[str, list[int]] = {}
+        if state is not None:
+            self._load(state)
 
     # ------------------------------------------------------------------ state
 
+    def _load(self, state: ConverterState) -> None:
+        for saved in state.workers:
+            worker = _Worker()
+            worker.cursor = saved.cursor
+            worker.created_run = saved.created_run
+            for window, blocks in saved.windows.items():
+                held = worker.windows[window] = {}
+                for block_hash, level, parent, tokens, lora_id in blocks:
+                    arr = array("i")
+                    arr.frombytes(tokens)
+                    held[block_hash] = (level, parent, arr, lora_id)
+            self._workers[WorkerKey(saved.instance_id, saved.rank)] = worker
+        self._sessions = {k: list(v) for k, v in state.sessions.items()}
+
+    def state(self) -> ConverterState:
+        """A serializable copy of what the converter remembers."""
+        return ConverterState(
+            [
+                _SavedWorker(
+                    key[0],
+                    key[1],
+                    w.cursor,
+                    w.created_run,
+                    {
+                        window: [
+                            (h, b[_LEVEL], b[_PARENT], b[_TOKENS].tobytes(), b[_LORA])
+                            for h, b in blocks.items()
+                        ]
+                        for window, blocks in w.windows.items()
+                    },
+                )
+                for key, w in sorted(self._workers.items())
+            ],
+            {k: (v[0], v[1]) for k, v in self._sessions.items()},
+        )
+
     def state_bytes(self) -> bytes:
-        return _STATE_ENCODER.encode(self.state)
+        return _STATE_ENCODER.encode(self.state())
 
     @staticmethod
     def state_from_bytes(data: bytes) -> ConverterState:
@@ -113,29 +162,28 @@ class VllmConverter:
 
     def held_blocks(self, key: WorkerKey) -> dict[int, int]:
         """``{block hash: level}`` of every block the converter knows ``key`` holds."""
-        worker = self.state.workers.get(key[0], {}).get(key[1])
+        worker = self._workers.get(WorkerKey(*key))
         if worker is None:
             return {}
-        return {h: b.level for blocks in worker.windows.values() for h, b in blocks.items()}
+        return {h: b[_LEVEL] for blocks in worker.windows.values() for h, b in blocks.items()}
 
-    # ------------------------------------------------------------------ converting
+    # ------------------------------------------------------------------ loss
 
-    def _worker(self, instance: str, rank: int) -> _Worker:
-        ranks = self.state.workers.get(instance)
-        if ranks is None:
-            ranks = self.state.workers[instance] = {}
-        worker = ranks.get(rank)
+    def _worker(self, key: WorkerKey) -> _Worker:
+        worker = self._workers.get(key)
         if worker is None:
-            worker = ranks[rank] = _Worker(windows={})
+            worker = self._workers[key] = _Worker()
         return worker
 
     def _lose(self, out: dict[WorkerKey, list[Any]], key: WorkerKey, worker: _Worker, reason: str) -> None:
         worker.windows = {}
         worker.created_run = False
-        out.setdefault(key, []).append(self.wire.cleared)
+        events = out.get(key)
+        if events is None:
+            events = out[key] = []
+        events.append(self.wire.cleared)
         c = self.counters
         c.clears_for_loss += 1
-        c.events_out += 1
         c.loss_reasons[reason] = c.loss_reasons.get(reason, 0) + 1
         if self._on_loss is not None:
             self._on_loss(key, reason)
@@ -143,42 +191,44 @@ class VllmConverter:
     def lose_instance(self, instance: str, reason: str) -> dict[WorkerKey, list[Any]]:
         """Clear every known worker of ``instance`` (e.g. one of its messages was unreadable)."""
         out: dict[WorkerKey, list[Any]] = {}
-        for rank, worker in sorted(self.state.workers.get(instance, {}).items()):
-            self._lose(out, WorkerKey(instance, rank), worker, reason)
+        for key in sorted(k for k in self._workers if k[0] == instance):
+            self._lose(out, key, self._workers[key], reason)
+        self.counters.events_out += sum(len(v) for v in out.values())
         return out
 
     def _session(self, batch: EventBatch, out: dict[WorkerKey, list[Any]]) -> bool:
         """Track the instance's producer session; True if this batch is a replay."""
         instance = batch.instance_id
-        session = self.state.sessions.get(instance)
+        session = self._sessions.get(instance)
         lost: str | None = None
         replay = False
-        if session is None or session.producer_id != batch.producer_id:
+        if session is None or session[0] != batch.producer_id:
             if session is not None and batch.sequence != 0:
                 lost = "a new producer session did not start at sequence 0"
-            self.state.sessions[instance] = _Session(batch.producer_id, batch.sequence)
+            self._sessions[instance] = [batch.producer_id, batch.sequence]
             if session is not None:  # event ids restart with a new session
-                for worker in self.state.workers.get(instance, {}).values():
-                    worker.cursor = None
-        elif batch.sequence <= session.sequence:
+                for key, worker in self._workers.items():
+                    if key[0] == instance:
+                        worker.cursor = None
+        elif batch.sequence <= session[1]:
             replay = True
         else:
-            if batch.sequence > session.sequence + 1:
-                lost = f"batches {session.sequence + 1}..{batch.sequence - 1} are missing"
-            session.sequence = batch.sequence
+            if batch.sequence > session[1] + 1:
+                lost = f"batches {session[1] + 1}..{batch.sequence - 1} are missing"
+            session[1] = batch.sequence
         if lost is not None:
-            ranks = set(range(batch.attention_dp_size)) | set(self.state.workers.get(instance, {}))
+            ranks = set(range(batch.attention_dp_size)) | {k[1] for k in self._workers if k[0] == instance}
             for rank in sorted(ranks):
-                self._lose(out, WorkerKey(instance, rank), self._worker(instance, rank), lost)
+                key = WorkerKey(instance, rank)
+                self._lose(out, key, self._worker(key), lost)
         if not replay:
             for drop in batch.dropped:
                 if drop.dropped_events > 0:
-                    rank = drop.attention_dp_rank
-                    key = WorkerKey(instance, rank)
-                    self._lose(
-                        out, key, self._worker(instance, rank), f"{drop.dropped_events} events dropped"
-                    )
+                    key = WorkerKey(instance, drop.attention_dp_rank)
+                    self._lose(out, key, self._worker(key), f"{drop.dropped_events} events dropped")
         return replay
+
+    # ------------------------------------------------------------------ converting
 
     def convert(self, batch: EventBatch) -> dict[WorkerKey, list[Any]]:
         """The vLLM events of one batch, per worker, in order (workers with none are absent)."""
@@ -189,128 +239,160 @@ class VllmConverter:
         replay = self._session(batch, out)
         instance = batch.instance_id
         fragment = batch.first_event_block_offset > 0 and not replay
-        for i, event in enumerate(batch.events):
-            rank = event.attention_dp_rank or 0
-            worker = self._worker(instance, rank)
-            key = WorkerKey(instance, rank)
+        wire = self.wire
+        removed_type, stored_type = wire.BlockRemoved, wire.BlockStored
+        media = self._media
+        last_rank: int | None = -1
+        key = WorkerKey(instance, 0)
+        worker = _Worker()
+        events: list[Any] = []
+        first = True
+        for event in batch.events:
+            rank = event.attention_dp_rank
+            if rank != last_rank:
+                last_rank = rank
+                key = WorkerKey(instance, rank or 0)
+                worker = self._workers.get(key) or self._worker(key)
+                got = out.get(key)
+                events = out[key] = [] if got is None else got
             eid = event.event_id
             cursor = worker.cursor
             if cursor is not None:
-                continuing = i == 0 and fragment and eid == cursor
-                if eid <= cursor and not continuing:
-                    c.duplicates += 1
-                    continue
-                if eid > cursor + 1:
+                if eid <= cursor:
+                    if not (first and fragment and eid == cursor):
+                        c.duplicates += 1
+                        first = False
+                        continue
+                elif eid != cursor + 1:
                     self._lose(out, key, worker, f"event ids jumped from {cursor} to {eid}")
+            first = False
             worker.cursor = eid
-            events = out.get(key)
-            if events is None:
-                events = out[key] = []
-            before = len(events)
             data = event.data
-            if isinstance(data, KVCacheStoredData):
+            kind = type(data)
+            if kind is KVCacheUpdatedData:
                 worker.created_run = False
-                self._stored(worker.windows.setdefault(event.window_size, {}), data, events)
-            elif isinstance(data, KVCacheRemovedData):
+                diff = data.cache_level
+                if diff is None:
+                    c.priority_only_updates += 1
+                    continue
+                old, new = diff.old_value, diff.new_value
+                if old == new:
+                    continue
+                blocks = worker.windows.get(event.window_size)
+                h = data.block_hash
+                held = None if blocks is None else blocks.get(h)
+                if held is None or blocks is None:
+                    c.unknown_updated += 1
+                    continue
+                tokens = held[_TOKENS]
+                blocks[h] = (new, held[_PARENT], tokens, held[_LORA])
+                events.append(removed_type([h], media[old]))
+                events.append(
+                    stored_type(
+                        [h], held[_PARENT], tokens.tolist(), len(tokens), held[_LORA], media[new], None
+                    )
+                )
+            elif kind is KVCacheRemovedData:
                 worker.created_run = False
-                self._removed(worker.windows.get(event.window_size, {}), data.block_hashes, events)
-            elif isinstance(data, KVCacheUpdatedData):
+                blocks = worker.windows.get(event.window_size)
+                if blocks is None:
+                    c.unknown_removed += len(data.block_hashes)
+                    continue
+                hashes = data.block_hashes
+                if len(hashes) == 1:  # the common case: one block evicted
+                    held = blocks.pop(hashes[0], None)
+                    if held is None:
+                        c.unknown_removed += 1
+                    else:
+                        events.append(removed_type(hashes, media[held[_LEVEL]]))
+                    continue
+                by_level: dict[int, list[int]] = {}
+                for h in hashes:
+                    held = blocks.pop(h, None)
+                    if held is None:
+                        c.unknown_removed += 1
+                        continue
+                    group = by_level.get(held[_LEVEL])
+                    if group is None:
+                        by_level[held[_LEVEL]] = [h]
+                    else:
+                        group.append(h)
+                for level, group in by_level.items():
+                    events.append(removed_type(group, media[level]))
+            elif kind is KVCacheStoredData:
                 worker.created_run = False
-                self._updated(worker.windows.get(event.window_size, {}), data, events)
-            elif isinstance(data, KVCacheCreatedData):
+                blocks = worker.windows.get(event.window_size)
+                if blocks is None:
+                    blocks = worker.windows[event.window_size] = {}
+                self._stored(blocks, data, events)
+            elif kind is KVCacheCreatedData:
                 if not worker.created_run:
-                    events.append(self.wire.cleared)
+                    events.append(wire.cleared)
                     worker.windows = {}
                 worker.windows[event.window_size] = {}
                 worker.created_run = True
-            c.events_out += len(events) - before
-        return {k: v for k, v in out.items() if v}
+        result = {k: v for k, v in out.items() if v}
+        for v in result.values():
+            c.events_out += len(v)
+        return result
 
-    def _stored(self, blocks: dict[int, _Block], data: KVCacheStoredData, events: list[Any]) -> None:
+    def _stored(self, blocks: dict[int, tuple[Any, ...]], data: KVCacheStoredData, events: list[Any]) -> None:
         wire = self.wire
-        moved: dict[int, list[int]] = {}
-        for block in data.blocks:  # held on another medium: removed there first (a tier move)
+        media = self._media
+        stored_blocks = data.blocks
+        moved: dict[int, list[int]] | None = None
+        for block in stored_blocks:  # held on another medium: removed there first (a tier move)
             held = blocks.get(block.block_hash)
-            if held is not None and held.level != block.cache_level:
-                moved.setdefault(held.level, []).append(block.block_hash)
-        for level, hashes in moved.items():
-            events.append(wire.removed(hashes, medium_for_level(level)))
+            if held is not None and held[_LEVEL] != block.cache_level:
+                if moved is None:
+                    moved = {}
+                moved.setdefault(held[_LEVEL], []).append(block.block_hash)
+        if moved:
+            for level, hashes in moved.items():
+                events.append(wire.removed(hashes, media[level]))
         parent = data.parent_hash
-        run: list[KVCacheStoredBlockData] = []
+        if not stored_blocks:
+            return
+        stored_type = wire.BlockStored
+        first = stored_blocks[0]
         run_parent = parent
-        for block in data.blocks:
-            blocks[block.block_hash] = _Block(
-                block.cache_level, parent, block.tokens.tobytes(), block.lora_id
-            )
-            if run and not _same_run(run[0], block):
-                events.append(_stored_event(wire, run, run_parent))
-                run, run_parent = [], parent
-            run.append(block)
+        run_hashes: list[int] = []
+        run_tokens: list[int] = []
+        for block in stored_blocks:
+            array_tokens = block.tokens
+            tokens = array_tokens.tolist()
+            if run_hashes and (
+                block.cache_level != first.cache_level
+                or block.lora_id != first.lora_id
+                or len(tokens) != len(first.tokens)
+            ):
+                events.append(
+                    stored_type(
+                        run_hashes,
+                        run_parent,
+                        run_tokens,
+                        len(first.tokens),
+                        first.lora_id,
+                        media[first.cache_level],
+                        None,
+                    )
+                )
+                first, run_parent, run_hashes, run_tokens = block, parent, [], []
+            blocks[block.block_hash] = (block.cache_level, parent, array_tokens, block.lora_id)
+            run_hashes.append(block.block_hash)
+            if run_tokens:
+                run_tokens.extend(tokens)
+            else:
+                run_tokens = tokens if len(stored_blocks) == 1 else list(tokens)
             parent = block.block_hash
-        if run:
-            events.append(_stored_event(wire, run, run_parent))
-
-    def _removed(self, blocks: dict[int, _Block], hashes: list[int], events: list[Any]) -> None:
-        by_medium: dict[int, list[int]] = {}
-        for h in hashes:
-            held = blocks.pop(h, None)
-            if held is None:
-                self.counters.unknown_removed += 1
-                continue
-            by_medium.setdefault(held.level, []).append(h)
-        for level, group in by_medium.items():
-            events.append(self.wire.removed(group, medium_for_level(level)))
-
-    def _updated(self, blocks: dict[int, _Block], data: KVCacheUpdatedData, events: list[Any]) -> None:
-        diff = data.cache_level
-        if diff is None or diff.old_value == diff.new_value:
-            if diff is None:
-                self.counters.priority_only_updates += 1
-            return
-        held = blocks.get(data.block_hash)
-        if held is None:
-            self.counters.unknown_updated += 1
-            return
-        old = held.level
-        held.level = diff.new_value
-        tokens = array("i")
-        tokens.frombytes(held.tokens)
-        wire = self.wire
-        events.append(wire.removed([data.block_hash], medium_for_level(old)))
         events.append(
-            wire.stored(
-                [data.block_hash],
-                held.parent,
-                tokens.tolist(),
-                len(tokens),
-                held.lora_id,
-                medium_for_level(diff.new_value),
+            stored_type(
+                run_hashes,
+                run_parent,
+                run_tokens,
+                len(first.tokens),
+                first.lora_id,
+                media[first.cache_level],
+                None,
             )
         )
-
-
-def _same_run(first: KVCacheStoredBlockData, block: KVCacheStoredBlockData) -> bool:
-    return (
-        first.cache_level == block.cache_level
-        and first.lora_id == block.lora_id
-        and len(first.tokens) == len(block.tokens)
-    )
-
-
-def _stored_event(wire: VllmWire, run: list[KVCacheStoredBlockData], parent: int | None) -> Any:
-    first = run[0]
-    if len(run) == 1:
-        token_ids = first.tokens.tolist()
-    else:
-        flat = array("i")
-        for block in run:
-            flat.extend(block.tokens)
-        token_ids = flat.tolist()
-    return wire.stored(
-        [b.block_hash for b in run],
-        parent,
-        token_ids,
-        len(first.tokens),
-        first.lora_id,
-        medium_for_level(first.cache_level),
-    )

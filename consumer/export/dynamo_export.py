@@ -20,7 +20,7 @@ from typing import Any
 
 from kvevents.schemas import EventBatch, KVCacheEvent
 
-from ..dynamo import router_events, worker_id_for
+from ..dynamo import router_event, worker_id_for
 from ..workers import WorkerKey
 
 __all__ = ["DynamoConverter", "DynamoCounters"]
@@ -133,10 +133,14 @@ class DynamoConverter:
             first = next((e.event_id for e in kept if (e.attention_dp_rank or 0) == rank), None)
             self._clear(out, key, first if first is not None else self._cursors.get(key, 0), reason)
         if kept:
-            filtered = EventBatch(instance, kept, attention_dp_size=batch.attention_dp_size)
-            for key, event in router_events(
-                filtered, lora_names=self.lora_names, window_size=self.window_size
-            ):
-                out.append({"worker_id": self.worker_id(key.instance_id), "event": event})
+            worker_id = self.worker_id(instance)
+            window = self.window_size
+            lora_names = self.lora_names
+            for event in kept:
+                if window is not None and event.window_size != window:
+                    continue
+                mapped = router_event(event, lora_names)
+                if mapped is not None:
+                    out.append({"worker_id": worker_id, "event": mapped})
         c.events_out += len(out)
         return out

@@ -106,6 +106,7 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
 @command("export dynamo")
 def run(args: argparse.Namespace) -> int:
     from kvevents.consumer import EventReader, ReaderError
+    from kvevents.consumer.export import relaxed_gc
     from kvevents.consumer.export.dynamo_export import DynamoConverter
     from kvevents.schemas import DecodeError, decode_batch
 
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     lines = malformed = 0
     interrupted = False
     try:
-        with stop_on_interrupt(reader.stop) as seen:
+        with stop_on_interrupt(reader.stop) as seen, relaxed_gc():
             for message in reader.messages(until_caught_up=not args.follow):
                 try:
                     batch = decode_batch(message.value())

@@ -157,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise CommandError("pyzmq is not installed: pip install 'kvevents[bridge]'") from exc
     from kvevents.consumer import ReaderError, WorkerKey
+    from kvevents.consumer.export import relaxed_gc
     from kvevents.consumer.export.zmq_export import Endpoint, ZmqExportConfig, ZmqExporter
 
     bind = not args.connect
@@ -197,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
 
     interrupted = False
     try:
-        with stop_on_interrupt(exporter.stop) as seen:
+        with stop_on_interrupt(exporter.stop) as seen, relaxed_gc():
             stats = exporter.run(until_caught_up=not args.follow, progress=show, progress_interval_s=1.0)
             interrupted = bool(seen)
     except ReaderError as exc:
