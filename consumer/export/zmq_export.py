@@ -1,8 +1,9 @@
 """``kvevents export zmq``: the topic republished in vLLM's ZMQ wire format, with replay from Kafka.
 
-Streams. Each worker (instance, attention-DP rank) is one vLLM-style stream with its own ZMQ
-topic (``topic_template``, default llm-d's ``kv@<pod>@<model>``; ``pod`` is the instance id, with
-``-dp<rank>`` for ranks above 0) and its own seq, counting from 0 without gaps. A worker goes to
+Streams. Each worker (instance, attention-DP rank) gets its own ZMQ topic (``topic_template``,
+default llm-d's ``kv@<pod>@<model>``; ``pod`` is the instance id, with ``-dp<rank>`` for ranks
+above 0). Seqs count from 0 without gaps per (publisher, topic) (:func:`stream_key`), so with the
+default template every worker's stream has its own. A worker goes to
 its own PUB socket when ``workers`` maps it to one (vLLM's one publisher per rank), else to the
 shared PUB (``pub``), else it is skipped and counted. Sockets bind or connect.
 
@@ -36,7 +37,7 @@ from .convert import VllmConverter
 from .state import Anchor, ExportState, load_state, save_state
 from .vllm_wire import END_SEQ, VllmWire
 
-__all__ = ["Endpoint", "ExportStats", "ZmqExportConfig", "ZmqExporter", "stream_topic"]
+__all__ = ["Endpoint", "ExportStats", "ZmqExportConfig", "ZmqExporter", "stream_key", "stream_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,13 @@ def stream_topic(template: str, key: WorkerKey, model: str) -> str:
     """The ZMQ topic of a worker's stream."""
     pod = key.instance_id if key.attention_dp_rank == 0 else f"{key.instance_id}-dp{key.attention_dp_rank}"
     return template.format(pod=pod, instance=key.instance_id, rank=key.attention_dp_rank, model=model)
+
+
+def stream_key(publisher: int, topic: bytes) -> str:
+    """A stream's name in ``ZmqExporter.seqs`` and the state file: its publisher (0: the shared
+    PUB, then the ``workers`` in order) and ZMQ topic. Each has its own seq, as each vLLM
+    publisher has, so workers that share a topic on one publisher share its seq."""
+    return f"{publisher}:{topic.decode('utf-8')}"
 
 
 @dataclass
@@ -252,8 +260,8 @@ class ZmqExporter:
                 if route is None:
                     stats.unrouted_batches += 1
                     continue
-                sock, topic, _ = route
-                name = topic.decode("utf-8")
+                sock, topic, index = route
+                name = stream_key(index, topic)
                 seq = seqs.get(name, 0)
                 sock.send_multipart((topic, seq.to_bytes(8, "big"), encode(ts, events, key[1])))
                 seqs[name] = seq + 1
@@ -405,7 +413,7 @@ class _ReplayServer(threading.Thread):
                         topic, publisher = topics[key]
                         if publisher is None:
                             continue
-                        name_s = topic.decode("utf-8")
+                        name_s = stream_key(publisher, topic)
                         seq = seqs.get(name_s, 0)
                         seqs[name_s] = seq + 1
                         if (

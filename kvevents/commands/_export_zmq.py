@@ -33,9 +33,9 @@ KV-cache indexer (or any vLLM KV-event subscriber) consumes it:
                   medium (cache level 0 GPU, 1 CPU, 2 DISK), lora_name (null)
   BlockRemoved    block_hashes, medium;  AllBlocksCleared for a Created event
 
-Every worker (instance, attention-DP rank) is one stream with its own topic (--topic-template,
-default llm-d's kv@<pod>@<model>; <pod> is the instance id, '-dp<rank>' added for ranks > 0)
-and its own seq from 0, without gaps. Workers go to their own PUB (--worker) or to the shared
+Every worker (instance, attention-DP rank) gets its own topic (--topic-template, default
+llm-d's kv@<pod>@<model>; <pod> is the instance id, '-dp<rank>' added for ranks > 0); seqs count
+from 0 without gaps per publisher and topic (so, by default, per worker). Workers go to their own PUB (--worker) or to the shared
 one (--pub). A cache-level move (Updated) becomes BlockRemoved on the old medium + BlockStored
 on the new one; a worker whose events were lost (drops reported in-band, missing batches, an
 event-id jump) gets AllBlocksCleared, and the producer's snapshot, when it comes, refills it.

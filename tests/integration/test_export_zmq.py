@@ -237,9 +237,58 @@ def test_llmd_style_subscriber_rebuilds_the_index_through_a_gap_and_a_restart(
         ctx.term()
 
     assert subscriber.gaps >= 2 and subscriber.replayed >= 3  # the forced gap, recovered by replay
-    assert subscriber.next_seq == final_seqs  # every stream complete, seq 0.. without a hole
+    # every stream complete, seq 0.. without a hole (all on the shared publisher, 0)
+    assert {f"0:{topic}": seq for topic, seq in subscriber.next_seq.items()} == final_seqs
     expected = _index_blocks(kafka_bootstrap, kafka_topic, "m")
     assert set(expected) == {f"kv@{pod}@m" for pod in ("sim-a", "sim-a-dp1", "sim-b", "sim-b-dp1")}
     assert any(medium == "CPU" for held in expected.values() for _, medium in held), "no tier move exercised"
     for topic, held in expected.items():
         assert subscriber.blocks.get(topic, set()) == held, topic
+
+
+def test_per_worker_publishers_and_the_older_two_frame_replay(kafka_bootstrap: str, kafka_topic: str) -> None:
+    """vLLM's layout: one PUB (and replay ROUTER) per rank; a worker without one is skipped and
+    counted; the replay answers in the older 2-frame form and ends with seq 2**64-1."""
+    simulate_to_topic(kafka_bootstrap, kafka_topic, instances=("sim-a",), ranks=2, iterations=40)
+    endpoints = {
+        rank: (f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}") for rank in (0,)
+    }
+    config = ZmqExportConfig(
+        kafka_bootstrap,
+        kafka_topic,
+        workers={WorkerKey("sim-a", 0): (Endpoint(endpoints[0][0]), Endpoint(endpoints[0][1]))},
+        topic_template="",  # vLLM's default: an empty topic per rank
+        replay_frames=2,
+    )
+    ctx = zmq.Context()
+    try:
+        with ZmqExporter(config, context=ctx) as exporter:
+            stats = exporter.run(until_caught_up=True)
+            assert stats.unrouted_batches > 0  # rank 1 has no publisher
+            published = exporter.seqs["1:"]  # publisher 1: the first --worker one
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.connect(endpoints[0][1])
+            dealer.send_multipart([b"", (3).to_bytes(8, "big")])
+            seqs = []
+            while True:
+                assert dealer.poll(30_000)
+                frames = dealer.recv_multipart()
+                assert len(frames) == 3 and frames[0] == b""
+                seq = int.from_bytes(frames[1], "big")
+                if seq == END:
+                    assert frames[2] == b""
+                    break
+                assert msgspec.msgpack.decode(frames[2])["events"]
+                seqs.append(seq)
+            dealer.close(linger=0)
+            # a malformed request is ignored, the server keeps answering
+            bad = ctx.socket(zmq.DEALER)
+            bad.connect(endpoints[0][1])
+            bad.send_multipart([b"", b"\x01"])
+            bad.send_multipart([b"", (published - 1).to_bytes(8, "big")])
+            assert bad.poll(30_000)
+            assert int.from_bytes(bad.recv_multipart()[1], "big") == published - 1
+            bad.close(linger=0)
+    finally:
+        ctx.term()
+    assert seqs == list(range(3, published))
