@@ -395,6 +395,15 @@ class _ReplayServer(threading.Thread):
         reader = EventReader(cfg.bootstrap_servers, cfg.topic, start=anchor.offsets, config=cfg.reader_config)
         deadline = time.monotonic() + cfg.replay_timeout_s
         try:
+            starts = reader.offsets()
+            if any(starts.get(p, o) > o for p, o in anchor.offsets.items()):
+                log.warning(
+                    "cannot replay: retention deleted batches after the exporter's anchor %s (now from %s); "
+                    "the seqs before the live position cannot be rebuilt",
+                    anchor.offsets,
+                    starts,
+                )
+                return out
             positions = dict(anchor.offsets)
             while any(positions.get(p, 0) < t for p, t in target.items()):
                 if time.monotonic() > deadline or self._stopping.is_set():
