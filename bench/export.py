@@ -73,8 +73,8 @@ def simulated_batches(
     request rate per rank), made in-process: one batch per instance every
     ``iterations_per_batch`` iterations, until ``target`` events."""
     from kvevents.producer import KVCacheEventManager
-    from kvevents.producer.sim_workload import WorkloadConfig, WorkloadGenerator
     from kvevents.producer.simulator import EngineSimulator, SimulatorConfig
+    from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 
     workload = WorkloadConfig(request_rate=rate)
     managers: dict[str, list[KVCacheEventManager]] = {}
@@ -137,8 +137,7 @@ def free_port() -> int:
 
 def produce(bootstrap: str, topic: str, batches: list[EventBatch]) -> None:
     from confluent_kafka import Producer
-
-    from kvevents.topics import TopicSpec, create_topic
+    from kvevents.consumer.topics import TopicSpec, create_topic
 
     create_topic(bootstrap, TopicSpec(topic, partitions=4, max_message_bytes=8 << 20))
     producer = Producer(
@@ -309,8 +308,7 @@ def export_dynamo(bootstrap: str, topic: str) -> dict[str, Any]:
 def latency(bootstrap: str, batches: list[EventBatch], rate: float, seconds: float) -> dict[str, Any]:
     from confluent_kafka import Producer
     from kvevents.consumer.export.zmq_export import Endpoint, ZmqExportConfig, ZmqExporter
-
-    from kvevents.topics import TopicSpec, create_topic
+    from kvevents.consumer.topics import TopicSpec, create_topic
 
     topic = f"bench-export-live-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, TopicSpec(topic, partitions=4, max_message_bytes=8 << 20))

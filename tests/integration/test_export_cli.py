@@ -17,7 +17,7 @@ from cli_streams import BLOCK_SIZE, simulate_to_topic
 from kafka_streams import producer as kafka_producer
 from kvevents.consumer import CacheIndex, EventReader, WorkerKey
 from kvevents.consumer.dynamo import local_block_hashes
-from kvevents.producer.sim_cache import HeldBlock
+from kvevents.producer.simulator.cache import HeldBlock
 
 from kvevents.cli import main
 

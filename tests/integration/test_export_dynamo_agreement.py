@@ -13,7 +13,7 @@ import pytest
 from cli_streams import BLOCK_SIZE, WORKLOAD, simulate_to_topic
 from kvevents.consumer import CacheIndex, EventReader, WorkerKey
 from kvevents.consumer.dynamo import local_block_hashes, router_events, worker_id_for
-from kvevents.producer.sim_workload import WorkloadGenerator
+from kvevents.producer.simulator.workload import WorkloadGenerator
 
 pytestmark = pytest.mark.kafka
 
