@@ -63,7 +63,8 @@ class ZmqExportConfig:
     topic_template: str = "kv@{pod}@{model}"
     positional: bool = False
     replay_frames: int = 3
-    start: str = "beginning"
+    start: str | Mapping[int, int] = "beginning"
+    """"beginning", "end", or ``{partition: offset}`` (e.g. an index checkpoint's offsets)."""
     state_path: Path | None = None
     checkpoint_interval_s: float = 5.0
     reader_config: Mapping[str, Any] | None = None
@@ -77,8 +78,8 @@ class ZmqExportConfig:
             raise ValueError("nowhere to publish: give a shared PUB endpoint or per-worker endpoints")
         if self.replay_frames not in (2, 3):
             raise ValueError(f"replay_frames must be 2 or 3, got {self.replay_frames}")
-        if self.start not in ("beginning", "end"):
-            raise ValueError(f"start must be 'beginning' or 'end', got {self.start!r}")
+        if isinstance(self.start, str) and self.start not in ("beginning", "end"):
+            raise ValueError(f"start must be 'beginning', 'end' or partition offsets, got {self.start!r}")
 
 
 def stream_topic(template: str, key: WorkerKey, model: str) -> str:

@@ -21,6 +21,7 @@ from kvevents.commands._common import (
     resolve_bootstrap,
     stop_on_interrupt,
 )
+from kvevents.commands._export_zmq import start_position
 
 DESCRIPTION = """\
 Read a kvevents topic and write NVIDIA Dynamo RouterEvent JSON, one object per line:
@@ -75,6 +76,14 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
     add_kafka_flags(parser)
     read = parser.add_argument_group("what to read")
     read.add_argument("--from", dest="start", choices=["beginning", "end"], default="beginning")
+    read.add_argument(
+        "--from-checkpoint",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="start at the offsets of an index checkpoint file (kvevents index --save-checkpoint): "
+        "publish what came after it",
+    )
     read.add_argument(
         "--follow",
         action=argparse.BooleanOptionalAction,
@@ -136,7 +145,9 @@ def run(args: argparse.Namespace) -> int:
         lora_names=dict(args.lora_name), worker_ids=dict(args.worker_id), window_size=args.window_size
     )
     try:
-        reader = EventReader(resolve_bootstrap(args), args.topic, start=args.start, config=kafka_config(args))
+        reader = EventReader(
+            resolve_bootstrap(args), args.topic, start=start_position(args), config=kafka_config(args)
+        )
     except ReaderError as exc:
         raise CommandError(str(exc)) from exc
     raw = sys.stdout.buffer if args.output == "-" else Path(args.output).open("wb")  # noqa: SIM115

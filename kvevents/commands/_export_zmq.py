@@ -84,6 +84,19 @@ def _worker(text: str) -> tuple[str, int, str, str | None]:
     return instance, int(rank), _endpoint(pub), _endpoint(replay) if replay else None
 
 
+def start_position(args: argparse.Namespace) -> Any:
+    """``--from`` or, with ``--from-checkpoint``, that checkpoint's offsets (CommandError naming
+    the file when it cannot be read or is another topic's)."""
+    if args.from_checkpoint is None:
+        return args.start
+    from kvevents.consumer import CheckpointError, load_checkpoint
+
+    try:
+        return dict(load_checkpoint(args.from_checkpoint, topic=args.topic).offsets)
+    except CheckpointError as exc:
+        raise CommandError(str(exc)) from exc
+
+
 def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``export zmq``."""
     parser = formats.add_parser(
@@ -102,6 +115,14 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
         default="beginning",
         help="where a first start reads from: the oldest retained batch (default) or new ones only "
         "(a --state file, when present, decides instead)",
+    )
+    read.add_argument(
+        "--from-checkpoint",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="start at the offsets of an index checkpoint file (kvevents index --save-checkpoint): "
+        "publish what came after it",
     )
     read.add_argument(
         "--follow",
@@ -176,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
             topic_template=args.topic_template,
             positional=args.positional,
             replay_frames=args.replay_frames,
-            start=args.start,
+            start=start_position(args),
             state_path=args.state,
             checkpoint_interval_s=args.checkpoint_interval,
             reader_config=kafka_config(args),

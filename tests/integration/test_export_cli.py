@@ -129,3 +129,24 @@ def test_export_zmq_cli_publishes_every_stream_and_keeps_seqs(
     for numbers in seqs.values():
         assert numbers == list(range(len(numbers)))
     assert state.exists()
+
+
+def test_export_dynamo_from_an_index_checkpoint(
+    kafka_bootstrap: str, kafka_topic: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvevents.consumer import Checkpoint, save_checkpoint
+    from kvevents.consumer.dynamo import router_events
+
+    produced = simulate_to_topic(kafka_bootstrap, kafka_topic, iterations=30)
+    half = len(produced.sent) // 2
+    index = CacheIndex()
+    with EventReader(kafka_bootstrap, kafka_topic) as reader:
+        reader.apply_to(index, max_messages=half)
+        save_checkpoint(tmp_path / "router.ckpt", Checkpoint.capture(index, reader))
+    out = tmp_path / "after.jsonl"
+    args = ["export", "dynamo", "-b", kafka_bootstrap, "-t", kafka_topic, "--no-follow", "-q", "-o", str(out)]
+    assert main([*args, "--from-checkpoint", str(tmp_path / "router.ckpt")]) == 0
+    expected = [event for batch in produced.sent[half:] for _, event in router_events(batch)]
+    assert [json.loads(line)["event"] for line in out.read_text().splitlines()] == expected
+    assert main([*args, "--from-checkpoint", str(tmp_path / "missing.ckpt")]) == 1
+    assert "missing.ckpt" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""``kvevents export dynamo``'s converter: RouterEvent lines per batch, duplicates skipped, and
+``"cleared"`` for a worker whose events were lost (no Kafka, no Dynamo)."""
+
+from __future__ import annotations
+
+from kvevents.consumer.dynamo import router_events, worker_id_for
+from kvevents.consumer.export.dynamo_export import DynamoConverter
+from kvevents.schemas import (
+    EventBatch,
+    KVCacheCreatedData,
+    KVCacheEvent,
+    KVCacheEventDiff,
+    KVCacheRemovedData,
+    KVCacheStoredBlockData,
+    KVCacheStoredData,
+    KVCacheUpdatedData,
+    RankDrops,
+)
+
+
+def _stored(eid: int, h: int, rank: int = 0, parent: int | None = None) -> KVCacheEvent:
+    return KVCacheEvent(eid, KVCacheStoredData(parent, [KVCacheStoredBlockData(h, [h, h + 1])]), 16, rank)
+
+
+def _batch(events: list[KVCacheEvent], seq: int, **kw: object) -> EventBatch:
+    return EventBatch("e", events, attention_dp_size=2, producer_id=5, sequence=seq, **kw)  # type: ignore[arg-type]
+
+
+def test_lines_are_router_events_with_a_worker_id() -> None:
+    conv = DynamoConverter(worker_ids={"e": 42})
+    batch = _batch(
+        [
+            KVCacheEvent(0, KVCacheCreatedData([8]), 16, 0),
+            _stored(1, 10),
+            KVCacheEvent(2, KVCacheUpdatedData(10, cache_level=KVCacheEventDiff(0, 1)), 16, 0),
+            KVCacheEvent(3, KVCacheRemovedData([10]), 16, 0),
+            _stored(0, 20, rank=1),
+        ],
+        0,
+    )
+    lines = conv.convert(batch)
+    assert [line["worker_id"] for line in lines] == [42] * 4
+    assert [line["event"] for line in lines] == [event for _, event in router_events(batch)]
+    assert conv.counters.events_out == 4 and conv.counters.clears_for_loss == 0
+    assert DynamoConverter().worker_id("e") == worker_id_for("e")
+
+
+def test_duplicates_are_skipped_and_lost_events_clear_the_worker() -> None:
+    lost: list[str] = []
+    conv = DynamoConverter(worker_ids={"e": 1}, on_loss=lambda key, reason: lost.append(reason))
+    first = _batch([_stored(0, 10), _stored(0, 20, rank=1)], 0)
+    conv.convert(first)
+    assert conv.convert(first) == []  # a replayed batch
+    assert conv.counters.duplicates == 2
+    # rank 1 dropped events: "cleared" (with the next event's id) before its events
+    lines = conv.convert(
+        _batch([_stored(1, 11, parent=10), _stored(5, 21, rank=1)], 1, dropped=[RankDrops(1, 3)])
+    )
+    assert lines[0]["event"] == {"event_id": 5, "data": "cleared", "dp_rank": 1}
+    assert [(line["event"]["dp_rank"], next(iter(line["event"]["data"]))) for line in lines[1:]] == [
+        (0, "stored"),
+        (1, "stored"),
+    ]
+    assert lines[0]["event"]["event_id"] == 5
+    # an event-id jump on rank 0, then missing batches (every known rank)
+    lines = conv.convert(_batch([_stored(9, 12, parent=11)], 2))
+    assert lines[0]["event"] == {"event_id": 9, "data": "cleared", "dp_rank": 0}
+    lines = conv.convert(_batch([], 7))
+    assert sorted(line["event"]["dp_rank"] for line in lines) == [0, 1]
+    assert all(line["event"]["data"] == "cleared" for line in lines)
+    assert lost == [
+        "3 events dropped",
+        "event ids jumped from 1 to 9",
+        "batches 3..6 are missing",
+        "batches 3..6 are missing",
+    ]
+    assert conv.lose_instance("e", "malformed") and conv.counters.clears_for_loss == 6
