@@ -76,6 +76,10 @@ class ZmqExportConfig:
     def __post_init__(self) -> None:
         if self.pub is None and not self.workers:
             raise ValueError("nowhere to publish: give a shared PUB endpoint or per-worker endpoints")
+        if self.replay is not None and self.pub is None:
+            raise ValueError(
+                "a replay endpoint belongs to the shared PUB: give --pub too (or a --worker replay)"
+            )
         if self.replay_frames not in (2, 3):
             raise ValueError(f"replay_frames must be 2 or 3, got {self.replay_frames}")
         if isinstance(self.start, str) and self.start not in ("beginning", "end"):
@@ -176,12 +180,14 @@ class ZmqExporter:
             else Anchor(dict(self.offsets), dict(self.seqs), self.converter.state_bytes())
         )
         self._last_save = time.monotonic()
+        self._replay: _ReplayServer | None = None
         try:
             self._publishers = self._open_publishers()
+            if any(r is not None for _, r in self._publishers):
+                self._replay = _ReplayServer(self)
         except BaseException:
             self.close()
             raise
-        self._replay = _ReplayServer(self) if any(r is not None for _, r in self._publishers) else None
         if self._replay is not None:
             self._replay.start()
         if config.start_delay_s > 0:
@@ -315,7 +321,7 @@ class ZmqExporter:
                 self.save()
         finally:
             replay = getattr(self, "_replay", None)
-            if replay is not None:
+            if replay is not None and replay.is_alive():
                 replay.stop()
             for sock in self._sockets:
                 sock.close()
