@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     raw = sys.stdout.buffer if args.output == "-" else Path(args.output).open("wb")  # noqa: SIM115
     progress = Progress(enabled=not args.quiet)
     announced: set[str] = set()
-    lines = malformed = 0
+    lines = malformed = messages = 0
     interrupted = False
     try:
         with stop_on_interrupt(reader.stop) as seen, relaxed_gc():
@@ -187,8 +187,9 @@ def run(args: argparse.Namespace) -> int:
                     if pub is not None:
                         pub.send_multipart((topic, line))
                 lines += len(records)
+                messages += 1
                 if progress.due():
-                    progress.update(f"{reader.offsets()} read, {lines} RouterEvents written")
+                    progress.update(f"{messages} messages read, {lines} RouterEvents written")
             interrupted = bool(seen)
             raw.flush()
     finally:
