@@ -178,6 +178,7 @@ class VllmConverter:
     def _lose(self, out: dict[WorkerKey, list[Any]], key: WorkerKey, worker: _Worker, reason: str) -> None:
         worker.windows = {}
         worker.created_run = False
+        worker.cursor = None  # start afresh: the ids that follow a loss jump by design
         events = out.get(key)
         if events is None:
             events = out[key] = []

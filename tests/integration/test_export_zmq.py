@@ -292,3 +292,67 @@ def test_per_worker_publishers_and_the_older_two_frame_replay(kafka_bootstrap: s
     finally:
         ctx.term()
     assert seqs == list(range(3, published))
+
+
+def test_a_worker_that_lost_events_is_cleared_then_refilled_by_its_snapshot(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """In-band drops reach the subscriber as AllBlocksCleared (its stale blocks go), and the
+    producer's snapshot brings back exactly what the index holds once it is rebuilt."""
+    from kafka_streams import produce
+    from kvevents.schemas import (
+        EventBatch,
+        KVCacheCreatedData,
+        KVCacheEvent,
+        KVCacheStoredBlockData,
+        KVCacheStoredData,
+        RankDrops,
+    )
+
+    def stored(eid: int, parent: int | None, *hashes: int) -> KVCacheEvent:
+        return KVCacheEvent(
+            eid, KVCacheStoredData(parent, [KVCacheStoredBlockData(h, [h] * 4) for h in hashes]), 64
+        )
+
+    def batch(seq: int, events: list[KVCacheEvent], dropped: int = 0) -> EventBatch:
+        drops = [RankDrops(0, dropped)] if dropped else []
+        return EventBatch("eng", events, producer_id=3, sequence=seq, dropped=drops)
+
+    produce(
+        kafka_bootstrap,
+        kafka_topic,
+        [
+            batch(0, [KVCacheEvent(0, KVCacheCreatedData([100]), 64), stored(1, None, 1, 2, 3)]),
+            batch(1, [stored(5, 3, 4)], dropped=3),  # events 2..4 were lost (say, removals of 2 and 3)
+            batch(2, [KVCacheEvent(6, KVCacheCreatedData([100], snapshot=True), 64), stored(7, None, 1, 9)]),
+        ],
+    )
+    port = _free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.bind(endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        config = ZmqExportConfig(kafka_bootstrap, kafka_topic, pub=Endpoint(endpoint, bind=False), model="m")
+        with ZmqExporter(config, context=ctx) as exporter:
+            assert not sub.poll(500)  # a SUB sends its subscription when it handles its socket's commands
+            exporter.run(until_caught_up=True)
+            assert exporter.converter.counters.clears_for_loss == 1
+            received = []
+            while sub.poll(1000):
+                received.append(sub.recv_multipart())
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+    events = [e for _, _, payload in received for e in msgspec.msgpack.decode(payload)["events"]]
+    kinds = [(e["type"], e.get("block_hashes")) for e in events]
+    assert kinds == [
+        ("AllBlocksCleared", None),
+        ("BlockStored", [1, 2, 3]),
+        ("AllBlocksCleared", None),  # the loss: blocks 2 and 3 may be gone, so all go
+        ("BlockStored", [4]),
+        ("AllBlocksCleared", None),  # the snapshot
+        ("BlockStored", [1, 9]),
+    ]
+    assert _index_blocks(kafka_bootstrap, kafka_topic, "m") == {"kv@eng@m": {(1, "GPU"), (9, "GPU")}}
