@@ -54,6 +54,7 @@ class DynamoConverter:
         self.window_size = window_size
         self.counters = DynamoCounters()
         self._cursors: dict[WorkerKey, int] = {}
+        self._known: set[WorkerKey] = set()
         self._sessions: dict[str, tuple[int, int]] = {}
         self._on_loss = on_loss
 
@@ -80,8 +81,8 @@ class DynamoConverter:
     def lose_instance(self, instance: str, reason: str) -> list[dict[str, Any]]:
         """``cleared`` for every known worker of ``instance``."""
         out: list[dict[str, Any]] = []
-        for key in sorted(k for k in self._cursors if k.instance_id == instance):
-            self._clear(out, key, self._cursors[key], reason)
+        for key in sorted(k for k in self._known if k.instance_id == instance):
+            self._clear(out, key, self._cursors.get(key, 0), reason)
         return out
 
     def convert(self, batch: EventBatch) -> list[dict[str, Any]]:
@@ -97,7 +98,7 @@ class DynamoConverter:
         if session is None or session[0] != batch.producer_id:
             if session is not None:
                 if batch.sequence != 0:
-                    for key in self._cursors:
+                    for key in self._known:
                         if key.instance_id == instance:
                             lost_ranks[key.attention_dp_rank] = "a new producer session did not start at 0"
                 for key in [k for k in self._cursors if k.instance_id == instance]:
@@ -107,7 +108,7 @@ class DynamoConverter:
             replay = True
         else:
             if batch.sequence > session[1] + 1:
-                for rank in {k.attention_dp_rank for k in self._cursors if k.instance_id == instance}:
+                for rank in {k.attention_dp_rank for k in self._known if k.instance_id == instance}:
                     lost_ranks[rank] = f"batches {session[1] + 1}..{batch.sequence - 1} are missing"
             self._sessions[instance] = (batch.producer_id, batch.sequence)
         if not replay:
@@ -127,11 +128,14 @@ class DynamoConverter:
                 if eid > cursor + 1 and key.attention_dp_rank not in lost_ranks:
                     lost_ranks[key.attention_dp_rank] = f"event ids jumped from {cursor} to {eid}"
             self._cursors[key] = eid
+            self._known.add(key)
             kept.append(event)
         for rank, reason in sorted(lost_ranks.items()):
             key = WorkerKey(instance, rank)
             first = next((e.event_id for e in kept if (e.attention_dp_rank or 0) == rank), None)
             self._clear(out, key, first if first is not None else self._cursors.get(key, 0), reason)
+            if first is None:  # the ids that follow a loss jump by design: not a second loss
+                self._cursors.pop(key, None)
         if kept:
             worker_id = self.worker_id(instance)
             window = self.window_size

@@ -75,3 +75,7 @@ def test_duplicates_are_skipped_and_lost_events_clear_the_worker() -> None:
         "batches 3..6 are missing",
     ]
     assert conv.lose_instance("e", "malformed") and conv.counters.clears_for_loss == 6
+    # drops of a rank with no event in that batch: its next event's id jump is not a second loss
+    conv.convert(_batch([_stored(10, 30)], 8, dropped=[RankDrops(1, 2)]))
+    lines = conv.convert(_batch([_stored(9, 31, rank=1)], 9))
+    assert [line["event"]["data"] for line in lines] != ["cleared"] and conv.counters.clears_for_loss == 7
