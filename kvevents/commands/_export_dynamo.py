@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,13 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
     out.add_argument("--zmq", default=None, metavar="ENDPOINT", help="also publish on a ZMQ PUB (binds)")
     out.add_argument("--zmq-topic", default="kv-events", help="the PUB topic (default: Dynamo's kv-events)")
     out.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds to wait after binding --zmq before publishing, so that subscribers connect",
+    )
+    out.add_argument(
         "--lora-name",
         type=_lora_name,
         action="append",
@@ -140,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
             pub.bind(args.zmq.replace("tcp://*:", "tcp://0.0.0.0:"))
         except zmq.ZMQError as exc:
             raise CommandError(f"cannot bind {args.zmq}: {exc}") from exc
+        if args.wait > 0:
+            time.sleep(args.wait)
     topic = args.zmq_topic.encode()
     converter = DynamoConverter(
         lora_names=dict(args.lora_name), worker_ids=dict(args.worker_id), window_size=args.window_size

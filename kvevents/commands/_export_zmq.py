@@ -154,7 +154,9 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
     pub.add_argument(
         "--topic-template",
         default="kv@{pod}@{model}",
-        help="ZMQ topic of a worker's stream; fields {pod} {instance} {rank} {model} (default: %(default)s)",
+        help="ZMQ topic of a worker's stream; fields {pod} {instance} {rank} {model} (default: "
+        "%(default)s); 'kv@{instance}@{model}' puts every rank of an instance on one topic and seq, as "
+        "vLLM's data-parallel ranks share a topic (the batch's data_parallel_rank tells them apart)",
     )
     pub.add_argument("--positional", action="store_true", help="the older array encoding (llm-d's decoder)")
     pub.add_argument("--replay-frames", type=int, choices=[2, 3], default=3, help="replay reply frames")

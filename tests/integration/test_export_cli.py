@@ -150,3 +150,37 @@ def test_export_dynamo_from_an_index_checkpoint(
     assert [json.loads(line)["event"] for line in out.read_text().splitlines()] == expected
     assert main([*args, "--from-checkpoint", str(tmp_path / "missing.ckpt")]) == 1
     assert "missing.ckpt" in capsys.readouterr().err
+
+
+def test_export_dynamo_publishes_on_zmq(
+    kafka_bootstrap: str, kafka_topic: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    simulate_to_topic(kafka_bootstrap, kafka_topic, iterations=20)
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+    received: list[list[bytes]] = []
+    stop = threading.Event()
+
+    def listen() -> None:
+        sub.connect(endpoint)
+        while not stop.is_set():
+            if sub.poll(50):
+                received.append(sub.recv_multipart())
+
+    thread = threading.Thread(target=listen)
+    thread.start()
+    out = tmp_path / "events.jsonl"
+    try:
+        args = ["export", "dynamo", "-b", kafka_bootstrap, "-t", kafka_topic, "--no-follow", "-q"]
+        assert main([*args, "-o", str(out), "--zmq", endpoint, "--wait", "0.5"]) == 0
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join()
+        sub.close(linger=0)
+        ctx.term()
+    lines = out.read_bytes().splitlines()
+    assert lines and [frames[1] for frames in received] == lines
+    assert {frames[0] for frames in received} == {b"kv-events"}
