@@ -15,8 +15,9 @@ Replay. A publisher with a replay endpoint answers vLLM's protocol on a ROUTER s
 sends ``[b"", start_seq (8 bytes BE)]`` (optionally a third frame: one ZMQ topic) and receives
 ``[b"", topic, seq, payload]`` per batch of that publisher's streams with ``seq >= start_seq``
 (``replay_frames=2``: ``[b"", seq, payload]``), then ``[b"", (topic,) 0xff*8, b""]``. The batches
-come from Kafka, re-converted from the exporter's anchor (where it first started), so a
-subscriber recovers any gap within the topic's retention.
+come from Kafka, re-converted from an *anchor*: where the exporter first started (kept across
+restarts in the state), or a later one taken every ``checkpoint_interval_s`` (the latest before
+the requested seq is used), so a subscriber recovers any gap within the topic's retention.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +73,8 @@ class ZmqExportConfig:
     hwm: int = 100_000
     replay_timeout_s: float = 120.0
     start_delay_s: float = 0.0
+    replay_anchors: int = 16
+    """Replay starting points kept (one per ``checkpoint_interval_s``; the oldest is the first)."""
     """Seconds between opening the sockets and the first publish (subscribers connect)."""
 
     def __post_init__(self) -> None:
@@ -174,11 +178,13 @@ class ZmqExporter:
             config.bootstrap_servers, config.topic, start=start, config=config.reader_config
         )
         self.offsets: dict[int, int] = self._reader.offsets()
-        self.anchor = (
+        first = (
             state.anchor
             if state is not None
             else Anchor(dict(self.offsets), dict(self.seqs), self.converter.state_bytes())
         )
+        self.anchors: deque[Anchor] = deque([first], maxlen=config.replay_anchors)
+        """Where replays can start: the first start (or the state's), then one per checkpoint."""
         self._last_save = time.monotonic()
         self._replay: _ReplayServer | None = None
         try:
@@ -262,26 +268,23 @@ class ZmqExporter:
         ):
             stats.messages_read += 1
             ts, out = handle(message)
-            for key, events in out.items():
-                route = self._route(key)
-                if route is None:
-                    stats.unrouted_batches += 1
-                    continue
-                sock, topic, index = route
-                name = stream_key(index, topic)
-                seq = seqs.get(name, 0)
-                sock.send_multipart((topic, seq.to_bytes(8, "big"), encode(ts, events, key[1])))
-                seqs[name] = seq + 1
-                stats.batches_published += 1
-                stats.events_published += len(events)
-            with self._lock:
+            with self._lock:  # replays read offsets and seqs together
+                for key, events in out.items():
+                    route = self._route(key)
+                    if route is None:
+                        stats.unrouted_batches += 1
+                        continue
+                    sock, topic, index = route
+                    name = stream_key(index, topic)
+                    seq = seqs.get(name, 0)
+                    sock.send_multipart((topic, seq.to_bytes(8, "big"), encode(ts, events, key[1])))
+                    seqs[name] = seq + 1
+                    stats.batches_published += 1
+                    stats.events_published += len(events)
                 self.offsets[message.partition()] = message.offset() + 1
             now = time.monotonic()
-            if (
-                self.config.state_path is not None
-                and now - self._last_save >= self.config.checkpoint_interval_s
-            ):
-                self.save()
+            if now - self._last_save >= self.config.checkpoint_interval_s:
+                self._checkpoint()
             if progress is not None and now >= next_progress:
                 stats.seconds += now - started
                 started = now
@@ -296,16 +299,31 @@ class ZmqExporter:
         with self._lock:
             return dict(self.offsets), dict(self.seqs)
 
+    def _checkpoint(self) -> None:
+        """Every ``checkpoint_interval_s``: a new replay anchor here, and the state saved."""
+        offsets, seqs = self.live_position()
+        converter = self.converter.state_bytes()
+        if offsets != self.anchors[-1].offsets:
+            self.anchors.append(Anchor(offsets, seqs, converter))
+        self._save(offsets, seqs, converter)
+
     def save(self) -> None:
         """Save the restart state now (no-op without ``state_path``)."""
-        path = self.config.state_path
-        if path is None:
-            return
         offsets, seqs = self.live_position()
-        save_state(
-            path, ExportState(self.config.topic, offsets, seqs, self.converter.state_bytes(), self.anchor)
-        )
+        self._save(offsets, seqs, self.converter.state_bytes() if self.config.state_path else b"")
+
+    def _save(self, offsets: dict[int, int], seqs: dict[str, int], converter: bytes) -> None:
         self._last_save = time.monotonic()
+        path = self.config.state_path
+        if path is not None:  # the oldest anchor kept: replays after a restart reach as far back
+            save_state(path, ExportState(self.config.topic, offsets, seqs, converter, self.anchors[0]))
+
+    def anchor_for(self, keys: list[str], start_seq: int) -> Anchor:
+        """The latest anchor before ``start_seq`` of every stream in ``keys`` (else the oldest)."""
+        for anchor in reversed(self.anchors):
+            if all(anchor.seqs.get(k, 0) <= start_seq for k in keys):
+                return anchor
+        return self.anchors[0]
 
     def stop(self) -> None:
         """Make :meth:`run` return soon (thread-safe)."""
@@ -391,7 +409,11 @@ class _ReplayServer(threading.Thread):
         exporter = self.exporter
         cfg = exporter.config
         target, live_seqs = exporter.live_position()
-        anchor = exporter.anchor
+        prefix = f"{index}:"
+        wanted = [
+            k for k in live_seqs if k.startswith(prefix) and (only is None or k == stream_key(index, only))
+        ]
+        anchor = exporter.anchor_for(wanted, start_seq)
         converter = VllmConverter(exporter.wire, VllmConverter.state_from_bytes(anchor.converter))
         pipeline = _Pipeline(converter)
         seqs = dict(anchor.seqs)

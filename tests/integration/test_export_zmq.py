@@ -259,6 +259,7 @@ def test_per_worker_publishers_and_the_older_two_frame_replay(kafka_bootstrap: s
         workers={WorkerKey("sim-a", 0): (Endpoint(endpoints[0][0]), Endpoint(endpoints[0][1]))},
         topic_template="",  # vLLM's default: an empty topic per rank
         replay_frames=2,
+        checkpoint_interval_s=0.0,  # a replay anchor after every message (16 kept)
     )
     ctx = zmq.Context()
     try:
@@ -266,21 +267,28 @@ def test_per_worker_publishers_and_the_older_two_frame_replay(kafka_bootstrap: s
             stats = exporter.run(until_caught_up=True)
             assert stats.unrouted_batches > 0  # rank 1 has no publisher
             published = exporter.seqs["1:"]  # publisher 1: the first --worker one
+            assert len(exporter.anchors) == 16
             dealer = ctx.socket(zmq.DEALER)
             dealer.connect(endpoints[0][1])
-            dealer.send_multipart([b"", (3).to_bytes(8, "big")])
-            seqs = []
-            while True:
-                assert dealer.poll(30_000)
-                frames = dealer.recv_multipart()
-                assert len(frames) == 3 and frames[0] == b""
-                seq = int.from_bytes(frames[1], "big")
-                if seq == END:
-                    assert frames[2] == b""
-                    break
-                assert msgspec.msgpack.decode(frames[2])["events"]
-                seqs.append(seq)
+
+            def replay(start: int) -> list[tuple[int, bytes]]:
+                dealer.send_multipart([b"", start.to_bytes(8, "big")])
+                got = []
+                while True:
+                    assert dealer.poll(30_000)
+                    frames = dealer.recv_multipart()
+                    assert len(frames) == 3 and frames[0] == b""
+                    seq = int.from_bytes(frames[1], "big")
+                    if seq == END:
+                        assert frames[2] == b""
+                        return got
+                    assert msgspec.msgpack.decode(frames[2])["events"]
+                    got.append((seq, frames[2]))
+
+            early, recent = replay(3), replay(published - 4)  # the oldest anchor, then a recent one
             dealer.close(linger=0)
+            seqs = [seq for seq, _ in early]
+            assert recent == early[-4:]  # the same batches, byte for byte, from a later anchor
             # a malformed request is ignored, the server keeps answering
             bad = ctx.socket(zmq.DEALER)
             bad.connect(endpoints[0][1])
