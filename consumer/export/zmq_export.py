@@ -74,7 +74,7 @@ class ZmqExportConfig:
     replay_timeout_s: float = 120.0
     start_delay_s: float = 0.0
     replay_anchors: int = 16
-    """Replay starting points kept (one per ``checkpoint_interval_s``; the oldest is the first)."""
+    """Recent replay starting points kept (one per ``checkpoint_interval_s``), besides the first."""
     """Seconds between opening the sockets and the first publish (subscribers connect)."""
 
     def __post_init__(self) -> None:
@@ -183,8 +183,10 @@ class ZmqExporter:
             if state is not None
             else Anchor(dict(self.offsets), dict(self.seqs), self.converter.state_bytes())
         )
+        self.first_anchor = first
+        """Where this exporter first started (kept in the state across restarts)."""
         self.anchors: deque[Anchor] = deque([first], maxlen=config.replay_anchors)
-        """Where replays can start: the first start (or the state's), then one per checkpoint."""
+        """Recent replay starting points, one per checkpoint (``first_anchor`` is always kept too)."""
         self._last_save = time.monotonic()
         self._replay: _ReplayServer | None = None
         try:
@@ -315,15 +317,15 @@ class ZmqExporter:
     def _save(self, offsets: dict[int, int], seqs: dict[str, int], converter: bytes) -> None:
         self._last_save = time.monotonic()
         path = self.config.state_path
-        if path is not None:  # the oldest anchor kept: replays after a restart reach as far back
-            save_state(path, ExportState(self.config.topic, offsets, seqs, converter, self.anchors[0]))
+        if path is not None:  # the first anchor: replays after a restart reach as far back
+            save_state(path, ExportState(self.config.topic, offsets, seqs, converter, self.first_anchor))
 
     def anchor_for(self, keys: list[str], start_seq: int) -> Anchor:
-        """The latest anchor before ``start_seq`` of every stream in ``keys`` (else the oldest)."""
+        """The latest anchor before ``start_seq`` of every stream in ``keys`` (else the first)."""
         for anchor in reversed(self.anchors):
             if all(anchor.seqs.get(k, 0) <= start_seq for k in keys):
                 return anchor
-        return self.anchors[0]
+        return self.first_anchor
 
     def stop(self) -> None:
         """Make :meth:`run` return soon (thread-safe)."""
