@@ -21,7 +21,7 @@ Duplicates (Kafka's at-least-once, a producer replaying) are skipped by event id
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,7 +97,8 @@ class _Media(dict[int, str]):
 class VllmConverter:
     """Converts batches in topic order; ``convert(batch)`` returns ``{worker: [vLLM events]}``.
 
-    ``on_loss(worker, reason)`` is called when a worker is cleared for lost events.
+    ``on_loss(worker, reason)`` is called when a worker is cleared for lost events; ``lora_names``
+    gives the ``lora_name`` of a LoRA id (else null: kvevents carries ids).
     """
 
     def __init__(
@@ -105,8 +106,11 @@ class VllmConverter:
         wire: VllmWire,
         state: ConverterState | None = None,
         on_loss: Callable[[WorkerKey, str], None] | None = None,
+        lora_names: Mapping[int, str] | None = None,
     ) -> None:
         self.wire = wire
+        self.lora_names: dict[int | None, str] = {k: v for k, v in (lora_names or {}).items()}
+        """LoRA id -> adapter name, sent as ``lora_name`` (vLLM keys adapters by name)."""
         self.counters = ConverterCounters()
         self._on_loss = on_loss
         self._media = _Media(MEDIUM_BY_LEVEL)
@@ -290,7 +294,13 @@ class VllmConverter:
                 events.append(removed_type([h], media[old]))
                 events.append(
                     stored_type(
-                        [h], held[_PARENT], tokens.tolist(), len(tokens), held[_LORA], media[new], None
+                        [h],
+                        held[_PARENT],
+                        tokens.tolist(),
+                        len(tokens),
+                        held[_LORA],
+                        media[new],
+                        self.lora_names.get(held[_LORA]),
                     )
                 )
             elif kind is KVCacheRemovedData:
@@ -340,6 +350,7 @@ class VllmConverter:
     def _stored(self, blocks: dict[int, tuple[Any, ...]], data: KVCacheStoredData, events: list[Any]) -> None:
         wire = self.wire
         media = self._media
+        names = self.lora_names
         stored_blocks = data.blocks
         moved: dict[int, list[int]] | None = None
         for block in stored_blocks:  # held on another medium: removed there first (a tier move)
@@ -375,16 +386,13 @@ class VllmConverter:
                         len(first.tokens),
                         first.lora_id,
                         media[first.cache_level],
-                        None,
+                        names.get(first.lora_id),
                     )
                 )
                 first, run_parent, run_hashes, run_tokens = block, parent, [], []
             blocks[block.block_hash] = (block.cache_level, parent, array_tokens, block.lora_id)
             run_hashes.append(block.block_hash)
-            if run_tokens:
-                run_tokens.extend(tokens)
-            else:
-                run_tokens = tokens if len(stored_blocks) == 1 else list(tokens)
+            run_tokens.extend(tokens)
             parent = block.block_hash
         events.append(
             stored_type(
@@ -394,6 +402,6 @@ class VllmConverter:
                 len(first.tokens),
                 first.lora_id,
                 media[first.cache_level],
-                None,
+                names.get(first.lora_id),
             )
         )

@@ -73,6 +73,8 @@ class ZmqExportConfig:
     hwm: int = 100_000
     replay_timeout_s: float = 120.0
     start_delay_s: float = 0.0
+    lora_names: Mapping[int, str] = field(default_factory=dict)
+    """LoRA id -> adapter name, sent as vLLM's ``lora_name``."""
     replay_anchors: int = 16
     """Recent replay starting points kept (one per ``checkpoint_interval_s``), besides the first."""
     """Seconds between opening the sockets and the first publish (subscribers connect)."""
@@ -170,7 +172,9 @@ class ZmqExporter:
         self._routes: dict[WorkerKey, tuple[Any, bytes, int] | None] = {}
         state = None if config.state_path is None else load_state(config.state_path, config.topic)
         converter_state = None if state is None else VllmConverter.state_from_bytes(state.converter)
-        self.converter = VllmConverter(self.wire, converter_state, on_loss=self._lost)
+        self.converter = VllmConverter(
+            self.wire, converter_state, on_loss=self._lost, lora_names=config.lora_names
+        )
         self._pipeline = _Pipeline(self.converter)
         self.seqs: dict[str, int] = {} if state is None else dict(state.seqs)
         start: Any = config.start if state is None else state.offsets
@@ -416,7 +420,9 @@ class _ReplayServer(threading.Thread):
             k for k in live_seqs if k.startswith(prefix) and (only is None or k == stream_key(index, only))
         ]
         anchor = exporter.anchor_for(wanted, start_seq)
-        converter = VllmConverter(exporter.wire, VllmConverter.state_from_bytes(anchor.converter))
+        converter = VllmConverter(
+            exporter.wire, VllmConverter.state_from_bytes(anchor.converter), lora_names=cfg.lora_names
+        )
         pipeline = _Pipeline(converter)
         seqs = dict(anchor.seqs)
         out: list[tuple[bytes, bytes, bytes]] = []

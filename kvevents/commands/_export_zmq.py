@@ -30,7 +30,7 @@ KV-cache indexer (or any vLLM KV-event subscriber) consumes it:
                   encoding); --positional sends the older arrays [ts, events, rank] and
                   ["BlockStored", ...], which llm-d-kv-cache's Go decoder reads
   BlockStored     block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-                  medium (cache level 0 GPU, 1 CPU, 2 DISK), lora_name (null)
+                  medium (cache level 0 GPU, 1 CPU, 2 DISK), lora_name (--lora-name, else null)
   BlockRemoved    block_hashes, medium;  AllBlocksCleared for a Created event
 
 Every worker (instance, attention-DP rank) gets its own topic (--topic-template, default
@@ -70,6 +70,13 @@ def _endpoint(text: str) -> str:
     if "://" not in text:
         raise argparse.ArgumentTypeError(f"expected a ZMQ endpoint like tcp://*:5557, got {text!r}")
     return text.replace("tcp://*:", "tcp://0.0.0.0:")
+
+
+def _lora_name(text: str) -> tuple[int, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip().isdigit() or not value:
+        raise argparse.ArgumentTypeError(f"expected LORA_ID=NAME, got {text!r}")
+    return int(key), value
 
 
 def _worker(text: str) -> tuple[str, int, str, str | None]:
@@ -158,6 +165,14 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
         "%(default)s); 'kv@{instance}@{model}' puts every rank of an instance on one topic and seq, as "
         "vLLM's data-parallel ranks share a topic (the batch's data_parallel_rank tells them apart)",
     )
+    pub.add_argument(
+        "--lora-name",
+        type=_lora_name,
+        action="append",
+        default=[],
+        metavar="ID=NAME",
+        help="a LoRA id's adapter name, sent as lora_name (repeatable; default null: kvevents carries ids)",
+    )
     pub.add_argument("--positional", action="store_true", help="the older array encoding (llm-d's decoder)")
     pub.add_argument("--replay-frames", type=int, choices=[2, 3], default=3, help="replay reply frames")
     pub.add_argument(
@@ -205,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
             reader_config=kafka_config(args),
             hwm=args.hwm,
             start_delay_s=args.wait,
+            lora_names=dict(args.lora_name),
         )
         exporter = ZmqExporter(config)
     except (ValueError, ReaderError) as exc:

@@ -170,3 +170,17 @@ def test_map_encoding_has_type_tags() -> None:
         ],
         "data_parallel_rank": 3,
     }
+
+
+def test_lora_names_are_sent_when_known() -> None:
+    conv = VllmConverter(VllmWire(positional=True), lora_names={7: "sql-adapter"})
+    out = _plain(
+        conv.convert(
+            _batch([_ev(0, KVCacheStoredData(None, [_blk(1), _blk(2, lora=7), _blk(3, lora=8)]))], 0)
+        )
+    )
+    assert [(e[5], e[7]) for e in out[A0]] == [(None, None), (7, "sql-adapter"), (8, None)]
+    moved = _plain(
+        conv.convert(_batch([_ev(1, KVCacheUpdatedData(2, cache_level=KVCacheEventDiff(0, 1)))], 1))
+    )
+    assert moved[A0][1][5:8] == [7, "CPU", "sql-adapter"]
