@@ -15,6 +15,28 @@ EXTENSIONS = [
 ]
 
 
+PACKAGE_DIRS = {"schemas": "schemas", "producer": "producer", "consumer": "consumer"}
+"""Subpackages of ``kvevents`` by source folder (pyproject's package-dir mapping)."""
+
+
+def _cython_include_dir() -> str:
+    """A folder where ``cimport kvevents.schemas._fastcodec`` finds ``schemas/_fastcodec.pxd``.
+
+    The package-dir mapping puts ``kvevents.schemas`` in ``schemas/``, which Cython cannot
+    know: it looks for ``kvevents/schemas/_fastcodec.pxd`` on its include path. This mirrors
+    the package layout with symbolic links under ``build/``.
+    """
+    root = Path(__file__).resolve().parent
+    mirror = root / "build" / "cython-include" / "kvevents"
+    mirror.mkdir(parents=True, exist_ok=True)
+    (mirror / "__init__.pxd").touch()
+    for name, folder in PACKAGE_DIRS.items():
+        link = mirror / name
+        if not link.is_symlink():
+            link.symlink_to(root / folder, target_is_directory=True)
+    return str(mirror.parent)
+
+
 def _extensions() -> list[Extension]:
     sources = [(name, path) for name, path in EXTENSIONS if Path(path).exists()]
     if not sources:
@@ -25,7 +47,10 @@ def _extensions() -> list[Extension]:
         return []
     modules = [Extension(name, [path], optional=True, extra_compile_args=["-O3"]) for name, path in sources]
     return cythonize(
-        modules, language_level=3, compiler_directives={"boundscheck": False, "wraparound": False}
+        modules,
+        language_level=3,
+        include_path=[_cython_include_dir()],
+        compiler_directives={"boundscheck": False, "wraparound": False},
     )
 
 

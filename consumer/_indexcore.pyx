@@ -15,11 +15,12 @@ Layout (about 40 bytes per unshared held block, 4-8 bytes per further holder of 
 - per slot (worker, window size) and per worker: small C arrays (counts, cursors); degraded
   reasons and capacities stay Python objects (rarely touched).
 
-``apply_encoded`` reads the Avro body itself (the current ``EventBatch`` schema, checked by its
-fingerprint) into scratch arrays without building Python objects, then applies the batch;
-``apply_batch`` fills the same scratch arrays from model objects. A malformed body raises
-``DecodeError`` before anything is applied. Bodies of any other schema version go through
-``decode_batch`` (schema resolution) and ``apply_batch``.
+``apply_encoded`` has the compiled codec read the Avro body (``flat_read``, cimported from
+``kvevents.schemas._fastcodec``) into its flat C arrays without building Python objects, then
+applies the batch; ``apply_batch`` fills the same arrays from model objects. A malformed body
+raises ``DecodeError`` before anything is applied. Bodies of a schema version the flat reader
+does not read (``kvevents.schemas.codec.flat_variants``) go through ``decode_batch`` (schema
+resolution) and ``apply_batch``. The kvh64 constants come from ``hashing``.
 """
 
 from cpython cimport array as carray
@@ -34,28 +35,42 @@ from libc.string cimport memcmp, memcpy, memset
 cdef extern from "Python.h":
     dict _PyDict_NewPresized(Py_ssize_t minused)
 
+from kvevents.schemas._fastcodec cimport (
+    FLAT_CREATED,
+    FLAT_REMOVED,
+    FLAT_STORED,
+    FLAT_UPDATED,
+    FlatBatch,
+    FlatBlock,
+    FlatEvent,
+    flat_clear,
+    flat_free,
+    flat_grow,
+    flat_init,
+    flat_read,
+)
+
 from kvevents.schemas import (
     DecodeError,
     KVCacheCreatedData,
     KVCacheRemovedData,
     KVCacheStoredData,
     KVCacheUpdatedData,
-    current_fingerprint,
     decode_batch,
 )
+from kvevents.schemas.codec import SINGLE_OBJECT_HEADER, SINGLE_OBJECT_MAGIC, flat_variants
 
 from . import _reasons
+from . import hashing as _kvh64
 from ._state import IndexState, InstanceState, WindowState, WorkerState
 from .hashing import content_hashes_for_tokens
+
+ctypedef FlatEvent SEvent
+ctypedef FlatBlock SBlock
 
 cdef extern from *:
     """
     #define KV_NIL 0xFFFFFFFFu
-    #define KV_K1 0x9E3779B97F4A7C15ull
-    #define KV_K2 0xBF58476D1CE4E5B9ull
-    #define KV_K3 0x94D049BB133111EBull
-    #define KV_ROOT 0x6B766576656E7473ull
-    #define KV_SALT_SEED 0x73616C7473616C74ull
     #define KV_CHUNK_BITS 14
     #define KV_CHUNK (1u << KV_CHUNK_BITS)
     #define KV_CHUNK_MASK (KV_CHUNK - 1u)
@@ -66,11 +81,6 @@ cdef extern from *:
     #define KV_SLOT_MASK 0xFFFFFu
     """
     const uint32_t KV_NIL
-    const uint64_t KV_K1
-    const uint64_t KV_K2
-    const uint64_t KV_K3
-    const uint64_t KV_ROOT
-    const uint64_t KV_SALT_SEED
     const int KV_CHUNK_BITS
     const uint32_t KV_CHUNK
     const uint32_t KV_CHUNK_MASK
@@ -88,16 +98,19 @@ cdef enum:
     POOL_CLASSES = 32
 
 cdef enum Kind:
-    K_CREATED = 0
-    K_STORED = 1
-    K_REMOVED = 2
-    K_UPDATED = 3
+    K_CREATED = FLAT_CREATED
+    K_STORED = FLAT_STORED
+    K_REMOVED = FLAT_REMOVED
+    K_UPDATED = FLAT_UPDATED
 
-FUSED_FINGERPRINT = bytes.fromhex("a8fdf94b35e3cc10")
-"""The fingerprint of the ``EventBatch`` schema the fused reader was written for (v2)."""
-FUSED_FINGERPRINT_V1 = bytes.fromhex("edf02289072c3f09")
-"""Schema v1 (before ``KVCacheCreatedData.snapshot``): read too, so that a topic written by
-older producers is rebuilt at full speed."""
+# kvh64 (defined in ``hashing``) and the mixers of the tables, as C globals.
+cdef uint64_t KV_K1 = _kvh64.K1
+cdef uint64_t KV_K2 = _kvh64.K2
+cdef uint64_t KV_K3 = _kvh64.K3
+cdef uint64_t KV_ROOT = _kvh64.ROOT_CONTENT_HASH
+cdef uint64_t KV_SALT_SEED = _kvh64.SALT_SEED
+cdef bytes _MAGIC = SINGLE_OBJECT_MAGIC
+cdef Py_ssize_t _HEADER = SINGLE_OBJECT_HEADER
 
 
 # ---------------------------------------------------------------------------- records
@@ -142,44 +155,6 @@ ctypedef struct Worker:
     uint8_t session_fresh
     uint8_t has_split_tail
     uint32_t nactive     # active window caches (slots)
-
-ctypedef struct SEvent:
-    int64_t event_id
-    uint64_t parent      # Stored parent, or Updated block hash
-    int32_t window
-    int32_t rank
-    uint32_t first       # first block / hash / level in the scratch arrays
-    uint32_t count
-    int32_t new_level
-    int32_t new_prio
-    uint8_t kind
-    uint8_t has_parent
-    uint8_t has_level
-    uint8_t has_prio
-    uint8_t snapshot     # a Created event of a producer snapshot (a resync)
-
-ctypedef struct SBlock:
-    uint64_t engine
-    uint64_t lora
-    uint64_t salt
-    uint32_t tok
-    uint32_t ntok
-    uint32_t ext         # offset in the extra ids scratch when has_extra
-    uint32_t next        # how many extra ids
-    uint32_t mm
-    uint32_t nmm
-    int32_t level
-    int32_t prio
-    uint8_t has_lora
-    uint8_t has_extra
-    uint8_t has_salt
-    uint64_t content     # filled by _store when the chain is known up front
-
-ctypedef struct Reader:
-    const uint8_t *p
-    const uint8_t *end
-    int err
-    uint8_t has_snapshot  # the writer schema has KVCacheCreatedData.snapshot (v2 on)
 
 ctypedef struct EngineId:
     uint64_t engine
@@ -278,146 +253,11 @@ cdef uint64_t block_content(uint64_t start, bint root, const SBlock *b, const ui
     return finish(h)
 
 
-# ---------------------------------------------------------------------------- Avro reading
-
-cdef enum ReadError:
-    E_TRUNCATED = 1
-    E_VARINT = 2
-    E_UNION = 3
-    E_COUNT = 4
-    E_LENGTH = 5
-    E_INT_RANGE = 6
-    E_BOOLEAN = 7
-
-_READ_ERRORS = {
-    1: "truncated Avro body",
-    2: "a varint longer than 10 bytes",
-    3: "an invalid union branch index",
-    4: "an array count larger than the bytes left",
-    5: "a negative or too large string/bytes length",
-    6: "an int outside the 32-bit range",
-    7: "a boolean byte other than 0 or 1",
-}
-
-
-cdef inline uint64_t read_varint(Reader *r) noexcept nogil:
-    cdef uint64_t result = 0, b
-    cdef int shift = 0
-    cdef const uint8_t *p = r.p
-    if r.end - p >= 10:  # no bounds check per byte; small values first
-        b = p[0]
-        if b < 0x80:
-            r.p = p + 1
-            return b
-        result = b & 0x7F
-        b = p[1]
-        if b < 0x80:
-            r.p = p + 2
-            return result | (b << 7)
-        result |= (b & 0x7F) << 7
-        b = p[2]
-        if b < 0x80:
-            r.p = p + 3
-            return result | (b << 14)
-        result |= (b & 0x7F) << 14
-        p += 3
-        shift = 21
-        while shift < 70:
-            b = p[0]
-            p += 1
-            result |= (b & 0x7F) << shift
-            if b < 0x80:
-                r.p = p
-                return result
-            shift += 7
-        r.err = E_VARINT
-        return 0
-    while r.p < r.end:
-        b = r.p[0]
-        r.p += 1
-        result |= (b & 0x7F) << shift
-        if not (b & 0x80):
-            return result
-        shift += 7
-        if shift >= 70:
-            r.err = E_VARINT
-            return 0
-    r.err = E_TRUNCATED
-    return 0
-
-
-cdef inline int64_t read_long(Reader *r) noexcept nogil:
-    cdef uint64_t v = read_varint(r)
-    return <int64_t>((v >> 1) ^ (0 - (v & 1)))
-
-
-cdef inline int32_t read_int(Reader *r) noexcept nogil:
-    cdef int64_t v = read_long(r)
-    if v < -2147483648 or v > 2147483647:
-        r.err = E_INT_RANGE
-        return 0
-    return <int32_t>v
-
-
-cdef inline uint8_t read_boolean(Reader *r) noexcept nogil:
-    cdef uint8_t b
-    if r.p >= r.end:
-        r.err = E_TRUNCATED
-        return 0
-    b = r.p[0]
-    if b > 1:
-        r.err = E_BOOLEAN
-        return 0
-    r.p += 1
-    return b
-
-
-cdef inline int64_t read_union(Reader *r, int64_t branches) noexcept nogil:
-    cdef int64_t v = read_long(r)
-    if not r.err and (v < 0 or v >= branches):
-        r.err = E_UNION
-    return v
-
-
-cdef inline int64_t read_count(Reader *r) noexcept nogil:
-    """The next array block's item count (0 ends the array); each item takes at least a byte."""
-    cdef int64_t n = read_long(r)
-    if r.err:
-        return 0
-    if n < 0:
-        n = -n
-        read_long(r)
-    if n > r.end - r.p:
-        r.err = E_COUNT
-        return 0
-    return n
-
-
-cdef inline Py_ssize_t read_len(Reader *r) noexcept nogil:
-    cdef int64_t n = read_long(r)
-    if r.err:
-        return 0
-    if n < 0 or n > r.end - r.p:
-        r.err = E_LENGTH
-        return 0
-    return <Py_ssize_t>n
-
-
 # ---------------------------------------------------------------------------- helpers
 
-cdef int grow(void **ptr, size_t *cap, size_t need, size_t item) except -1:
+cdef inline int grow(void **ptr, size_t *cap, size_t need, size_t item) except -1:
     """Make ``*ptr`` hold at least ``need`` items (growing by half again)."""
-    if need <= cap[0]:
-        return 0
-    cdef size_t new_cap = cap[0] + cap[0] // 2 + 16
-    if new_cap < need:
-        new_cap = need
-    cdef void *p = PyMem_Realloc(ptr[0], new_cap * item)
-    if p == NULL:
-        raise MemoryError()
-    ptr[0] = p
-    cap[0] = new_cap
-    return 0
+    return flat_grow(ptr, cap, need, item)
 
 
 cdef inline uint32_t pack_holder(uint32_t slot, int32_t level, int32_t prio) noexcept nogil:
@@ -521,27 +361,13 @@ cdef class IndexCore:
     cdef size_t qkeys_cap
     cdef list qlist
     cdef Py_ssize_t qready
-    # batch scratch
-    cdef SEvent *ev
-    cdef size_t ev_cap
-    cdef SBlock *blk
-    cdef size_t blk_cap
-    cdef uint32_t *tok
-    cdef size_t tok_cap
-    cdef uint64_t *ext
-    cdef size_t ext_cap
-    cdef uint64_t *mm
-    cdef size_t mm_cap
-    cdef int64_t *vals
-    cdef size_t vals_cap
-    cdef int64_t *drops
-    cdef size_t drops_cap
-    cdef size_t nev, nblk, ntok, next_, nmm, nvals, ndrops
+    # batch scratch: the flat batch the codec reads into (or _fill_event fills)
+    cdef FlatBatch fb
+    cdef dict variants
     # counters
     cdef int64_t c_batches_applied, c_batches_replayed, c_batches_stale, c_events_applied
     cdef int64_t c_events_duplicate, c_blocks_stored, c_blocks_removed, c_orphan_blocks
     cdef int64_t c_unknown_removed, c_unknown_updated, c_content_conflicts, c_gaps, c_resyncs
-    cdef bint fused
 
     def __cinit__(self):
         self.chunks = NULL
@@ -553,18 +379,12 @@ cdef class IndexCore:
         self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
         self.slvl = NULL
         self.qkeys = NULL
-        self.ev = NULL
-        self.blk = NULL
-        self.tok = NULL
-        self.ext = NULL
-        self.mm = NULL
-        self.vals = NULL
-        self.drops = NULL
+        flat_init(&self.fb)
 
     def __init__(self, key_factory=tuple):
         self.key_factory = key_factory
         self._reset_all()
-        self.fused = current_fingerprint() == FUSED_FINGERPRINT
+        self.variants = flat_variants()
 
     def __dealloc__(self):
         self._free_all()
@@ -598,20 +418,7 @@ cdef class IndexCore:
         self.slvl = NULL
         PyMem_Free(self.qkeys)
         self.qkeys = NULL
-        PyMem_Free(self.ev)
-        self.ev = NULL
-        PyMem_Free(self.blk)
-        self.blk = NULL
-        PyMem_Free(self.tok)
-        self.tok = NULL
-        PyMem_Free(self.ext)
-        self.ext = NULL
-        PyMem_Free(self.mm)
-        self.mm = NULL
-        PyMem_Free(self.vals)
-        self.vals = NULL
-        PyMem_Free(self.drops)
-        self.drops = NULL
+        flat_free(&self.fb)
 
     cdef int _reset_all(self) except -1:
         cdef int i
@@ -638,8 +445,6 @@ cdef class IndexCore:
         self.score_cap = 0
         self.epoch = 0
         self.qkeys_cap = 0
-        self.ev_cap = self.blk_cap = self.tok_cap = self.ext_cap = self.mm_cap = 0
-        self.vals_cap = self.drops_cap = 0
         self.c_batches_applied = self.c_batches_replayed = self.c_batches_stale = 0
         self.c_events_applied = self.c_events_duplicate = self.c_blocks_stored = 0
         self.c_blocks_removed = self.c_orphan_blocks = self.c_unknown_removed = 0
@@ -1108,24 +913,24 @@ cdef class IndexCore:
             # the whole chain's content is known now: hash it, and start fetching both tables
             c = pc
             for i in range(first, end):
-                b = &self.blk[i]
-                c = block_content(c, i == first and state == 0, b, self.tok, self.ext, self.mm)
+                b = &self.fb.blk[i]
+                c = block_content(c, i == first and state == 0, b, self.fb.tok, self.fb.ext, self.fb.mm)
                 b.content = c
                 if i < ahead:
                     self._prefetch(&self.etab, b.engine)
                     self._prefetch(&self.ctab, c)
         for i in range(first, end):
-            b = &self.blk[i]
+            b = &self.fb.blk[i]
             if i + 2 < end:
-                self._prefetch_key(self.blk[i + 2].engine, 1)
+                self._prefetch_key(self.fb.blk[i + 2].engine, 1)
                 if i + 32 < end:
-                    self._prefetch(&self.etab, self.blk[i + 32].engine)
+                    self._prefetch(&self.etab, self.fb.blk[i + 32].engine)
                     if hashed:
-                        self._prefetch(&self.ctab, self.blk[i + 32].content)
+                        self._prefetch(&self.ctab, self.fb.blk[i + 32].content)
             known = state != 2
             if known:
                 # an orphan chain that found its content on the way is hashed as it goes
-                c = b.content if hashed else block_content(pc, False, b, self.tok, self.ext, self.mm)
+                c = b.content if hashed else block_content(pc, False, b, self.fb.tok, self.fb.ext, self.fb.mm)
             id = self._find(&self.etab, b.engine, False)
             if id == KV_NIL:
                 id = self._node_alloc()
@@ -1187,17 +992,17 @@ cdef class IndexCore:
             self.c_batches_replayed += 1
         else:
             inst.dp_size = dp_size
-            for k in range(self.ndrops):
-                if self.drops[2 * k + 1] > 0:
-                    self._degrade(self._worker(inst, <int32_t>self.drops[2 * k]),
-                                  _reasons.events_dropped(self.drops[2 * k + 1], seq))
+            for k in range(self.fb.ndrops):
+                if self.fb.drops[2 * k + 1] > 0:
+                    self._degrade(self._worker(inst, <int32_t>self.fb.drops[2 * k]),
+                                  _reasons.events_dropped(self.fb.drops[2 * k + 1], seq))
         self.c_batches_applied += 1
-        for k in range(self.nev):
-            if k + 3 < self.nev:
-                self._prefetch_keys(&self.ev[k + 3], 0)
-            if k + 1 < self.nev:
-                self._prefetch_keys(&self.ev[k + 1], 1)
-            e = &self.ev[k]
+        for k in range(self.fb.nev):
+            if k + 3 < self.fb.nev:
+                self._prefetch_keys(&self.fb.ev[k + 3], 0)
+            if k + 1 < self.fb.nev:
+                self._prefetch_keys(&self.fb.ev[k + 1], 1)
+            e = &self.fb.ev[k]
             if e.rank != cached_rank:
                 widx = self._worker(inst, e.rank)
                 cached_rank = e.rank
@@ -1210,10 +1015,10 @@ cdef class IndexCore:
         cdef uint32_t i, n = e.count if e.count < 16 else 16
         if e.kind == K_STORED:
             for i in range(n):
-                self._prefetch_key(self.blk[e.first + i].engine, stage)
+                self._prefetch_key(self.fb.blk[e.first + i].engine, stage)
         elif e.kind == K_REMOVED:
             for i in range(n):
-                self._prefetch_key(<uint64_t>self.vals[e.first + i], stage)
+                self._prefetch_key(<uint64_t>self.fb.vals[e.first + i], stage)
         elif e.kind == K_UPDATED:
             self._prefetch_key(e.parent, stage)
 
@@ -1289,7 +1094,7 @@ cdef class IndexCore:
             w = &self.wrk[widx]
             if e.count:
                 w.split_blocks = offset + e.count
-                w.split_tail = self.blk[e.first + e.count - 1].engine
+                w.split_tail = self.fb.blk[e.first + e.count - 1].engine
                 w.has_split_tail = 1
             else:
                 w.split_blocks = 0
@@ -1306,15 +1111,15 @@ cdef class IndexCore:
                         self.c_resyncs += 1
                 slot = self._slot(widx, e.window, True)
                 self._clear_slot(slot)
-                self.s_capacity[slot] = [self.vals[e.first + i] for i in range(e.count)]
+                self.s_capacity[slot] = [self.fb.vals[e.first + i] for i in range(e.count)]
             elif kind == K_REMOVED:
                 slot = self._slot(widx, e.window, False)
                 for i in range(e.first, e.first + e.count):
                     if i + 2 < e.first + e.count:
-                        self._prefetch_key(<uint64_t>self.vals[i + 2], 1)
+                        self._prefetch_key(<uint64_t>self.fb.vals[i + 2], 1)
                         if i + 16 < e.first + e.count:
-                            self._prefetch(&self.etab, <uint64_t>self.vals[i + 16])
-                    if slot != KV_NIL and self._remove_holder(<uint64_t>self.vals[i], slot):
+                            self._prefetch(&self.etab, <uint64_t>self.fb.vals[i + 16])
+                    if slot != KV_NIL and self._remove_holder(<uint64_t>self.fb.vals[i], slot):
                         self.c_blocks_removed += 1
                     else:
                         self.c_unknown_removed += 1
@@ -1353,234 +1158,66 @@ cdef class IndexCore:
     # ------------------------------------------------------------------ scratch
 
     cdef inline int _need_events(self, size_t n) except -1:
-        return grow(<void **>&self.ev, &self.ev_cap, n, sizeof(SEvent))
+        return flat_grow(<void **>&self.fb.ev, &self.fb.ev_cap, n, sizeof(SEvent))
 
     cdef inline int _need_blocks(self, size_t n) except -1:
-        return grow(<void **>&self.blk, &self.blk_cap, n, sizeof(SBlock))
+        return flat_grow(<void **>&self.fb.blk, &self.fb.blk_cap, n, sizeof(SBlock))
 
     cdef inline int _need_tokens(self, size_t n) except -1:
-        return grow(<void **>&self.tok, &self.tok_cap, n, sizeof(uint32_t))
+        return flat_grow(<void **>&self.fb.tok, &self.fb.tok_cap, n, sizeof(uint32_t))
 
     cdef inline int _need_ext(self, size_t n) except -1:
-        return grow(<void **>&self.ext, &self.ext_cap, n, sizeof(uint64_t))
+        return flat_grow(<void **>&self.fb.ext, &self.fb.ext_cap, n, sizeof(uint64_t))
 
     cdef inline int _need_mm(self, size_t n) except -1:
-        return grow(<void **>&self.mm, &self.mm_cap, n, sizeof(uint64_t))
+        return flat_grow(<void **>&self.fb.mm, &self.fb.mm_cap, n, sizeof(uint64_t))
 
     cdef inline int _need_vals(self, size_t n) except -1:
-        return grow(<void **>&self.vals, &self.vals_cap, n, sizeof(int64_t))
+        return flat_grow(<void **>&self.fb.vals, &self.fb.vals_cap, n, sizeof(int64_t))
 
     cdef inline int _need_drops(self, size_t n) except -1:
-        return grow(<void **>&self.drops, &self.drops_cap, n, sizeof(int64_t))
+        return flat_grow(<void **>&self.fb.drops, &self.fb.drops_cap, n, sizeof(int64_t))
 
     cdef void _scratch_clear(self) noexcept:
-        self.nev = self.nblk = self.ntok = self.next_ = self.nmm = self.nvals = self.ndrops = 0
-
-    cdef int _read_block(self, Reader *r) except -1:
-        """One KVCacheStoredBlockData into the scratch arrays (r.err set on bad bytes)."""
-        cdef int64_t n, i, branch
-        cdef uint32_t *tok
-        cdef Py_ssize_t length
-        cdef SBlock *b
-        self._need_blocks(self.nblk + 1)
-        b = &self.blk[self.nblk]
-        memset(b, 0, sizeof(SBlock))
-        b.engine = <uint64_t>read_long(r)
-        b.tok = <uint32_t>self.ntok
-        while True:
-            n = read_count(r)
-            if r.err or n == 0:
-                break
-            self._need_tokens(self.ntok + n)
-            tok = self.tok + self.ntok
-            for i in range(n):
-                tok[i] = <uint32_t>read_int(r)
-            self.ntok += n
-            if r.err:
-                return 0
-        b.ntok = <uint32_t>(self.ntok - b.tok)
-        branch = read_union(r, 2)
-        if branch == 1:
-            b.has_lora = 1
-            b.lora = <uint64_t>read_long(r)
-        b.level = read_int(r)
-        b.prio = read_int(r)
-        branch = read_union(r, 2)
-        if branch == 1 and not r.err:
-            b.has_extra = 1
-            b.ext = <uint32_t>self.next_
-            while True:
-                n = read_count(r)
-                if r.err or n == 0:
-                    break
-                self._need_ext(self.next_ + n)
-                for i in range(n):
-                    self.ext[self.next_] = <uint64_t>read_long(r)
-                    self.next_ += 1
-            b.next = <uint32_t>(self.next_ - b.ext)
-        b.mm = <uint32_t>self.nmm
-        while not r.err:
-            n = read_count(r)
-            if r.err or n == 0:
-                break
-            self._need_mm(self.nmm + 5 * n)
-            for i in range(n):
-                if r.end - r.p < 32:
-                    r.err = E_TRUNCATED
-                    return 0
-                memcpy(&self.mm[self.nmm], r.p, 32)  # four little-endian words
-                r.p += 32
-                self.mm[self.nmm + 4] = <uint32_t>read_int(r)
-                self.nmm += 5
-                b.nmm += 1
-        branch = read_union(r, 2)
-        if branch == 1 and not r.err:
-            length = read_len(r)
-            if not r.err:
-                b.has_salt = 1
-                b.salt = salt_hash_bytes(r.p, length)
-                r.p += length
-        self.nblk += 1
-        return 0
-
-    cdef int _read_event(self, Reader *r) except -1:
-        cdef int64_t n, i, branch
-        cdef SEvent *e
-        self._need_events(self.nev + 1)
-        e = &self.ev[self.nev]
-        memset(e, 0, sizeof(SEvent))
-        e.event_id = read_long(r)
-        branch = read_union(r, 4)
-        if r.err:
-            return 0
-        e.kind = <uint8_t>branch
-        if branch == K_CREATED:
-            e.first = <uint32_t>self.nvals
-            while True:
-                n = read_count(r)
-                if r.err or n == 0:
-                    break
-                self._need_vals(self.nvals + n)
-                for i in range(n):
-                    self.vals[self.nvals] = read_int(r)
-                    self.nvals += 1
-            e.count = <uint32_t>(self.nvals - e.first)
-            if r.has_snapshot and not r.err:
-                e.snapshot = read_boolean(r)
-        elif branch == K_STORED:
-            if read_union(r, 2) == 1:
-                e.has_parent = 1
-                e.parent = <uint64_t>read_long(r)
-            e.first = <uint32_t>self.nblk
-            while not r.err:
-                n = read_count(r)
-                if r.err or n == 0:
-                    break
-                for i in range(n):
-                    self._read_block(r)
-                    if r.err:
-                        return 0
-            e.count = <uint32_t>(self.nblk - e.first)
-        elif branch == K_REMOVED:
-            e.first = <uint32_t>self.nvals
-            while True:
-                n = read_count(r)
-                if r.err or n == 0:
-                    break
-                self._need_vals(self.nvals + n)
-                for i in range(n):
-                    self.vals[self.nvals] = read_long(r)
-                    self.nvals += 1
-            e.count = <uint32_t>(self.nvals - e.first)
-        else:
-            e.parent = <uint64_t>read_long(r)
-            if read_union(r, 2) == 1:
-                e.has_level = 1
-                read_int(r)
-                e.new_level = read_int(r)
-            if read_union(r, 2) == 1:
-                e.has_prio = 1
-                read_int(r)
-                e.new_prio = read_int(r)
-        e.window = read_int(r)
-        if read_union(r, 2) == 1:
-            e.rank = read_int(r)
-        self.nev += 1
-        return 0
+        flat_clear(&self.fb)
 
     def apply_encoded(self, data):
         """Decode a single-object encoded batch straight into the index (see module doc)."""
         cdef Py_buffer view
-        cdef Reader r
         cdef const uint8_t *base
-        cdef Py_ssize_t size, length
-        cdef int64_t dp_size, pid, seq, offset, n, i
+        cdef const uint8_t *name
+        cdef Py_ssize_t size, length, i
         cdef _Instance inst
-        cdef bytes name
+        cdef SBlock *b
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise DecodeError(f"expected bytes, got {type(data).__name__}")
         PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
         try:
             base = <const uint8_t *>view.buf
             size = view.len
-            if not self.fused or size < 10 or base[0] != 0xC3 or base[1] != 0x01:
+            variant = None
+            if size >= _HEADER and memcmp(base, PyBytes_AS_STRING(_MAGIC), 2) == 0:
+                variant = self.variants.get(PyBytes_FromStringAndSize(<const char *>base + 2, _HEADER - 2))
+            if variant is None:
                 self.apply_batch(decode_batch(data))
                 return
-            if memcmp(base + 2, PyBytes_AS_STRING(FUSED_FINGERPRINT), 8) == 0:
-                r.has_snapshot = 1
-            elif memcmp(base + 2, PyBytes_AS_STRING(FUSED_FINGERPRINT_V1), 8) == 0:
-                r.has_snapshot = 0
-            else:
-                self.apply_batch(decode_batch(data))
-                return
-            r.p = base + 10
-            r.end = base + size
-            r.err = 0
-            self._scratch_clear()
-            length = read_len(&r)
-            if r.err:
-                raise DecodeError(f"malformed Avro body: {_READ_ERRORS[r.err]} in instance_id")
+            flat_read(&self.fb, base + _HEADER, size - _HEADER, variant)
+            name = base + _HEADER + self.fb.instance_at
+            length = self.fb.instance_len
             if self.last_inst_bytes is not None and length == len(self.last_inst_bytes) and \
-                    memcmp(r.p, PyBytes_AS_STRING(self.last_inst_bytes), length) == 0:
+                    memcmp(name, PyBytes_AS_STRING(self.last_inst_bytes), length) == 0:
                 inst = self.last_inst
             else:
-                name = PyBytes_FromStringAndSize(<const char *>r.p, length)
-                try:
-                    inst = self._instance(name.decode("utf-8"))
-                except UnicodeDecodeError as exc:
-                    raise DecodeError(f"invalid UTF-8 in a string field: {exc}") from exc
-                self.last_inst_bytes = name
+                name_bytes = PyBytes_FromStringAndSize(<const char *>name, length)
+                inst = self._instance(name_bytes.decode("utf-8"))
+                self.last_inst_bytes = name_bytes
                 self.last_inst = inst
-            r.p += length
-            dp_size = read_int(&r)
-            pid = read_long(&r)
-            seq = read_long(&r)
-            read_long(&r)  # created_at
-            while not r.err:
-                n = read_count(&r)
-                if r.err or n == 0:
-                    break
-                self._need_drops(2 * (self.ndrops + n))
-                for i in range(n):
-                    self.drops[2 * self.ndrops] = read_int(&r)
-                    self.drops[2 * self.ndrops + 1] = read_long(&r)
-                    self.ndrops += 1
-            offset = read_int(&r)
-            while not r.err:
-                n = read_count(&r)
-                if r.err or n == 0:
-                    break
-                for i in range(n):
-                    self._read_event(&r)
-                    if r.err:
-                        raise DecodeError(
-                            f"malformed Avro body: {_READ_ERRORS[r.err]} in event {self.nev}"
-                        )
-            if r.err:
-                raise DecodeError(f"malformed Avro body: {_READ_ERRORS[r.err]} in the batch envelope")
-            if r.p != r.end:
-                raise DecodeError(f"{r.end - r.p} trailing bytes after the Avro body")
-            self._apply_scratch(inst, pid, seq, dp_size, offset)
+            for i in range(<Py_ssize_t>self.fb.nblk):
+                b = &self.fb.blk[i]
+                if b.has_salt:
+                    b.salt = salt_hash_bytes(base + _HEADER + b.salt_at, b.salt_len)
+            self._apply_scratch(inst, self.fb.producer_id, self.fb.sequence, self.fb.dp_size,
+                                self.fb.offset)
         finally:
             PyBuffer_Release(&view)
 
@@ -1591,16 +1228,16 @@ cdef class IndexCore:
         cdef Py_ssize_t n = len(tokens), i
         cdef bytes key_hash
         cdef bytes salt
-        self._need_blocks(self.nblk + 1)
-        self._need_tokens(self.ntok + n)
-        b = &self.blk[self.nblk]
+        self._need_blocks(self.fb.nblk + 1)
+        self._need_tokens(self.fb.ntok + n)
+        b = &self.fb.blk[self.fb.nblk]
         memset(b, 0, sizeof(SBlock))
         b.engine = block.block_hash
-        b.tok = <uint32_t>self.ntok
+        b.tok = <uint32_t>self.fb.ntok
         b.ntok = <uint32_t>n
         if n:
-            memcpy(self.tok + self.ntok, tokens.data.as_ints, n * sizeof(uint32_t))
-        self.ntok += n
+            memcpy(self.fb.tok + self.fb.ntok, tokens.data.as_ints, n * sizeof(uint32_t))
+        self.fb.ntok += n
         lora = block.lora_id
         if lora is not None:
             b.has_lora = 1
@@ -1610,33 +1247,33 @@ cdef class IndexCore:
         if block.token_extra_ids is not None:
             extra = block.token_extra_ids
             m = len(extra)
-            self._need_ext(self.next_ + m)
+            self._need_ext(self.fb.next_ + m)
             b.has_extra = 1
-            b.ext = <uint32_t>self.next_
+            b.ext = <uint32_t>self.fb.next_
             b.next = <uint32_t>m
             if m:
-                memcpy(self.ext + self.next_, extra.data.as_ulonglongs, m * sizeof(uint64_t))
-            self.next_ += m
-        b.mm = <uint32_t>self.nmm
+                memcpy(self.fb.ext + self.fb.next_, extra.data.as_ulonglongs, m * sizeof(uint64_t))
+            self.fb.next_ += m
+        b.mm = <uint32_t>self.fb.nmm
         for key_hash, key_offset in block.mm_keys:
             if len(key_hash) != 32:
                 raise ValueError(f"block {block.block_hash}: a multimodal key hash must be 32 bytes")
-            self._need_mm(self.nmm + 5)
-            memcpy(&self.mm[self.nmm], PyBytes_AS_STRING(key_hash), 32)
-            self.mm[self.nmm + 4] = <uint32_t>(<int64_t>key_offset & 0xFFFFFFFF)
-            self.nmm += 5
+            self._need_mm(self.fb.nmm + 5)
+            memcpy(&self.fb.mm[self.fb.nmm], PyBytes_AS_STRING(key_hash), 32)
+            self.fb.mm[self.fb.nmm + 4] = <uint32_t>(<int64_t>key_offset & 0xFFFFFFFF)
+            self.fb.nmm += 5
             b.nmm += 1
         if block.cache_salt is not None:
             salt = block.cache_salt.encode("utf-8")
             b.has_salt = 1
             b.salt = salt_hash_bytes(<const uint8_t *>PyBytes_AS_STRING(salt), len(salt))
-        self.nblk += 1
+        self.fb.nblk += 1
         return 0
 
     cdef int _fill_event(self, object event) except -1:
         cdef SEvent *e
-        self._need_events(self.nev + 1)
-        e = &self.ev[self.nev]
+        self._need_events(self.fb.nev + 1)
+        e = &self.fb.ev[self.fb.nev]
         memset(e, 0, sizeof(SEvent))
         e.event_id = event.event_id
         e.window = event.window_size
@@ -1649,20 +1286,20 @@ cdef class IndexCore:
             if data.parent_hash is not None:
                 e.has_parent = 1
                 e.parent = data.parent_hash
-            e.first = <uint32_t>self.nblk
+            e.first = <uint32_t>self.fb.nblk
             for block in data.blocks:
                 self._fill_block(block)
-            e.count = <uint32_t>(self.nblk - e.first)
+            e.count = <uint32_t>(self.fb.nblk - e.first)
         elif cls is KVCacheRemovedData:
             e.kind = K_REMOVED
-            e.first = <uint32_t>self.nvals
+            e.first = <uint32_t>self.fb.nvals
             hashes = data.block_hashes
-            self._need_vals(self.nvals + len(hashes))
-            e = &self.ev[self.nev]
+            self._need_vals(self.fb.nvals + len(hashes))
+            e = &self.fb.ev[self.fb.nev]
             for h in hashes:
-                self.vals[self.nvals] = <int64_t>(<uint64_t>h)
-                self.nvals += 1
-            e.count = <uint32_t>(self.nvals - e.first)
+                self.fb.vals[self.fb.nvals] = <int64_t>(<uint64_t>h)
+                self.fb.nvals += 1
+            e.count = <uint32_t>(self.fb.nvals - e.first)
         elif cls is KVCacheUpdatedData:
             e.kind = K_UPDATED
             e.parent = data.block_hash
@@ -1676,16 +1313,16 @@ cdef class IndexCore:
             e.kind = K_CREATED
             e.snapshot = data.snapshot is True
             levels = data.num_blocks_per_cache_level
-            self._need_vals(self.nvals + len(levels))
-            e = &self.ev[self.nev]
-            e.first = <uint32_t>self.nvals
+            self._need_vals(self.fb.nvals + len(levels))
+            e = &self.fb.ev[self.fb.nev]
+            e.first = <uint32_t>self.fb.nvals
             for v in levels:
-                self.vals[self.nvals] = v
-                self.nvals += 1
-            e.count = <uint32_t>(self.nvals - e.first)
+                self.fb.vals[self.fb.nvals] = v
+                self.fb.nvals += 1
+            e.count = <uint32_t>(self.fb.nvals - e.first)
         else:
             raise TypeError(f"unknown event data type {cls.__name__}")
-        self.nev += 1
+        self.fb.nev += 1
         return 0
 
     def apply_batch(self, batch):
@@ -1695,9 +1332,9 @@ cdef class IndexCore:
         drops = batch.dropped
         self._need_drops(2 * len(drops))
         for d in drops:
-            self.drops[2 * self.ndrops] = d.attention_dp_rank
-            self.drops[2 * self.ndrops + 1] = d.dropped_events
-            self.ndrops += 1
+            self.fb.drops[2 * self.fb.ndrops] = d.attention_dp_rank
+            self.fb.drops[2 * self.fb.ndrops + 1] = d.dropped_events
+            self.fb.ndrops += 1
         for event in batch.events:
             self._fill_event(event)
         self._apply_scratch(self._instance(batch.instance_id), batch.producer_id, batch.sequence,
@@ -1895,11 +1532,11 @@ cdef class IndexCore:
         self._need_tokens(n if n else 1)
         if isinstance(tokens, carray.array) and tokens.typecode == 'i':
             if n:
-                memcpy(self.tok, (<carray.array>tokens).data.as_ints, n * sizeof(uint32_t))
+                memcpy(self.fb.tok, (<carray.array>tokens).data.as_ints, n * sizeof(uint32_t))
         else:
             i = 0
             for t in tokens:
-                self.tok[i] = <uint32_t><int64_t>t  # the low 32 bits, as the hash takes them
+                self.fb.tok[i] = <uint32_t><int64_t>t  # the low 32 bits, as the hash takes them
                 i += 1
         memset(&blk, 0, sizeof(SBlock))
         blk.ntok = <uint32_t>block_size
@@ -1914,7 +1551,7 @@ cdef class IndexCore:
         out = []
         for b in range(nblocks):
             blk.tok = <uint32_t>(b * block_size)
-            h = block_content(h, b == 0, &blk, self.tok, NULL, NULL)
+            h = block_content(h, b == 0, &blk, self.fb.tok, NULL, NULL)
             out.append(h)
         return out
 
@@ -2012,8 +1649,8 @@ cdef class IndexCore:
         total += self.pool_cap * sizeof(uint32_t)
         total += self.slots_cap * sizeof(Slot) + self.workers_cap * sizeof(Worker)
         total += self.score_cap * (6 * sizeof(uint32_t) + 1) + self.qkeys_cap * sizeof(uint64_t)
-        total += self.ev_cap * sizeof(SEvent) + self.blk_cap * sizeof(SBlock)
-        total += self.tok_cap * 4 + (self.ext_cap + self.mm_cap + self.vals_cap + self.drops_cap) * 8
+        total += self.fb.ev_cap * sizeof(SEvent) + self.fb.blk_cap * sizeof(SBlock)
+        total += self.fb.tok_cap * 4 + (self.fb.ext_cap + self.fb.mm_cap + self.fb.vals_cap + self.fb.drops_cap) * 8
         total += 300 * self.nworkers + 100 * self.nslots + 500 * len(self.instances)
         return total
 
@@ -2041,7 +1678,7 @@ cdef class IndexCore:
             for block in data.blocks:
                 self._fill_block(block)
             self._store(slot, data.parent_hash is not None,
-                        0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.nblk)
+                        0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.fb.nblk)
 
     def set_cursor(self, str instance_id, int32_t rank, event_id):
         cdef uint32_t widx = self._worker(self._instance(instance_id), rank)

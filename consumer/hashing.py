@@ -15,7 +15,8 @@ the chain, exactly as TensorRT-LLM seeds only its first block with the salt. A s
 a later block is ignored.
 
 The function ``H`` is kvevents' own 64-bit mixer ("kvh64"), defined here in plain Python and
-implemented identically in the compiled core (``_indexcore``); tests check they agree. It is
+implemented identically in the compiled core (``_indexcore``, which takes the constants below
+from this module at import: they are defined here only); tests check they agree. It is
 deterministic across processes and machines, so a router may compute content hashes itself
 (:func:`content_hashes_for_tokens`) and query :meth:`CacheIndex.find_matches_by_content`.
 

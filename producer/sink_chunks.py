@@ -7,12 +7,11 @@ only known when the sink hands the message to librdkafka: the sequence number is
 whatever was lost until that moment. :class:`EnvelopeWriter` therefore encodes events once, when
 they are chunked, and later puts an envelope in front of those bytes.
 
-That works because ``events`` is the last field of ``EventBatch``: an Avro record is its fields'
-encodings one after the other, so ``encode(batch)`` is ``encode(envelope with no events)``
-without its final ``00`` (the empty array) followed by the encoded events array. The writer
-checks this on a probe batch the first time it is used, for the codec it was given; should a
-future schema break it, the writer falls back to decoding the chunk and encoding it again with
-the envelope (slower, same bytes).
+The codec says how (:func:`kvevents.schemas.codec.envelope_of`): ``events`` is the last field of
+``EventBatch``, so a message is its envelope's encoding without the empty events array, then the
+events array. The writer checks this on a probe batch the first time it is used, for the codec
+it was given; should it not hold, the writer falls back to decoding the chunk and encoding it
+again with the envelope (slower, same bytes).
 
 Splitting (:class:`Chunker`): events go into a message in order until the message would exceed
 the size budget; one Stored event that is too large alone is cut at block boundaries into
@@ -40,6 +39,7 @@ from kvevents.schemas import (
     decode_batch,
     encode_batch,
 )
+from kvevents.schemas.codec import envelope_of
 
 __all__ = [
     "DATA_ERRORS",
@@ -182,9 +182,10 @@ class EnvelopeWriter:
         """The envelope :meth:`events_part` strips: ``template_prefix() + part`` is a whole message."""
         if self._template_prefix is None:
             empty = self._codec.encode_batch(EventBatch(self._instance_id, [], self._dp_size))
-            if not empty.endswith(b"\x00"):
-                raise RuntimeError("the codec does not end an EventBatch with its events array")
-            self._template_prefix = empty[:-1]
+            try:
+                self._template_prefix = envelope_of(empty)
+            except EncodeError as exc:
+                raise RuntimeError(f"the codec cannot cut a message's events from it: {exc}") from None
         return self._template_prefix
 
     def events_part(self, events: Sequence[KVCacheEvent], first_event_block_offset: int = 0) -> memoryview:
@@ -200,7 +201,7 @@ class EnvelopeWriter:
         self.last_envelope = envelope
         if envelope is not None:
             full = self._codec.encode_batch(msgspec.structs.replace(envelope, events=list(events)))
-            return memoryview(full)[len(self._codec.encode_batch(envelope)) - 1 :]
+            return memoryview(full)[len(envelope_of(self._codec.encode_batch(envelope))) :]
         full = self._codec.encode_batch(EventBatch(self._instance_id, list(events), self._dp_size))
         if not full.startswith(prefix):
             raise RuntimeError("the codec wrote a different envelope for the same envelope fields")
@@ -235,7 +236,7 @@ class EnvelopeWriter:
             self._splice = self._check_splice()
         envelope = self._envelope(producer_id, sequence, created_at_us, dropped, first_event_block_offset)
         if self._splice:
-            return self._codec.encode_batch(envelope)[:-1] + part
+            return envelope_of(self._codec.encode_batch(envelope)) + part
         events = self._codec.decode_batch(self.template_prefix() + part).events
         return self._codec.encode_batch(msgspec.structs.replace(envelope, events=events))
 
@@ -246,7 +247,7 @@ class EnvelopeWriter:
             ranks = max(1, self._dp_size)
             dropped = [RankDrops(_I31_MAX, _I63_MAX) for _ in range(ranks)]
             envelope = self._envelope(_I63_MAX, _I63_MAX, _I63_MAX, dropped, _I31_MAX)
-            self._max_prefix = len(self._codec.encode_batch(envelope)) - 1
+            self._max_prefix = len(envelope_of(self._codec.encode_batch(envelope)))
         return self._max_prefix
 
     def _check_splice(self) -> bool:
@@ -278,7 +279,7 @@ class EnvelopeWriter:
             fields["dropped"],  # type: ignore[arg-type]
             fields["first_event_block_offset"],  # type: ignore[arg-type]
         )
-        spliced = self._codec.encode_batch(envelope)[:-1] + self.events_part(probe)
+        spliced = envelope_of(self._codec.encode_batch(envelope)) + self.events_part(probe)
         return spliced == direct
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "codec_schema",
     "crc64_avro",
     "fingerprint_of",
+    "load_batch_schema",
     "parse_for_codec",
     "without_logical_types",
 ]
@@ -94,4 +95,9 @@ def batch_schema() -> Any:
 @cache
 def batch_schema_json() -> str:
     """The full ``EventBatch`` schema as one self-contained JSON document (for registries)."""
-    return json.dumps(load_schema(str(_BATCH_FILE), _write_hint=False))
+    return json.dumps(load_batch_schema(SCHEMA_DIR))
+
+
+def load_batch_schema(directory: Path) -> Any:
+    """The ``EventBatch`` schema of the ``.avsc`` files in ``directory`` as one JSON object."""
+    return load_schema(str(directory / _BATCH_FILE.name), _write_hint=False)

@@ -10,8 +10,10 @@ up to 10 bytes) and raises :class:`DecodeError` naming the field for anything el
 checked against the bytes left before anything is allocated, so a forged count cannot make it
 allocate more than a few times the input's size.
 
-The schema is hand-coded here: ``SCHEMA_FINGERPRINT`` is the fingerprint it was written for, and
-``kvevents.schemas.codec`` uses this module only when that matches the ``.avsc`` files.
+The schema is hand-coded here and nowhere else: ``kvevents.schemas.codec`` checks at import that
+this module writes and reads exactly what fastavro does for the ``.avsc`` files (a probe batch
+using every field), and steps aside for fastavro when it does not. ``flat_read`` (declared in
+``_fastcodec.pxd``) is the same reader into C arrays, for the compiled index core.
 """
 
 from cpython.array cimport array, clone, resize
@@ -23,15 +25,16 @@ from cpython.bytes cimport (
     PyBytes_GET_SIZE,
 )
 from cpython.exc cimport PyErr_Clear, PyErr_ExceptionMatches, PyErr_Occurred
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.list cimport PyList_AsTuple, PyList_CheckExact, PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_CheckExact, PyLong_FromLongLong, PyLong_FromUnsignedLongLong
 from cpython.object cimport Py_SIZE, PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_CheckExact
 from cpython.unicode cimport PyUnicode_Check, PyUnicode_DecodeUTF8
-from libc.stdint cimport INT32_MAX, INT32_MIN, INT64_MIN, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport INT32_MAX, INT32_MIN, INT64_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from operator import index as _index
 from types import MemberDescriptorType
@@ -67,10 +70,14 @@ cdef extern from "Python.h":
 cdef enum:
     T_OBJECT_EX_ = 16   # structmember.h's T_OBJECT_EX (Py_T_OBJECT_EX since 3.12): an object slot
 
-__all__ = ["SCHEMA_FINGERPRINT", "decode_body", "direct_field_access", "encode_body"]
-
-SCHEMA_FINGERPRINT = bytes.fromhex("a8fdf94b35e3cc10")
-"""CRC-64-AVRO fingerprint of the ``EventBatch`` schema this module implements."""
+__all__ = [
+    "FLAT_VARIANT_CURRENT",
+    "FLAT_VARIANT_NO_SNAPSHOT",
+    "decode_body",
+    "direct_field_access",
+    "encode_body",
+    "flat_check",
+]
 
 # The model types, held in C globals (no module dictionary lookup per object).
 cdef object _Batch = EventBatch
@@ -89,11 +96,11 @@ cdef array _INT_ARRAY = array("i")
 cdef array _U64_ARRAY = array("Q")
 
 cdef enum:
-    # Union branch indexes of KVCacheEvent.data, in the order of the .avsc.
-    DATA_CREATED = 0
-    DATA_STORED = 1
-    DATA_REMOVED = 2
-    DATA_UPDATED = 3
+    # Union branch indexes of KVCacheEvent.data, in the order of the .avsc (as FlatKind).
+    DATA_CREATED = FLAT_CREATED
+    DATA_STORED = FLAT_STORED
+    DATA_REMOVED = FLAT_REMOVED
+    DATA_UPDATED = FLAT_UPDATED
 
 cdef enum:
     # Smallest encoded size of one array item, for the "count larger than the bytes left" check.
@@ -1295,3 +1302,304 @@ def decode_body(body, Py_ssize_t offset=0):
         return _decode(<const unsigned char*>view.buf + offset, view.len - offset)
     finally:
         PyBuffer_Release(&view)
+
+
+# =====================================================================================  flat reading
+# The body straight into C arrays, for the index core (declared in _fastcodec.pxd).
+
+
+_WIRE_ERRORS = {
+    W_TRUNCATED: "truncated Avro body",
+    W_VARINT: "a varint longer than 10 bytes",
+    W_UNION: "an invalid union branch index",
+    W_COUNT: "an array count larger than the bytes left",
+    W_LENGTH: "a negative or too large string/bytes length",
+    W_INT_RANGE: "an int outside the 32-bit range",
+    W_BOOLEAN: "a boolean byte other than 0 or 1",
+    W_UTF8: "invalid UTF-8 in a string field",
+}
+
+FLAT_VARIANT_CURRENT = FLAT_HAS_SNAPSHOT
+"""The ``flat_read`` variant of the current schema (``kvevents.schemas.codec.flat_variants``)."""
+FLAT_VARIANT_NO_SNAPSHOT = 0
+"""The variant of a schema without ``KVCacheCreatedData.snapshot`` (v1)."""
+
+
+cdef int flat_grow(void **ptr, size_t *cap, size_t need, size_t item) except -1:
+    """Make ``*ptr`` hold at least ``need`` items (growing by half again)."""
+    if need <= cap[0]:
+        return 0
+    cdef size_t new_cap = cap[0] + cap[0] // 2 + 16
+    if new_cap < need:
+        new_cap = need
+    cdef void *p = PyMem_Realloc(ptr[0], new_cap * item)
+    if p == NULL:
+        raise MemoryError()
+    ptr[0] = p
+    cap[0] = new_cap
+    return 0
+
+
+cdef void flat_init(FlatBatch *fb) noexcept:
+    memset(fb, 0, sizeof(FlatBatch))
+
+
+cdef void flat_clear(FlatBatch *fb) noexcept:
+    fb.nev = fb.nblk = fb.ntok = fb.next_ = fb.nmm = fb.nvals = fb.ndrops = 0
+
+
+cdef void flat_free(FlatBatch *fb) noexcept:
+    PyMem_Free(fb.ev)
+    PyMem_Free(fb.blk)
+    PyMem_Free(fb.tok)
+    PyMem_Free(fb.ext)
+    PyMem_Free(fb.mm)
+    PyMem_Free(fb.vals)
+    PyMem_Free(fb.drops)
+    flat_init(fb)
+
+
+cdef int _flat_block(FlatBatch *fb, WireReader *r, const uint8_t *body) except -1:
+    """One KVCacheStoredBlockData (r.err set on bad bytes)."""
+    cdef int64_t n, i, branch
+    cdef uint32_t *tok
+    cdef Py_ssize_t length
+    cdef FlatBlock *b
+    flat_grow(<void **>&fb.blk, &fb.blk_cap, fb.nblk + 1, sizeof(FlatBlock))
+    b = &fb.blk[fb.nblk]
+    memset(b, 0, sizeof(FlatBlock))
+    b.engine = <uint64_t>wire_long(r)
+    b.tok = <uint32_t>fb.ntok
+    while True:
+        n = wire_count(r)
+        if r.err or n == 0:
+            break
+        flat_grow(<void **>&fb.tok, &fb.tok_cap, fb.ntok + n, sizeof(uint32_t))
+        tok = fb.tok + fb.ntok
+        for i in range(n):
+            tok[i] = <uint32_t>wire_int(r)
+        fb.ntok += n
+        if r.err:
+            return 0
+    b.ntok = <uint32_t>(fb.ntok - b.tok)
+    branch = wire_union(r, 2)
+    if branch == 1:
+        b.has_lora = 1
+        b.lora = <uint64_t>wire_long(r)
+    b.level = wire_int(r)
+    b.prio = wire_int(r)
+    branch = wire_union(r, 2)
+    if branch == 1 and not r.err:
+        b.has_extra = 1
+        b.ext = <uint32_t>fb.next_
+        while True:
+            n = wire_count(r)
+            if r.err or n == 0:
+                break
+            flat_grow(<void **>&fb.ext, &fb.ext_cap, fb.next_ + n, sizeof(uint64_t))
+            for i in range(n):
+                fb.ext[fb.next_] = <uint64_t>wire_long(r)
+                fb.next_ += 1
+        b.next = <uint32_t>(fb.next_ - b.ext)
+    b.mm = <uint32_t>fb.nmm
+    while not r.err:
+        n = wire_count(r)
+        if r.err or n == 0:
+            break
+        flat_grow(<void **>&fb.mm, &fb.mm_cap, fb.nmm + 5 * n, sizeof(uint64_t))
+        for i in range(n):
+            if r.end - r.p < 32:
+                r.err = W_TRUNCATED
+                return 0
+            memcpy(&fb.mm[fb.nmm], r.p, 32)  # four little-endian words
+            r.p += 32
+            fb.mm[fb.nmm + 4] = <uint32_t>wire_int(r)
+            fb.nmm += 5
+            b.nmm += 1
+    branch = wire_union(r, 2)
+    if branch == 1 and not r.err:
+        length = wire_len(r)
+        if not r.err:
+            if not utf8_valid(r.p, length):
+                r.err = W_UTF8
+                return 0
+            b.has_salt = 1
+            b.salt_at = <uint32_t>(r.p - body)
+            b.salt_len = <uint32_t>length
+            r.p += length
+    fb.nblk += 1
+    return 0
+
+
+cdef int _flat_event(FlatBatch *fb, WireReader *r, const uint8_t *body, int variant) except -1:
+    cdef int64_t n, i, branch
+    cdef FlatEvent *e
+    flat_grow(<void **>&fb.ev, &fb.ev_cap, fb.nev + 1, sizeof(FlatEvent))
+    e = &fb.ev[fb.nev]
+    memset(e, 0, sizeof(FlatEvent))
+    e.event_id = wire_long(r)
+    branch = wire_union(r, 4)
+    if r.err:
+        return 0
+    e.kind = <uint8_t>branch
+    if branch == FLAT_CREATED:
+        e.first = <uint32_t>fb.nvals
+        while True:
+            n = wire_count(r)
+            if r.err or n == 0:
+                break
+            flat_grow(<void **>&fb.vals, &fb.vals_cap, fb.nvals + n, sizeof(int64_t))
+            for i in range(n):
+                fb.vals[fb.nvals] = wire_int(r)
+                fb.nvals += 1
+        e.count = <uint32_t>(fb.nvals - e.first)
+        if variant & FLAT_HAS_SNAPSHOT and not r.err:
+            e.snapshot = wire_boolean(r)
+    elif branch == FLAT_STORED:
+        if wire_union(r, 2) == 1:
+            e.has_parent = 1
+            e.parent = <uint64_t>wire_long(r)
+        e.first = <uint32_t>fb.nblk
+        while not r.err:
+            n = wire_count(r)
+            if r.err or n == 0:
+                break
+            for i in range(n):
+                _flat_block(fb, r, body)
+                if r.err:
+                    return 0
+        e = &fb.ev[fb.nev]
+        e.count = <uint32_t>(fb.nblk - e.first)
+    elif branch == FLAT_REMOVED:
+        e.first = <uint32_t>fb.nvals
+        while True:
+            n = wire_count(r)
+            if r.err or n == 0:
+                break
+            flat_grow(<void **>&fb.vals, &fb.vals_cap, fb.nvals + n, sizeof(int64_t))
+            for i in range(n):
+                fb.vals[fb.nvals] = wire_long(r)
+                fb.nvals += 1
+        e.count = <uint32_t>(fb.nvals - e.first)
+    else:
+        e.parent = <uint64_t>wire_long(r)
+        if wire_union(r, 2) == 1:
+            e.has_level = 1
+            wire_int(r)
+            e.new_level = wire_int(r)
+        if wire_union(r, 2) == 1:
+            e.has_prio = 1
+            wire_int(r)
+            e.new_prio = wire_int(r)
+    e.window = wire_int(r)
+    if wire_union(r, 2) == 1:
+        e.has_rank = 1
+        e.rank = wire_int(r)
+    fb.nev += 1
+    return 0
+
+
+cdef int flat_read(FlatBatch *fb, const uint8_t *body, Py_ssize_t size, int variant) except -1:
+    """Read the ``EventBatch`` body ``body[:size]`` into ``fb`` (cleared first); DecodeError
+    (and ``fb`` in an unspecified state) when the bytes are not a valid body."""
+    cdef WireReader r
+    cdef int64_t n, i
+    cdef Py_ssize_t length
+    if size > 0xFFFFFFFF:
+        raise _DecodeError(f"a body of {size} bytes is larger than this reader takes (4 GiB)")
+    flat_clear(fb)
+    r.p = body
+    r.end = body + size
+    r.err = W_OK
+    length = wire_len(&r)
+    if not r.err and not utf8_valid(r.p, length):
+        r.err = W_UTF8
+    if r.err:
+        raise _DecodeError(f"malformed Avro body: {_WIRE_ERRORS[r.err]} in instance_id")
+    fb.instance_at = <uint32_t>(r.p - body)
+    fb.instance_len = <uint32_t>length
+    r.p += length
+    fb.dp_size = wire_int(&r)
+    fb.producer_id = wire_long(&r)
+    fb.sequence = wire_long(&r)
+    fb.created_at_us = wire_long(&r)
+    while not r.err:
+        n = wire_count(&r)
+        if r.err or n == 0:
+            break
+        flat_grow(<void **>&fb.drops, &fb.drops_cap, 2 * (fb.ndrops + n), sizeof(int64_t))
+        for i in range(n):
+            fb.drops[2 * fb.ndrops] = wire_int(&r)
+            fb.drops[2 * fb.ndrops + 1] = wire_long(&r)
+            fb.ndrops += 1
+    fb.offset = wire_int(&r)
+    while not r.err:
+        n = wire_count(&r)
+        if r.err or n == 0:
+            break
+        for i in range(n):
+            _flat_event(fb, &r, body, variant)
+            if r.err:
+                raise _DecodeError(f"malformed Avro body: {_WIRE_ERRORS[r.err]} in event {fb.nev}")
+    if r.err:
+        raise _DecodeError(f"malformed Avro body: {_WIRE_ERRORS[r.err]} in the batch envelope")
+    if r.p != r.end:
+        raise _DecodeError(f"{r.end - r.p} trailing bytes after the Avro body")
+    return 0
+
+
+def flat_check(body, int variant=FLAT_VARIANT_CURRENT):
+    """What ``flat_read`` reads from an Avro body, as plain Python values (for the import-time
+    check in ``kvevents.schemas.codec`` and for tests): the envelope, then per event its id,
+    data branch, window, rank, and the data's contents."""
+    cdef FlatBatch fb
+    cdef Py_buffer view
+    cdef const uint8_t *base
+    cdef FlatEvent *e
+    cdef FlatBlock *b
+    cdef size_t k, i, j
+    flat_init(&fb)
+    PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
+    try:
+        base = <const uint8_t *>view.buf
+        flat_read(&fb, base, view.len, variant)
+        events = []
+        for k in range(fb.nev):
+            e = &fb.ev[k]
+            if e.kind == FLAT_STORED:
+                blocks = []
+                for i in range(e.first, e.first + e.count):
+                    b = &fb.blk[i]
+                    blocks.append((
+                        b.engine,
+                        [<int32_t>fb.tok[b.tok + j] for j in range(b.ntok)],
+                        b.lora if b.has_lora else None,
+                        b.level,
+                        b.prio,
+                        [fb.ext[b.ext + j] for j in range(b.next)] if b.has_extra else None,
+                        [(PyBytes_FromStringAndSize(<const char *>&fb.mm[b.mm + 5 * j], 32),
+                          <int32_t>fb.mm[b.mm + 5 * j + 4]) for j in range(b.nmm)],
+                        (<const char *>base + b.salt_at)[:b.salt_len].decode() if b.has_salt else None,
+                    ))
+                data = (e.parent if e.has_parent else None, blocks)
+            elif e.kind == FLAT_UPDATED:
+                data = (e.parent, e.new_level if e.has_level else None, e.new_prio if e.has_prio else None)
+            elif e.kind == FLAT_REMOVED:
+                data = [<uint64_t>fb.vals[i] for i in range(e.first, e.first + e.count)]
+            else:
+                data = ([fb.vals[i] for i in range(e.first, e.first + e.count)], bool(e.snapshot))
+            events.append((e.event_id, e.kind, e.window, e.rank if e.has_rank else None, data))
+        return (
+            (<const char *>base + fb.instance_at)[:fb.instance_len].decode(),
+            fb.dp_size,
+            fb.producer_id,
+            fb.sequence,
+            fb.created_at_us,
+            [(fb.drops[2 * k], fb.drops[2 * k + 1]) for k in range(fb.ndrops)],
+            fb.offset,
+            events,
+        )
+    finally:
+        PyBuffer_Release(&view)
+        flat_free(&fb)
+

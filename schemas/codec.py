@@ -21,19 +21,24 @@ or read through a schema registry.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 from typing import Any, Protocol
 
+from fastavro.schema import to_parsing_canonical_form
+
 from . import _reference
-from ._avro import SCHEMA_DIR, batch_schema, codec_schema, fingerprint_of, parse_for_codec
-from .errors import DecodeError
+from ._avro import SCHEMA_DIR, batch_schema, batch_schema_json, codec_schema, fingerprint_of, parse_for_codec
+from ._probe import compiled_mismatch, without_field
+from .errors import DecodeError, EncodeError
 from .model import EventBatch
 
 __all__ = [
     "CONFLUENT_MAGIC",
     "CONTENT_TYPE",
+    "SINGLE_OBJECT_HEADER",
     "SINGLE_OBJECT_MAGIC",
     "BodyCodec",
     "current_fingerprint",
@@ -42,7 +47,9 @@ __all__ = [
     "decode_record",
     "encode_batch",
     "encode_body",
+    "envelope_of",
     "fast_path_enabled",
+    "flat_variants",
     "pure_python_forced",
     "register_shipped_versions",
     "register_writer_schema",
@@ -57,7 +64,9 @@ CONFLUENT_MAGIC = 0
 CONTENT_TYPE = "application/vnd.kvevents.batch+avro"
 """Content type the Kafka sink puts in the ``content-type`` header."""
 
-_SINGLE_OBJECT_HEADER = 10
+SINGLE_OBJECT_HEADER = len(SINGLE_OBJECT_MAGIC) + 8
+"""Bytes before the Avro body of a single-object message: the magic, then the fingerprint."""
+_SINGLE_OBJECT_HEADER = SINGLE_OBJECT_HEADER
 
 
 class BodyCodec(Protocol):
@@ -92,30 +101,37 @@ def pure_python_forced() -> bool:
     return os.environ.get("KVEVENTS_PURE_PYTHON", "") not in ("", "0")
 
 
-def _load_compiled(fingerprint: bytes) -> BodyCodec | None:
+def _load_compiled(reference: BodyCodec) -> Any | None:
+    """The compiled codec when it is built and writes and reads what ``reference`` does."""
     try:
         from . import _fastcodec  # type: ignore[attr-defined]
     except ImportError:
         log.debug("kvevents.schemas._fastcodec is not built; using fastavro")
         return None
-    if fingerprint != _fastcodec.SCHEMA_FINGERPRINT:
+    problem = compiled_mismatch(_fastcodec, reference)
+    if problem is not None:
         log.warning(
-            "kvevents.schemas._fastcodec implements schema %s but the .avsc files are %s; "
+            "kvevents.schemas._fastcodec does not implement the schema in %s (%s); "
             "using fastavro until the fast path is updated",
-            _fastcodec.SCHEMA_FINGERPRINT.hex(),
-            fingerprint.hex(),
+            SCHEMA_DIR,
+            problem,
         )
         return None
-    return _fastcodec  # type: ignore[return-value]
+    return _fastcodec
 
 
 _SCHEMA = codec_schema()
 _FINGERPRINT = fingerprint_of(batch_schema())
 _HEADER = SINGLE_OBJECT_MAGIC + _FINGERPRINT
 _REFERENCE: BodyCodec = _FastavroBodyCodec(_SCHEMA)
-_COMPILED: BodyCodec | None = _load_compiled(_FINGERPRINT)
+_COMPILED: Any | None = _load_compiled(_REFERENCE)
 _BODY: BodyCodec = _REFERENCE if pure_python_forced() or _COMPILED is None else _COMPILED
 _WRITERS: dict[bytes, Any] = {_FINGERPRINT: _SCHEMA}
+_EVENTS_LAST = json.loads(batch_schema_json())["fields"][-1]["name"] == "events"
+_CANONICAL = to_parsing_canonical_form(_SCHEMA)
+_CANONICAL_NO_SNAPSHOT = to_parsing_canonical_form(
+    parse_for_codec(without_field(json.loads(batch_schema_json()), "KVCacheCreatedData", "snapshot"))
+)
 
 
 def fast_path_enabled() -> bool:
@@ -126,6 +142,43 @@ def fast_path_enabled() -> bool:
 def current_fingerprint() -> bytes:
     """The 8-byte CRC-64-AVRO fingerprint of the schema this version writes."""
     return _FINGERPRINT
+
+
+def flat_variants() -> dict[bytes, int]:
+    """The known writer schemas the compiled flat reader (``_fastcodec.flat_read``, used by the
+    compiled index core) reads, by fingerprint, with the variant to read them with.
+
+    Found by comparing parsing canonical forms: the current schema, and any registered version
+    equal to it without ``KVCacheCreatedData.snapshot`` (v1). Empty when the compiled codec is
+    not built or does not match the ``.avsc`` files.
+    """
+    if _COMPILED is None:
+        return {}
+    variants: dict[bytes, int] = {}
+    for fingerprint, writer in _WRITERS.items():
+        canonical = to_parsing_canonical_form(writer)
+        if canonical == _CANONICAL:
+            variants[fingerprint] = _COMPILED.FLAT_VARIANT_CURRENT
+        elif canonical == _CANONICAL_NO_SNAPSHOT:
+            variants[fingerprint] = _COMPILED.FLAT_VARIANT_NO_SNAPSHOT
+    return variants
+
+
+def envelope_of(empty_message: bytes) -> bytes:
+    """What precedes the events array in every message with the envelope of ``empty_message``
+    (the encoded batch with that envelope and no events, in any framing).
+
+    ``envelope_of(encode(envelope)) + events`` is the message of the batch with those events,
+    where ``events`` is an events array cut from another message after its own envelope: an
+    Avro record is its fields' encodings in order, ``events`` is the schema's last field and an
+    empty array is the single byte ``00``. Raises :class:`EncodeError` when the schema does not
+    end with ``events`` (the producer's sink then re-encodes instead of splicing).
+    """
+    if not _EVENTS_LAST:
+        raise EncodeError("the EventBatch schema does not end with its events array: no splicing")
+    if not empty_message.endswith(b"\x00"):
+        raise EncodeError("not a batch without events: its encoding does not end with an empty array")
+    return empty_message[:-1]
 
 
 def register_writer_schema(schema: dict[str, Any] | str) -> bytes:

@@ -31,21 +31,46 @@ def test_fast_path_is_enabled_after_setup() -> None:
 
 
 def test_compiled_codec_implements_the_current_schema() -> None:
+    """The import-time probe (every field, extreme values) finds no difference from fastavro."""
     from kvevents.schemas import _fastcodec
+    from kvevents.schemas._probe import compiled_mismatch
 
-    assert current_fingerprint() == _fastcodec.SCHEMA_FINGERPRINT, (
-        "the .avsc files changed: update schemas/_fastcodec.pyx and its SCHEMA_FINGERPRINT"
+    assert compiled_mismatch(_fastcodec, codec._REFERENCE) is None
+
+
+def test_the_flat_reader_reads_the_current_schema_and_v1() -> None:
+    """flat_variants is derived from the .avsc files: the current schema, and v1 (no snapshot)."""
+    variants = codec.flat_variants()
+    assert variants[current_fingerprint()] == 1
+    v1 = codec.register_writer_schema(
+        (codec.SCHEMA_DIR / "history" / "kvevents.EventBatch.v1.avsc").read_text()
     )
+    assert variants[v1] == 0
+    assert set(variants) == {current_fingerprint(), v1}
+
+
+class _OneByteMore:
+    """A compiled codec that writes a field the schema does not have (say, one it lost)."""
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+
+    def encode_body(self, batch: EventBatch, prefix: bytes = b"") -> bytes:
+        return self._real.encode_body(batch, prefix) + b"\x00"  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
 
 
 def test_a_stale_compiled_codec_is_not_used(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    import kvevents.schemas as package
     from kvevents.schemas import _fastcodec
 
-    monkeypatch.setattr(_fastcodec, "SCHEMA_FINGERPRINT", bytes(8))
+    monkeypatch.setattr(package, "_fastcodec", _OneByteMore(_fastcodec))
     with caplog.at_level(logging.WARNING, logger="kvevents.schemas.codec"):
-        assert codec._load_compiled(current_fingerprint()) is None
+        assert codec._load_compiled(codec._REFERENCE) is None
     assert "using fastavro until the fast path is updated" in caplog.text
 
 

@@ -1,0 +1,248 @@
+# cython: language_level=3
+# The compiled codec's C interface: Avro wire primitives and the flat batch reader.
+#
+# consumer/_indexcore.pyx cimports this instead of reading Avro itself: flat_read walks an
+# EventBatch body (of a layout named by kvevents.schemas.codec.flat_variants()) into plain C
+# arrays, checking every count and length against the bytes left, and raises DecodeError for
+# anything malformed. The inline primitives are compiled into each module that cimports them.
+
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+
+# ------------------------------------------------------------------------- wire primitives
+
+cdef enum WireError:
+    W_OK = 0
+    W_TRUNCATED = 1
+    W_VARINT = 2
+    W_UNION = 3
+    W_COUNT = 4
+    W_LENGTH = 5
+    W_INT_RANGE = 6
+    W_BOOLEAN = 7
+    W_UTF8 = 8
+
+ctypedef struct WireReader:
+    const uint8_t *p
+    const uint8_t *end
+    int err              # a WireError; the first one sticks and later reads return 0
+
+
+cdef inline uint64_t wire_varint(WireReader *r) noexcept nogil:
+    """An Avro varint of up to 10 bytes (sets W_VARINT beyond, W_TRUNCATED at the end)."""
+    cdef uint64_t result = 0, b
+    cdef int shift = 0
+    cdef const uint8_t *p = r.p
+    if r.end - p >= 10:  # no bounds check per byte; small values first
+        b = p[0]
+        if b < 0x80:
+            r.p = p + 1
+            return b
+        result = b & 0x7F
+        b = p[1]
+        if b < 0x80:
+            r.p = p + 2
+            return result | (b << 7)
+        result |= (b & 0x7F) << 7
+        b = p[2]
+        if b < 0x80:
+            r.p = p + 3
+            return result | (b << 14)
+        result |= (b & 0x7F) << 14
+        p += 3
+        shift = 21
+        while shift < 70:
+            b = p[0]
+            p += 1
+            result |= (b & 0x7F) << shift
+            if b < 0x80:
+                r.p = p
+                return result
+            shift += 7
+        r.err = W_VARINT
+        return 0
+    while r.p < r.end:
+        b = r.p[0]
+        r.p += 1
+        result |= (b & 0x7F) << shift
+        if not (b & 0x80):
+            return result
+        shift += 7
+        if shift >= 70:
+            r.err = W_VARINT
+            return 0
+    r.err = W_TRUNCATED
+    return 0
+
+
+cdef inline int64_t wire_long(WireReader *r) noexcept nogil:
+    cdef uint64_t v = wire_varint(r)
+    return <int64_t>((v >> 1) ^ (0 - (v & 1)))
+
+
+cdef inline int32_t wire_int(WireReader *r) noexcept nogil:
+    cdef int64_t v = wire_long(r)
+    if v < -2147483648 or v > 2147483647:
+        r.err = W_INT_RANGE
+        return 0
+    return <int32_t>v
+
+
+cdef inline uint8_t wire_boolean(WireReader *r) noexcept nogil:
+    cdef uint8_t b
+    if r.p >= r.end:
+        r.err = W_TRUNCATED
+        return 0
+    b = r.p[0]
+    if b > 1:
+        r.err = W_BOOLEAN
+        return 0
+    r.p += 1
+    return b
+
+
+cdef inline int64_t wire_union(WireReader *r, int64_t branches) noexcept nogil:
+    cdef int64_t v = wire_long(r)
+    if not r.err and (v < 0 or v >= branches):
+        r.err = W_UNION
+    return v
+
+
+cdef inline int64_t wire_count(WireReader *r) noexcept nogil:
+    """The next array block's item count (0 ends the array); each item takes at least a byte."""
+    cdef int64_t n = wire_long(r)
+    if r.err:
+        return 0
+    if n < 0:
+        if n == <int64_t>(<uint64_t>1 << 63):
+            r.err = W_COUNT
+            return 0
+        n = -n
+        wire_long(r)  # the block's size in bytes
+    if n > r.end - r.p:
+        r.err = W_COUNT
+        return 0
+    return n
+
+
+cdef inline Py_ssize_t wire_len(WireReader *r) noexcept nogil:
+    """A string or bytes length (W_LENGTH when negative or beyond the bytes left)."""
+    cdef int64_t n = wire_long(r)
+    if r.err:
+        return 0
+    if n < 0 or n > r.end - r.p:
+        r.err = W_LENGTH
+        return 0
+    return <Py_ssize_t>n
+
+
+cdef inline bint utf8_valid(const uint8_t *s, Py_ssize_t n) noexcept nogil:
+    """Whether ``s[:n]`` is strict UTF-8 as Python decodes it (no overlong forms, no
+    surrogates, nothing above U+10FFFF)."""
+    cdef Py_ssize_t i = 0
+    cdef uint8_t c, c1
+    while i < n:
+        c = s[i]
+        if c < 0x80:
+            i += 1
+            continue
+        if c < 0xC2 or c > 0xF4:
+            return False
+        if c < 0xE0:
+            if i + 1 >= n or (s[i + 1] & 0xC0) != 0x80:
+                return False
+            i += 2
+            continue
+        if i + 1 >= n:
+            return False
+        c1 = s[i + 1]
+        if (c1 & 0xC0) != 0x80:
+            return False
+        if c < 0xF0:
+            if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
+                return False
+            if i + 2 >= n or (s[i + 2] & 0xC0) != 0x80:
+                return False
+            i += 3
+            continue
+        if (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
+            return False
+        if i + 3 >= n or (s[i + 2] & 0xC0) != 0x80 or (s[i + 3] & 0xC0) != 0x80:
+            return False
+        i += 4
+    return True
+
+
+# ------------------------------------------------------------------------- the flat batch
+
+cdef enum:
+    FLAT_HAS_SNAPSHOT = 1  # variant flag: the writer schema has KVCacheCreatedData.snapshot (v2 on)
+
+cdef enum FlatKind:
+    # KVCacheEvent.data's union branches, in the order of the .avsc
+    FLAT_CREATED = 0
+    FLAT_STORED = 1
+    FLAT_REMOVED = 2
+    FLAT_UPDATED = 3
+
+ctypedef struct FlatEvent:
+    int64_t event_id
+    uint64_t parent      # Stored parent, or Updated block hash
+    int32_t window
+    int32_t rank
+    uint32_t first       # first block / hash / level in the batch's arrays
+    uint32_t count
+    int32_t new_level
+    int32_t new_prio
+    uint8_t kind         # a FlatKind
+    uint8_t has_parent
+    uint8_t has_rank
+    uint8_t has_level
+    uint8_t has_prio
+    uint8_t snapshot     # a Created event of a producer snapshot (a resync)
+
+ctypedef struct FlatBlock:
+    uint64_t engine
+    uint64_t lora
+    uint64_t salt        # left to the user (the index core keeps the salt's content hash here)
+    uint64_t content     # left to the user (the index core's chained content hash)
+    uint32_t tok
+    uint32_t ntok
+    uint32_t ext         # offset in the extra ids when has_extra
+    uint32_t next        # how many extra ids
+    uint32_t mm          # offset in mm (five words per key: 32 hash bytes, start offset)
+    uint32_t nmm
+    uint32_t salt_at     # the salt's UTF-8 bytes: body offset and length (from flat_read)
+    uint32_t salt_len
+    int32_t level
+    int32_t prio
+    uint8_t has_lora
+    uint8_t has_extra
+    uint8_t has_salt
+
+ctypedef struct FlatBatch:
+    # envelope (instance_id as body offset and length, from flat_read)
+    uint32_t instance_at
+    uint32_t instance_len
+    int32_t dp_size
+    int64_t producer_id
+    int64_t sequence
+    int64_t created_at_us
+    int32_t offset       # first_event_block_offset
+    # items, in growable arrays (PyMem); n* in use, *_cap allocated
+    FlatEvent *ev
+    FlatBlock *blk
+    uint32_t *tok
+    uint64_t *ext
+    uint64_t *mm
+    int64_t *vals        # Removed hashes and Created levels
+    int64_t *drops       # (rank, dropped events) pairs
+    size_t nev, nblk, ntok, next_, nmm, nvals, ndrops
+    size_t ev_cap, blk_cap, tok_cap, ext_cap, mm_cap, vals_cap, drops_cap
+
+
+cdef int flat_grow(void **ptr, size_t *cap, size_t need, size_t item) except -1
+cdef void flat_clear(FlatBatch *fb) noexcept
+cdef void flat_init(FlatBatch *fb) noexcept
+cdef void flat_free(FlatBatch *fb) noexcept
+cdef int flat_read(FlatBatch *fb, const uint8_t *body, Py_ssize_t size, int variant) except -1
