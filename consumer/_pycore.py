@@ -676,7 +676,7 @@ class PyIndexCore:
             pos += counts[n]
 
 
-def _columns(state: IndexState) -> tuple[array, array, array, array, array]:
+def _columns(state: IndexState) -> tuple[array[int], array[int], array[int], array[int], array[int]]:
     """The node columns of ``state`` as arrays (checked for consistent lengths)."""
     engine, content, has_content, counts, holders = (
         array("Q", state.engine),

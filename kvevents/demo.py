@@ -203,9 +203,10 @@ def _run_simulators(
 
 def _held_out_requests(argv: list[str], summary: dict[str, Any], per_worker: int, seed: int) -> list[Any]:
     """Held-out requests of each worker's stream, continued where the simulator left it."""
+    from kvevents.producer.simulator.workload import WorkloadGenerator
+
     from kvevents.cli import build_parser
     from kvevents.commands.simulate import config_from_args
-    from kvevents.producer.simulator.workload import WorkloadGenerator
 
     config = config_from_args(build_parser().parse_args(argv), None)
     requests = []
@@ -219,9 +220,10 @@ def _held_out_requests(argv: list[str], summary: dict[str, Any], per_worker: int
 
 def run_demo(opts: DemoOptions, say: Callable[[str], None] = lambda text: None) -> DemoReport:
     """Run the demo (see the module docstring); ``say`` gets progress lines."""
-    from kvevents.broker import LocalBroker
     from kvevents.consumer import CacheIndex, EventReader
     from kvevents.consumer.topics import TopicSpec, create_topic
+
+    from kvevents.broker import LocalBroker
     from kvevents.routing_eval import evaluate_routing
     from kvevents.verify import compare, load_ground_truth
 

@@ -151,7 +151,7 @@ class Worker:
                     stop = True
                     break
                 if item.__class__ is tuple:
-                    iterations.append(item)  # type: ignore[arg-type]
+                    iterations.append(item)
                 else:
                     markers.append(item)  # type: ignore[arg-type]
             if iterations:
@@ -264,7 +264,7 @@ class Worker:
             except IndexError:
                 break
             if item.__class__ is tuple:
-                first_id, records = item  # type: ignore[misc]
+                first_id, records = item
                 self.iterations_processed += 1
                 self._discard(first_id, records)
                 dropped += len(records) // 2

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 from kvevents.schemas import DEFAULT_PRIORITY, MM_HASH_SIZE, MmKey
+from kvevents.schemas.model import IntArray
 from msgspec.structs import force_setattr
 
 __all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "U64_MAX", "BlockInfo"]
@@ -38,12 +39,12 @@ def _u64(name: str, value: object) -> int:
             value = operator.index(value)  # type: ignore[arg-type]
         except TypeError:
             raise ValueError(f"BlockInfo.{name} must be an unsigned 64-bit int, got {value!r}") from None
-    if not 0 <= value <= U64_MAX:  # type: ignore[operator]
+    if not 0 <= value <= U64_MAX:
         raise ValueError(f"BlockInfo.{name} must be an unsigned 64-bit int, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
-def _int_array(name: str, typecode: str, values: Iterable[int]) -> array:
+def _int_array(name: str, typecode: str, values: Iterable[int]) -> array[int]:
     try:
         return array(typecode, values)
     except (OverflowError, TypeError) as exc:
@@ -62,9 +63,9 @@ def _mm_keys(values: Iterable[Sequence[object]]) -> tuple[MmKey, ...]:
             ) from None
         if not isinstance(content_hash, bytes | bytearray | memoryview) or len(content_hash) != MM_HASH_SIZE:
             raise ValueError(f"BlockInfo.mm_keys hash must be {MM_HASH_SIZE} bytes, got {content_hash!r}")
-        if offset.__class__ is not int or offset < 0:  # type: ignore[operator]
+        if offset.__class__ is not int or offset < 0:
             raise ValueError(f"BlockInfo.mm_keys offset must be a non-negative int, got {offset!r}")
-        keys.append((bytes(content_hash), offset))  # type: ignore[arg-type]
+        keys.append((bytes(content_hash), offset))
     return tuple(keys)
 
 
@@ -88,11 +89,11 @@ class BlockInfo(msgspec.Struct, frozen=True, gc=False):
 
     block_hash: int
     prev_block_hash: int | None
-    tokens: array
+    tokens: IntArray
     lora_id: int | None = None
     is_primary: bool = True
     priority: int = DEFAULT_PRIORITY
-    token_extra_ids: array | None = None
+    token_extra_ids: IntArray | None = None
     mm_keys: tuple[MmKey, ...] = ()
     cache_salt: str | None = None
 

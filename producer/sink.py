@@ -750,7 +750,7 @@ class KafkaEventSink:
                 self._topic,
                 value,
                 self._key,
-                headers=self._headers,
+                headers=self._headers,  # type: ignore[arg-type]  # list is invariant in the stub
                 on_delivery=functools.partial(self._delivered, record),
             )
         except BufferError:

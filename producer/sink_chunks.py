@@ -355,11 +355,11 @@ class Chunker:
         by_rank: dict[int, int] = {}
         last_ids: dict[int, int] = {}
         for event in events:
-            rank = event.attention_dp_rank
-            if rank is None:
-                rank = 0
-            by_rank[rank] = by_rank.get(rank, 0) + 1
-            last_ids[rank] = event.event_id
+            source = event.attention_dp_rank
+            if source is None:
+                source = 0
+            by_rank[source] = by_rank.get(source, 0) + 1
+            last_ids[source] = event.event_id
         return Chunk(part, len(events), by_rank, last_ids)
 
     # -- one event too large for a message ----------------------------------------------------

@@ -60,25 +60,25 @@ def _integer(value: Any, what: str) -> int:
 
 
 def _int32(value: Any, what: str) -> int:
-    value = _integer(value, what)
-    if not -_I32_LIMIT <= value < _I32_LIMIT:
-        raise EncodeError(f"{what}: {value} is outside the Avro int range -2^31..2^31-1")
-    return value
+    number = _integer(value, what)
+    if not -_I32_LIMIT <= number < _I32_LIMIT:
+        raise EncodeError(f"{what}: {number} is outside the Avro int range -2^31..2^31-1")
+    return number
 
 
 def _int64(value: Any, what: str) -> int:
-    value = _integer(value, what)
-    if not -_I64_LIMIT <= value < _I64_LIMIT:
-        raise EncodeError(f"{what}: {value} is outside the Avro long range -2^63..2^63-1")
-    return value
+    number = _integer(value, what)
+    if not -_I64_LIMIT <= number < _I64_LIMIT:
+        raise EncodeError(f"{what}: {number} is outside the Avro long range -2^63..2^63-1")
+    return number
 
 
 def to_signed64(value: Any, what: str = "value") -> int:
     """Map an unsigned 64-bit integer to Avro's signed long (two's complement)."""
-    value = _integer(value, what)
-    if not 0 <= value < _U64_LIMIT:
-        raise EncodeError(f"{what}: {value} is outside the unsigned 64-bit range 0..2^64-1")
-    return value - _U64_LIMIT if value >= _I64_LIMIT else value
+    number = _integer(value, what)
+    if not 0 <= number < _U64_LIMIT:
+        raise EncodeError(f"{what}: {number} is outside the unsigned 64-bit range 0..2^64-1")
+    return number - _U64_LIMIT if number >= _I64_LIMIT else number
 
 
 def to_unsigned64(value: int) -> int:
@@ -114,7 +114,7 @@ def _string(value: Any, what: str) -> str:
     return value
 
 
-def _sequence(value: Any, what: str) -> list[Any] | tuple[Any, ...] | array:
+def _sequence(value: Any, what: str) -> list[Any] | tuple[Any, ...] | array[Any]:
     if isinstance(value, (list, tuple, array)):
         return value
     try:
@@ -144,10 +144,9 @@ def _tokens(tokens: Any) -> list[int]:
 
 
 def _extra_ids(block: KVCacheStoredBlockData, n_tokens: int) -> list[int] | None:
-    extra = block.token_extra_ids
-    if extra is None:
+    if block.token_extra_ids is None:
         return None
-    extra = _sequence(extra, "token_extra_ids")
+    extra = _sequence(block.token_extra_ids, "token_extra_ids")
     if len(extra) != n_tokens:
         raise EncodeError(f"token_extra_ids: {len(extra)} ids for {n_tokens} tokens (one per token)")
     return [to_signed64(x, f"token_extra_ids[{i}]") for i, x in enumerate(extra)]
@@ -363,7 +362,9 @@ def encode_body(batch: EventBatch, schema: Any) -> bytes:
     return out.getvalue()
 
 
-def read_record(body: bytes | memoryview, writer_schema: Any, reader_schema: Any | None = None) -> Any:
+def read_record(
+    body: bytes | bytearray | memoryview, writer_schema: Any, reader_schema: Any | None = None
+) -> Any:
     """Read one Avro body into a fastavro record (union branches tagged with record names)."""
     stream = io.BytesIO(body)
     try:
@@ -390,7 +391,9 @@ def read_record(body: bytes | memoryview, writer_schema: Any, reader_schema: Any
     return record
 
 
-def decode_body(body: bytes | memoryview, writer_schema: Any, reader_schema: Any | None = None) -> EventBatch:
+def decode_body(
+    body: bytes | bytearray | memoryview, writer_schema: Any, reader_schema: Any | None = None
+) -> EventBatch:
     """Read one ``EventBatch`` body written with ``writer_schema`` (resolved to ``reader_schema``)."""
     record = read_record(body, writer_schema, reader_schema)
     try:

@@ -12,7 +12,7 @@ Block hashes, LoRA ids and extra ids are unsigned 64-bit integers here, as ``siz
 from __future__ import annotations
 
 from array import array
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 from msgspec.structs import force_setattr
@@ -34,6 +34,11 @@ __all__ = [
     "MmKey",
     "RankDrops",
 ]
+
+if TYPE_CHECKING:
+    IntArray: TypeAlias = array[int]
+else:  # array is not subscriptable at run time before Python 3.12, and msgspec may read the hints
+    IntArray = array
 
 PRIMARY_LEVEL = 0
 """Cache level of blocks in primary (GPU) memory."""
@@ -72,11 +77,11 @@ class KVCacheStoredBlockData(msgspec.Struct, frozen=True, gc=False):
     """One stored block: its hash, token ids and attributes."""
 
     block_hash: int
-    tokens: array
+    tokens: IntArray
     lora_id: int | None = None
     cache_level: int = PRIMARY_LEVEL
     priority: int = DEFAULT_PRIORITY
-    token_extra_ids: array | None = None
+    token_extra_ids: IntArray | None = None
     mm_keys: tuple[MmKey, ...] = ()
     cache_salt: str | None = None
 

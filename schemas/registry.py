@@ -42,8 +42,9 @@ def _client_from(registry: Any) -> SchemaRegistryClient:
     if isinstance(registry, Mapping):
         conf = dict(registry)
         new_client = getattr(SchemaRegistryClient, "new_client", None)  # knows mock:// URLs
-        return new_client(conf) if new_client is not None else SchemaRegistryClient(conf)
-    return registry
+        registry = new_client(conf) if new_client is not None else SchemaRegistryClient(conf)
+    client: SchemaRegistryClient = registry  # built here, or given ready-made
+    return client
 
 
 class RegistryCodec:
@@ -97,7 +98,10 @@ class RegistryCodec:
             raise ValueError("RegistryCodec needs a topic or a subject to register its schema under")
         schema = Schema(batch_schema_json(), "AVRO")
         if not self._auto_register:
-            return int(self._client.lookup_schema(self.subject, schema).schema_id)
+            found = self._client.lookup_schema(self.subject, schema).schema_id
+            if found is None:
+                raise ValueError(f"the schema registry answered no schema id for subject {self.subject!r}")
+            return int(found)
         if self._compatibility is not None:
             self._client.set_compatibility(self.subject, self._compatibility)
         return int(self._client.register_schema(self.subject, schema))
@@ -135,7 +139,7 @@ class RegistryCodec:
         if (schema.schema_type or "AVRO") != "AVRO":
             raise DecodeError(f"schema id {schema_id} is a {schema.schema_type} schema, not Avro")
         try:
-            parsed = parse_for_codec(schema.schema_str)
+            parsed = parse_for_codec(schema.schema_str or "")
         except Exception as exc:
             raise DecodeError(f"schema id {schema_id} is not a readable Avro schema: {exc}") from exc
         return None if fingerprint_of(parsed) == codec.current_fingerprint() else parsed

@@ -74,7 +74,6 @@ class IndexFollower:
 
     def _run(self) -> None:
         from confluent_kafka import KafkaException
-
         from kvevents.consumer import ReaderError
 
         try:

@@ -244,7 +244,7 @@ def summarize(results: list[RankResult], config: SimRunConfig) -> dict[str, Any]
     """The run's figures as JSON: per rank, per instance's Kafka sink, and totals."""
     seconds = max((r.seconds for r in results), default=0.0)
     events = sum(r.events_enqueued for r in results)
-    kafka = [r for r in results if r.kafka is not None]
+    kafka = [r.kafka for r in results if r.kafka is not None]
     # Rank 0's buffer counts its own drops, the other ranks' events it dropped, and the drops
     # the other ranks reported for their own buffers: the instance's total.
     drops = sum(r.manager_drops for r in results if r.attention_dp_rank == 0)
@@ -256,9 +256,9 @@ def summarize(results: list[RankResult], config: SimRunConfig) -> dict[str, Any]
         "requests": sum(r.requests_arrived for r in results),
         "events": events,
         "events_per_second": round(events / seconds, 1) if seconds else 0.0,
-        "events_delivered": sum(r.kafka["events_delivered"] for r in kafka) if kafka else None,
-        "bytes_delivered": sum(r.kafka["bytes_delivered"] for r in kafka) if kafka else None,
-        "messages_delivered": sum(r.kafka["messages_delivered"] for r in kafka) if kafka else None,
+        "events_delivered": sum(k["events_delivered"] for k in kafka) if kafka else None,
+        "bytes_delivered": sum(k["bytes_delivered"] for k in kafka) if kafka else None,
+        "messages_delivered": sum(k["messages_delivered"] for k in kafka) if kafka else None,
         "drops": drops,
         "events_lost_unreported": sum(r.events_lost_unreported for r in results),
         "snapshots": sum(r.snapshots for r in results),

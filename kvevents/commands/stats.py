@@ -181,9 +181,10 @@ def _bucket(args: argparse.Namespace) -> float:
 @command("stats")
 def run(args: argparse.Namespace) -> int:
     """Run ``kvevents stats``."""
+    from kvevents.consumer import EventReader, ReaderError
+
     from kvevents.commands._stats import StreamStats
     from kvevents.commands._stream import Malformed, decoded_messages
-    from kvevents.consumer import EventReader, ReaderError
 
     if args.plot is not None:
         _require_matplotlib()
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
 def auto_bucket(span_s: float) -> float:
     """About 60 buckets over the span: a 1-2-5 step of at least 1 ms."""
     target = max(span_s / 60, 0.001)
-    step = 10 ** math.floor(math.log10(target))
+    step: float = 10 ** math.floor(math.log10(target))
     for factor in (1, 2, 5, 10):
         if step * factor >= target:
             return round(step * factor, 6)

@@ -191,8 +191,9 @@ class TailPrinter:
 @command("tail")
 def run(args: argparse.Namespace) -> int:
     """Run ``kvevents tail``."""
-    from kvevents.commands._stream import Malformed, decoded_messages
     from kvevents.consumer import EventReader, ReaderError
+
+    from kvevents.commands._stream import Malformed, decoded_messages
 
     if args.count is not None and args.count < 1:
         raise CommandError("--count must be >= 1", code=2)

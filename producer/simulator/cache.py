@@ -100,10 +100,10 @@ class KVEventSink(Protocol):
     def enqueue_updated_event(self, data: KVCacheUpdatedData, window_size: int) -> None: ...
 
 
-def to_token_array(tokens: Iterable[int]) -> array:
+def to_token_array(tokens: Iterable[int]) -> array[int]:
     """``tokens`` as ``array('i')`` (returned as is when it already is one)."""
-    if tokens.__class__ is array and tokens.typecode == "i":  # type: ignore[attr-defined]
-        return tokens  # type: ignore[return-value]
+    if tokens.__class__ is array and tokens.typecode == "i":
+        return tokens
     try:
         return array("i", tokens)
     except (OverflowError, TypeError) as exc:
@@ -258,7 +258,7 @@ class _Block:
     )
 
     def __init__(
-        self, block_hash: int, parent: _Block | None, tokens: array, lora_id: int | None, priority: int
+        self, block_hash: int, parent: _Block | None, tokens: array[int], lora_id: int | None, priority: int
     ) -> None:
         self.block_hash = block_hash
         self.parent = parent
@@ -430,7 +430,7 @@ class PagedBlockCache:
         self.stats.created_events += 1
 
     def _prompt_hashes(
-        self, prompt: array, lora_id: int | None, hashes: Sequence[int] | None
+        self, prompt: array[int], lora_id: int | None, hashes: Sequence[int] | None
     ) -> Sequence[int]:
         limit = max(len(prompt) - 1, 0) // self.block_size
         if hashes is None:

@@ -317,7 +317,7 @@ class SimRun:
         cfg, topo = self.config, self.topo
         started = time.monotonic()
         manager = self._manager()  # collective over the instance's communicator
-        sink = None
+        sink: KafkaEventSink | _Discard | None = None
         try:
             if topo.attention_dp_rank == 0 and cfg.topic is not None:
                 from ..sink import KafkaEventSink

@@ -57,13 +57,13 @@ def derive_seed(*parts: object) -> int:
     return xxhash.xxh3_64_intdigest("\x1f".join(map(repr, parts)).encode())
 
 
-def random_tokens(rng: random.Random, count: int, vocab_size: int) -> array:
+def random_tokens(rng: random.Random, count: int, vocab_size: int) -> array[int]:
     """``count`` uniform token ids in ``[0, vocab_size)``, as ``array('i')``."""
     raw = array("I", rng.randbytes(4 * count))
     return array("i", [t % vocab_size for t in raw])
 
 
-def answer_tokens(prompt: array, lora_id: int | None, count: int, vocab_size: int) -> array:
+def answer_tokens(prompt: array[int], lora_id: int | None, count: int, vocab_size: int) -> array[int]:
     """The deterministic answer to a prompt (same prompt and LoRA → same answer, any process).
 
     A longer answer extends a shorter one (``count`` only truncates), like greedy decoding.
@@ -181,8 +181,8 @@ class Request:
     """One inference request: its prompt, the answer the engine will produce, and metadata."""
 
     request_id: int
-    prompt: array
-    output: array
+    prompt: array[int]
+    output: array[int]
     """The tokens the engine generates (``len(output)`` is the request's max_new_tokens)."""
     arrival_time: float = 0.0
     lora_id: int | None = None
@@ -241,7 +241,7 @@ class Request:
 @dataclass
 class _Conversation:
     conversation_id: int
-    history: array
+    history: array[int]
     """The last turn's prompt + answer: what the next turn extends."""
     lora_id: int | None
     system_prompt: int
@@ -271,20 +271,20 @@ class WorkloadGenerator:
         self._system_prompts = [
             self._content("system", i, cfg.system_prompt_tokens) for i in range(cfg.num_system_prompts)
         ]
-        self._documents: dict[int, array] = {}
+        self._documents: dict[int, array[int]] = {}
         self._doc_cum_weights = list(itertools.accumulate(zipf_weights(cfg.num_documents, cfg.zipf_exponent)))
 
     # ------------------------------------------------------------------ content
 
-    def _content(self, kind: str, index: int, length: tuple[int, int]) -> array:
+    def _content(self, kind: str, index: int, length: tuple[int, int]) -> array[int]:
         rng = random.Random(derive_seed("content", self.config.content_seed, kind, index))
         return random_tokens(rng, rng.randint(*length), self.config.vocab_size)
 
-    def system_prompt(self, index: int) -> array:
+    def system_prompt(self, index: int) -> array[int]:
         """The shared system prompt ``index`` (same tokens on every worker)."""
         return self._system_prompts[index]
 
-    def document(self, index: int) -> array:
+    def document(self, index: int) -> array[int]:
         """Document ``index`` (popularity rank; 0 is the most popular)."""
         doc = self._documents.get(index)
         if doc is None:
@@ -399,7 +399,7 @@ class WorkloadGenerator:
         self,
         rng: random.Random,
         conv: _Conversation,
-        prompt: array,
+        prompt: array[int],
         request_id: int,
         arrival: float,
         turn: int,
