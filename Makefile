@@ -28,8 +28,17 @@ $(STAMP): pyproject.toml setup.py $(wildcard schemas/*.pyx schemas/*.pxd produce
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Every check runs, so that one run shows every finding; mypy's settings are in pyproject.toml,
+# and stubtest checks the compiled modules' .pyi stubs against the built extensions.
+COMPILED_MODULES := kvevents.schemas._fastcodec kvevents.producer._fastrecorder kvevents.consumer._indexcore
 lint: setup
-	$(BIN)/ruff check .
+	@status=0; \
+	echo "== ruff check ."; $(BIN)/ruff check . || status=1; \
+	echo "== ruff format --check ."; $(BIN)/ruff format --check . || status=1; \
+	echo "== mypy"; $(BIN)/mypy || status=1; \
+	echo "== stubtest"; $(BIN)/python -m mypy.stubtest --concise --allowlist stubtest_allowlist.txt \
+		$(COMPILED_MODULES) || status=1; \
+	exit $$status
 
 bench: setup
 	@set -e; found=0; for script in bench/*.py; do \

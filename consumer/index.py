@@ -104,16 +104,14 @@ from kvevents.schemas.codec import pure_python_forced
 
 from ._pycore import COUNTER_NAMES, PyIndexCore
 from ._state import LEVEL_MAX, decode_state, encode_state
+from ._twins import IndexCoreApi, compiled_core_factory
 from .workers import BlockEntry, WindowStats, WorkerKey, WorkerStats
 
 __all__ = ["CacheIndex", "IndexStats", "Match", "compiled_core_available"]
 
 log = logging.getLogger(__name__)
 
-try:
-    from ._indexcore import IndexCore as _CompiledCore  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - depends on the build
-    _CompiledCore = None
+_CompiledCore = compiled_core_factory()
 
 
 def compiled_core_available() -> bool:
@@ -149,7 +147,7 @@ class IndexStats(msgspec.Struct, frozen=True):
     memory_bytes: int
 
 
-def _make_core(core: str) -> Any:
+def _make_core(core: str) -> IndexCoreApi:
     if core not in ("auto", "compiled", "python"):
         raise ValueError(f"core must be 'auto', 'compiled' or 'python', got {core!r}")
     if core == "python" or (core == "auto" and pure_python_forced()):
@@ -315,7 +313,7 @@ class CacheIndex:
 
     def degraded_workers(self) -> list[WorkerKey]:
         """Workers whose view may be incomplete, sorted."""
-        return [k for k in self.workers() if self._core.worker_info(*k)["gaps"]]
+        return [k for k in self.workers() if self._info(k)["gaps"]]
 
     def is_degraded(self, key: WorkerKey) -> bool:
         """Whether ``key``'s view may be incomplete (KeyError for an unknown worker)."""
@@ -360,7 +358,7 @@ class CacheIndex:
         return IndexStats(
             counters=self._core.counters(),
             workers=len(workers),
-            degraded_workers=sum(1 for k in workers if self._core.worker_info(*k)["gaps"]),
+            degraded_workers=sum(1 for k in workers if self._info(k)["gaps"]),
             held_blocks=self._core.held_blocks(),
             distinct_blocks=self._core.node_count(),
             memory_bytes=self._core.memory_bytes(),

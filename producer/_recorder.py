@@ -20,12 +20,15 @@ from __future__ import annotations
 import logging
 import operator
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvevents.schemas import KVCacheCreatedData, KVCacheUpdatedData
 from kvevents.schemas.codec import pure_python_forced
 
 from .block import U64_MAX, BlockInfo
+
+if TYPE_CHECKING:
+    from ._twins import RecorderFactory
 
 __all__ = ["I32_MAX", "PyRecorder", "check_block_hash", "check_window", "recorder_class"]
 
@@ -188,13 +191,13 @@ class PyRecorder:
             worker.drop_leftovers()
 
 
-def recorder_class() -> type[Any]:
+def recorder_class() -> RecorderFactory:
     """The compiled recorder when it is built, unless ``KVEVENTS_PURE_PYTHON`` is set."""
     if pure_python_forced():
         return PyRecorder
     try:
-        from ._fastrecorder import Recorder  # type: ignore[import-not-found]
+        from ._fastrecorder import Recorder
     except ImportError:
         log.debug("kvevents.producer._fastrecorder is not built; using the pure-Python recorder")
         return PyRecorder
-    return Recorder  # type: ignore[no-any-return]
+    return Recorder  # mypy checks the stub (_fastrecorder.pyi) against EngineRecorder here

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Self
 from kvevents.schemas import KVCacheCreatedData, KVCacheEvent, KVCacheUpdatedData
 
 from ._recorder import I32_MAX, check_window, recorder_class
+from ._twins import RecorderFactory
 from ._worker import Worker
 from .block import BlockInfo
 from .buffer import DEFAULT_DROP_WARNING_INTERVAL_S, EventBuffer, EventDrain, check_timeout
@@ -126,7 +127,7 @@ class KVCacheEventManager:
     moves nothing and needs no MPI: for tests, or when every rank publishes its own events.
     """
 
-    _recorder_factory: Callable[..., Any] | None = None
+    _recorder_factory: RecorderFactory | None = None
     """The engine path's implementation; None: :func:`~._recorder.recorder_class` picks it (tests
     and benchmarks set ``PyRecorder`` here to run the pure-Python path beside the compiled one)."""
 
@@ -191,7 +192,7 @@ class KVCacheEventManager:
 
         self._close_lock = threading.Lock()  # orders settle() against close(); flush() takes none
         self._closed = False
-        self._close_callbacks: list[Callable[[], None]] = []
+        self._close_callbacks: list[Callable[[], object]] = []
         self._worker = Worker(self._buffer, attention_dp_rank)
         self._pending = self._worker.pending
         # Engine-thread state (no lock, as mEventQueue / mEventId in the C++).
@@ -463,7 +464,7 @@ class KVCacheEventManager:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def add_close_callback(self, callback: Callable[[], None]) -> None:
+    def add_close_callback(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` during :meth:`close`, after the worker has buffered its last
         events and before waiting readers are woken (for the attention-DP gather to stop and
         merge its last exchange). Callbacks run in the order they were added."""

@@ -104,7 +104,7 @@ def pure_python_forced() -> bool:
 def _load_compiled(reference: BodyCodec) -> Any | None:
     """The compiled codec when it is built and writes and reads what ``reference`` does."""
     try:
-        from . import _fastcodec  # type: ignore[attr-defined]
+        from . import _fastcodec
     except ImportError:
         log.debug("kvevents.schemas._fastcodec is not built; using fastavro")
         return None
