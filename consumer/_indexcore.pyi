@@ -9,9 +9,6 @@ from typing_extensions import disjoint_base
 
 from ._state import IndexState
 
-FUSED_FINGERPRINT: bytes
-FUSED_FINGERPRINT_V1: bytes
-
 @disjoint_base  # a cdef class
 class IndexCore:
     compiled: ClassVar[bool]

@@ -75,7 +75,7 @@ def _u32_bytes(tokens: Sequence[int]) -> bytes:
     """Token ids as u32 little-endian bytes; ValueError naming the first id outside 0..2**32-1."""
     if isinstance(tokens, array) and tokens.itemsize == 4 and tokens.typecode in ("i", "I"):
         # kvevents' blocks hold array('i'): no conversion unless an id is negative
-        data: array | None = tokens
+        data: array[int] | None = tokens
         if tokens.typecode == "i" and tokens and min(tokens) < 0:
             data = None
     else:
