@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="ARG",
         help="a further 'kvevents simulate' flag (repeatable), e.g. --sim-arg=--block-size=16",
     )
-    add_kafka_flags(parser)
+    add_kafka_flags(parser, registry=False)
     parser.set_defaults(topic=None)
     add_output_flags(parser, json_help="print the report as JSON")
     parser.set_defaults(func=main)
