@@ -75,3 +75,32 @@ def kafka_topic_factory(kafka_bootstrap: str, request: pytest.FixtureRequest) ->
 def kafka_topic(kafka_topic_factory: Callable[..., str]) -> str:
     """A fresh single-partition topic for this test."""
     return kafka_topic_factory()
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Confluent-compatible schema registry's URL for the session:
+    ``$KVEVENTS_TEST_SCHEMA_REGISTRY_URL`` when set (it must answer), else a local Apicurio Registry
+    (``kvevents.registry.LocalRegistry``, fetched from Maven Central once) started here and
+    stopped at the end. No registry is a failure, never a skip: ``kvevents registry fetch``
+    (run by ``.ci/run``) needs only Maven and a Java 21+."""
+    from kvevents.registry import LocalRegistry, RegistryError, RegistryFetchError, registry_answers
+
+    explicit = os.environ.get("KVEVENTS_TEST_SCHEMA_REGISTRY_URL", "").strip()
+    if explicit:
+        if not registry_answers(explicit, timeout=5.0):
+            pytest.fail(
+                f"KVEVENTS_TEST_SCHEMA_REGISTRY_URL={explicit} is set but no registry answers", pytrace=False
+            )
+        yield explicit
+        return
+    registry = LocalRegistry(tmp_path_factory.mktemp("schema-registry"), stop_with_parent=True)
+    try:
+        status = registry.start()
+    except (RegistryError, RegistryFetchError) as exc:
+        pytest.fail(f"no schema registry for the tests: {exc}", pytrace=False)
+    try:
+        assert status.url is not None
+        yield status.url
+    finally:
+        registry.stop()

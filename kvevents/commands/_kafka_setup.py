@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,10 @@ def check_kafka(
     settings: dict[str, Any] = dict(config)
     settings["bootstrap.servers"] = bootstrap
     settings["logger"] = logging.getLogger(LIBRDKAFKA_LOGGERS[0])
+    down: list[Any] = []
+    settings["error_cb"] = lambda err: (
+        down.append(err) if err.code() == KafkaError._ALL_BROKERS_DOWN else None
+    )
     settings.setdefault("socket.connection.setup.timeout.ms", max(1000, int(timeout * 1000)))
     client: Any
     try:
@@ -122,12 +127,13 @@ def check_kafka(
     except (TypeError, ValueError) as exc:
         raise KafkaCheckFailed(_setting_problem(str(exc))) from None
     try:
-        metadata = client.list_topics(topic, timeout=timeout)
+        metadata = _metadata(client, topic, timeout, down)
     except KafkaException as exc:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         if err is not None and err.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT):
+            why = f"cannot connect ({down[0].str()})" if down else f"no answer within {timeout:g} s"
             raise KafkaCheckFailed(
-                f"no Kafka broker answers at {bootstrap} within {timeout:g} s "
+                f"no Kafka broker answers at {bootstrap}: {why} "
                 "(is it running? check --bootstrap-servers / KAFKA_BOOTSTRAP_SERVERS; -v shows librdkafka's log)"
             ) from None
         raise KafkaCheckFailed(f"Kafka at {bootstrap}: {_kafka_message(exc)}") from None
@@ -145,6 +151,24 @@ def check_kafka(
         )
     if info.error is not None:
         raise KafkaCheckFailed(f"topic {topic!r} at {bootstrap}: {info.error.str()}")
+
+
+def _metadata(client: Any, topic: str | None, timeout: float, down: list[Any]) -> Any:
+    """``list_topics`` in short steps, serving callbacks between them, so that every broker
+    refusing the connection (``_ALL_BROKERS_DOWN``) ends the wait at once."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        step = max(0.05, min(0.5, deadline - time.monotonic()))
+        try:
+            return client.list_topics(topic, timeout=step)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            retry = err is not None and err.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT)
+            client.poll(0)  # serves error_cb
+            if not retry or down or time.monotonic() >= deadline:
+                raise
 
 
 def _kafka_message(exc: BaseException) -> str:
