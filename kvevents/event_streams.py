@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvevents.producer import KVCacheEventManager
-from kvevents.producer.sim_workload import Request, WorkloadConfig, WorkloadGenerator
 from kvevents.producer.simulator import EngineSimulator, GroundTruth, SimulatorConfig
+from kvevents.producer.simulator.workload import Request, WorkloadConfig, WorkloadGenerator
 from kvevents.schemas import EventBatch, KVCacheEvent, RankDrops, encode_batch
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "REALISTIC_WORKLOAD", "ProducedStream", "simulate_to_topic"]

@@ -73,8 +73,8 @@ def kafka_bootstrap(kafka: Any) -> str:
 @pytest.fixture
 def kafka_topic_factory(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Callable[..., str]:
     """Make a topic with a name unique to this test: ``factory(partitions=3, retention_ms=...)``
-    (the settings of ``kvevents.topics.TopicSpec``)."""
-    from kvevents.topics import TopicSpec, create_topic
+    (the settings of ``kvevents.consumer.topics.TopicSpec``)."""
+    from kvevents.consumer.topics import TopicSpec, create_topic
 
     stem = re.sub(r"[^a-zA-Z0-9._-]+", "-", request.node.name)[:120].strip("-") or "test"
 

@@ -3,7 +3,7 @@
 ``io.apicurio:apicurio-registry-app:<version>:tar.gz:all`` is a Quarkus application
 (``quarkus-run.jar`` and its libraries); Maven copies the archive (``mvn dependency:copy``), it
 is unpacked under a temporary name and renamed into place only when complete, under a file
-lock, like Kafka's jars (:mod:`kvevents.kafka_jars`). 3.3.x needs Java 21 or newer: a JDK is
+lock, like Kafka's jars (:mod:`kvevents.broker.jars`). 3.3.x needs Java 21 or newer: a JDK is
 looked for in ``$KVEVENTS_REGISTRY_JAVA``, ``$JAVA_HOME``, ``java`` on PATH, then
 ``/usr/lib/jvm/*``. (3.0.9, which runs on Java 17, is not fetchable: Maven Central lacks its
 parent POM.)
@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvevents.kafka_jars import cache_root
+from kvevents.broker.jars import cache_root
 
 __all__ = [
     "APICURIO_VERSION",

@@ -14,8 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from kvevents.topics import TopicSpec, create_topic
+from kvevents.consumer.topics import TopicSpec, create_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -49,8 +48,9 @@ def _run(*args: str, timeout: float = 60) -> tuple[int, str, str, float]:
         ["route", "--synthetic", "1"],
         ["simulate", "--requests", "1", "--no-realtime"],
         ["topic", "describe", "some-topic"],
+        ["export", "dynamo", "--no-follow"],
     ],
-    ids=lambda argv: argv[0],
+    ids=lambda argv: "-".join(argv[:2]),
 )
 def test_an_unreachable_broker_is_one_line_within_seconds(argv: list[str]) -> None:
     code, out, err, seconds = _run(*argv, "-b", _closed_port())

@@ -17,11 +17,10 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from kafka_streams import StreamMaker, produce, producer
 from kvevents.consumer import CacheIndex, EventReader
+from kvevents.consumer.topics import TopicSpec, create_topic
 from kvevents.producer import KafkaEventSink, KVCacheEventManager
 from kvevents.schemas import decode_batch
 from kvevents.schemas.registry import RegistryCodec
-
-from kvevents.topics import TopicSpec, create_topic
 
 pytestmark = pytest.mark.kafka
 
