@@ -145,3 +145,51 @@ def test_cli_simulate_tail_and_index_through_the_registry(
 
     blind = _cli("tail", *kafka, "--from-beginning", "--no-follow")  # no registry given
     assert blind.returncode == 0 and "pass --schema-registry-url" in blind.stderr
+
+
+def test_schema_register_and_a_v1_writer_mid_topic(kafka_bootstrap: str, schema_registry_url: str) -> None:
+    """``kvevents schema register`` puts v1 then the current schema under FULL_TRANSITIVE; the
+    real registry refuses an incompatible one; a message an old (v1) producer wrote with its
+    registry id is read on the same topic as the current producer's."""
+    import io
+
+    import fastavro
+    from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+    from kvevents.schemas._reference import batch_to_record
+
+    from kvevents.schema_versions import schema_versions
+
+    topic = _topic(kafka_bootstrap, partitions=1)
+    done = _cli("schema", "register", "-t", topic, "--schema-registry-url", schema_registry_url, "--json")
+    assert done.returncode == 0, done.stderr
+    ids = json.loads(done.stdout)["ids"]
+    client = SchemaRegistryClient({"url": schema_registry_url})
+    assert client.get_compatibility(f"{topic}-value") == "FULL_TRANSITIVE"
+    assert [v.schema_id for v in map(lambda n: client.get_version(f"{topic}-value", n), (1, 2))] == [
+        ids["v1"],
+        ids["current"],
+    ]
+
+    broken = json.loads(schema_versions()[-1].text)
+    broken["fields"].append({"name": "tenant", "type": "string"})
+    with pytest.raises(SchemaRegistryError) as refused:
+        client.register_schema(f"{topic}-value", Schema(json.dumps(broken), "AVRO"))
+    assert refused.value.http_status_code == 409
+
+    batch = StreamMaker(seed=3).batch(events=6)
+    record = batch_to_record(batch)
+    for event in record["events"]:
+        name, data = event["data"]
+        if name == "kvevents.KVCacheCreatedData":
+            data.pop("snapshot", None)
+    v1 = fastavro.parse_schema(json.loads(schema_versions()[0].text))
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, v1, record)
+    old_message = b"\x00" + int(ids["v1"]).to_bytes(4, "big") + body.getvalue()
+    writer = RegistryCodec(schema_registry_url, topic, auto_register=False)
+    newer = StreamMaker(seed=4).batch(events=6)
+    produce(kafka_bootstrap, topic, [(b"old", old_message), (b"new", writer.encode_batch(newer))])
+    with EventReader(kafka_bootstrap, topic, codec=RegistryCodec(schema_registry_url)) as reader:
+        read = list(reader.batches(until_caught_up=True))
+    assert reader.malformed_total == 0 and read == [batch, newer]
