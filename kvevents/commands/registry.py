@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from kvevents.commands._common import CommandError, command
@@ -76,6 +77,13 @@ def _start(args: argparse.Namespace) -> int:
     registry = LocalRegistry(
         args.data_dir, port=args.port, management_port=args.management_port, start_timeout=args.timeout
     )
+    if not registry.status().running:
+        print(
+            f"starting Apicurio Registry in {registry.state_dir} (15-30 s; the first start also fetches "
+            "~160 MB with mvn) ...",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         status = registry.start()
     except (RegistryError, RegistryFetchError) as exc:
@@ -117,6 +125,7 @@ def _status(args: argparse.Namespace) -> int:
 def _fetch(args: argparse.Namespace) -> int:
     from kvevents.registry import RegistryFetchError, ensure_registry, find_registry_java
 
+    print("fetching Apicurio Registry with mvn unless it is cached (~160 MB) ...", file=sys.stderr, flush=True)
     try:
         dist = ensure_registry()
         java = find_registry_java()
