@@ -181,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
     bootstrap = None if args.no_kafka else resolve_bootstrap(args)
     config = config_from_args(args, bootstrap)
     if bootstrap is not None:
-        check_kafka(args, bootstrap, topic=args.topic, role="producer")
+        check_kafka(args, bootstrap, role="producer")  # the topic may be auto-created by the broker
     try:
         topo = sim_run.topology(config)
     except ValueError as exc:
