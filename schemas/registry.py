@@ -162,6 +162,13 @@ class RegistryCodec:
         """A Confluent-framed message written with the current schema, re-framed as a
         single-object message (same body; for ``CacheIndex.apply_encoded``'s fast path); None
         for a message of another framing or schema version. DecodeError if malformed."""
+        if (
+            type(data) is bytes
+            and len(data) >= _HEADER
+            and data[0] == codec.CONFLUENT_MAGIC
+            and self._writers.get(int.from_bytes(data[1:_HEADER], "big"), _UNKNOWN) is None
+        ):
+            return self._single_object_header + data[_HEADER:]  # the usual case, a known current id
         view = codec._as_bytes_view(data)
         if not len(view) or view[0] != codec.CONFLUENT_MAGIC:
             return None
