@@ -125,7 +125,9 @@ def _status(args: argparse.Namespace) -> int:
 def _fetch(args: argparse.Namespace) -> int:
     from kvevents.registry import RegistryFetchError, ensure_registry, find_registry_java
 
-    print("fetching Apicurio Registry with mvn unless it is cached (~160 MB) ...", file=sys.stderr, flush=True)
+    print(
+        "fetching Apicurio Registry with mvn unless it is cached (~160 MB) ...", file=sys.stderr, flush=True
+    )
     try:
         dist = ensure_registry()
         java = find_registry_java()

@@ -88,6 +88,7 @@ def test_bad_settings_are_one_line_naming_them(kafka_bootstrap: str, tmp_path: P
     assert code == 2 and "bad.properties:1: expected KEY=VALUE" in err
 
 
+@pytest.mark.slow
 def test_a_properties_file_configures_the_clients(kafka_bootstrap: str, tmp_path: Path) -> None:
     topic = f"props-{uuid.uuid4().hex[:8]}"
     props = tmp_path / "client.properties"

@@ -22,12 +22,13 @@ def _readme_example() -> str:
     return blocks[0]
 
 
+@pytest.mark.slow
 def test_the_readme_example_passes_in_a_fresh_pytest(pytester: pytest.Pytester, kafka_bootstrap: str) -> None:
     pytester.makepyfile(test_router=_readme_example())
     pytester.makeini("[pytest]\n")  # not this project's settings
     with pytest.MonkeyPatch.context() as env:
         env.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)  # the session's broker, not a new one
-        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
+        result = pytester.runpytest("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=1)
 
 
@@ -42,7 +43,7 @@ def test_plain():
 """
     )
     pytester.makeini("[pytest]\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "-m", "not kafka")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-q", "-m", "not kafka")
     result.assert_outcomes(passed=1, deselected=1)
 
 

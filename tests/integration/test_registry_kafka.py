@@ -119,6 +119,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.slow
 def test_cli_simulate_tail_and_index_through_the_registry(
     kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
