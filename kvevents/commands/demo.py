@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ._common import CommandError, add_kafka_flags, add_output_flags, command, kafka_config
+from ._common import CommandError, add_kafka_flags, add_output_flags, command, kafka_config, registry_settings
 
 DESCRIPTION = """\
 Run the whole pipeline on this machine and report on it:
@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="ARG",
         help="a further 'kvevents simulate' flag (repeatable), e.g. --sim-arg=--block-size=16",
     )
-    add_kafka_flags(parser, registry=False)
+    add_kafka_flags(parser)
     parser.set_defaults(topic=None)
     add_output_flags(parser, json_help="print the report as JSON")
     parser.set_defaults(func=main)
@@ -93,6 +93,7 @@ def main(args: argparse.Namespace) -> int:
         topic=args.topic,
         partitions=args.partitions,
         kafka_config=kafka_config(args),
+        schema_registry=registry_settings(args),
         simulate_args=tuple(args.sim_arg),
     )
     try:
