@@ -13,7 +13,7 @@ EXTRAS ?= dev,bench-dynamo
 # Tests spawn mpiexec (from PyPI's mpich) and the kvevents CLI: both live in the venv.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup test lint bench demo broker-start broker-stop broker-status clean distclean
+.PHONY: setup test lint bench demo broker-start broker-stop broker-status registry-start registry-stop clean distclean
 
 setup: $(STAMP)
 
@@ -64,8 +64,15 @@ broker-stop:
 broker-status: setup
 	@$(BIN)/kvevents broker status || true
 
+# A schema registry for working by hand (Apicurio, Confluent-compatible API); see `kvevents registry --help`.
+registry-start: setup
+	$(BIN)/kvevents registry start
+
+registry-stop:
+	@if [ -x $(BIN)/kvevents ]; then $(BIN)/kvevents registry stop; fi
+
 # Build outputs, caches and the local broker's state; `make distclean` drops the venv too.
-clean: broker-stop
+clean: broker-stop registry-stop
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis .kvevents
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 	rm -f schemas/_fastcodec.c producer/_*.c consumer/_*.c $(STAMP)

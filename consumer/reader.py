@@ -28,6 +28,10 @@ client error raises :class:`ReaderError`. Offsets a checkpoint names that retent
 are skipped with a warning (the index sees the jump in batch sequences and marks the workers
 degraded); an offset beyond the end of its partition is an error (a recreated topic?).
 
+Framing: by default messages are Avro single-object encoded; ``codec=`` (a
+:class:`~kvevents.schemas.registry.RegistryCodec`) reads Confluent's schema-registry framing as
+well, message by message, so a topic whose producers move to the registry mid-way reads whole.
+
 Settings: ``config`` is passed to librdkafka unchanged, over :data:`DEFAULT_CONSUMER_CONFIG`
 (large fetches for fast rebuilds; ``enable.partition.eof`` and manual commits, which the reader
 relies on, always apply). Not thread-safe, except :meth:`EventReader.stop`; to query an index
@@ -49,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Self
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 from kvevents.schemas import DecodeError, EventBatch, decode_batch
 
+from ._framing import BatchDecoder, index_applier
 from .dead_letter import DeadLetterProducer, MalformedMessage, dead_letter_producer_config
 from .reader_metrics import (
     PartitionState,
@@ -117,7 +122,9 @@ class EventReader:
     settings) receives malformed messages. ``keep_malformed``: how many set-aside messages
     :attr:`malformed` remembers. ``consume_batch`` / ``poll_timeout_s``: how many messages one
     poll takes at most and how long it waits for the first one (it returns as soon as one
-    arrives, so a live tail adds no batching delay).
+    arrives, so a live tail adds no batching delay). ``codec``: what decodes the messages
+    (anything with ``decode_batch(bytes) -> EventBatch``, e.g. a ``RegistryCodec``; default:
+    the single-object framing only).
     """
 
     def __init__(
@@ -138,6 +145,7 @@ class EventReader:
         poll_timeout_s: float = 0.2,
         commit_interval_s: float = 1.0,
         metadata_timeout_s: float = 30.0,
+        codec: BatchDecoder | None = None,
     ) -> None:
         if not topic:
             raise ValueError("topic must be a non-empty string")
@@ -154,6 +162,8 @@ class EventReader:
             raise ValueError("consume_batch must be >= 1 and poll_timeout_s > 0")
         self.topic = topic
         self.group_id = group_id
+        self.codec = codec
+        self._decode: Callable[[Any], EventBatch] = decode_batch if codec is None else codec.decode_batch
         self._on_error = on_error
         self._on_malformed = on_malformed
         self._batch = consume_batch
@@ -368,13 +378,19 @@ class EventReader:
         """Decoded batches; malformed messages are set aside (not yielded)."""
         for message in self._data(until_caught_up, timeout, max_messages):
             try:
-                batch = decode_batch(message.value())
+                batch = self._decode(message.value())
             except DecodeError as exc:
                 self._set_aside(message, exc, None)
                 self._processed(message, 0)
                 continue
             yield batch
             self._processed(message, len(batch.events))
+
+    def decode(self, data: bytes | bytearray | memoryview | None) -> EventBatch:
+        """One message's value decoded with this reader's codec; DecodeError if malformed."""
+        if data is None:
+            raise DecodeError("empty message (a tombstone?)")
+        return self._decode(data)
 
     def apply_to(
         self,
@@ -393,7 +409,7 @@ class EventReader:
         the end; ``lock`` is held around each apply (share it with the threads that query)."""
         self._check_open()
         guard = lock if lock is not None else nullcontext()
-        apply = index.apply_encoded
+        apply = index_applier(index, self.codec)
         counters = index.counters
         before = _events_seen(counters())
         started = time.monotonic()

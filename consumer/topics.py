@@ -152,10 +152,10 @@ class TopicDescription:
         return data
 
 
-def _admin(bootstrap_servers: str) -> Any:
+def _admin(bootstrap_servers: str, config: Mapping[str, Any] | None = None) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(quiet_client_config(bootstrap_servers))
+    return AdminClient(quiet_client_config(bootstrap_servers, **dict(config or {})))
 
 
 def _policy_set(value: str) -> frozenset[str]:
@@ -182,8 +182,11 @@ def topic_mismatches(spec: TopicSpec, description: TopicDescription) -> list[str
     return problems
 
 
-def create_topic(bootstrap_servers: str, spec: TopicSpec, timeout: float = 30.0) -> bool:
-    """Create the topic and wait until every partition has a leader.
+def create_topic(
+    bootstrap_servers: str, spec: TopicSpec, timeout: float = 30.0, config: Mapping[str, Any] | None = None
+) -> bool:
+    """Create the topic and wait until every partition has a leader (``config``: more client
+    settings, e.g. security).
 
     Returns True when it was created, False when it already existed with the same settings;
     raises :class:`TopicMismatch` when it exists with other settings.
@@ -191,7 +194,7 @@ def create_topic(bootstrap_servers: str, spec: TopicSpec, timeout: float = 30.0)
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
-    admin = _admin(bootstrap_servers)
+    admin = _admin(bootstrap_servers, config)
     new = NewTopic(
         spec.name,
         num_partitions=spec.partitions,
@@ -207,7 +210,7 @@ def create_topic(bootstrap_servers: str, spec: TopicSpec, timeout: float = 30.0)
             raise TopicError(
                 f"cannot create topic {spec.name!r} on {bootstrap_servers}: {error.str()}"
             ) from exc
-        existing = describe_topic(bootstrap_servers, spec.name, timeout)
+        existing = describe_topic(bootstrap_servers, spec.name, timeout, config)
         problems = topic_mismatches(spec, existing)
         if problems:
             raise TopicMismatch(
@@ -278,13 +281,15 @@ def _wait_for_leaders(admin: Any, name: str, partitions: int, timeout: float) ->
         time.sleep(0.05)
 
 
-def describe_topic(bootstrap_servers: str, name: str, timeout: float = 30.0) -> TopicDescription:
+def describe_topic(
+    bootstrap_servers: str, name: str, timeout: float = 30.0, config: Mapping[str, Any] | None = None
+) -> TopicDescription:
     """Partitions (leader, replicas, in-sync replicas, watermarks) and configs of a topic."""
     from confluent_kafka import KafkaError, KafkaException, TopicCollection
     from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 
     deadline = time.monotonic() + timeout
-    admin = _admin(bootstrap_servers)
+    admin = _admin(bootstrap_servers, config)
     try:
         topic = admin.describe_topics(TopicCollection([name]), request_timeout=timeout)[name].result()
     except KafkaException as exc:

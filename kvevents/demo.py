@@ -54,6 +54,9 @@ class DemoOptions:
     """None: a fresh ``kvevents-demo-<time>`` topic."""
     partitions: int = 2
     kafka_config: dict[str, str] = field(default_factory=dict)
+    schema_registry: dict[str, str] | None = None
+    """Schema registry client settings (``url``, ...): the simulators write Confluent's framing
+    and the rebuild reads it."""
     simulate_args: tuple[str, ...] = ()
     """Further ``kvevents simulate`` flags (engine and workload knobs)."""
     workdir: Path | None = None
@@ -156,6 +159,8 @@ def _simulate_argv(opts: DemoOptions, bootstrap: str, topic: str, instance: int,
     ]  # fmt: skip
     for key, value in opts.kafka_config.items():
         argv += ["-X", f"{key}={value}"]
+    for key, value in (opts.schema_registry or {}).items():
+        argv += ["-X", f"schema.registry.{key}={value}"]
     return argv + list(opts.simulate_args)
 
 
@@ -256,7 +261,12 @@ def run_demo(opts: DemoOptions, say: Callable[[str], None] = lambda text: None) 
         say(f"rebuilding the index from {topic} ...")
         t0 = time.monotonic()
         index = CacheIndex()
-        with EventReader(bootstrap, topic) as reader:
+        codec = None
+        if opts.schema_registry is not None:
+            from kvevents.schemas.registry import RegistryCodec
+
+            codec = RegistryCodec(opts.schema_registry, topic, auto_register=False)
+        with EventReader(bootstrap, topic, config=opts.kafka_config, codec=codec) as reader:
             read = reader.apply_to(index)
         seconds["rebuild"] = time.monotonic() - t0
         report = compare(index, truths)

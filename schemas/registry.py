@@ -79,6 +79,7 @@ class RegistryCodec:
         self._schema_id: int | None = None
         self._header = b""
         self._writers: dict[int, Any] = {}
+        self._single_object_header = codec.SINGLE_OBJECT_MAGIC + codec.current_fingerprint()
 
     # ------------------------------------------------------------------ writing
 
@@ -160,6 +161,25 @@ class RegistryCodec:
         if writer is None:
             return codec._BODY.decode_body(view, _HEADER)
         return _reference.decode_body(memoryview(view)[_HEADER:], writer, codec._SCHEMA)
+
+    def as_single_object(self, data: bytes | bytearray | memoryview) -> bytes | None:
+        """A Confluent-framed message written with the current schema, re-framed as a
+        single-object message (same body; for ``CacheIndex.apply_encoded``'s fast path); None
+        for a message of another framing or schema version. DecodeError if malformed."""
+        if (
+            type(data) is bytes
+            and len(data) >= _HEADER
+            and data[0] == codec.CONFLUENT_MAGIC
+            and self._writers.get(int.from_bytes(data[1:_HEADER], "big"), _UNKNOWN) is None
+        ):
+            return self._single_object_header + data[_HEADER:]  # the usual case, a known current id
+        view = codec._as_bytes_view(data)
+        if not len(view) or view[0] != codec.CONFLUENT_MAGIC:
+            return None
+        view, writer = self._split(view)
+        if writer is not None:
+            return None
+        return self._single_object_header + bytes(memoryview(view)[_HEADER:])
 
     def decode_record(
         self, data: bytes | bytearray | memoryview, reader_schema: dict[str, Any] | str | None = None

@@ -1,77 +1,20 @@
-"""Shared fixtures. Kafka: one real broker per test session (see ``kvevents.testing``).
-
-- ``kafka`` / ``kafka_bootstrap``: ``KAFKA_BOOTSTRAP_SERVERS`` if set, else an ``apache/kafka``
-  container when Docker answers, else a local broker (Kafka's jars, no Docker) in
-  ``$KVEVENTS_TEST_BROKER_DIR`` or a temporary directory. Without a broker the tests that use
-  it fail when ``CI=true`` or ``KVEVENTS_REQUIRE_KAFKA=1``, and are skipped otherwise.
-- ``kafka_topic``: a fresh one-partition topic per test; ``kafka_topic_factory(**settings)``
-  makes topics with other settings (partitions, retention_ms, max_message_bytes, ...).
-
-Tests that use these fixtures get the ``kafka`` marker: ``pytest -m 'not kafka'`` skips them.
+"""Shared fixtures come from kvevents' own pytest plugin (``kvevents.pytest_plugin``, loaded
+through its ``pytest11`` entry point when the package is installed, as ``make setup`` does):
+``kafka``, ``kafka_bootstrap``, ``kafka_topic``, ``kafka_topic_factory``, ``kvevents_stream``
+and ``schema_registry_url``. They are not defined again here, so each is registered once.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-_KAFKA_FIXTURES = {"kafka", "kafka_bootstrap", "kafka_topic", "kafka_topic_factory"}
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.has_plugin("kvevents"):
+        raise pytest.UsageError(
+            "kvevents' pytest plugin is not loaded: install the package ('make setup') "
+            "and do not disable it with -p no:kvevents"
+        )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if _KAFKA_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.kafka)
-
-
-@pytest.fixture(scope="session")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The session's Kafka broker (a ``kvevents.testing.KafkaForTests``)."""
-    from kvevents.testing import KafkaUnavailable, kafka_for_tests, kafka_required
-
-    explicit_dir = os.environ.get("KVEVENTS_TEST_BROKER_DIR")
-    state_dir = Path(explicit_dir) if explicit_dir else tmp_path_factory.mktemp("kafka-broker")
-    with ExitStack() as stack:
-        try:
-            found = stack.enter_context(kafka_for_tests(state_dir))
-        except KafkaUnavailable as exc:
-            if kafka_required():
-                pytest.fail(
-                    f"Kafka is required here (CI=true or KVEVENTS_REQUIRE_KAFKA=1): {exc}", pytrace=False
-                )
-            pytest.skip(f"no Kafka broker: {exc}")
-        yield found
-
-
-@pytest.fixture(scope="session")
-def kafka_bootstrap(kafka: Any) -> str:
-    """``host:port`` of the session's Kafka broker."""
-    return str(kafka.bootstrap_servers)
-
-
-@pytest.fixture
-def kafka_topic_factory(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Callable[..., str]:
-    """Make a topic with a name unique to this test: ``factory(partitions=3, retention_ms=...)``."""
-    from kvevents.consumer.topics import TopicSpec, create_topic
-
-    stem = re.sub(r"[^a-zA-Z0-9._-]+", "-", request.node.name)[:120].strip("-") or "test"
-
-    def make(**settings: Any) -> str:
-        name = f"{stem}-{uuid.uuid4().hex[:10]}"
-        create_topic(kafka_bootstrap, TopicSpec(name, **settings))
-        return name
-
-    return make
-
-
-@pytest.fixture
-def kafka_topic(kafka_topic_factory: Callable[..., str]) -> str:
-    """A fresh single-partition topic for this test."""
-    return kafka_topic_factory()
+pytest_plugins = ["pytester"]  # tests/integration/test_pytest_plugin.py runs the README's example

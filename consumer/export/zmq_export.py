@@ -70,6 +70,8 @@ class ZmqExportConfig:
     state_path: Path | None = None
     checkpoint_interval_s: float = 5.0
     reader_config: Mapping[str, Any] | None = None
+    codec: Any = None
+    """What decodes messages (a ``RegistryCodec`` reads both framings); default single-object."""
     hwm: int = 100_000
     replay_timeout_s: float = 120.0
     start_delay_s: float = 0.0
@@ -126,14 +128,18 @@ class _Pipeline:
     """Kafka messages -> (worker, events) with deterministic handling of bad messages; shared
     by the live exporter and replays so both number a stream's batches the same way."""
 
-    def __init__(self, converter: VllmConverter) -> None:
+    def __init__(self, converter: VllmConverter, codec: Any = None) -> None:
         self.converter = converter
         self.malformed = 0
+        self._decode = decode_batch if codec is None else codec.decode_batch
 
     def handle(self, message: Any) -> tuple[float, dict[WorkerKey, list[Any]]]:
         """(the batch's creation time in seconds, its vLLM events per worker)."""
         try:
-            batch = decode_batch(message.value())
+            value = message.value()
+            if value is None:
+                raise DecodeError("empty message (a tombstone?)")
+            batch = self._decode(value)
         except DecodeError as exc:
             self.malformed += 1
             key = message.key()
@@ -175,11 +181,15 @@ class ZmqExporter:
         self.converter = VllmConverter(
             self.wire, converter_state, on_loss=self._lost, lora_names=config.lora_names
         )
-        self._pipeline = _Pipeline(self.converter)
+        self._pipeline = _Pipeline(self.converter, config.codec)
         self.seqs: dict[str, int] = {} if state is None else dict(state.seqs)
         start: Any = config.start if state is None else state.offsets
         self._reader = EventReader(
-            config.bootstrap_servers, config.topic, start=start, config=config.reader_config
+            config.bootstrap_servers,
+            config.topic,
+            start=start,
+            config=config.reader_config,
+            codec=config.codec,
         )
         self.offsets: dict[int, int] = self._reader.offsets()
         first = (
@@ -423,13 +433,15 @@ class _ReplayServer(threading.Thread):
         converter = VllmConverter(
             exporter.wire, VllmConverter.state_from_bytes(anchor.converter), lora_names=cfg.lora_names
         )
-        pipeline = _Pipeline(converter)
+        pipeline = _Pipeline(converter, cfg.codec)
         seqs = dict(anchor.seqs)
         out: list[tuple[bytes, bytes, bytes]] = []
         if all(target.get(p, 0) <= o for p, o in anchor.offsets.items()):
             return out
         topics: dict[WorkerKey, tuple[bytes, int | None]] = {}
-        reader = EventReader(cfg.bootstrap_servers, cfg.topic, start=anchor.offsets, config=cfg.reader_config)
+        reader = EventReader(
+            cfg.bootstrap_servers, cfg.topic, start=anchor.offsets, config=cfg.reader_config, codec=cfg.codec
+        )
         deadline = time.monotonic() + cfg.replay_timeout_s
         try:
             starts = reader.offsets()

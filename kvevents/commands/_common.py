@@ -1,8 +1,10 @@
 """Flags and helpers every ``kvevents`` command shares, so that all of them spell things alike.
 
 - :func:`add_kafka_flags`: ``--bootstrap-servers/-b`` (resolved like :mod:`kvevents.broker.bootstrap`),
-  ``--topic/-t`` (default ``kv-cache-events``), ``-X key=value`` (repeatable, passed to
-  librdkafka unchanged, like kcat);
+  ``--topic/-t`` (default ``kv-cache-events``), ``-F FILE`` (a librdkafka properties file) and
+  ``-X key=value`` (repeatable, passed to librdkafka unchanged, like kcat), and
+  ``--schema-registry-url``; :func:`kafka_config`, :func:`reader_codec` / :func:`writer_codec`
+  and :func:`check_kafka` turn them into settings, codecs and a quick check of the broker;
 - :func:`add_output_flags`: ``--json``, ``-q/--quiet``, ``-v/--verbose``;
 - :func:`command`: wraps a command's body: sets the logging level, turns :class:`CommandError`
   into ``kvevents NAME: message`` on stderr, and Ctrl-C into exit code 130;
@@ -22,8 +24,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 
 __all__ = [
     "BOOTSTRAP_HELP",
@@ -31,19 +34,26 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "CommandError",
     "Progress",
+    "add_client_config_flags",
     "add_kafka_flags",
     "add_output_flags",
+    "check_kafka",
     "command",
     "config_pair",
     "kafka_config",
+    "quiet_librdkafka",
+    "reader_codec",
+    "registry_settings",
     "resolve_bootstrap",
     "stop_on_interrupt",
+    "writer_codec",
 ]
 
 DEFAULT_TOPIC = "kv-cache-events"
 EXIT_INTERRUPTED = 130
 
 BOOTSTRAP_HELP = "Kafka address (default: $KAFKA_BOOTSTRAP_SERVERS, else the running local broker)"
+REGISTRY_ENV = "KVEVENTS_SCHEMA_REGISTRY_URL"
 
 
 class CommandError(Exception):
@@ -62,22 +72,48 @@ def config_pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-def add_kafka_flags(parser: argparse.ArgumentParser, *, topic: bool = True) -> None:
-    """Add ``--bootstrap-servers/-b``, ``--topic/-t`` (when ``topic``) and ``-X key=value``."""
+def add_kafka_flags(parser: argparse.ArgumentParser, *, topic: bool = True, registry: bool = True) -> None:
+    """Add ``--bootstrap-servers/-b``, ``--topic/-t`` (when ``topic``), ``-X key=value``, ``-F FILE``
+    and ``--schema-registry-url`` (when ``registry``: for commands that read or write events)."""
     group = parser.add_argument_group("Kafka")
     group.add_argument("--bootstrap-servers", "-b", default=None, metavar="HOST:PORT", help=BOOTSTRAP_HELP)
     if topic:
         group.add_argument(
             "--topic", "-t", default=DEFAULT_TOPIC, help=f"the events topic (default: {DEFAULT_TOPIC})"
         )
+    add_client_config_flags(group)
+    if not registry:
+        return
     group.add_argument(
+        "--schema-registry-url",
+        default=None,
+        metavar="URL",
+        help="a Confluent-compatible schema registry (e.g. http://127.0.0.1:8081/apis/ccompat/v7 for "
+        f"Apicurio; default: ${REGISTRY_ENV}): writers register the schema and use Confluent's framing, "
+        "readers read both framings; credentials via -X/-F basic.auth.user.info=USER:PASSWORD",
+    )
+
+
+def add_client_config_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add ``-X KEY=VALUE`` (repeatable) and ``-F FILE``: librdkafka settings, as kcat takes them."""
+    parser.add_argument(
         "-X",
         dest="kafka_config",
         type=config_pair,
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a librdkafka setting passed unchanged to the Kafka client (repeatable), e.g. -X fetch.max.bytes=1048576",
+        help="a librdkafka setting passed unchanged to the Kafka client (repeatable, after -F), "
+        "e.g. -X fetch.max.bytes=1048576",
+    )
+    parser.add_argument(
+        "-F",
+        dest="kafka_config_file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="read librdkafka settings from a properties file (KEY=VALUE lines, '#' comments; as kcat -F); "
+        "schema.registry.* and basic.auth.user.info lines there configure the schema registry",
     )
 
 
@@ -95,9 +131,78 @@ def add_output_flags(parser: argparse.ArgumentParser, *, json_help: str | None =
     )
 
 
+def _settings(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
+    from kvevents.commands._kafka_setup import read_properties, split_settings
+
+    pairs: list[tuple[str, str]] = []
+    path = getattr(args, "kafka_config_file", None)
+    if path is not None:
+        try:
+            pairs += read_properties(path)
+        except ValueError as exc:
+            raise CommandError(str(exc), code=2) from None
+    pairs += list(getattr(args, "kafka_config", None) or [])
+    return split_settings(pairs)
+
+
 def kafka_config(args: argparse.Namespace) -> dict[str, str]:
-    """The ``-X`` settings as a librdkafka config dict (a later key wins)."""
-    return dict(getattr(args, "kafka_config", None) or [])
+    """The librdkafka settings of ``-F FILE`` then ``-X`` (a later key wins), without the
+    schema registry's settings (see :func:`registry_settings`)."""
+    return _settings(args)[0]
+
+
+def registry_settings(args: argparse.Namespace) -> dict[str, str] | None:
+    """The schema registry client's settings (``--schema-registry-url`` or ``$KVEVENTS_SCHEMA_REGISTRY_URL``
+    over ``schema.registry.url`` of -F/-X, plus credentials and TLS), or None without a URL."""
+    registry = _settings(args)[1]
+    url = getattr(args, "schema_registry_url", None) or os.environ.get(REGISTRY_ENV, "").strip()
+    if url:
+        registry["url"] = url
+    if not registry.get("url"):
+        if registry:
+            raise CommandError(
+                f"schema registry settings ({', '.join(sorted(registry))}) without a URL: "
+                "pass --schema-registry-url or schema.registry.url",
+                code=2,
+            )
+        return None
+    return registry
+
+
+def reader_codec(args: argparse.Namespace) -> Any:
+    """A :class:`~kvevents.schemas.registry.RegistryCodec` that reads both framings, when a
+    registry is configured; None otherwise (single-object framing only)."""
+    registry = registry_settings(args)
+    if registry is None:
+        return None
+    from kvevents.schemas.registry import RegistryCodec
+
+    return RegistryCodec(registry, getattr(args, "topic", None), auto_register=False)
+
+
+def writer_codec(args: argparse.Namespace, topic: str) -> Any:
+    """A :class:`~kvevents.schemas.registry.RegistryCodec` that registers the schema under
+    ``<topic>-value`` and writes Confluent's framing, when a registry is configured; else None."""
+    registry = registry_settings(args)
+    if registry is None:
+        return None
+    from kvevents.schemas.registry import RegistryCodec
+
+    return RegistryCodec(registry, topic)
+
+
+def check_kafka(
+    args: argparse.Namespace, bootstrap: str, *, topic: str | None = None, role: str = "consumer"
+) -> None:
+    """Fail fast with one line (:class:`CommandError`) when a -X/-F setting is refused, no broker
+    answers at ``bootstrap`` within a few seconds, or ``topic`` does not exist."""
+    from kvevents.commands._kafka_setup import KafkaCheckFailed
+    from kvevents.commands._kafka_setup import check_kafka as check
+
+    try:
+        check(bootstrap, kafka_config(args), topic=topic, role=role)
+    except KafkaCheckFailed as exc:
+        raise CommandError(str(exc)) from None
 
 
 def resolve_bootstrap(args: argparse.Namespace) -> str:
@@ -118,6 +223,15 @@ def logging_level(args: argparse.Namespace) -> int:
     return logging.WARNING - 10 * min(int(getattr(args, "verbose", 0) or 0), 2)
 
 
+def quiet_librdkafka(args: argparse.Namespace) -> None:
+    """Show librdkafka's own log lines (reconnects, ...) only with ``-v``."""
+    from kvevents.commands._kafka_setup import LIBRDKAFKA_LOGGERS
+
+    level = logging_level(args)
+    for logger in LIBRDKAFKA_LOGGERS:
+        logging.getLogger(logger).setLevel(level if level < logging.WARNING else logging.CRITICAL)
+
+
 def command(
     name: str,
 ) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
@@ -129,11 +243,16 @@ def command(
         @functools.wraps(func)
         def run(args: argparse.Namespace) -> int:
             logging.getLogger().setLevel(logging_level(args))
+            quiet_librdkafka(args)
             try:
                 return int(func(args) or 0)
             except CommandError as exc:
                 print(f"kvevents {name}: {exc}", file=sys.stderr)
                 return exc.code
+            except _kafka_exception() as exc:  # a setting librdkafka refused late, a fatal error
+                err = exc.args[0] if exc.args else exc
+                print(f"kvevents {name}: Kafka: {getattr(err, 'str', lambda: str(err))()}", file=sys.stderr)
+                return 1
             except KeyboardInterrupt:
                 print(f"kvevents {name}: interrupted", file=sys.stderr)
                 return EXIT_INTERRUPTED
@@ -145,6 +264,12 @@ def command(
         return run
 
     return decorate
+
+
+def _kafka_exception() -> type[Exception]:
+    from confluent_kafka import KafkaException
+
+    return KafkaException
 
 
 class Progress:

@@ -19,10 +19,10 @@ from kvevents.commands._common import (
     command,
     config_pair,
     kafka_config,
-    resolve_bootstrap,
+    reader_codec,
     stop_on_interrupt,
 )
-from kvevents.commands._export_zmq import start_position
+from kvevents.commands._export_zmq import _checked_bootstrap, start_position
 
 DESCRIPTION = """\
 Read a kvevents topic and write NVIDIA Dynamo RouterEvent JSON, one object per line:
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     from kvevents.consumer import EventReader, ReaderError
     from kvevents.consumer.export import relaxed_gc
     from kvevents.consumer.export.dynamo_export import DynamoConverter
-    from kvevents.schemas import DecodeError, decode_batch
+    from kvevents.schemas import DecodeError
 
     try:
         import orjson
@@ -156,7 +156,11 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         reader = EventReader(
-            resolve_bootstrap(args), args.topic, start=start_position(args), config=kafka_config(args)
+            _checked_bootstrap(args),
+            args.topic,
+            start=start_position(args),
+            config=kafka_config(args),
+            codec=reader_codec(args),
         )
     except ReaderError as exc:
         raise CommandError(str(exc)) from exc
@@ -169,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         with stop_on_interrupt(reader.stop) as seen, relaxed_gc():
             for message in reader.messages(until_caught_up=not args.follow):
                 try:
-                    batch = decode_batch(message.value())
+                    batch = reader.decode(message.value())
                 except DecodeError as exc:
                     malformed += 1
                     print(

@@ -15,8 +15,10 @@ from kvevents.commands._common import (
     Progress,
     add_kafka_flags,
     add_output_flags,
+    check_kafka,
     command,
     kafka_config,
+    reader_codec,
     resolve_bootstrap,
     stop_on_interrupt,
 )
@@ -205,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     }
     try:
         config = ZmqExportConfig(
-            resolve_bootstrap(args),
+            _checked_bootstrap(args),
             args.topic,
             pub=None if args.pub is None else Endpoint(args.pub, bind),
             replay=None if args.replay is None else Endpoint(args.replay),
@@ -218,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
             state_path=args.state,
             checkpoint_interval_s=args.checkpoint_interval,
             reader_config=kafka_config(args),
+            codec=reader_codec(args),
             hwm=args.hwm,
             start_delay_s=args.wait,
             lora_names=dict(args.lora_name),
@@ -253,3 +256,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"{key:24} {value}")
     sys.stdout.flush()
     return EXIT_INTERRUPTED if interrupted else 0
+
+
+def _checked_bootstrap(args: argparse.Namespace) -> str:
+    """The broker's address once it answered with the topic's metadata (CommandError otherwise)."""
+    bootstrap = resolve_bootstrap(args)
+    check_kafka(args, bootstrap, topic=args.topic)
+    return bootstrap

@@ -23,6 +23,7 @@ __all__ = [
     "event_type",
     "format_hash",
     "format_time_us",
+    "json_hash",
 ]
 
 EVENT_TYPES = ("created", "stored", "removed", "updated")
@@ -44,8 +45,14 @@ def event_type(event: KVCacheEvent) -> str:
 
 
 def format_hash(value: int | None) -> str:
-    """A block hash as 16 hex digits (``-`` for None)."""
-    return "-" if value is None else f"{value:016x}"
+    """A block hash (unsigned 64-bit) as ``0x`` and 16 hex digits, in text and JSON alike
+    (JSON numbers above 2**53 lose digits in jq and JavaScript); ``-`` for None."""
+    return "-" if value is None else f"0x{value:016x}"
+
+
+def json_hash(value: int | None) -> str | None:
+    """A block hash for JSON output: :func:`format_hash`'s string, None for None."""
+    return None if value is None else format_hash(value)
 
 
 def format_time_us(time_us: int) -> str:
@@ -119,10 +126,10 @@ def _data_json(event: KVCacheEvent) -> dict[str, Any]:
     data = event.data
     if isinstance(data, KVCacheStoredData):
         return {
-            "parent_hash": data.parent_hash,
+            "parent_hash": json_hash(data.parent_hash),
             "blocks": [
                 {
-                    "block_hash": b.block_hash,
+                    "block_hash": json_hash(b.block_hash),
                     "tokens": len(b.tokens),
                     "cache_level": b.cache_level,
                     "priority": b.priority,
@@ -132,10 +139,10 @@ def _data_json(event: KVCacheEvent) -> dict[str, Any]:
             ],
         }
     if isinstance(data, KVCacheRemovedData):
-        return {"block_hashes": list(data.block_hashes)}
+        return {"block_hashes": [json_hash(h) for h in data.block_hashes]}
     if isinstance(data, KVCacheUpdatedData):
         return {
-            "block_hash": data.block_hash,
+            "block_hash": json_hash(data.block_hash),
             "cache_level": None
             if data.cache_level is None
             else [data.cache_level.old_value, data.cache_level.new_value],
@@ -148,7 +155,7 @@ def _data_json(event: KVCacheEvent) -> dict[str, Any]:
 def event_json(
     batch: EventBatch, event: KVCacheEvent, time_us: int, partition: int, offset: int
 ) -> dict[str, Any]:
-    """One event as a JSON-ready dict (hashes as unsigned ints; tokens as counts)."""
+    """One event as a JSON-ready dict (hashes as :func:`format_hash` strings; tokens as counts)."""
     return {
         "kind": "event",
         "time_us": time_us,

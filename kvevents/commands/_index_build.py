@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvevents.commands._common import CommandError, Progress, kafka_config, resolve_bootstrap
+from kvevents.commands._common import (
+    CommandError,
+    Progress,
+    check_kafka,
+    kafka_config,
+    reader_codec,
+    resolve_bootstrap,
+)
 
 if TYPE_CHECKING:
     from kvevents.consumer import CacheIndex, Checkpoint, EventReader, ReaderProgress, ReadResult
@@ -128,6 +135,7 @@ def build_index(
     from kvevents.consumer import CacheIndex, CheckpointError, EventReader, ReaderError
 
     bootstrap = resolve_bootstrap(args)
+    check_kafka(args, bootstrap, topic=args.topic)
     checkpoint, source = _load_checkpoint(args, bootstrap)
     try:
         index = checkpoint.index(core=args.core) if checkpoint is not None else CacheIndex(core=args.core)
@@ -139,6 +147,7 @@ def build_index(
             args.topic,
             start=checkpoint.offsets if checkpoint is not None else "beginning",
             config=kafka_config(args),
+            codec=reader_codec(args),
         )
     except (ReaderError, ValueError) as exc:
         raise CommandError(str(exc)) from exc

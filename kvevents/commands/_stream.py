@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvevents.schemas import DecodeError, EventBatch, decode_batch
+from kvevents.schemas import DecodeError, EventBatch
 
 if TYPE_CHECKING:
     from kvevents.consumer import EventReader
@@ -80,11 +80,12 @@ def decoded_messages(
         value = message.value()
         size = 0 if value is None else len(value)
         try:
-            if value is None:
-                raise DecodeError("empty message (a tombstone?)")
-            batch = decode_batch(value)
+            batch = reader.decode(value)
         except DecodeError as exc:
-            on_malformed(Malformed(message.partition(), message.offset(), message.key(), size, str(exc)))
+            error = str(exc)
+            if reader.codec is None and value and value[0] == 0:
+                error += " (pass --schema-registry-url to read it)"
+            on_malformed(Malformed(message.partition(), message.offset(), message.key(), size, error))
             continue
         yield Received(batch, message.partition(), message.offset(), _timestamp_ms(message), size)
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ._common import CommandError, add_kafka_flags, add_output_flags, command, kafka_config
+from ._common import CommandError, add_kafka_flags, add_output_flags, command, kafka_config, registry_settings
 
 DESCRIPTION = """\
 Run the whole pipeline on this machine and report on it:
@@ -93,6 +93,7 @@ def main(args: argparse.Namespace) -> int:
         topic=args.topic,
         partitions=args.partitions,
         kafka_config=kafka_config(args),
+        schema_registry=registry_settings(args),
         simulate_args=tuple(args.sim_arg),
     )
     try:

@@ -136,7 +136,7 @@ def config_from_args(args: argparse.Namespace, bootstrap: str | None) -> SimRunC
     from kvevents.producer.simulator.run import SimRunConfig
     from kvevents.producer.simulator.workload import WorkloadConfig
 
-    from ._common import kafka_config
+    from ._common import kafka_config, registry_settings
 
     try:
         simulator = SimulatorConfig(
@@ -163,6 +163,7 @@ def config_from_args(args: argparse.Namespace, bootstrap: str | None) -> SimRunC
             snapshot_on_drops=args.snapshot_on_drops,
             topic=None if args.no_kafka else args.topic,
             kafka_config=kafka,
+            schema_registry=None if args.no_kafka else registry_settings(args),
             flush_log_dir=args.flush_log,
             simulator=simulator,
             workload=workload,
@@ -175,10 +176,12 @@ def config_from_args(args: argparse.Namespace, bootstrap: str | None) -> SimRunC
 def main(args: argparse.Namespace) -> int:
     from kvevents.producer.simulator import run as sim_run
 
-    from ._common import resolve_bootstrap
+    from ._common import check_kafka, resolve_bootstrap
 
     bootstrap = None if args.no_kafka else resolve_bootstrap(args)
     config = config_from_args(args, bootstrap)
+    if bootstrap is not None:
+        check_kafka(args, bootstrap, role="producer")  # the topic may be auto-created by the broker
     try:
         topo = sim_run.topology(config)
     except ValueError as exc:

@@ -20,8 +20,10 @@ from kvevents.commands._common import (
     Progress,
     add_kafka_flags,
     add_output_flags,
+    check_kafka,
     command,
     kafka_config,
+    reader_codec,
     resolve_bootstrap,
     stop_on_interrupt,
 )
@@ -190,9 +192,12 @@ def run(args: argparse.Namespace) -> int:
         _require_matplotlib()
     bucket = _bucket(args)
     bootstrap = resolve_bootstrap(args)
+    check_kafka(args, bootstrap, topic=args.topic)
     start = _start(args, bootstrap)
     try:
-        reader = EventReader(bootstrap, args.topic, start=start, config=kafka_config(args))
+        reader = EventReader(
+            bootstrap, args.topic, start=start, config=kafka_config(args), codec=reader_codec(args)
+        )
     except (ReaderError, ValueError) as exc:
         raise CommandError(str(exc)) from exc
     received: list[tuple[Any, int, int]] = []  # (batch, time_us, size), for the buckets decided at the end

@@ -14,8 +14,10 @@ from kvevents.commands._common import (
     CommandError,
     add_kafka_flags,
     add_output_flags,
+    check_kafka,
     command,
     kafka_config,
+    reader_codec,
     resolve_bootstrap,
     stop_on_interrupt,
 )
@@ -209,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         printer.counts.malformed += 1
         print(f"kvevents tail: {bad.describe(args.topic)}", file=sys.stderr, flush=True)
 
+    check_kafka(args, bootstrap, topic=args.topic)
     try:
         reader = EventReader(
             bootstrap,
@@ -216,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
             start="beginning" if args.from_beginning else "end",
             config=kafka_config(args),
             consume_batch=500,
+            codec=reader_codec(args),
         )
     except (ReaderError, ValueError) as exc:
         raise CommandError(str(exc)) from exc

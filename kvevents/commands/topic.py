@@ -6,7 +6,16 @@ import argparse
 import json
 import sys
 
-from kvevents.commands._common import BOOTSTRAP_HELP, CommandError, config_pair, resolve_bootstrap
+from kvevents.commands._common import (
+    BOOTSTRAP_HELP,
+    CommandError,
+    add_client_config_flags,
+    check_kafka,
+    config_pair,
+    kafka_config,
+    quiet_librdkafka,
+    resolve_bootstrap,
+)
 
 DESCRIPTION = """\
 Create or describe a Kafka topic.
@@ -46,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         sub.add_argument(
             "--timeout", type=float, default=30.0, help="seconds to wait for the broker (default: 30)"
         )
+        add_client_config_flags(sub)
         return sub
 
     create = add(
@@ -79,10 +89,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _bootstrap(args: argparse.Namespace) -> str | None:
+    """The broker's address once it answered (None after printing why not)."""
+    quiet_librdkafka(args)
     try:
-        return resolve_bootstrap(args)
+        bootstrap = resolve_bootstrap(args)
+        check_kafka(args, bootstrap, role="producer")
+        return bootstrap
     except CommandError as exc:
-        print(f"kvevents topic: {exc}", file=sys.stderr)
+        print(f"kvevents topic {args.topic_command}: {exc}", file=sys.stderr)
         return None
 
 
@@ -106,7 +120,7 @@ def _create(args: argparse.Namespace) -> int:
     if bootstrap is None:
         return 1
     try:
-        created = create_topic(bootstrap, spec, timeout=args.timeout)
+        created = create_topic(bootstrap, spec, timeout=args.timeout, config=kafka_config(args))
     except TopicError as exc:
         print(f"kvevents topic create: {exc}", file=sys.stderr)
         return 1
@@ -122,7 +136,7 @@ def _describe(args: argparse.Namespace) -> int:
     if bootstrap is None:
         return 1
     try:
-        topic = describe_topic(bootstrap, args.name, timeout=args.timeout)
+        topic = describe_topic(bootstrap, args.name, timeout=args.timeout, config=kafka_config(args))
     except TopicError as exc:
         print(f"kvevents topic describe: {exc}", file=sys.stderr)
         return 1

@@ -85,6 +85,9 @@ class SimRunConfig:
     topic: str | None = None
     """Kafka topic; None runs without Kafka (rank 0 takes its events and discards them)."""
     kafka_config: dict[str, Any] = field(default_factory=dict)
+    schema_registry: dict[str, Any] | None = None
+    """Schema registry client settings (``url``, ...): the sink then registers the schema and
+    writes Confluent's framing (:class:`~kvevents.schemas.registry.RegistryCodec`)."""
     sink_close_timeout_s: float = 30.0
     flush_log_dir: str | None = None
     """Write ``flush-<instance>-<rank>.json`` here: per flush, the last event id handed over
@@ -322,7 +325,14 @@ class SimRun:
             if topo.attention_dp_rank == 0 and cfg.topic is not None:
                 from ..sink import KafkaEventSink
 
-                sink = KafkaEventSink(manager, cfg.topic, topo.instance_id, config=cfg.kafka_config)
+                codec = None
+                if cfg.schema_registry is not None:
+                    from kvevents.schemas.registry import RegistryCodec
+
+                    codec = RegistryCodec(cfg.schema_registry, cfg.topic)
+                sink = KafkaEventSink(
+                    manager, cfg.topic, topo.instance_id, config=cfg.kafka_config, codec=codec
+                )
             elif topo.attention_dp_rank == 0:
                 sink = _Discard(manager)
             dp_rank = topo.attention_dp_rank if topo.attention_dp_size > 1 else None

@@ -27,11 +27,11 @@ def test_each_event_type_has_a_summary_line() -> None:
     b = batch([], 0)
     assert event_line(b, created(0, rank=1), T).endswith("i0 r1 #0 created w=64 blocks_per_level=100,10")
     line = event_line(b, stored(3, [0xA, 0xB, 0xC, 0xD, 0xE, 0xF], parent=0x9, level=1), T)
-    assert "#3 stored w=64 parent=0000000000000009 blocks=6 tokens=24 levels=1,1,1,1,1,1" in line
-    assert "hashes=000000000000000a,000000000000000b,000000000000000c,000000000000000d,+2" in line
-    assert event_line(b, removed(4, [0xA]), T).endswith("#4 removed w=64 blocks=1 hashes=000000000000000a")
+    assert "#3 stored w=64 parent=0x0000000000000009 blocks=6 tokens=24 levels=1,1,1,1,1,1" in line
+    assert "hashes=0x000000000000000a,0x000000000000000b,0x000000000000000c,0x000000000000000d,+2" in line
+    assert event_line(b, removed(4, [0xA]), T).endswith("#4 removed w=64 blocks=1 hashes=0x000000000000000a")
     line = event_line(b, updated(5, 0xB, level=(0, 1), priority=(35, 80)), T)
-    assert line.endswith("#5 updated w=64 block=000000000000000b level 0->1 priority 35->80")
+    assert line.endswith("#5 updated w=64 block=0x000000000000000b level 0->1 priority 35->80")
 
 
 def test_batch_line_shows_sequence_and_in_band_drops() -> None:
@@ -41,12 +41,19 @@ def test_batch_line_shows_sequence_and_in_band_drops() -> None:
     assert "DROPPED r1:5" in line and "r0:" not in line and line.endswith("seq=10)")
 
 
-def test_event_json_keeps_full_hashes() -> None:
+def test_event_json_keeps_full_hashes_in_the_text_form() -> None:
     big = (1 << 64) - 1
-    data = event_json(batch([], 3), stored(1, [big], parent=big - 1), T, 0, 9)
+    b = batch([], 3)
+    data = event_json(b, stored(1, [big], parent=big - 1), T, 0, 9)
     assert json.loads(json.dumps(data)) == data
-    assert data["data"]["blocks"][0]["block_hash"] == big and data["data"]["parent_hash"] == big - 1
+    assert data["data"]["blocks"][0]["block_hash"] == "0xffffffffffffffff"
+    assert int(data["data"]["parent_hash"], 16) == big - 1
     assert (data["type"], data["batch_sequence"], data["offset"]) == ("stored", 3, 9)
+    # the same spelling as the text line, for every kind of hash
+    assert f"parent={data['data']['parent_hash']}" in event_line(b, stored(1, [big], parent=big - 1), T)
+    assert event_json(b, removed(2, [0xA]), T, 0, 1)["data"]["block_hashes"] == ["0x000000000000000a"]
+    assert event_json(b, updated(3, 0xB, level=(0, 1)), T, 0, 1)["data"]["block_hash"] == "0x000000000000000b"
+    assert event_json(b, stored(4, [1]), T, 0, 1)["data"]["parent_hash"] is None
 
 
 def test_sequence_tracker_flags_gaps_new_producers_and_replays() -> None:
