@@ -53,7 +53,7 @@ def compatibility(reader: SchemaVersion, writer: SchemaVersion) -> list[str]:
         from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
     except ImportError as exc:
         raise RuntimeError("the compatibility check needs Apache Avro: pip install 'kvevents[cli]'") from exc
-    result = ReaderWriterCompatibilityChecker().get_compatibility(
+    result = ReaderWriterCompatibilityChecker().get_compatibility(  # type: ignore[no-untyped-call]
         avro.schema.parse(reader.text), avro.schema.parse(writer.text)
     )
     if result.compatibility is SchemaCompatibilityType.compatible:
