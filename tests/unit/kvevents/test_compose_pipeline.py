@@ -38,7 +38,7 @@ def test_pipeline_services_wait_for_a_healthy_broker_on_the_internal_listener():
 
 def test_the_simulator_runs_4_ranks_under_mpiexec_with_arguments_the_cli_accepts():
     script = COMPOSE["services"]["simulator"]["command"][-1]
-    assert "exec mpiexec -n 4 kvevents simulate" in script
+    assert "exec mpiexec -disable-auto-cleanup -n 4 kvevents simulate" in script
     parser = build_parser()
     commands = [parser.parse_args(argv) for argv in kvevents_lines("simulator")]
     assert [c.command for c in commands] == ["topic", "simulate"]
