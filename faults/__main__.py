@@ -22,6 +22,7 @@ CASES: dict[str, Case] = {
     "consumer-kill": cases_pipeline.consumer_sigkill,
     "overload": cases_pipeline.overload,
     "hostile": cases_pipeline.hostile_corpus,
+    "disk-full": cases_broker.disk_full,
 }
 
 
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix=f"kvevents-faults-{name}-") as tmp:
             try:
                 result = CASES[name](Path(tmp), args.quick)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a failed case is reported in the table, the suite goes on
                 traceback.print_exc()
                 result = FaultResult(
                     name, happened="the case itself failed", error=f"{type(exc).__name__}: {exc}"

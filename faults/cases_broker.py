@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -10,7 +13,7 @@ from typing import Any
 from kvevents.consumer.topics import TopicSpec, create_topic
 
 from .audit import TopicAudit, audit_topic
-from .procs import Producer, first_delivery_after, own_broker, sigkill_broker
+from .procs import Producer, first_delivery_after, own_broker, sigkill_broker, wait_until
 from .report import FaultResult
 
 
@@ -78,5 +81,80 @@ def broker_sigkill(work: Path, quick: bool) -> FaultResult:
         f"broker down {back_at - killed_at:.1f} s; the sink queued meanwhile "
         f"(engine thread never blocked), delivery resumed {result.recover_s} s after the restart; "
         f"{result.duplicated} events written twice by retries, none applied twice"
+    )
+    return result
+
+
+def disk_full(work: Path, quick: bool) -> FaultResult:
+    """The broker's log volume fills up mid-stream, then space returns.
+
+    The volume is a small tmpfs mounted for the case (root only; otherwise the case says so
+    and stops), almost filled by a ballast file: the producer's data fills the rest. Kafka
+    takes a full log directory offline and, its only one gone, the broker shuts down; the
+    producer's sink keeps the events (bounded, drops counted). Then the ballast is deleted and
+    the broker restarted: every event must be delivered or counted, none applied twice.
+    """
+    result = FaultResult("broker disk full")
+    if os.geteuid() != 0:
+        result.happened = "skipped: mounting the small log volume (tmpfs) needs root"
+        result.error = "not root"
+        return result
+    volume = work / "log-volume"
+    volume.mkdir()
+    size_mb, free_mb = 64, 3
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(volume)], check=True)
+    duration = 20.0 if quick else 40.0
+    try:
+        broker = own_broker(
+            work / "broker",
+            # Topic data on the small volume; the cluster metadata stays on the state dir's disk.
+            **{
+                "log.dirs": str(volume / "kafka"),
+                "metadata.log.dir": str(work / "broker" / "data"),
+                "log.segment.bytes": str(1 << 20),
+            },
+        )
+        try:
+            bootstrap = broker.bootstrap_servers
+            topic = f"faults-disk-full-{uuid.uuid4().hex[:8]}"
+            create_topic(bootstrap, TopicSpec(topic, partitions=1))
+            ballast = volume / "ballast"
+            free = shutil.disk_usage(volume).free
+            with open(ballast, "wb") as f:
+                f.write(b"\0" * max(0, free - free_mb * 2**20))
+            producer = Producer(
+                work / "producer.json", bootstrap, topic, rate=20000, duration=duration, random_tokens="",
+                max_queued_events=200_000,
+            )  # fmt: skip
+            pid = broker.status().pid
+            went_down = wait_until(
+                lambda: pid is None or not Path(f"/proc/{pid}").exists() or broker.status().pid is None,
+                duration,
+                "the broker to stop on the full disk",
+            )
+            full_at = time.time()
+            ballast.unlink()
+            time.sleep(1.0)
+            broker.start()
+            back_at = time.time()
+            produced = producer.result(timeout=duration + 180)
+            audit = audit_topic(bootstrap, topic)
+        finally:
+            broker.stop(timeout=10)
+    finally:
+        subprocess.run(["umount", "-l", str(volume)], check=False)
+    fill_from(result, produced, audit)
+    resumed = first_delivery_after(produced["samples"], back_at)
+    result.recover_s = None if resumed is None else round(resumed, 2)
+    errors = produced["errors_by_code"]
+    result.details.update(
+        volume_mb=size_mb, free_mb_at_start=free_mb, broker_down_after_s=round(went_down, 1),
+        space_back_at=full_at, broker_back_at=back_at, volume="tmpfs",
+    )  # fmt: skip
+    result.happened = (
+        f"the {free_mb} MB left on the log volume filled in {went_down:.1f} s and the broker shut down (its only "
+        f"log dir offline); producer errors counted {errors}; space freed and broker restarted, delivery resumed "
+        f"{result.recover_s} s later; {result.dropped_counted:,} events counted as dropped, "
+        f"{result.unaccounted} unaccounted"
     )
     return result

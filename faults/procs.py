@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvevents.broker import LocalBroker
+from kvevents.broker import LocalBroker, find_java
+from kvevents.broker.jars import ensure_kafka_jars
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,6 +73,8 @@ class Producer:
             if key == "config":
                 for item in value:
                     argv += ["-X", item]
+            elif value == "":  # a flag
+                argv.append(f"--{key.replace('_', '-')}")
             else:
                 argv += [f"--{key.replace('_', '-')}", str(value)]
         self.log = out.with_suffix(".log")
@@ -111,5 +114,32 @@ def first_delivery_after(samples: list[list[float]], since: float) -> float | No
         if before is None:
             before = delivered
         elif delivered > before:
+            return t - since
+    return None
+
+
+def default_client_quota(bootstrap: str, producer_byte_rate: int | None) -> None:
+    """Set (or, with None, remove) the brokers' default producer byte-rate quota, with Kafka's
+    own ``kafka.admin.ConfigCommand`` from the same jars."""
+    change = ["--delete-config", "producer_byte_rate"]
+    if producer_byte_rate is not None:
+        change = ["--add-config", f"producer_byte_rate={producer_byte_rate}"]
+    command = [
+        find_java(), "-Xmx128m", "-XX:TieredStopAtLevel=1", "-cp", ensure_kafka_jars().classpath,
+        "kafka.admin.ConfigCommand", "--bootstrap-server", bootstrap, "--alter", *change,
+        "--entity-type", "clients", "--entity-default",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"ConfigCommand failed ({done.returncode}): {done.stderr[-1000:]}")
+
+
+def delivered_all_after(samples: list[list[float]], since: float) -> float | None:
+    """Seconds from ``since`` to the sample where the delivered count reached its final value."""
+    if not samples:
+        return None
+    final = samples[-1][1]
+    for t, delivered, *_ in samples:
+        if t >= since and delivered >= final:
             return t - since
     return None

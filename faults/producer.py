@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import resource
 import signal
 import threading
@@ -34,6 +35,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-entries", type=int, default=100_000, help="max_kv_event_entries")
     p.add_argument("--max-queued-events", type=int, default=1_000_000)
     p.add_argument("--close-timeout", type=float, default=60)
+    p.add_argument("--random-tokens", action="store_true", help="incompressible token ids (fills disks)")
     p.add_argument("-X", dest="config", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     slow_calls = 0  # calls over 1 ms
     next_hash = 1
     held: list[int] = []
+    rng = random.Random(0)
     started = time.monotonic()
     owed = 0.0
     tick = 0.001
@@ -86,7 +89,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if len(held) > 256:
                 manager.enqueue_removed_event(held.pop(0), WINDOW)
             else:
-                manager.enqueue_stored_event([BlockInfo(next_hash, None, TOKENS)], WINDOW)
+                tokens = tuple(rng.getrandbits(31) for _ in TOKENS) if args.random_tokens else TOKENS
+                manager.enqueue_stored_event([BlockInfo(next_hash, None, tokens)], WINDOW)
                 held.append(next_hash)
                 next_hash += 1
             spent = time.perf_counter_ns() - t0
