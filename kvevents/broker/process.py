@@ -229,7 +229,9 @@ class LocalBroker:
     """A single-node KRaft Kafka broker in ``state_dir``; a context manager that starts and stops it.
 
     ``port`` / ``controller_port``: listener ports (free ones when None; a restart reuses the
-    previous ones when they are still free). ``extra_properties`` add or override broker
+    previous ones when they are still free). ``client_config``: what a client needs besides the
+    address (e.g. the SASL_SSL settings of :mod:`kvevents.broker.security`; used to ask the
+    broker whether it answers). ``extra_properties`` add or override broker
     settings. ``stop_with_parent`` makes the kernel stop the broker when the process (strictly:
     the thread) that started it dies, so that a crashed test run leaves no JVM behind.
     """
@@ -246,6 +248,7 @@ class LocalBroker:
         heap: str | None = None,
         jvm_options: Sequence[str] | None = None,
         extra_properties: Mapping[str, str] | None = None,
+        client_config: Mapping[str, str] | None = None,
         stop_with_parent: bool = False,
         version: str = KAFKA_VERSION,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -266,6 +269,7 @@ class LocalBroker:
         else:
             self.jvm_options = FAST_START_JVM_OPTIONS
         self.extra_properties = dict(extra_properties or {})
+        self.client_config = dict(client_config or {})
         self.stop_with_parent = stop_with_parent
         self.version = version
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -364,7 +368,7 @@ class LocalBroker:
         if pid is None:
             return BrokerStatus(self.state_dir, False, None, None, self.layout.log_file, note=note)
         bootstrap = state.bootstrap_servers if state is not None else None
-        answers = metadata_answers(bootstrap, timeout=2.0) if probe and bootstrap else None
+        answers = metadata_answers(bootstrap, 2.0, self.client_config) if probe and bootstrap else None
         return BrokerStatus(self.state_dir, True, pid, bootstrap, self.layout.log_file, answers=answers)
 
     def wait(self) -> int | None:
@@ -421,6 +425,9 @@ class LocalBroker:
     def _write_configs(self, ports: BrokerPorts) -> None:
         layout = self.layout
         layout.config_dir.mkdir(parents=True, exist_ok=True)
+        # 0600: the properties may hold passwords (a SASL listener's users, a keystore's).
+        layout.server_properties.touch(mode=0o600)
+        layout.server_properties.chmod(0o600)
         layout.server_properties.write_text(
             render_server_properties(layout, ports, self.host, self.extra_properties)
         )
@@ -522,7 +529,7 @@ class LocalBroker:
             return None if code is None else f"the broker JVM exited with code {code}"
 
         try:
-            wait_for_metadata(state.bootstrap_servers, self.start_timeout, exited)
+            wait_for_metadata(state.bootstrap_servers, self.start_timeout, exited, config=self.client_config)
         except RuntimeError as exc:
             self._after_failed_start(state)
             tails = self._log_tails(log_offset)

@@ -77,7 +77,8 @@ def add_kafka_flags(parser: argparse.ArgumentParser, *, topic: bool = True) -> N
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a librdkafka setting passed unchanged to the Kafka client (repeatable), e.g. -X fetch.max.bytes=1048576",
+        help="a librdkafka setting passed unchanged to the Kafka client (repeatable), e.g. -X fetch.max.bytes=1048576; "
+        "settings from a file (credentials): KVEVENTS_KAFKA_CONFIG=FILE of key=value lines",
     )
 
 
@@ -96,8 +97,11 @@ def add_output_flags(parser: argparse.ArgumentParser, *, json_help: str | None =
 
 
 def kafka_config(args: argparse.Namespace) -> dict[str, str]:
-    """The ``-X`` settings as a librdkafka config dict (a later key wins)."""
-    return dict(getattr(args, "kafka_config", None) or [])
+    """The librdkafka config: ``$KVEVENTS_KAFKA_CONFIG``'s file, then the ``-X`` settings (a
+    later key wins)."""
+    from ._kafka_file import kafka_config_from_env
+
+    return {**kafka_config_from_env(), **dict(getattr(args, "kafka_config", None) or [])}
 
 
 def resolve_bootstrap(args: argparse.Namespace) -> str:
