@@ -265,6 +265,7 @@ def hostile_corpus(work: Path, quick: bool) -> FaultResult:
         raw.produce(topic, good(1), key=b"good-0")
         if raw.flush(30):
             raise RuntimeError("could not write the corpus")
+        del raw  # no reconnect attempts after the broker stops
         out = work / "reader.json"
         started = time.monotonic()
         reader = subprocess.Popen(

@@ -85,12 +85,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     while not stop and now < deadline:
         owed += args.rate * tick
         for _ in range(int(owed)):
-            t0 = time.perf_counter_ns()
             if len(held) > 256:
+                t0 = time.perf_counter_ns()
                 manager.enqueue_removed_event(held.pop(0), WINDOW)
             else:
                 tokens = tuple(rng.getrandbits(31) for _ in TOKENS) if args.random_tokens else TOKENS
-                manager.enqueue_stored_event([BlockInfo(next_hash, None, tokens)], WINDOW)
+                blocks = [BlockInfo(next_hash, None, tokens)]  # the engine's own work, not timed
+                t0 = time.perf_counter_ns()
+                manager.enqueue_stored_event(blocks, WINDOW)
                 held.append(next_hash)
                 next_hash += 1
             spent = time.perf_counter_ns() - t0
