@@ -103,3 +103,29 @@ def write_json(results: list[FaultResult], path: Path = RESULTS) -> Path:
     payload = {"machine": machine(), "faults": [asdict(r) for r in results]}
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+def markdown(path: Path = RESULTS) -> str:
+    """The JSON results as the Markdown table of docs/RELIABILITY.md."""
+    data = json.loads(path.read_text())
+    m = data["machine"]
+    head = [label for _, label in COLUMNS] + ["what happened"]
+    lines = [
+        f"Run {m['date']} on `{m['host']}` ({m['cpus']} CPUs, {m['memory_gb']} GB, Python {m['python']}, "
+        f"{m['platform']}).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+    ]
+    for r in data["faults"]:
+        cells = [r["fault"], "yes" if r["ok"] and not r["error"] else "**no**"]
+        cells += [_cell(r[key]) for key, _ in COLUMNS[2:]]
+        cells.append(r["happened"].replace("|", "/"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(markdown(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS))
