@@ -18,6 +18,7 @@ from .report import RESULTS, FaultResult, table, write_json
 Case = Callable[[Path, bool], FaultResult]
 CASES: dict[str, Case] = {
     "broker-kill": cases_broker.broker_sigkill,
+    "leader-kill": cases_broker.leader_kill,
     "rank-kill": cases_pipeline.rank_sigkill,
     "consumer-kill": cases_pipeline.consumer_sigkill,
     "overload": cases_pipeline.overload,

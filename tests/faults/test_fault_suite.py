@@ -1,7 +1,7 @@
 """The fault suite's fast subset (``python -m faults --quick`` sizes), against real processes:
 each case starts its own Kafka broker on free ports, SIGKILLs what it started, and reads the
 topic back. The rank SIGKILL case runs as ``tests/e2e/test_rank_failure.py``; the others
-(overload, hostile corpus, disk full) run in ``make faults``."""
+(overload, hostile corpus, disk full) run in ``make faults``; each case here takes 20-60 s."""
 
 from __future__ import annotations
 
@@ -34,3 +34,10 @@ def test_consumer_sigkill_restarts_from_its_checkpoint_equal_to_a_full_replay(tm
     result = cases_pipeline.consumer_sigkill(tmp_path, quick=True)
     check(result)
     assert result.details["restored_equals_full_replay"] is True
+
+
+def test_killing_the_partition_leader_of_a_3_broker_cluster_loses_nothing(tmp_path: Path) -> None:
+    result = cases_broker.leader_kill(tmp_path, quick=True)
+    check(result)
+    assert result.dropped_counted == 0
+    assert result.details["new_leader"] != result.details["old_leader"]
