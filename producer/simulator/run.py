@@ -21,8 +21,10 @@ reported as failed instead of hanging the others; :func:`run` returns them all t
 ``None`` elsewhere). ``kvevents simulate`` runs each rank behind a guard process
 (:mod:`kvevents.producer.rank_guard`) so that under ``mpiexec -disable-auto-cleanup`` a
 SIGKILLed rank leaves the others running: its instance's rank 0 keeps producing the other
-ranks' events and reports the dead rank's loss in-band (its worker turns degraded). Shutdown: the simulator stops (duration, request count or :meth:`SimRun.stop`,
-e.g. from a SIGINT handler), the manager is closed (its last events, the gather's last
+ranks' events and reports the dead rank's loss in-band (its worker turns degraded).
+
+Shutdown: the simulator stops (duration, request count or :meth:`SimRun.stop`, e.g. from a
+SIGINT handler), the manager is closed (its last events, the gather's last
 exchange), then the sink (deliver within ``sink_close_timeout_s``, report what was lost).
 """
 
@@ -42,6 +44,7 @@ from .._mpi import collect_at_root
 from ..gather import GatherConfig
 from ..manager import KVCacheEventManager
 from .engine import EngineSimulator, SimulatorConfig
+from .shutdown import DeadRankNotice, any_rank, barrier
 from .workload import WorkloadConfig, WorkloadGenerator
 
 log = logging.getLogger(__name__)
@@ -492,24 +495,24 @@ class SimRun:
         did (another round) or not (done). Shutdown only: the engine loop never waits on MPI."""
         comm = self.topo.instance_comm if self.topo.attention_dp_size > 1 else None
         label = f"{self.topo.instance_id} rank {self.topo.attention_dp_rank}"
-        dead = _DeadRankNotice(comm, manager, label) if comm is not None else None
+        dead = DeadRankNotice(comm, manager, label) if comm is not None else None
         for _ in range(rounds):
             manager.settle(timeout=10)
             if comm is not None:
-                if not _barrier(comm, _ROUND_TIMEOUT_S, dead):
+                if not barrier(comm, _ROUND_TIMEOUT_S, dead):
                     return
                 time.sleep(_GATHER_SETTLE_S)  # the last events sent by each gather, merged at rank 0
             if sink is not None:
                 manager.settle(timeout=10)
                 sink.wait_delivered(timeout=_ROUND_TIMEOUT_S)  # rank 0's losses known, forwarded
             if comm is not None:
-                if not _barrier(comm, _ROUND_TIMEOUT_S, dead):
+                if not barrier(comm, _ROUND_TIMEOUT_S, dead):
                     return
                 time.sleep(_GATHER_SETTLE_S)  # forwarded losses reach their ranks
             published = manager.snapshot_requested and self._publish_snapshot(sim)
             if published:
                 manager.flush()
-            again = published if comm is None else _any(comm, published, _ROUND_TIMEOUT_S, dead)
+            again = published if comm is None else any_rank(comm, published, _ROUND_TIMEOUT_S, dead)
             if not again:
                 return
 
@@ -526,75 +529,6 @@ class SimRun:
 _SNAPSHOT_RETRY_S = 1.0
 _ROUND_TIMEOUT_S = 30.0
 _GATHER_SETTLE_S = 0.2
-
-
-_DEAD_RANK_TAG = 7302
-
-
-class _DeadRankNotice:
-    """The shutdown rounds' way out when a rank of the instance is dead (it would never meet the
-    others): rank 0's gather knows, tells the live ranks (a tiny message on the instance's
-    communicator), and every rank stops waiting."""
-
-    def __init__(self, comm: Any, manager: KVCacheEventManager, label: str) -> None:
-        self.comm = comm
-        self.manager = manager
-        self.label = label
-        self.known = False
-        self._sends: list[Any] = []
-
-    def __call__(self) -> bool:
-        if self.known:
-            return True
-        gather = self.manager.gather
-        if self.comm.Get_rank() != 0:
-            self.known = bool(self.comm.Iprobe(source=0, tag=_DEAD_RANK_TAG))
-        elif gather is not None and (dead := gather.stats().ranks_dead):
-            self.known = True
-            for rank in range(1, self.comm.Get_size()):
-                if rank not in dead:
-                    self._sends.append(
-                        self.comm.Isend([b"\0", 1, _mpi_byte()], dest=rank, tag=_DEAD_RANK_TAG)
-                    )
-        if self.known:
-            log.warning(
-                "%s: a rank of the instance is dead; the last snapshot rounds are skipped", self.label
-            )
-        return self.known
-
-
-def _mpi_byte() -> Any:
-    from mpi4py import MPI
-
-    return MPI.BYTE
-
-
-def _wait(request: Any, timeout: float, give_up: Callable[[], bool] | None = None) -> bool:
-    deadline = time.monotonic() + timeout
-    while not request.Test():
-        if give_up is not None and give_up():
-            return False
-        if time.monotonic() >= deadline:
-            log.warning("ranks of the instance did not meet within %.0f s at shutdown", timeout)
-            return False
-        time.sleep(0.005)
-    return True
-
-
-def _barrier(comm: Any, timeout: float, give_up: Callable[[], bool] | None = None) -> bool:
-    """A barrier that gives up after ``timeout`` seconds or once ``give_up()`` (a failed rank
-    never arrives)."""
-    return _wait(comm.Ibarrier(), timeout, give_up)
-
-
-def _any(comm: Any, flag: bool, timeout: float, give_up: Callable[[], bool] | None = None) -> bool:
-    """Whether ``flag`` is set on any rank (False if the ranks do not meet in time)."""
-    from array import array
-
-    from mpi4py import MPI
-
-    send, receive = array("i", [int(flag)]), array("i", [0])
-    return _wait(comm.Iallreduce(send, receive, op=MPI.MAX), timeout, give_up) and bool(receive[0])
 
 
 def run(
