@@ -359,7 +359,7 @@ class SimRun:
         cfg, topo = self.config, self.topo
         started = time.monotonic()
         manager = self._manager()  # collective over the instance's communicator
-        sink = None
+        sink: Any = None  # rank 0: a KafkaEventSink, or a _Discard without Kafka
         try:
             if topo.attention_dp_rank == 0 and cfg.topic is not None:
                 from ..sink import KafkaEventSink
