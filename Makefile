@@ -13,7 +13,7 @@ EXTRAS ?= dev,bench-dynamo
 # Tests spawn mpiexec (from PyPI's mpich) and the kvevents CLI: both live in the venv.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup test lint bench demo broker-start broker-stop broker-status registry-start registry-stop clean distclean
+.PHONY: setup test lint bench faults demo broker-start broker-stop broker-status registry-start registry-stop clean distclean
 
 setup: $(STAMP)
 
@@ -45,6 +45,13 @@ bench: setup
 		[ -e "$$script" ] || continue; found=1; \
 		echo "== $$script"; $(BIN)/python "$$script"; \
 	done; [ $$found = 1 ] || echo "no benchmark in bench/ yet"
+
+# The fault suite against real processes (each case starts its own brokers on free ports): broker,
+# rank and consumer SIGKILLs, overload, hostile messages, a full disk; prints the table and writes
+# bench/results/faults.json (docs/RELIABILITY.md). FAULTS_ARGS="--quick" or "--only rank-kill,...".
+FAULTS_ARGS ?=
+faults: setup
+	$(BIN)/python -m faults $(FAULTS_ARGS)
 
 # The whole pipeline on this machine: local broker (started and stopped unless one is
 # configured), 2 instances x 4 attention-DP ranks under mpiexec for DEMO_DURATION seconds,

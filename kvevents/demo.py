@@ -174,7 +174,12 @@ def _run_simulators(
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
         for argv in argvs:
-            command = [mpiexec, "-n", str(opts.ranks), sys.executable, "-m", "kvevents.cli", *argv]
+            # -disable-auto-cleanup: a rank that dies does not take its instance down (the
+            # summary names it, and the demo fails on it, with the other ranks' figures).
+            command = [
+                mpiexec, "-disable-auto-cleanup", "-n", str(opts.ranks),
+                sys.executable, "-m", "kvevents.cli", *argv,
+            ]  # fmt: skip
             procs.append(subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
             ))  # fmt: skip

@@ -1,5 +1,6 @@
 """MPI plumbing of the attention-DP gather: the lazy mpi4py import, the gather's own
-communicator, and an opt-in for jobs that must outlive a dead rank.
+communicator, an opt-in for jobs that must outlive a dead rank, and a results collection
+that a dead rank cannot hang.
 
 Nothing here runs unless a manager is constructed with an attention-DP rank (and a size > 1):
 a router or a consumer never imports mpi4py.
@@ -12,12 +13,20 @@ import os
 import shutil
 import signal
 import sys
+import time
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["find_mpiexec", "import_mpi", "split_gather_communicator", "tolerate_peer_failures"]
+__all__ = [
+    "collect_at_root",
+    "find_mpiexec",
+    "import_mpi",
+    "split_gather_communicator",
+    "tolerate_peer_failures",
+]
 
 log = logging.getLogger("kvevents.producer.gather")
 
@@ -113,3 +122,51 @@ def tolerate_peer_failures() -> None:
         "tolerating peer failures: SIGUSR1 ignored, MPIR_CVAR_NO_COLLECTIVE_FINALIZE=%s",
         os.environ["MPIR_CVAR_NO_COLLECTIVE_FINALIZE"],
     )
+
+
+def collect_at_root(
+    comm: Any,
+    payload: bytes,
+    *,
+    tag: int,
+    timeout_s: float,
+    known_gone: Callable[[dict[int, bytes]], set[int]] | None = None,
+    poll_s: float = 0.005,
+) -> dict[int, bytes] | None:
+    """Every process's ``payload`` at rank 0 of ``comm``, without a collective: a dead rank
+    cannot hang it.
+
+    Ranks != 0 send theirs (``Issend``: done once rank 0 matched it) and return None, giving up
+    after ``timeout_s`` (rank 0 dead). Rank 0 returns ``{rank: payload}`` with its own, once
+    every other rank's arrived or the missing ones are in ``known_gone(received)`` (e.g. ranks
+    that a peer reported dead), or after ``timeout_s``: a missing rank is simply absent.
+    """
+    mpi = import_mpi()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    deadline = time.monotonic() + timeout_s
+    if rank != 0:
+        request = comm.Issend([payload, mpi.BYTE], dest=0, tag=tag)
+        while not request.Test():
+            if time.monotonic() >= deadline:
+                log.warning("rank %d: rank 0 did not take its result within %.0f s", rank, timeout_s)
+                return None
+            time.sleep(poll_s)
+        return None
+    received = {0: payload}
+    status = mpi.Status()
+    while len(received) < size:
+        message = comm.Improbe(mpi.ANY_SOURCE, tag, status)
+        if message is not None:
+            data = bytearray(status.Get_count(mpi.BYTE))
+            message.Recv([data, mpi.BYTE])
+            received[status.Get_source()] = bytes(data)
+            continue
+        missing = set(range(size)) - set(received)
+        gone = known_gone(received) if known_gone is not None else set()
+        if missing <= gone:
+            break
+        if time.monotonic() >= deadline:
+            log.warning("rank 0: no result from ranks %s within %.0f s", sorted(missing - gone), timeout_s)
+            break
+        time.sleep(poll_s)
+    return received

@@ -91,7 +91,8 @@ What MPICH (from PyPI, hydra ``mpiexec``) does when a process dies, checked here
   Python process unless it handles SIGUSR1: see :func:`tolerate_peer_failures`). If the dead
   process was killed by a signal (SIGKILL, a crash), hydra still SIGKILLs all the others at its
   next event (any survivor's output, exit or PMI call): the job goes on only while the survivors
-  stay silent. If it exited without ``MPI_Finalize`` (a Python exception), the survivors go on,
+  stay silent. :func:`kvevents.producer.rank_guard.guard_rank` avoids that: the process
+  hydra launched is a guard that turns its rank's death by a signal into an exit code. If it exited without ``MPI_Finalize`` (a Python exception), the survivors go on,
   but their ``MPI_Finalize`` waits forever for the dead peer unless
   ``MPIR_CVAR_NO_COLLECTIVE_FINALIZE=1`` (also set by :func:`tolerate_peer_failures`).
 - The gather itself never blocks on a peer, so it does not hang in any of these cases; the dead

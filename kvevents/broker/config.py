@@ -240,17 +240,28 @@ def render_server_properties(
     ports: BrokerPorts,
     host: str = DEFAULT_HOST,
     extra: Mapping[str, str] | None = None,
+    *,
+    node_id: int = NODE_ID,
+    quorum_voters: str | None = None,
 ) -> str:
-    """``server.properties`` of a single-node KRaft broker (combined broker and controller).
+    """``server.properties`` of a KRaft node (combined broker and controller): a single node by
+    default, or one node of a cluster whose static ``quorum_voters`` (``id@host:port,...``)
+    are given (see :mod:`kvevents.broker.cluster`).
 
-    Internal topics get replication factor 1 and one partition (a single node; fewer
-    partitions make the first consumer group and transaction start faster), and a consumer
-    group rebalances at once. ``extra`` adds or overrides settings.
+    Internal topics get one partition (fewer partitions make the first consumer group and
+    transaction start faster) and a replication factor of 1, or 3 with ``min.insync.replicas``
+    2 in a cluster, and a consumer group rebalances at once. ``extra`` adds or overrides settings.
     """
+    replicas, min_isr = ("1", "1") if quorum_voters is None else ("3", "2")
+    quorum = (
+        {"controller.quorum.bootstrap.servers": f"{host}:{ports.controller}"}
+        if quorum_voters is None
+        else {"controller.quorum.voters": quorum_voters}
+    )
     settings: dict[str, str] = {
         "process.roles": "broker,controller",
-        "node.id": str(NODE_ID),
-        "controller.quorum.bootstrap.servers": f"{host}:{ports.controller}",
+        "node.id": str(node_id),
+        **quorum,
         "listeners": f"PLAINTEXT://{host}:{ports.client},CONTROLLER://{host}:{ports.controller}",
         "advertised.listeners": f"PLAINTEXT://{host}:{ports.client},CONTROLLER://{host}:{ports.controller}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -258,15 +269,15 @@ def render_server_properties(
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(layout.data_dir),
         "num.partitions": "1",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
-        "offsets.topic.replication.factor": "1",
+        "default.replication.factor": replicas,
+        "min.insync.replicas": min_isr,
+        "offsets.topic.replication.factor": replicas,
         "offsets.topic.num.partitions": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": min_isr,
         "transaction.state.log.num.partitions": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": min_isr,
         "share.coordinator.state.topic.num.partitions": "1",
         "group.initial.rebalance.delay.ms": "0",
     }

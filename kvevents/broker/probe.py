@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from kvevents.consumer.topics import quiet_client_config
 
@@ -14,12 +15,15 @@ class BrokerNotAnswering(TimeoutError):
     """No metadata answer within the time allowed."""
 
 
-def metadata_answers(bootstrap_servers: str, timeout: float = 2.0) -> bool:
-    """Whether a broker at ``bootstrap_servers`` answers a metadata request within ``timeout``."""
+def metadata_answers(
+    bootstrap_servers: str, timeout: float = 2.0, config: Mapping[str, Any] | None = None
+) -> bool:
+    """Whether a broker at ``bootstrap_servers`` answers a metadata request within ``timeout``
+    (``config``: further client settings, e.g. security)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(quiet_client_config(bootstrap_servers))
+    admin = AdminClient(quiet_client_config(bootstrap_servers, **(config or {})))
     try:
         return bool(admin.list_topics(timeout=timeout).brokers)
     except KafkaException:
@@ -31,6 +35,7 @@ def wait_for_metadata(
     timeout: float,
     failed: Callable[[], str | None] = lambda: None,
     interval: float = 0.1,
+    config: Mapping[str, Any] | None = None,
 ) -> float:
     """Poll until a metadata request is answered; return the seconds waited.
 
@@ -43,7 +48,7 @@ def wait_for_metadata(
 
     started = time.monotonic()
     deadline = started + timeout
-    admin = AdminClient(quiet_client_config(bootstrap_servers))
+    admin = AdminClient(quiet_client_config(bootstrap_servers, **(config or {})))
     last_error = "no attempt made"
     while True:
         reason = failed()

@@ -37,6 +37,7 @@ from types import TracebackType
 
 from .config import (
     DEFAULT_HOST,
+    NODE_ID,
     BrokerLayout,
     BrokerPorts,
     BrokerState,
@@ -229,7 +230,10 @@ class LocalBroker:
     """A single-node KRaft Kafka broker in ``state_dir``; a context manager that starts and stops it.
 
     ``port`` / ``controller_port``: listener ports (free ones when None; a restart reuses the
-    previous ones when they are still free). ``extra_properties`` add or override broker
+    previous ones when they are still free). ``client_config``: what a client needs besides the
+    address (e.g. the SASL_SSL settings of :mod:`kvevents.broker.security`; used to ask the
+    broker whether it answers). ``node_id``, ``quorum_voters`` and ``cluster_id`` make it one
+    node of a cluster (:class:`kvevents.broker.cluster.LocalCluster`). ``extra_properties`` add or override broker
     settings. ``stop_with_parent`` makes the kernel stop the broker when the process (strictly:
     the thread) that started it dies, so that a crashed test run leaves no JVM behind.
     """
@@ -246,6 +250,10 @@ class LocalBroker:
         heap: str | None = None,
         jvm_options: Sequence[str] | None = None,
         extra_properties: Mapping[str, str] | None = None,
+        client_config: Mapping[str, str] | None = None,
+        node_id: int = NODE_ID,
+        quorum_voters: str | None = None,
+        cluster_id: str | None = None,
         stop_with_parent: bool = False,
         version: str = KAFKA_VERSION,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -266,6 +274,10 @@ class LocalBroker:
         else:
             self.jvm_options = FAST_START_JVM_OPTIONS
         self.extra_properties = dict(extra_properties or {})
+        self.client_config = dict(client_config or {})
+        self.node_id = node_id
+        self.quorum_voters = quorum_voters
+        self.cluster_id = cluster_id
         self.stop_with_parent = stop_with_parent
         self.version = version
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -364,7 +376,7 @@ class LocalBroker:
         if pid is None:
             return BrokerStatus(self.state_dir, False, None, None, self.layout.log_file, note=note)
         bootstrap = state.bootstrap_servers if state is not None else None
-        answers = metadata_answers(bootstrap, timeout=2.0) if probe and bootstrap else None
+        answers = metadata_answers(bootstrap, 2.0, self.client_config) if probe and bootstrap else None
         return BrokerStatus(self.state_dir, True, pid, bootstrap, self.layout.log_file, answers=answers)
 
     def wait(self) -> int | None:
@@ -421,16 +433,28 @@ class LocalBroker:
     def _write_configs(self, ports: BrokerPorts) -> None:
         layout = self.layout
         layout.config_dir.mkdir(parents=True, exist_ok=True)
+        # 0600: the properties may hold passwords (a SASL listener's users, a keystore's).
+        layout.server_properties.touch(mode=0o600)
+        layout.server_properties.chmod(0o600)
         layout.server_properties.write_text(
-            render_server_properties(layout, ports, self.host, self.extra_properties)
+            render_server_properties(
+                layout,
+                ports,
+                self.host,
+                self.extra_properties,
+                node_id=self.node_id,
+                quorum_voters=self.quorum_voters,
+            )
         )
         layout.log4j_properties.write_text(render_log4j2_properties(layout.log_file))
 
     def _format(self, java: str, dist: KafkaDistribution, cluster_id: str) -> None:
         command = [
             java, "-Xmx256m", *self.jvm_options, "-cp", dist.classpath, "kafka.tools.StorageTool",
-            "format", "--standalone", "-t", cluster_id, "-c", str(self.layout.server_properties),
+            "format", "-t", cluster_id, "-c", str(self.layout.server_properties),
         ]  # fmt: skip
+        if self.quorum_voters is None:
+            command.insert(command.index("format") + 1, "--standalone")  # else a static quorum
         result = subprocess.run(
             command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
         )
@@ -486,7 +510,7 @@ class LocalBroker:
         self._write_configs(ports)
         cluster_id = _read_cluster_id(layout) if layout.formatted else None
         if cluster_id is None:
-            cluster_id = new_cluster_id()
+            cluster_id = self.cluster_id or new_cluster_id()
             self._format(java, dist, cluster_id)
         self.last_start_phases["format"] = time.monotonic() - phase
         state = BrokerState(
@@ -522,7 +546,7 @@ class LocalBroker:
             return None if code is None else f"the broker JVM exited with code {code}"
 
         try:
-            wait_for_metadata(state.bootstrap_servers, self.start_timeout, exited)
+            wait_for_metadata(state.bootstrap_servers, self.start_timeout, exited, config=self.client_config)
         except RuntimeError as exc:
             self._after_failed_start(state)
             tails = self._log_tails(log_offset)

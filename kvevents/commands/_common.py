@@ -54,6 +54,7 @@ EXIT_INTERRUPTED = 130
 
 BOOTSTRAP_HELP = "Kafka address (default: $KAFKA_BOOTSTRAP_SERVERS, else the running local broker)"
 REGISTRY_ENV = "KVEVENTS_SCHEMA_REGISTRY_URL"
+KAFKA_CONFIG_ENV = "KVEVENTS_KAFKA_CONFIG"  # a -F file by default: credentials off the command line
 
 
 class CommandError(Exception):
@@ -112,7 +113,7 @@ def add_client_config_flags(parser: argparse.ArgumentParser | argparse._Argument
         type=Path,
         default=None,
         metavar="FILE",
-        help="read librdkafka settings from a properties file (KEY=VALUE lines, '#' comments; as kcat -F); "
+        help="read librdkafka settings from a properties file (KEY=VALUE lines, '#' comments; as kcat -F; default: $KVEVENTS_KAFKA_CONFIG); "
         "schema.registry.* and basic.auth.user.info lines there configure the schema registry",
     )
 
@@ -136,6 +137,8 @@ def _settings(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]
 
     pairs: list[tuple[str, str]] = []
     path = getattr(args, "kafka_config_file", None)
+    if path is None and os.environ.get(KAFKA_CONFIG_ENV, "").strip():
+        path = Path(os.environ[KAFKA_CONFIG_ENV].strip())  # credentials kept off the command line
     if path is not None:
         try:
             pairs += read_properties(path)

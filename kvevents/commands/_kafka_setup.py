@@ -59,7 +59,7 @@ def read_properties(path: Path) -> list[tuple[str, str]]:
             continue
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{path}:{number}: expected KEY=VALUE, got {line!r}")
+            raise ValueError(f"{path}:{number}: expected KEY=VALUE")  # never echo: it may hold a secret
         pairs.append((key.strip(), value.strip()))
     return pairs
 

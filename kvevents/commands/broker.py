@@ -19,6 +19,10 @@ couple of seconds. The broker's state (data, config, broker.log, pid file) lives
 'make broker-stop' and 'kvevents broker status' run from the repository root agree.
 'kvevents topic ...' and the other Kafka commands find a running broker there when
 KAFKA_BOOTSTRAP_SERVERS is not set.
+
+--nodes 3 runs a KRaft cluster of 3 nodes instead (state in DATA_DIR/node-1..3, a static
+controller quorum; topics default to replication factor 3, min.insync.replicas 2): for
+testing what a broker failure does. 'stop' and 'status' find the nodes in the same directory.
 """
 
 EPILOG = """\
@@ -27,6 +31,7 @@ examples:
   kvevents broker start --port 9092     # a fixed client port
   kvevents broker status --json         # for scripts; exit code 0 running, 3 stopped
   kvevents broker stop
+  kvevents broker start --nodes 3 --data-dir /tmp/kafka3   # a 3-node cluster; prints its 3 addresses
 """
 
 
@@ -71,6 +76,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     start.add_argument(
         "--foreground", action="store_true", help="stay attached; Ctrl-C or SIGTERM stops the broker"
     )
+    start.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="run a KRaft cluster of this many nodes (default: 1, a single broker; free ports)",
+    )
     start.set_defaults(func=_start)
 
     stop = add("stop", "stop the broker: SIGTERM, then SIGKILL after --timeout seconds")
@@ -89,10 +100,45 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     fetch.set_defaults(func=_fetch)
 
 
+def _state_dir(args: argparse.Namespace) -> Path:
+    from kvevents.broker import default_state_dir
+
+    return Path(args.data_dir) if args.data_dir is not None else default_state_dir()
+
+
+def _start_cluster(args: argparse.Namespace) -> int:
+    from kvevents.broker import BrokerError
+    from kvevents.broker.cluster import LocalCluster
+    from kvevents.broker.jars import FetchError
+
+    if args.nodes < 2:
+        print(f"kvevents broker start: --nodes must be >= 1, got {args.nodes}", file=sys.stderr)
+        return 2
+    if args.port is not None or args.controller_port is not None or args.foreground:
+        print(
+            "kvevents broker start: --port, --controller-port and --foreground are for one node",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        cluster = LocalCluster(_state_dir(args), args.nodes, host=args.host, start_timeout=args.timeout)
+        statuses = cluster.start()
+    except (BrokerError, FetchError, ValueError) as exc:
+        print(f"kvevents broker start: {exc}", file=sys.stderr)
+        return 1
+    print(f"Kafka cluster of {args.nodes} nodes running: bootstrap {cluster.bootstrap_servers}")
+    for i, status in enumerate(statuses, 1):
+        print(f"  node {i}: pid {status.pid}, {status.bootstrap_servers}, log {status.log_file}")
+    print(f"  use:   export KAFKA_BOOTSTRAP_SERVERS={cluster.bootstrap_servers}")
+    return 0
+
+
 def _start(args: argparse.Namespace) -> int:
     from kvevents.broker import BrokerAlreadyRunning, BrokerError, LocalBroker
     from kvevents.broker.jars import FetchError
 
+    if args.nodes != 1:
+        return _start_cluster(args)
     broker = LocalBroker(
         args.data_dir,
         port=args.port,
@@ -135,7 +181,18 @@ def _start(args: argparse.Namespace) -> int:
 
 def _stop(args: argparse.Namespace) -> int:
     from kvevents.broker import BrokerError, LocalBroker
+    from kvevents.broker.cluster import LocalCluster, is_cluster_dir
 
+    if is_cluster_dir(_state_dir(args)):
+        nodes = len(list(_state_dir(args).glob("node-*")))
+        try:
+            results = LocalCluster(_state_dir(args), nodes, stop_timeout=args.timeout).stop()
+        except BrokerError as exc:
+            print(f"kvevents broker stop: {exc}", file=sys.stderr)
+            return 1
+        for i, result in enumerate(results, 1):
+            print(f"node {i}: {result.describe()}")
+        return 0
     broker = LocalBroker(args.data_dir, stop_timeout=args.timeout)
     try:
         result = broker.stop()
@@ -148,7 +205,31 @@ def _stop(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from kvevents.broker import LocalBroker
+    from kvevents.broker.cluster import is_cluster_dir
 
+    if is_cluster_dir(_state_dir(args)):
+        nodes = sorted(_state_dir(args).glob("node-*"), key=lambda p: int(p.name.split("-")[1]))
+        statuses = [LocalBroker(node).status(probe=True) for node in nodes]
+        if args.json:
+            print(
+                json.dumps(
+                    [
+                        {
+                            "node": i,
+                            "running": s.running,
+                            "pid": s.pid,
+                            "bootstrap_servers": s.bootstrap_servers,
+                            "answers": s.answers,
+                            "state_dir": str(s.state_dir),
+                        }
+                        for i, s in enumerate(statuses, 1)
+                    ]
+                )
+            )
+        else:
+            for i, status in enumerate(statuses, 1):
+                print(f"node {i}: {status.describe()}")
+        return 0 if all(s.running for s in statuses) else 3
     broker = LocalBroker(args.data_dir)
     status = broker.status(probe=True)
     if args.json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,14 @@ delivered, exit code 130).
 
 --ground-truth FILE: every rank's cache contents at its end, one JSON line per worker
 (GroundTruth.to_json()), for 'kvevents index --verify' and the demo.
+
+A rank that dies: run under 'mpiexec -disable-auto-cleanup' and the other ranks go on. Each
+rank runs behind a small guard process (what mpiexec sees), so even a SIGKILLed rank looks to
+MPICH like a rank that exited; its instance's rank 0 declares it dead after --rank-timeout
+seconds of silence, keeps producing the other ranks' events, and reports the loss in-band (a
+dropped event of that rank: consumers mark its worker degraded). The summary lists the rank
+as failed and the exit status is 1. Without -disable-auto-cleanup MPICH ends the whole job
+when any rank dies.
 """
 
 EPILOG = """\
@@ -35,6 +44,7 @@ examples:
   kvevents simulate --duration 10 --ground-truth truth.jsonl
   mpiexec -n 8 kvevents simulate --instances 2 --ranks 4 --duration 30 --rate 5
   mpiexec -n 4 kvevents simulate --instance-prefix b --requests 200 --max-kv-event-entries 64 --snapshot-on-drops
+  mpiexec -disable-auto-cleanup -n 4 kvevents simulate --duration 60 --rank-timeout 2   # outlives a killed rank
 
 exit status: 0 done; 1 a rank failed, or events were lost without being reported in-band
 (consumers could not know); 2 bad arguments; 130 interrupted.
@@ -101,6 +111,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write every worker's final cache contents here (JSON lines)",
     )
     run.add_argument(
+        "--rank-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="declare an attention-DP rank dead after this long without a message from it (default: 5)",
+    )
+    run.add_argument(
         "--no-kafka", action="store_true", help="run without Kafka (events are made and discarded)"
     )
     run.add_argument(
@@ -161,6 +178,7 @@ def config_from_args(args: argparse.Namespace, bootstrap: str | None) -> SimRunC
             seed=args.seed,
             max_kv_event_entries=args.max_kv_event_entries,
             snapshot_on_drops=args.snapshot_on_drops,
+            rank_timeout_s=args.rank_timeout,
             topic=None if args.no_kafka else args.topic,
             kafka_config=kafka,
             schema_registry=None if args.no_kafka else registry_settings(args),
@@ -177,6 +195,13 @@ def main(args: argparse.Namespace) -> int:
     from kvevents.producer.simulator import run as sim_run
 
     from ._common import check_kafka, resolve_bootstrap
+
+    if sim_run.mpi_world_size() > 1:  # before MPI_Init, before any thread
+        from kvevents.producer import tolerate_peer_failures
+        from kvevents.producer.rank_guard import guard_rank
+
+        guard_rank(f"kvevents simulate rank {os.environ.get('PMI_RANK', '?')}")
+        tolerate_peer_failures()
 
     bootstrap = None if args.no_kafka else resolve_bootstrap(args)
     config = config_from_args(args, bootstrap)

@@ -15,9 +15,16 @@ instance and the manager has no attention DP (no gather, no MPI import). Several
 run side by side (give each its own ``instance_prefix`` or ``first_instance``).
 
 At the end every rank reports a :class:`RankResult` (its counters and its ground truth) to
-world rank 0 as a JSON string over MPI; :func:`run` returns them all there (and ``None``
-elsewhere). Shutdown: the simulator stops (duration, request count or :meth:`SimRun.stop`,
-e.g. from a SIGINT handler), the manager is closed (its last events, the gather's last
+world rank 0 as JSON over MPI, point to point (:func:`~kvevents.producer._mpi.collect_at_root`):
+a rank that died (declared dead by its instance's gather, or silent until the timeout) is
+reported as failed instead of hanging the others; :func:`run` returns them all there (and
+``None`` elsewhere). ``kvevents simulate`` runs each rank behind a guard process
+(:mod:`kvevents.producer.rank_guard`) so that under ``mpiexec -disable-auto-cleanup`` a
+SIGKILLed rank leaves the others running: its instance's rank 0 keeps producing the other
+ranks' events and reports the dead rank's loss in-band (its worker turns degraded).
+
+Shutdown: the simulator stops (duration, request count or :meth:`SimRun.stop`, e.g. from a
+SIGINT handler), the manager is closed (its last events, the gather's last
 exchange), then the sink (deliver within ``sink_close_timeout_s``, report what was lost).
 """
 
@@ -33,8 +40,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._mpi import collect_at_root
+from ..gather import GatherConfig
 from ..manager import KVCacheEventManager
 from .engine import EngineSimulator, SimulatorConfig
+from .shutdown import DeadRankNotice, any_rank, barrier
 from .workload import WorkloadConfig, WorkloadGenerator
 
 log = logging.getLogger(__name__)
@@ -45,6 +55,7 @@ __all__ = [
     "SimRun",
     "SimRunConfig",
     "Topology",
+    "collect_results",
     "mpi_world_size",
     "run",
     "topology",
@@ -89,6 +100,9 @@ class SimRunConfig:
     """Schema registry client settings (``url``, ...): the sink then registers the schema and
     writes Confluent's framing (:class:`~kvevents.schemas.registry.RegistryCodec`)."""
     sink_close_timeout_s: float = 30.0
+    rank_timeout_s: float | None = None
+    """The gather declares a rank dead after this long without a word from it (default:
+    ``GatherConfig.heartbeat_timeout_s``, 5 s)."""
     flush_log_dir: str | None = None
     """Write ``flush-<instance>-<rank>.json`` here: per flush, the last event id handed over
     and the ``time.monotonic()`` of that flush (for end-to-end latency benchmarks)."""
@@ -112,6 +126,17 @@ class SimRunConfig:
             raise ValueError(f"max_kv_event_entries must be >= 1, got {self.max_kv_event_entries}")
         if not self.instance_prefix:
             raise ValueError("instance_prefix must not be empty")
+        self.gather_config()  # a bad rank timeout is a ValueError now, not on the ranks
+
+    def gather_config(self) -> GatherConfig | None:
+        """The attention-DP gather's tuning (None: its defaults)."""
+        if self.rank_timeout_s is None:
+            return None
+        if not self.rank_timeout_s > 0:
+            raise ValueError(f"rank timeout must be > 0 seconds, got {self.rank_timeout_s}")
+        return GatherConfig(
+            heartbeat_interval_s=min(0.5, self.rank_timeout_s / 4), heartbeat_timeout_s=self.rank_timeout_s
+        )
 
     def workload_for(self, instance_id: str, attention_dp_rank: int | None) -> WorkloadConfig:
         """The request stream of one worker (``attention_dp_rank`` None without attention DP)."""
@@ -196,6 +221,8 @@ class RankResult:
     """On DP rank 0 with a topic: messages/events/bytes delivered, losses, the close report."""
     truth: dict[str, Any] | None = None
     """``GroundTruth.to_json()`` after the last iteration (None if the rank failed early)."""
+    dead_ranks: list[int] = field(default_factory=list)
+    """On DP rank 0: the instance's ranks its gather declared dead (and that never came back)."""
 
     @property
     def events_lost_unreported(self) -> int:
@@ -214,10 +241,24 @@ class RankResult:
     @classmethod
     def failed(cls, topo: Topology, error: str, interrupted: bool = False) -> RankResult:
         """The result of a rank that raised ``error`` before it finished."""
+        return cls.missing(
+            topo.instance_id, topo.attention_dp_rank, topo.attention_dp_size, error, interrupted
+        )
+
+    @classmethod
+    def missing(
+        cls,
+        instance_id: str,
+        attention_dp_rank: int,
+        attention_dp_size: int,
+        error: str,
+        interrupted: bool = False,
+    ) -> RankResult:
+        """The result of a rank that failed or never reported (``error`` says which)."""
         return cls(
-            topo.instance_id,
-            topo.attention_dp_rank,
-            topo.attention_dp_size,
+            instance_id,
+            attention_dp_rank,
+            attention_dp_size,
             seconds=0.0,
             requests_arrived=0,
             requests_served=0,
@@ -310,6 +351,7 @@ class SimRun:
                 topo.attention_dp_rank,
                 topo.attention_dp_size,
                 comm=topo.instance_comm,
+                gather_config=cfg.gather_config(),
             )
         return KVCacheEventManager(cfg.max_kv_event_entries)
 
@@ -376,6 +418,10 @@ class SimRun:
                 sink.close(cfg.sink_close_timeout_s)
             raise
         manager.close()
+        gather = manager.gather
+        dead_ranks = (
+            list(gather.stats().ranks_dead) if gather is not None and topo.attention_dp_rank == 0 else []
+        )
         kafka = None
         if isinstance(sink, _Discard):
             sink.close(cfg.sink_close_timeout_s)
@@ -416,6 +462,7 @@ class SimRun:
             interrupted=self.interrupted,
             kafka=kafka,
             truth=truth,
+            dead_ranks=dead_ranks,
         )
 
     def _write_flush_log(self, flushes: list[tuple[int, float]]) -> None:
@@ -457,23 +504,25 @@ class SimRun:
         blocking forever), publish a snapshot where one is requested, and agree whether anyone
         did (another round) or not (done). Shutdown only: the engine loop never waits on MPI."""
         comm = self.topo.instance_comm if self.topo.attention_dp_size > 1 else None
+        label = f"{self.topo.instance_id} rank {self.topo.attention_dp_rank}"
+        dead = DeadRankNotice(comm, manager, label) if comm is not None else None
         for _ in range(rounds):
             manager.settle(timeout=10)
             if comm is not None:
-                if not _barrier(comm, _ROUND_TIMEOUT_S):
+                if not barrier(comm, _ROUND_TIMEOUT_S, dead):
                     return
                 time.sleep(_GATHER_SETTLE_S)  # the last events sent by each gather, merged at rank 0
             if sink is not None:
                 manager.settle(timeout=10)
                 sink.wait_delivered(timeout=_ROUND_TIMEOUT_S)  # rank 0's losses known, forwarded
             if comm is not None:
-                if not _barrier(comm, _ROUND_TIMEOUT_S):
+                if not barrier(comm, _ROUND_TIMEOUT_S, dead):
                     return
                 time.sleep(_GATHER_SETTLE_S)  # forwarded losses reach their ranks
             published = manager.snapshot_requested and self._publish_snapshot(sim)
             if published:
                 manager.flush()
-            again = published if comm is None else _any(comm, published, _ROUND_TIMEOUT_S)
+            again = published if comm is None else any_rank(comm, published, _ROUND_TIMEOUT_S, dead)
             if not again:
                 return
 
@@ -490,31 +539,6 @@ class SimRun:
 _SNAPSHOT_RETRY_S = 1.0
 _ROUND_TIMEOUT_S = 30.0
 _GATHER_SETTLE_S = 0.2
-
-
-def _wait(request: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not request.Test():
-        if time.monotonic() >= deadline:
-            log.warning("ranks of the instance did not meet within %.0f s at shutdown", timeout)
-            return False
-        time.sleep(0.005)
-    return True
-
-
-def _barrier(comm: Any, timeout: float) -> bool:
-    """A barrier that gives up after ``timeout`` seconds (a failed rank never arrives)."""
-    return _wait(comm.Ibarrier(), timeout)
-
-
-def _any(comm: Any, flag: bool, timeout: float) -> bool:
-    """Whether ``flag`` is set on any rank (False if the ranks do not meet in time)."""
-    from array import array
-
-    from mpi4py import MPI
-
-    send, receive = array("i", [int(flag)]), array("i", [0])
-    return _wait(comm.Iallreduce(send, receive, op=MPI.MAX), timeout) and bool(receive[0])
 
 
 def run(
@@ -540,7 +564,43 @@ def run(
         result = RankResult.failed(topo, f"{type(exc).__name__}: {exc}", sim_run.interrupted)
     if topo.world_comm is None:
         return [result]
-    gathered = topo.world_comm.gather(json.dumps(result.to_json()), root=0)
-    if gathered is None:
+    return collect_results(config, topo, result)
+
+
+_RESULTS_TAG = 7301
+_RESULTS_GRACE_S = 30.0
+
+
+def collect_results(config: SimRunConfig, topo: Topology, result: RankResult) -> list[RankResult] | None:
+    """Every rank's result at world rank 0, in world-rank order (None elsewhere). A rank that
+    sent none is reported failed: at once when its instance's rank 0 declared it dead, else
+    after the sinks' close timeout and a grace period."""
+    timeout_s = config.sink_close_timeout_s + _RESULTS_GRACE_S
+    ranks = topo.attention_dp_size
+
+    def known_dead(received: dict[int, bytes]) -> set[int]:
+        dead: set[int] = set()
+        for world_rank, data in received.items():
+            if world_rank % ranks == 0:  # an instance's rank 0 reports its dead ranks
+                dead.update(world_rank + r for r in json.loads(data).get("dead_ranks", ()))
+        return dead
+
+    payload = json.dumps(result.to_json()).encode()
+    received = collect_at_root(
+        topo.world_comm, payload, tag=_RESULTS_TAG, timeout_s=timeout_s, known_gone=known_dead
+    )
+    if received is None:
         return None
-    return [RankResult.from_json(json.loads(text)) for text in gathered]
+    dead = known_dead(received)
+    results = []
+    for world_rank in range(topo.world_size):
+        index, dp_rank = divmod(world_rank, ranks)
+        if world_rank in received:
+            results.append(RankResult.from_json(json.loads(received[world_rank])))
+            continue
+        why = (
+            "declared dead by its instance's attention-DP gather" if world_rank in dead else "sent no result"
+        )
+        instance_id = f"{config.instance_prefix}-{config.first_instance + index}"
+        results.append(RankResult.missing(instance_id, dp_rank, ranks, f"rank lost: {why}"))
+    return results
