@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from kvevents.analytics.parquet_sink import STATE_FILE, ExportState, ParquetSink, partition_dir
-from kvevents.analytics.rows import ROW_SCHEMA, RowBuffer, date_of, to_signed
 from kvevents.schemas import (
     EventBatch,
     KVCacheCreatedData,
@@ -21,6 +19,9 @@ from kvevents.schemas import (
     KVCacheUpdatedData,
     RankDrops,
 )
+
+from kvevents.analytics.parquet_sink import STATE_FILE, ExportState, ParquetSink, partition_dir
+from kvevents.analytics.rows import ROW_SCHEMA, RowBuffer, date_of, to_signed
 
 BIG = (1 << 64) - 5  # an unsigned hash above 2**63: written as -5
 
