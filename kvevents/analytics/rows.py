@@ -2,7 +2,7 @@
 
 A Stored event gives one row per block, a Removed event one row per hash, an Updated event one
 row, a Created event one row (no block), and each in-band loss report of a batch one row of type
-``dropped``. Hashes and LoRA ids are written as Avro writes them (signed 64-bit, two's
+``dropped`` (``event_index`` -1). Hashes and LoRA ids are written as Avro writes them (signed 64-bit, two's
 complement), so that every tool (pyarrow, DuckDB, Spark) reads the same numbers; see
 ``docs/ANALYTICS.md`` for turning them back into unsigned values.
 """
@@ -40,6 +40,7 @@ ROW_SCHEMA = pa.schema(
         pa.field("tokens", pa.int32()),
         pa.field("lora_id", pa.int64()),
         pa.field("dropped_events", pa.int64()),
+        pa.field("attention_dp_size", pa.int32()),
         pa.field("producer_id", pa.int64()),
         pa.field("sequence", pa.int64()),
         pa.field("created_at", _TS),
@@ -81,24 +82,9 @@ class RowBuffer:
         """Append the rows of one decoded batch read at ``partition``/``offset``; returns how many."""
         rows: list[tuple[Any, ...]] = []
         signed = to_signed
-        for drop in batch.dropped:
-            rows.append(
-                (
-                    drop.attention_dp_rank,
-                    None,
-                    "dropped",
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    drop.dropped_events,
-                )
-            )
+        for i, drop in enumerate(batch.dropped):
+            rank = drop.attention_dp_rank
+            rows.append((rank, None, "dropped", None, -1, i, None, None, None, None, None, None, drop.dropped_events))  # fmt: skip
         block_offset = batch.first_event_block_offset
         for index, event in enumerate(batch.events):
             rank = event.attention_dp_rank
@@ -174,7 +160,15 @@ class RowBuffer:
                 )
         if not rows:
             return 0
-        envelope = (batch.producer_id, batch.sequence, batch.created_at_us, partition, offset, timestamp_us)
+        envelope = (
+            batch.attention_dp_size,
+            batch.producer_id,
+            batch.sequence,
+            batch.created_at_us,
+            partition,
+            offset,
+            timestamp_us,
+        )
         columns = self.columns
         for name, values in zip(_NAMES[:13], zip(*rows, strict=True), strict=True):
             columns[name].extend(values)

@@ -91,18 +91,19 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"{exc.name or 'pyarrow'} is missing: install the analytics extra (pip install 'kvevents[analytics]')"
         ) from exc
-    from kvevents.consumer import ReaderError
+    from kvevents.analytics.exporter import ExportProgress
+    from kvevents.consumer import EventReader, ReaderError
 
     if args.rows_per_file < 1 or args.flush_interval <= 0:
         raise CommandError("--rows-per-file must be >= 1 and --flush-interval > 0")
     bootstrap = resolve_bootstrap(args)
     show = Progress(enabled=not args.quiet)
-    readers = []
+    readers: list[EventReader] = []
 
-    def progress(p: object) -> None:
+    def progress(p: ExportProgress) -> None:
         show.update(
-            f"exporting {args.topic}: {p.messages:,} messages, {p.rows:,} rows "  # type: ignore[attr-defined]
-            f"({p.rows_per_s:,.0f} rows/s), lag {p.lag:,} messages, malformed {p.malformed}",  # type: ignore[attr-defined]
+            f"exporting {args.topic}: {p.messages:,} messages, {p.rows:,} rows "
+            f"({p.rows_per_s:,.0f} rows/s), lag {p.lag:,} messages, malformed {p.malformed}",
         )
 
     def stop() -> None:

@@ -136,3 +136,41 @@ def test_killed_export_restarts_without_loss_or_duplicates(
     summary = _export(kafka_bootstrap, kafka_topic, out)
     assert summary["caught_up"] is True
     assert exported_rows(out) == expected_rows(produced.sent)
+
+
+def test_report_from_topic_equals_report_from_export(
+    kafka_bootstrap: str, kafka_topic: str, tmp_path: Path
+) -> None:
+    produced = simulate_to_topic(kafka_bootstrap, kafka_topic, iterations=30)
+    produce(kafka_bootstrap, kafka_topic, [(b"sim-a", b"\x00not avro")])
+    out = tmp_path / "events"
+    _export(kafka_bootstrap, kafka_topic, out)
+    png, page = tmp_path / "report.png", tmp_path / "report.html"
+    from_topic = _run_main(
+        [
+            "report",
+            "-b",
+            kafka_bootstrap,
+            "-t",
+            kafka_topic,
+            "--json",
+            "-q",
+            "--png",
+            str(png),
+            "--html",
+            str(page),
+        ]
+    )
+    from_parquet = _run_main(["report", "--parquet", str(out), "--json", "-q"])
+    for report in (from_topic, from_parquet):
+        for key in ("source", "png", "html"):
+            report.pop(key, None)
+    assert from_topic == from_parquet
+    assert from_topic["events"]["stored"] == sum(
+        1 for b in produced.sent for e in b.events if isinstance(e.data, KVCacheStoredData)
+    )
+    assert from_topic["loss"]["malformed_messages"] == 1
+    assert sorted(from_topic["workers"]) == ["sim-a/0", "sim-a/1", "sim-b/0", "sim-b/1"]
+    rates = from_topic["routing"]["hit_rate"]
+    assert rates["cache_aware"] >= rates["observed"] and rates["cache_aware"] >= rates["round_robin"]
+    assert png.read_bytes().startswith(b"\x89PNG") and "data:image/png;base64," in page.read_text()

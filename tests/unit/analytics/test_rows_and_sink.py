@@ -79,6 +79,8 @@ def test_one_row_per_block_event() -> None:
     assert [r["tokens"] for r in rows[1:3]] == [4, 2]
     assert [r["lora_id"] for r in rows[1:3]] == [9, None]
     assert [r["block_index"] for r in rows[1:5]] == [0, 1, 0, 1]
+    assert [r["event_index"] for r in rows] == [-1, 0, 0, 1, 1, 2, 3]
+    assert {r["attention_dp_size"] for r in rows} == {2}
     assert {r["kafka_partition"] for r in rows} == {2} and {r["kafka_offset"] for r in rows} == {40}
     assert {r["sequence"] for r in rows} == {12} and {r["producer_id"] for r in rows} == {3}
     assert rows[0]["created_at"].timestamp() == 1_796_000_000.0
