@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvevents.commands import _export_dynamo, _export_parquet, _export_zmq
+from kvevents.commands import _export_dynamo, _export_parquet, _export_spark, _export_zmq
 
 DESCRIPTION = """\
 Republish the events of a kvevents topic for systems that do not read Kafka:
@@ -18,6 +18,7 @@ Republish the events of a kvevents topic for systems that do not read Kafka:
   dynamo   NVIDIA Dynamo RouterEvent JSON lines (file, stdout or ZMQ)
   parquet  one row per block event in a hive-partitioned Parquet directory (date, instance),
            resumable; for DuckDB, pandas, Spark ('kvevents report --parquet DIR')
+  spark    the same Parquet layout written by a Spark Structured Streaming job (spark extra)
 
 Run 'kvevents export FORMAT --help' for each format's options.
 """
@@ -35,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _export_zmq.register_export(formats)
     _export_dynamo.register_export(formats)
     _export_parquet.register_export(formats)
+    _export_spark.register_export(formats)
 
     def usage(args: argparse.Namespace) -> int:
         parser.print_help()
