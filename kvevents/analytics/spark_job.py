@@ -7,7 +7,9 @@ the full ``EventBatch`` schema; SQL turns each batch into one row per block even
 of :data:`kvevents.analytics.rows.ROW_SCHEMA`), and a file sink writes them partitioned by
 ``date`` and ``instance`` with exactly-once bookkeeping in ``DIR/_spark_metadata`` and the
 Kafka offsets in ``DIR/_spark_checkpoint`` (a re-run resumes). Messages that do not decode go
-to ``DIR/_spark_malformed`` (JSON: partition, offset). At the end the job computes the report's
+to ``DIR/_spark_malformed`` (JSON: partition, offset), and so do batches written with another
+schema version than this package's (``from_avro`` has one reader schema; ``kvevents export
+parquet`` reads the shipped older versions too). At the end the job computes the report's
 counting aggregates over what it wrote (``DIR/_spark_aggregates.json``).
 
 Run by ``kvevents export spark DIR`` (or ``python -m kvevents.analytics.spark_job``); needs the
@@ -25,7 +27,6 @@ from typing import Any
 
 __all__ = ["ROWS_SQL", "SparkExportResult", "run_spark_export", "spark_session"]
 
-_HEADER = b"\xc3\x01"
 
 _ROW_FIELDS = (
     ("attention_dp_rank", "INT"), ("window_size", "INT"), ("event_type", "STRING"), ("event_id", "BIGINT"),
@@ -153,6 +154,7 @@ def run_spark_export(
     from pyspark.sql.avro.functions import from_avro
     from pyspark.sql.functions import col, expr
 
+    from kvevents.schemas import current_fingerprint
     from kvevents.schemas._avro import batch_schema_json
 
     out = out.resolve()
@@ -171,12 +173,15 @@ def run_spark_export(
         col("partition").alias("kafka_partition"),
         col("offset").alias("kafka_offset"),
         col("timestamp").alias("kafka_timestamp"),
-        expr("substring(value, 1, 2)").alias("magic"),
+        expr("substring(value, 1, 10)").alias("header"),
         from_avro(
             expr("substring(value, 11, length(value) - 10)"), batch_schema_json(), {"mode": "PERMISSIVE"}
         ).alias("b"),
     )
-    valid = expr(f"magic = X'{_HEADER.hex().upper()}' AND b IS NOT NULL")
+    # Only the current schema's header: from_avro has one reader schema, and it would read the
+    # body of another writer schema (or garbage) without noticing.
+    header = (b"\xc3\x01" + current_fingerprint()).hex().upper()
+    valid = expr(f"header = X'{header}' AND b IS NOT NULL")
     framed.where(valid).createOrReplaceTempView("decoded")
     rows = spark.sql(ROWS_SQL)
     malformed = framed.where(~valid).select("kafka_partition", "kafka_offset")

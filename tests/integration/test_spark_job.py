@@ -50,11 +50,20 @@ def _export(bootstrap: str, topic: str, out: Path) -> None:
 
 
 def _extras(bootstrap: str, topic: str) -> None:
+    """sim-x: in-band drops of two ranks, then batches 1 and 2 missing; and two malformed messages."""
+    t = 1_796_000_000_000_000
     lossy = EventBatch(
-        "sim-x", [KVCacheEvent(9, KVCacheRemovedData([(1 << 64) - 1, 3]), 32, 1)], 2, 5, 7,
-        created_at_us=1_796_000_000_000_000, dropped=[RankDrops(0, 11), RankDrops(1, 2)],
+        "sim-x", [KVCacheEvent(9, KVCacheRemovedData([(1 << 64) - 1, 3]), 32, 1)], 2, 5, 0,
+        created_at_us=t, dropped=[RankDrops(0, 11), RankDrops(1, 2)],
     )  # fmt: skip
-    produce(bootstrap, topic, [lossy, (b"sim-x", b"\xc3\x01garbage-after-a-header"), (b"k", b"not a batch")])
+    later = EventBatch(
+        "sim-x", [KVCacheEvent(12, KVCacheRemovedData([4]), 32, 1)], 2, 5, 3, created_at_us=t + 1
+    )
+    produce(
+        bootstrap,
+        topic,
+        [lossy, later, (b"sim-x", b"\xc3\x01garbage-after-a-header"), (b"k", b"not a batch")],
+    )
 
 
 def test_spark_writes_what_export_parquet_writes(
@@ -86,7 +95,8 @@ def test_spark_writes_what_export_parquet_writes(
     assert agg["rows_by_type"]["stored"] == report["prefix_reuse"]["stored_blocks"]
     assert agg["events_by_type"] == {k: v for k, v in report["events"].items() if v}
     assert sum(agg["dropped_by_worker"].values()) == report["loss"]["dropped_events"] == 13
-    assert agg["missing_batches_by_instance"] == {"sim-x": 7}  # its sequence starts at 7
+    assert agg["missing_batches_by_instance"] == {"sim-x": 2}
+    assert report["loss"]["missing_batches"] == 2
 
     simulate_to_topic(kafka_bootstrap, topic, instances=("sim-c",), ranks=1, iterations=10)
     run_spark_export(spark, kafka_bootstrap, topic, spark_dir)  # resumes from its checkpoint
