@@ -98,7 +98,7 @@ def run_spark(bootstrap: str, topic: str, work: Path) -> dict[str, Any]:
         [*KVEVENTS, "export", "spark", str(out), "-b", bootstrap, "-t", topic, "--json", "-q"]
     )
     summary = json.loads(stdout)
-    return {"seconds": seconds, **summary}
+    return {"seconds": seconds, "job_seconds": summary["seconds"], "messages": summary["messages"]}
 
 
 def main() -> None:
@@ -148,6 +148,8 @@ def main() -> None:
     print(f"{'command':<16} {'seconds':>8} {'events/s':>10} {'vs tail':>8}  notes")
     for r in rows:
         notes = ""
+        if "job_seconds" in r:
+            notes = f"job alone (Spark started) {r['job_seconds']:.1f} s = {events / r['job_seconds']:,.0f} events/s"
         if "inner_rows_per_s" in r:
             notes = f"{r['rows']:,} rows, {r['inner_rows_per_s']:,} rows/s inside, {r['parquet_bytes'] / 1e6:.1f} MB Parquet"
         print(
