@@ -33,7 +33,7 @@ test: setup
 # 'make test' (addopts -m "not spark"); it runs Spark in local mode against the real broker.
 SPARK_STAMP := $(VENV)/.kvevents-spark-installed
 $(SPARK_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev,spark]'
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS),spark]'
 	@touch $@
 
 test-spark: $(SPARK_STAMP)
