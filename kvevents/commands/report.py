@@ -108,11 +108,7 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
 
-        state_file = args.parquet / "_kvevents_export.json"
-        if state_file.exists():
-            import json as _json
-
-            malformed = int(_json.loads(state_file.read_text()).get("malformed", 0))
+        malformed = _exported_malformed(args.parquet)
     else:
         source = f"topic {args.topic}"
         reads = read_topic(
@@ -149,3 +145,15 @@ def run(args: argparse.Namespace) -> int:
         print(title)
         print("\n".join(render_text(report)))
     return 0
+
+
+def _exported_malformed(directory: Path) -> int:
+    """Messages an export set aside: its state file's count ('export parquet') or the lines of
+    ``_spark_malformed`` (the Spark job)."""
+    state_file = directory / "_kvevents_export.json"
+    try:
+        if state_file.exists():
+            return int(json.loads(state_file.read_text()).get("malformed", 0))
+        return sum(len(f.read_text().splitlines()) for f in (directory / "_spark_malformed").glob("part-*"))
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"cannot read what {directory} set aside: {exc}") from exc

@@ -5,6 +5,8 @@ its aggregates agree with the report, and a second run after more events adds on
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,3 +105,14 @@ def test_spark_writes_what_export_parquet_writes(
     _export(kafka_bootstrap, topic, export_dir)
     again = _sorted_rows(spark_dir)
     assert again == _sorted_rows(export_dir) and len(again) > len(spark_rows)
+
+    def report_json(directory: Path) -> dict[str, Any]:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            assert main(["report", "--parquet", str(directory), "--json", "-q"]) == 0
+        report = json.loads(buffer.getvalue())
+        report.pop("source")
+        return report
+
+    from_spark = report_json(spark_dir)
+    assert from_spark == report_json(export_dir) and from_spark["loss"]["malformed_messages"] == 2
