@@ -13,7 +13,7 @@ EXTRAS ?= dev,bench-dynamo
 # Tests spawn mpiexec (from PyPI's mpich) and the kvevents CLI: both live in the venv.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup test lint bench faults demo broker-start broker-stop broker-status registry-start registry-stop clean distclean
+.PHONY: setup test lint test-spark spark bench faults demo broker-start broker-stop broker-status registry-start registry-stop clean distclean
 
 setup: $(STAMP)
 
@@ -27,6 +27,23 @@ $(STAMP): pyproject.toml setup.py $(wildcard schemas/*.pyx schemas/*.pxd produce
 # The Kafka fixture in tests/conftest.py starts (and stops) the broker the tests need.
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The Spark job (kvevents.analytics.spark_job) needs the spark extra: pyspark 4.2, ~490 MB, so it
+# is not in dev; these targets install it once. Its test is marked 'spark' and deselected by
+# 'make test' (addopts -m "not spark"); it runs Spark in local mode against the real broker.
+SPARK_STAMP := $(VENV)/.kvevents-spark-installed
+$(SPARK_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS),spark]'
+	@touch $@
+
+test-spark: $(SPARK_STAMP)
+	$(BIN)/python -m pytest -m spark tests/integration/test_spark_job.py $(PYTEST_ARGS)
+
+# The Spark job once over the topic (KAFKA_BOOTSTRAP_SERVERS or the local broker) into SPARK_OUT.
+SPARK_OUT ?= .kvevents/spark-export
+SPARK_ARGS ?=
+spark: $(SPARK_STAMP)
+	$(BIN)/kvevents export spark $(SPARK_OUT) $(SPARK_ARGS)
 
 # Every check runs, so that one run shows every finding; mypy's settings are in pyproject.toml,
 # and stubtest checks the compiled modules' .pyi stubs against the built extensions.

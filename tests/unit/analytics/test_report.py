@@ -1,0 +1,122 @@
+"""The cache report on a hand-made stream whose answers are known: routing hits per policy,
+evictions per tier, drops and gaps turned into degraded time healed by a Created event; the
+rendering (text, PNG, HTML); and a stream rebuilt from rows giving the same report."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from kvevents.schemas import (
+    EventBatch,
+    KVCacheCreatedData,
+    KVCacheEvent,
+    KVCacheEventDiff,
+    KVCacheRemovedData,
+    KVCacheStoredBlockData,
+    KVCacheStoredData,
+    KVCacheUpdatedData,
+    RankDrops,
+)
+
+from kvevents.analytics.report import CacheReport
+from kvevents.analytics.report_render import render_html, render_png, render_text
+from kvevents.analytics.rows import RowBuffer
+from kvevents.analytics.source import Read, batches_from_table
+
+S = 1_000_000
+W = 64
+
+
+def _stored(eid: int, parent: int | None, hashes: list[int]) -> KVCacheEvent:
+    return KVCacheEvent(
+        eid, KVCacheStoredData(parent, [KVCacheStoredBlockData(h, [1] * 4) for h in hashes]), W, 0
+    )
+
+
+def _stream() -> list[Read]:
+    seq = {"a": 0, "b": 0}
+    reads: list[Read] = []
+
+    def batch(
+        instance: str,
+        t: float,
+        events: list[KVCacheEvent],
+        *,
+        skip: int = 0,
+        dropped: list[RankDrops] | None = None,
+    ) -> None:
+        seq[instance] += skip
+        time_us = int((1000 + t) * S)
+        b = EventBatch(
+            instance,
+            events,
+            producer_id=1,
+            sequence=seq[instance],
+            created_at_us=time_us,
+            dropped=dropped or [],
+        )
+        seq[instance] += 1
+        reads.append(Read(b, time_us, 0, len(reads)))
+
+    created = KVCacheCreatedData([16, 16])
+    batch("a", 0, [KVCacheEvent(0, created, W, 0)])
+    batch("b", 0, [KVCacheEvent(0, created, W, 0)])
+    batch("a", 1, [_stored(1, None, [1, 2, 3])])  # nobody holds anything: 0 hits of 3
+    batch("b", 2, [_stored(1, 2, [4])])  # chain 1,2,4: a holds 2 leading blocks, b none
+    batch("a", 3, [KVCacheEvent(2, KVCacheUpdatedData(3, cache_level=KVCacheEventDiff(0, 1)), W, 0)])
+    batch("a", 4, [KVCacheEvent(3, KVCacheRemovedData([3, 1, 99]), W, 0)])
+    batch("b", 5, [], dropped=[RankDrops(0, 4)])  # b loses events: degraded from t=5
+    batch("a", 6, [KVCacheEvent(4, KVCacheRemovedData([2]), W, 0)], skip=2)  # two batches of a missing
+    batch("b", 8, [KVCacheEvent(5, KVCacheCreatedData([16, 16], snapshot=True), W, 0)])  # b rebuilt at t=8
+    batch("a", 9, [_stored(5, None, [7])])
+    return reads
+
+
+def test_known_answers() -> None:
+    report = CacheReport().add_all(_stream()).to_json()
+    routing = report["routing"]
+    assert routing["requests_scored"] == 3 and routing["chain_blocks"] == 3 + 3 + 1
+    assert routing["hit_rate"] == {
+        "cache_aware": round(2 / 7, 4),
+        "round_robin": round(1 / 7, 4),
+        "observed": 0.0,
+    }
+    assert report["tiers"]["evictions"] == {"primary (GPU)": 2, "secondary (host)": 1, "unknown": 1}
+    assert report["tiers"]["offloads_primary_to_secondary"] == 1
+    loss = report["loss"]
+    assert loss["dropped_events"] == 4 and loss["missing_batches"] == 2
+    a, b = loss["by_worker"]["a/0"], loss["by_worker"]["b/0"]
+    assert b == {
+        "dropped_events": 4,
+        "degraded_spells": 1,
+        "degraded_s": 3.0,
+        "degraded_share": round(3 / 9, 4),
+        "degraded_now": False,
+    }
+    assert (
+        a["degraded_spells"] == 1 and a["degraded_s"] == 3.0 and a["degraded_now"] is True
+    )  # t=6 to the end (t=9)
+    assert report["block_lifetimes"]["count"] == 3  # 3 and 1 at t=4, 2 at t=6 (99 was never stored)
+
+
+def test_rows_rebuild_the_same_report() -> None:
+    reads = _stream()
+    rows = RowBuffer()
+    instances: list[str] = []
+    for r in reads:
+        added = rows.add_batch(r.batch, r.partition, r.offset, r.time_us)
+        instances += [r.batch.instance_id] * added  # in an export, the directory names say it
+    table = rows.table().append_column("instance", pa.array(instances, pa.string()))
+    rebuilt = list(batches_from_table(table))
+    assert [r.offset for r in rebuilt] == [r.offset for r in reads if r.batch.events or r.batch.dropped]
+    assert CacheReport().add_all(rebuilt).to_json() == CacheReport().add_all(reads).to_json()
+
+
+def test_rendering() -> None:
+    cache = CacheReport().add_all(_stream())
+    report = cache.to_json()
+    text = "\n".join(render_text(report))
+    assert "cache-aware router" in text and "28.6%" in text and "b/0" in text
+    png = render_png(cache, report, "test")
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    page = render_html(report, png, "a <title>")
+    assert page.count("<table>") == 6 and "a &lt;title&gt;" in page and "data:image/png;base64," in page
