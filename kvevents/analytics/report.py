@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvevents.commands._stats import StreamStats
 from kvevents.consumer import CacheIndex, WorkerKey
 from kvevents.schemas import (
     EventBatch,
@@ -31,6 +30,8 @@ from kvevents.schemas import (
     KVCacheStoredData,
     KVCacheUpdatedData,
 )
+
+from kvevents.commands._stats import StreamStats
 
 from .source import Read
 

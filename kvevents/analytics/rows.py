@@ -13,7 +13,6 @@ import datetime as dt
 from typing import Any
 
 import pyarrow as pa
-
 from kvevents.schemas import (
     EventBatch,
     KVCacheCreatedData,

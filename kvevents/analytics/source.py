@@ -17,7 +17,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-
 from kvevents.schemas import (
     EventBatch,
     KVCacheCreatedData,

@@ -151,11 +151,10 @@ def run_spark_export(
 ) -> SparkExportResult:
     """Export ``topic`` into ``out`` (what is there now with ``availableNow``; with ``follow``
     every ``trigger_interval_s`` until interrupted), then compute the aggregates."""
-    from pyspark.sql.avro.functions import from_avro
-    from pyspark.sql.functions import col, expr
-
     from kvevents.schemas import current_fingerprint
     from kvevents.schemas._avro import batch_schema_json
+    from pyspark.sql.avro.functions import from_avro
+    from pyspark.sql.functions import col, expr
 
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -91,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"{exc.name or 'pyarrow'} is missing: install the analytics extra (pip install 'kvevents[analytics]')"
         ) from exc
-    from kvevents.analytics.exporter import ExportProgress
     from kvevents.consumer import EventReader, ReaderError
+
+    from kvevents.analytics.exporter import ExportProgress
 
     if args.rows_per_file < 1 or args.flush_interval <= 0:
         raise CommandError("--rows-per-file must be >= 1 and --flush-interval > 0")
