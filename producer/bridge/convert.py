@@ -1,0 +1,305 @@
+"""``ZmqEventConverter``: one vLLM/SGLang ZMQ payload -> kvevents events, no sockets.
+
+State carried between calls: the next event id per dp rank (from 0), the :class:`TierMap` (which
+media hold each block) and the group -> window map learned from Stored events. A payload that
+cannot be read raises :class:`BridgeDecodeError` and leaves the state as it was.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from kvevents.schemas import (
+    KVCacheCreatedData,
+    KVCacheEvent,
+    KVCacheEventDiff,
+    KVCacheRemovedData,
+    KVCacheStoredBlockData,
+    KVCacheStoredData,
+    KVCacheUpdatedData,
+)
+
+from .hashes import DEFAULT_MEDIUM_LEVELS, WireError, lora_id_for_name
+from .tiers import TierMap
+from .wire import BridgeDecodeError, ParsedBatch, RawCleared, RawRemoved, RawStored, WireCounts, parse_payload
+
+__all__ = ["ENGINES", "ZmqEventConverter"]
+
+ENGINES = ("vllm", "sglang")
+_HEX64 = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
+_MAX_LEVEL = 2**31 - 1
+
+
+class ZmqEventConverter:
+    """Converts the payloads of one engine publisher (``engine``: ``"vllm"`` or ``"sglang"``).
+
+    ``window_size``: the window of events without a sliding-window group (full attention);
+    ``dp_rank``: the rank of events whose batch does not name one. ``counts`` says what was
+    skipped (unknown tags/fields, duplicate stores, removes of blocks not held on that medium).
+    """
+
+    def __init__(self, engine: str, *, window_size: int = 0, dp_rank: int = 0) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0:
+            raise ValueError(f"window_size must be an int >= 0, got {window_size!r}")
+        if isinstance(dp_rank, bool) or not isinstance(dp_rank, int) or dp_rank < 0:
+            raise ValueError(f"dp_rank must be an int >= 0, got {dp_rank!r}")
+        self.engine = engine
+        self.window_size = window_size
+        self.dp_rank = dp_rank
+        self.take_last = engine == "vllm"
+        self.next_event_id: dict[int, int] = {}
+        self.tiers = TierMap()
+        self.group_windows: dict[int, int] = {}
+        self.media: dict[str, int] = dict(DEFAULT_MEDIUM_LEVELS)
+        self.wire_counts = WireCounts()
+        self.counts: Counter[str] = Counter()
+
+    # -- public ------------------------------------------------------------------------
+
+    def convert(self, payload: bytes) -> list[KVCacheEvent]:
+        """The kvevents events of one payload (possibly none)."""
+        counts = WireCounts()
+        parsed = parse_payload(payload, take_last=self.take_last, counts=counts)
+        try:
+            events = self._apply(parsed)
+        except WireError as exc:
+            raise BridgeDecodeError(str(exc)) from None
+        self.wire_counts.unknown_tags.update(counts.unknown_tags)
+        self.wire_counts.unknown_fields.update(counts.unknown_fields)
+        self.counts["payloads"] += 1
+        self.counts["events_out"] += len(events)
+        return events
+
+    def created(self, rank: int | None = None) -> KVCacheEvent:
+        """A Created event for ``rank`` (the engine restarted: its cache is empty); clears the
+        tier map of every window."""
+        rank = self.dp_rank if rank is None else rank
+        self.tiers.clear()
+        return self._event(rank, KVCacheCreatedData([]), self.window_size)
+
+    def stats(self) -> dict[str, Any]:
+        return {**dict(self.counts), **self.wire_counts.as_dict(), "blocks_held": len(self.tiers)}
+
+    def to_state(self) -> dict[str, Any]:
+        """What the bridge's state file keeps of this converter."""
+        return {
+            "engine": self.engine,
+            "window_size": self.window_size,
+            "dp_rank": self.dp_rank,
+            "next_event_id": {str(k): v for k, v in self.next_event_id.items()},
+            "tiers": self.tiers.to_state(),
+            "group_windows": {str(k): v for k, v in self.group_windows.items()},
+            "media": self.media,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ZmqEventConverter:
+        conv = cls(state["engine"], window_size=int(state["window_size"]), dp_rank=int(state["dp_rank"]))
+        conv.next_event_id = {int(k): int(v) for k, v in state["next_event_id"].items()}
+        conv.tiers = TierMap.from_state(state["tiers"])
+        conv.group_windows = {int(k): int(v) for k, v in state["group_windows"].items()}
+        conv.media = {str(k): int(v) for k, v in state["media"].items()}
+        return conv
+
+    # -- conversion --------------------------------------------------------------------
+
+    def _apply(self, parsed: ParsedBatch) -> list[KVCacheEvent]:
+        rank = self.dp_rank if parsed.dp_rank is None else parsed.dp_rank
+        # Validate everything first, so that a bad event leaves the state untouched.
+        prepared = [self._prepare(raw, k) for k, raw in enumerate(parsed.events)]
+        out: list[KVCacheEvent] = []
+        for raw, blocks in prepared:
+            if isinstance(raw, RawStored):
+                assert blocks is not None
+                self._emit_stored(out, rank, raw, blocks)
+            elif isinstance(raw, RawRemoved):
+                self._emit_removed(out, rank, raw)
+            else:
+                self.counts["cleared"] += 1
+                out.append(self.created(rank))
+        return out
+
+    def _prepare(self, raw: Any, k: int) -> tuple[Any, list[KVCacheStoredBlockData] | None]:
+        if isinstance(raw, RawStored):
+            return raw, self._blocks(raw, f"events[{k}]")
+        if isinstance(raw, RawRemoved):
+            self._level(raw.medium, commit=False)
+        return raw, None
+
+    def _level(self, medium: str | None, *, commit: bool = True) -> int:
+        if medium is None:
+            return 0
+        level = self.media.get(medium)
+        if level is None:
+            level = self.media.get(medium.upper())
+        if level is None:
+            level = min(max(self.media.values(), default=0) + 1, _MAX_LEVEL)
+            if commit:
+                self.media[medium] = level
+                self.counts[f"new_medium.{medium[:32]}"] += 1
+        return level
+
+    def _window(self, group_idx: int | None, raw: RawStored | None = None) -> int:
+        if raw is not None and group_idx is not None:
+            if raw.sliding_window:
+                self.group_windows[group_idx] = raw.sliding_window
+            elif raw.spec_kind is not None:
+                self.group_windows.setdefault(group_idx, self.window_size)
+        if group_idx is None:
+            return self.window_size
+        window = self.group_windows.get(group_idx)
+        if window is None:
+            self.counts["unknown_group"] += 1
+            return self.window_size
+        return window
+
+    def _blocks(self, raw: RawStored, where: str) -> list[KVCacheStoredBlockData]:
+        n = len(raw.block_hashes)
+        tokens = raw.token_ids
+        size = raw.block_size
+        if n == 0:
+            if tokens:
+                raise WireError(f"{where}: BlockStored has {len(tokens)} token_ids but no block_hashes")
+            return []
+        if not tokens:
+            pieces: list[list[int]] = [[] for _ in range(n)]
+            self.counts["blocks_without_tokens"] += n
+        else:
+            full = (n - 1) * size
+            if not full < len(tokens) <= n * size:
+                raise WireError(
+                    f"{where}: {len(tokens)} token_ids do not fill {n} blocks of block_size {size} "
+                    f"(expected {full + 1}..{n * size})"
+                )
+            pieces = [tokens[i * size : (i + 1) * size] for i in range(n)]
+            if len(tokens) < n * size:
+                self.counts["partial_blocks"] += 1
+        lora_id = raw.lora_id
+        if lora_id is not None:
+            lora_id &= (1 << 64) - 1
+        elif raw.lora_name:
+            lora_id = lora_id_for_name(raw.lora_name)
+        extra = raw.extra_keys
+        if extra is not None and len(extra) != n:
+            self.counts["extra_keys_length_mismatch"] += 1
+        blocks = []
+        for i, (block_hash, piece) in enumerate(zip(raw.block_hashes, pieces, strict=True)):
+            keys = extra[i] if extra is not None and i < len(extra) else None
+            mm_keys, salt = self._extra(keys, raw.lora_name, f"{where}.extra_keys[{i}]")
+            blocks.append(
+                KVCacheStoredBlockData(
+                    block_hash=block_hash,
+                    tokens=piece,
+                    lora_id=lora_id,
+                    mm_keys=mm_keys,
+                    cache_salt=raw.cache_salt if raw.cache_salt is not None else salt,
+                )
+            )
+        return blocks
+
+    def _extra(self, keys: object, lora_name: str | None, where: str) -> tuple[tuple[tuple[bytes, int], ...], str | None]:
+        """Multimodal hashes (32-byte digests, hex strings, or ``(hash, offset)`` pairs) and a
+        cache salt out of one block's ``extra_keys``; other keys (LoRA name, prompt-embedding
+        hashes) are not carried by kvevents and are counted."""
+        if keys is None:
+            return (), None
+        if not isinstance(keys, list):
+            keys = [keys]
+        mm: list[tuple[bytes, int]] = []
+        salt: str | None = None
+        for key in keys:
+            offset = 0
+            value = key
+            if isinstance(key, list) and len(key) == 2 and isinstance(key[1], int) and not isinstance(key[1], bool):
+                value, offset = key
+            digest = _mm_digest(value)
+            if digest is not None:
+                mm.append((digest, max(0, offset)))
+            elif isinstance(value, str) and value == lora_name:
+                continue
+            elif isinstance(value, str) and salt is None:
+                salt = value
+            else:
+                self.counts["extra_keys_skipped"] += 1
+        return tuple(mm), salt
+
+    def _emit_stored(self, out: list[KVCacheEvent], rank: int, raw: RawStored, blocks: list[KVCacheStoredBlockData]) -> None:
+        window = self._window(raw.group_idx, raw)
+        level = self._level(raw.medium)
+        run: list[KVCacheStoredBlockData] = []
+        run_parent = raw.parent
+        previous = raw.parent
+        for block in blocks:
+            change = self.tiers.store(window, block.block_hash, level)
+            if change.kind == "stored":
+                if not run:
+                    run_parent = previous
+                run.append(block if level == 0 else _with_level(block, level))
+            else:
+                if run:
+                    out.append(self._event(rank, KVCacheStoredData(run_parent, run), window))
+                    run = []
+                if change.kind == "updated":
+                    assert change.old_level is not None and change.new_level is not None
+                    diff = KVCacheEventDiff(change.old_level, change.new_level)
+                    out.append(self._event(rank, KVCacheUpdatedData(block.block_hash, cache_level=diff), window))
+                else:
+                    self.counts["blocks_already_held"] += 1
+            previous = block.block_hash
+        if run:
+            out.append(self._event(rank, KVCacheStoredData(run_parent, run), window))
+
+    def _emit_removed(self, out: list[KVCacheEvent], rank: int, raw: RawRemoved) -> None:
+        window = self._window(raw.group_idx)
+        level = self._level(raw.medium)
+        gone: list[int] = []
+        for block_hash in raw.block_hashes:
+            if not self.tiers.knows(window, block_hash):
+                # Not seen stored (joined mid-stream, or a capture): pass it on, the index decides.
+                self.counts["removed_unknown"] += 1
+                gone.append(block_hash)
+                continue
+            change = self.tiers.remove(window, block_hash, level)
+            if change.kind == "removed":
+                gone.append(block_hash)
+            elif change.kind == "updated":
+                if gone:
+                    out.append(self._event(rank, KVCacheRemovedData(gone), window))
+                    gone = []
+                assert change.old_level is not None and change.new_level is not None
+                diff = KVCacheEventDiff(change.old_level, change.new_level)
+                out.append(self._event(rank, KVCacheUpdatedData(block_hash, cache_level=diff), window))
+            else:
+                self.counts["removed_not_on_medium"] += 1
+        if gone:
+            out.append(self._event(rank, KVCacheRemovedData(gone), window))
+
+    def _event(self, rank: int, data: Any, window: int) -> KVCacheEvent:
+        event_id = self.next_event_id.get(rank, 0)
+        self.next_event_id[rank] = event_id + 1
+        return KVCacheEvent(event_id, data, window, rank)
+
+
+def _with_level(block: KVCacheStoredBlockData, level: int) -> KVCacheStoredBlockData:
+    return KVCacheStoredBlockData(
+        block.block_hash,
+        block.tokens,
+        block.lora_id,
+        level,
+        block.priority,
+        block.token_extra_ids,
+        block.mm_keys,
+        block.cache_salt,
+    )
+
+
+def _mm_digest(value: object) -> bytes | None:
+    if isinstance(value, (bytes, bytearray)) and len(value) == 32:
+        return bytes(value)
+    if isinstance(value, str) and _HEX64.match(value):
+        return bytes.fromhex(value.removeprefix("0x"))
+    return None

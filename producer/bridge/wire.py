@@ -1,0 +1,297 @@
+"""Reading one vLLM/SGLang ZMQ payload (msgpack) into plain records, whatever its shape.
+
+Decoded generically with msgspec, then interpreted by type rather than position alone:
+
+- batch: ``[ts, events]``, ``[ts, events, dp_rank]`` or a map ``{ts, events, data_parallel_rank |
+  attn_dp_rank}``;
+- events: arrays with the tag first (older releases; trailing fields may be missing) or maps
+  with a ``"type"`` key (vLLM after #42892, SGLang 0.5.2x);
+- position 7 of an array ``BlockStored``: ``lora_name`` (vLLM, a string) or a map
+  (SGLang: ``cache_salt`` ...), also accepted as ``"metadata"`` in maps.
+
+Unknown event tags and fields are counted in :class:`WireCounts` and skipped; anything that cannot
+be read raises :class:`BridgeDecodeError` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from kvevents.schemas import DecodeError
+
+from .hashes import WireError, fold_hash
+
+__all__ = [
+    "BridgeDecodeError",
+    "ParsedBatch",
+    "RawRemoved",
+    "RawStored",
+    "WireCounts",
+    "parse_payload",
+]
+
+STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+)
+REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+_STORED_EXTRA_MAP_FIELDS = frozenset({"cache_salt", "session_id", "metadata", "type"})
+_METADATA_FIELDS = frozenset({"cache_salt", "session_id", "lora_name", "lora_id"})
+_BATCH_RANK_KEYS = ("data_parallel_rank", "attn_dp_rank", "dp_rank")
+
+_decoder = msgspec.msgpack.Decoder()
+
+
+class BridgeDecodeError(DecodeError):
+    """A ZMQ payload that is not a readable vLLM/SGLang event batch; the message says why."""
+
+
+@dataclass(slots=True)
+class WireCounts:
+    """What was skipped while reading: unknown event tags, unknown fields (by name)."""
+
+    unknown_tags: Counter[str] = field(default_factory=Counter)
+    unknown_fields: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {"unknown_tags": dict(self.unknown_tags), "unknown_fields": dict(self.unknown_fields)}
+
+
+@dataclass(slots=True)
+class RawStored:
+    block_hashes: list[int]
+    parent: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[Any] | None
+    group_idx: int | None
+    spec_kind: str | None
+    sliding_window: int | None
+    cache_salt: str | None
+
+
+@dataclass(slots=True)
+class RawRemoved:
+    block_hashes: list[int]
+    medium: str | None
+    group_idx: int | None
+
+
+class RawCleared:
+    pass
+
+
+RawEvent = RawStored | RawRemoved | RawCleared
+
+
+@dataclass(slots=True)
+class ParsedBatch:
+    ts: float | None
+    dp_rank: int | None
+    events: list[RawEvent]
+
+
+def parse_payload(payload: bytes, *, take_last: bool, counts: WireCounts) -> ParsedBatch:
+    """Read one payload; raises :class:`BridgeDecodeError`. ``take_last``: how digests fold."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise BridgeDecodeError(f"payload must be bytes, got {type(payload).__name__}")
+    try:
+        obj = _decoder.decode(payload)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise BridgeDecodeError(f"payload is not msgpack: {exc}") from None
+    if isinstance(obj, dict):
+        ts, events, rank = obj.get("ts"), obj.get("events"), None
+        for key in _BATCH_RANK_KEYS:
+            if obj.get(key) is not None:
+                rank = obj[key]
+                break
+        for key in obj:
+            if key not in ("ts", "events", *_BATCH_RANK_KEYS):
+                counts.unknown_fields[f"batch.{key}"] += 1
+        if "events" not in obj:
+            raise BridgeDecodeError("batch map has no 'events'")
+    elif isinstance(obj, list):
+        if len(obj) < 2:
+            raise BridgeDecodeError(f"batch array has {len(obj)} fields, expected [ts, events(, dp_rank)]")
+        ts, events = obj[0], obj[1]
+        rank = obj[2] if len(obj) > 2 else None
+        for _ in obj[3:]:
+            counts.unknown_fields["batch[3+]"] += 1
+    else:
+        raise BridgeDecodeError(f"batch must be an array or a map, got {type(obj).__name__}")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))):
+        raise BridgeDecodeError(f"batch.ts must be a number, got {type(ts).__name__}")
+    if not isinstance(events, list):
+        raise BridgeDecodeError(f"batch.events must be an array, got {type(events).__name__}")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise BridgeDecodeError(f"batch dp rank must be an int >= 0, got {rank!r}")
+    parsed: list[RawEvent] = []
+    for i, event in enumerate(events):
+        try:
+            raw = _parse_event(event, take_last, counts, f"events[{i}]")
+        except WireError as exc:
+            raise BridgeDecodeError(str(exc)) from None
+        if raw is not None:
+            parsed.append(raw)
+    return ParsedBatch(None if ts is None else float(ts), rank, parsed)
+
+
+def _parse_event(event: object, take_last: bool, counts: WireCounts, where: str) -> RawEvent | None:
+    if isinstance(event, list):
+        if not event or not isinstance(event[0], str):
+            raise WireError(f"{where}: an array event must start with its tag (a string)")
+        tag, values = event[0], event[1:]
+        if tag == "BlockStored":
+            fields = dict(zip(STORED_FIELDS, values, strict=False))
+            if len(values) > len(STORED_FIELDS):
+                counts.unknown_fields[f"BlockStored[{len(STORED_FIELDS) + 1}+]"] += 1
+            return _stored(fields, take_last, counts, where)
+        if tag == "BlockRemoved":
+            fields = dict(zip(REMOVED_FIELDS, values, strict=False))
+            if len(values) > len(REMOVED_FIELDS):
+                counts.unknown_fields[f"BlockRemoved[{len(REMOVED_FIELDS) + 1}+]"] += 1
+            return _removed(fields, take_last, where)
+        if tag == "AllBlocksCleared":
+            if values:
+                counts.unknown_fields["AllBlocksCleared[1+]"] += 1
+            return RawCleared()
+        counts.unknown_tags[tag[:64]] += 1
+        return None
+    if isinstance(event, dict):
+        tag = event.get("type")
+        if not isinstance(tag, str):
+            raise WireError(f"{where}: a map event needs a string 'type', got {tag!r}")
+        if tag == "BlockStored":
+            for key in event:
+                if key not in STORED_FIELDS and key not in _STORED_EXTRA_MAP_FIELDS:
+                    counts.unknown_fields[f"BlockStored.{key}"] += 1
+            return _stored(event, take_last, counts, where)
+        if tag == "BlockRemoved":
+            for key in event:
+                if key not in REMOVED_FIELDS and key != "type":
+                    counts.unknown_fields[f"BlockRemoved.{key}"] += 1
+            return _removed(event, take_last, where)
+        if tag == "AllBlocksCleared":
+            for key in event:
+                if key != "type":
+                    counts.unknown_fields[f"AllBlocksCleared.{key}"] += 1
+            return RawCleared()
+        counts.unknown_tags[tag[:64]] += 1
+        return None
+    raise WireError(f"{where}: an event must be an array or a map, got {type(event).__name__}")
+
+
+def _hash_list(value: object, take_last: bool, where: str) -> list[int]:
+    if not isinstance(value, list):
+        raise WireError(f"{where}: must be an array of block hashes, got {type(value).__name__}")
+    return [fold_hash(h, take_last=take_last, where=f"{where}[{k}]") for k, h in enumerate(value)]
+
+
+def _opt_int(value: object, where: str, *, minimum: int | None = None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WireError(f"{where}: must be an int or null, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise WireError(f"{where}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _opt_str(value: object, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise WireError(f"{where}: must be a string or null, got {type(value).__name__}")
+
+
+def _salt(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).hex()
+    return value if isinstance(value, str) else str(value)
+
+
+def _stored(f: dict[str, Any], take_last: bool, counts: WireCounts, where: str) -> RawStored:
+    if "block_hashes" not in f:
+        raise WireError(f"{where}: BlockStored has no block_hashes")
+    hashes = _hash_list(f["block_hashes"], take_last, f"{where}.block_hashes")
+    parent_raw = f.get("parent_block_hash")
+    parent = None if parent_raw is None else fold_hash(parent_raw, take_last=take_last, where=f"{where}.parent_block_hash")
+    tokens = f.get("token_ids")
+    if tokens is None:
+        tokens = []
+    if not isinstance(tokens, list):
+        raise WireError(f"{where}.token_ids: must be an array, got {type(tokens).__name__}")
+    for k, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 31) <= t < (1 << 31):
+            raise WireError(f"{where}.token_ids[{k}]: {t!r} is not a 32-bit token id")
+    block_size = _opt_int(f.get("block_size"), f"{where}.block_size", minimum=1)
+    if block_size is None:
+        if hashes and tokens:
+            raise WireError(f"{where}: BlockStored has token_ids but no block_size")
+        block_size = 1
+    lora_id = _opt_int(f.get("lora_id"), f"{where}.lora_id")
+    if lora_id is not None and not -(1 << 63) <= lora_id < (1 << 64):
+        raise WireError(f"{where}.lora_id: {lora_id} does not fit in 64 bits")
+    medium = _opt_str(f.get("medium"), f"{where}.medium")
+    lora_name: str | None = None
+    cache_salt = _salt(f.get("cache_salt"))
+    slot7 = f.get("lora_name")
+    metadata = f.get("metadata")
+    if isinstance(slot7, dict):  # old SGLang: a metadata map where vLLM has lora_name
+        metadata, slot7 = slot7, None
+    lora_name = _opt_str(slot7, f"{where}.lora_name")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise WireError(f"{where}.metadata: must be a map, got {type(metadata).__name__}")
+        for key in metadata:
+            if key not in _METADATA_FIELDS:
+                counts.unknown_fields[f"BlockStored.metadata.{key}"] += 1
+        if cache_salt is None:
+            cache_salt = _salt(metadata.get("cache_salt"))
+        if lora_name is None:
+            lora_name = _opt_str(metadata.get("lora_name"), f"{where}.metadata.lora_name")
+        if lora_id is None:
+            lora_id = _opt_int(metadata.get("lora_id"), f"{where}.metadata.lora_id")
+    extra = f.get("extra_keys")
+    if extra is not None and not isinstance(extra, list):
+        raise WireError(f"{where}.extra_keys: must be an array or null, got {type(extra).__name__}")
+    return RawStored(
+        block_hashes=hashes,
+        parent=parent,
+        token_ids=tokens,
+        block_size=block_size,
+        lora_id=lora_id,
+        medium=medium,
+        lora_name=lora_name,
+        extra_keys=extra,
+        group_idx=_opt_int(f.get("group_idx"), f"{where}.group_idx"),
+        spec_kind=_opt_str(f.get("kv_cache_spec_kind"), f"{where}.kv_cache_spec_kind"),
+        sliding_window=_opt_int(f.get("kv_cache_spec_sliding_window"), f"{where}.kv_cache_spec_sliding_window", minimum=0),
+        cache_salt=cache_salt,
+    )
+
+
+def _removed(f: dict[str, Any], take_last: bool, where: str) -> RawRemoved:
+    if "block_hashes" not in f:
+        raise WireError(f"{where}: BlockRemoved has no block_hashes")
+    return RawRemoved(
+        block_hashes=_hash_list(f["block_hashes"], take_last, f"{where}.block_hashes"),
+        medium=_opt_str(f.get("medium"), f"{where}.medium"),
+        group_idx=_opt_int(f.get("group_idx"), f"{where}.group_idx"),
+    )

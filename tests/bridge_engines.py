@@ -1,0 +1,194 @@
+"""Engine-side fixtures of the bridge tests: the engines' own msgspec structs (as declared in
+vLLM's ``vllm/distributed/kv_events.py`` and SGLang's ``kv_events.py``, in each historical
+encoding) and a fake engine publisher on real pyzmq sockets (PUB per rank, ROUTER replay)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import msgspec
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+_NONE: Any = None
+
+
+def engine_structs(kind: str) -> dict[str, Any]:
+    """Struct classes encoding as one engine release does.
+
+    - ``vllm``: current vLLM (maps, ``"type"`` tag, batch map), hashes int or bytes;
+    - ``vllm-positional``: vLLM before #42892 (arrays, tag first, batch ``[ts, events, rank]``);
+    - ``sglang-old``: SGLang 0.4 (arrays, 5-field BlockStored, 1-field BlockRemoved, ``[ts, events]``);
+    - ``sglang``: SGLang 0.5 arrays with ``medium`` and a metadata map at position 7, batch
+      ``[ts, events, attn_dp_rank]``;
+    - ``sglang-map``: SGLang 0.5.2x maps with ``cache_salt``/``session_id`` keys.
+    """
+    array_like = kind in ("vllm-positional", "sglang-old", "sglang")
+    opts: dict[str, Any] = {"omit_defaults": True, "gc": False, "array_like": array_like, "tag": True}
+    hash_t: Any = int | bytes
+    if kind.startswith("vllm"):
+        stored_fields: list[Any] = [
+            ("block_hashes", list[hash_t]),
+            ("parent_block_hash", hash_t | None),
+            ("token_ids", list[int]),
+            ("block_size", int),
+            ("lora_id", int | None),
+            ("medium", str | None),
+            ("lora_name", str | None),
+            ("extra_keys", list[Any] | None, _NONE),
+            ("group_idx", int | None, _NONE),
+            ("kv_cache_spec_kind", str | None, _NONE),
+            ("kv_cache_spec_sliding_window", int | None, _NONE),
+        ]
+        removed_fields: list[Any] = [
+            ("block_hashes", list[hash_t]),
+            ("medium", str | None),
+            ("group_idx", int | None, _NONE),
+        ]
+        batch_fields: list[Any] = [("data_parallel_rank", int | None, _NONE)]
+    elif kind == "sglang-old":
+        stored_fields = [
+            ("block_hashes", list[int]),
+            ("parent_block_hash", int | None),
+            ("token_ids", list[int]),
+            ("block_size", int),
+            ("lora_id", int | None),
+        ]
+        removed_fields = [("block_hashes", list[int])]
+        batch_fields = []
+    elif kind == "sglang":
+        stored_fields = [
+            ("block_hashes", list[int]),
+            ("parent_block_hash", int | None),
+            ("token_ids", list[int]),
+            ("block_size", int),
+            ("lora_id", int | None),
+            ("medium", str | None, _NONE),
+            ("metadata", dict[str, Any] | None, _NONE),
+        ]
+        removed_fields = [("block_hashes", list[int]), ("medium", str | None, _NONE)]
+        batch_fields = [("attn_dp_rank", int | None, _NONE)]
+    elif kind == "sglang-map":
+        stored_fields = [
+            ("block_hashes", list[int]),
+            ("parent_block_hash", int | None),
+            ("token_ids", list[int]),
+            ("block_size", int),
+            ("lora_id", int | None),
+            ("medium", str | None, _NONE),
+            ("cache_salt", str | None, _NONE),
+            ("session_id", str | None, _NONE),
+        ]
+        removed_fields = [("block_hashes", list[int]), ("medium", str | None, _NONE)]
+        batch_fields = [("attn_dp_rank", int | None, _NONE)]
+    else:
+        raise ValueError(kind)
+    stored = msgspec.defstruct("BlockStored", stored_fields, **opts)
+    removed = msgspec.defstruct("BlockRemoved", removed_fields, **opts)
+    cleared = msgspec.defstruct("AllBlocksCleared", [], **opts)
+    batch_opts = {k: v for k, v in opts.items() if k != "tag"}
+    batch = msgspec.defstruct("KVEventBatch", [("ts", float), ("events", list[Any]), *batch_fields], **batch_opts)
+    return {"BlockStored": stored, "BlockRemoved": removed, "AllBlocksCleared": cleared, "Batch": batch}
+
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(obj: Any) -> bytes:
+    return _encoder.encode(obj)
+
+
+class FakeEnginePublisher:
+    """One engine rank's publisher as vLLM/SGLang run it: PUB with ``hwm`` bound, an in-memory
+    replay buffer of ``buffer_steps`` batches served by a ROUTER (``reply_frames`` 2 = ``[seq,
+    payload]``, 3 = ``[topic, seq, payload]``), end marker seq ``-1``. ``send(payload)`` publishes
+    the next seq; ``skip(n)`` consumes seqs without sending (an induced gap, still in the
+    replay buffer); ``restart()`` starts seqs at 0 again with an empty buffer."""
+
+    def __init__(
+        self,
+        ctx: Any,
+        pub_endpoint: str,
+        replay_endpoint: str | None,
+        *,
+        topic: bytes = b"kv",
+        buffer_steps: int = 10_000,
+        reply_frames: int = 3,
+        hwm: int = 100_000,
+    ) -> None:
+        import zmq
+
+        self._zmq = zmq
+        self.topic = topic
+        self.reply_frames = reply_frames
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.set_hwm(hwm)
+        self.pub.bind(pub_endpoint)
+        self.replay = None
+        if replay_endpoint is not None:
+            self.replay = ctx.socket(zmq.ROUTER)
+            self.replay.bind(replay_endpoint)
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self.seq = 0
+        self.replays_served = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.replay is not None:
+            self._thread = threading.Thread(target=self._serve_replay, daemon=True)
+            self._thread.start()
+
+    def send(self, payload: bytes, *, publish: bool = True) -> int:
+        with self._lock:
+            seq = self.seq
+            self.seq += 1
+            self.buffer.append((seq, payload))
+        if publish:
+            self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+        return seq
+
+    def restart(self) -> None:
+        with self._lock:
+            self.seq = 0
+            self.buffer.clear()
+
+    def _serve_replay(self) -> None:
+        zmq = self._zmq
+        assert self.replay is not None
+        poller = zmq.Poller()
+        poller.register(self.replay, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(50):
+                continue
+            frames = self.replay.recv_multipart()
+            if len(frames) != 3:
+                continue
+            client, _, start = frames
+            start_seq = int.from_bytes(start, "big")
+            with self._lock:
+                retained = [(s, p) for s, p in self.buffer if s >= start_seq]
+            for s, p in retained:
+                body = [s.to_bytes(8, "big"), p] if self.reply_frames == 2 else [self.topic, s.to_bytes(8, "big"), p]
+                self.replay.send_multipart([client, b"", *body])
+            tail = [END_SEQ, b""] if self.reply_frames == 2 else [self.topic, END_SEQ, b""]
+            self.replay.send_multipart([client, b"", *tail])
+            self.replays_served += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2)
+        self.pub.close(linger=0)
+        if self.replay is not None:
+            self.replay.close(linger=0)
+
+
+def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
