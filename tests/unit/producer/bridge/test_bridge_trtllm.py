@@ -1,0 +1,205 @@
+"""event_from_trtllm against dicts shaped as TensorRT-LLM's KVCacheEventSerializer writes them
+(old: no mm_keys/lora_id, updated diffs possibly null; new: mm_key maps, cache_salt, lora_id,
+hex v2_sha256 hashes), and the pump / trtllm-serve poller through a real local HTTP server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from kvevents.producer.trtllm import TrtllmDecodeError, TrtllmEventSource, event_from_trtllm, poll_trtllm_serve
+from kvevents.schemas import (
+    DecodeError,
+    KVCacheCreatedData,
+    KVCacheEvent,
+    KVCacheEventDiff,
+    KVCacheRemovedData,
+    KVCacheStoredBlockData,
+    KVCacheStoredData,
+    KVCacheUpdatedData,
+)
+
+
+def token(t: int, extra: int = 0) -> dict:
+    return {"type": "unique_token", "token_id": t, "token_extra_id": extra}
+
+
+def old_stored(event_id: int = 1) -> dict:
+    return {
+        "event_id": event_id,
+        "data": {
+            "type": "stored",
+            "parent_hash": None,
+            "blocks": [
+                {"type": "stored_block", "block_hash": 7, "tokens": [token(1), token(2)], "cache_level": 0, "priority": 35},
+                {"type": "stored_block", "block_hash": -3, "tokens": [token(3, 9), token(4)], "cache_level": 1, "priority": 80},
+            ],
+        },
+        "window_size": 4096,
+    }
+
+
+def test_created_removed_updated() -> None:
+    created = event_from_trtllm({"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [100, 50]},
+                                 "window_size": 32, "attention_dp_rank": 3})
+    assert created == KVCacheEvent(0, KVCacheCreatedData([100, 50]), 32, 3)
+    removed = event_from_trtllm({"event_id": 5, "data": {"type": "removed", "block_hashes": [1, 2**64 - 1]}, "window_size": 0})
+    assert removed == KVCacheEvent(5, KVCacheRemovedData([1, 2**64 - 1]), 0, None)
+    diff = {"type": "event_diff", "new_value": 1, "old_value": 0}
+    updated = event_from_trtllm({"event_id": 6, "data": {"type": "updated", "block_hash": 9, "cache_level": diff,
+                                                         "priority": None}, "window_size": 0})
+    assert updated.data == KVCacheUpdatedData(9, cache_level=KVCacheEventDiff(0, 1), priority=None)
+
+
+def test_old_stored_shape() -> None:
+    event = event_from_trtllm(old_stored())
+    assert event.window_size == 4096 and event.attention_dp_rank is None
+    a, b = event.data.blocks
+    assert a == KVCacheStoredBlockData(7, [1, 2], None, 0, 35)
+    assert b.block_hash == 2**64 - 3 and b.cache_level == 1 and b.priority == 80
+    assert list(b.token_extra_ids) == [9, 0]
+
+
+def test_new_stored_shape_with_mm_keys_salt_lora_and_hex_hashes() -> None:
+    mm = hashlib.sha256(b"img").hexdigest()
+    digest = hashlib.sha256(b"block").hexdigest()
+    d = {
+        "event_id": 10,
+        "window_size": 128,
+        "attention_dp_rank": 1,
+        "hash_algo": "v2_sha256",
+        "layer_group_id": 0,
+        "data": {
+            "type": "stored",
+            "parent_hash": "00" * 32,
+            "blocks": [{"type": "stored_block", "block_hash": digest, "tokens": [token(5)], "cache_level": 0,
+                        "priority": 35, "mm_keys": [{"type": "mm_key", "hash": mm, "start_offset": 4}],
+                        "cache_salt": "s", "lora_id": 7}],
+        },
+    }
+    event = event_from_trtllm(d)
+    block = event.data.blocks[0]
+    assert event.data.parent_hash == 0
+    assert block.block_hash == int.from_bytes(bytes.fromhex(digest)[:8], "big")
+    assert block.mm_keys == ((bytes.fromhex(mm), 4),) and block.cache_salt == "s" and block.lora_id == 7
+
+
+@pytest.mark.parametrize(
+    ("d", "needle"),
+    [
+        ([], "dict"),
+        ({"data": {"type": "removed", "block_hashes": []}}, "event_id"),
+        ({"event_id": 1, "data": None}, "data must be a dict"),
+        ({"event_id": 1, "data": {"type": "bogus"}}, "bogus"),
+        ({"event_id": 1, "data": {"type": "removed", "block_hashes": ["zz"]}}, "block_hashes[0]"),
+        ({"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [{"tokens": []}]}}, "block_hash"),
+        ({"event_id": 1, "data": {"type": "stored", "parent_hash": None,
+                                  "blocks": [{"block_hash": 1, "tokens": [token(2**40)]}]}}, "token_id"),
+        ({"event_id": 1, "data": {"type": "updated", "block_hash": 1, "cache_level": 3}}, "cache_level"),
+        ({"event_id": -1, "data": {"type": "removed", "block_hashes": []}}, "event_id"),
+        ({"event_id": 1, "data": {"type": "created", "num_blocks_per_cache_level": 5}}, "num_blocks"),
+    ],
+)
+def test_bad_dicts_raise_naming_the_field(d, needle: str) -> None:
+    with pytest.raises(TrtllmDecodeError) as info:
+        event_from_trtllm(d)
+    assert needle in str(info.value) and isinstance(info.value, DecodeError)
+
+
+class FakeLLM:
+    """An ``LLM``-like object: ``get_kv_cache_events(timeout)`` hands out queued dicts."""
+
+    def __init__(self, batches: list[list[dict]]) -> None:
+        self.batches = list(batches)
+        self.calls = 0
+
+    def get_kv_cache_events(self, timeout: float = 2) -> list[dict]:
+        self.calls += 1
+        if self.batches:
+            return self.batches.pop(0)
+        time.sleep(min(timeout, 0.01))
+        return []
+
+
+def drain_all(source: TrtllmEventSource, want: int, timeout: float = 5.0):
+    events, dropped = [], []
+    deadline = time.monotonic() + timeout
+    while len(events) < want and time.monotonic() < deadline:
+        d = source.drain(0.05)
+        events += d.events
+        dropped += d.dropped
+    return events, dropped
+
+
+def test_pump_drains_an_llm_and_sets_bad_dicts_aside() -> None:
+    llm = FakeLLM([[old_stored(0), {}, {"event_id": 1, "data": {"type": "nope"}}],
+                   [{"event_id": 2, "data": {"type": "removed", "block_hashes": [7]}, "window_size": 4096}]])
+    source = TrtllmEventSource(llm.get_kv_cache_events, fetch_timeout=0.01)
+    try:
+        events, dropped = drain_all(source, 2)
+        assert [e.event_id for e in events] == [0, 2] and dropped == []
+        assert source.stats()["rejected"] == 1 and "nope" in source.rejected[0][0]
+    finally:
+        source.close()
+
+
+def test_pump_bounded_drops_oldest_counted_per_rank() -> None:
+    batch = [{"event_id": i, "data": {"type": "removed", "block_hashes": [i]}, "window_size": 0,
+              "attention_dp_rank": 1} for i in range(10)]
+    source = TrtllmEventSource(FakeLLM([batch]).get_kv_cache_events, max_events=4, fetch_timeout=0.01)
+    try:
+        time.sleep(0.2)
+        d = source.drain(0.5)
+        assert [e.event_id for e in d.events] == [6, 7, 8, 9]
+        assert [(r.attention_dp_rank, r.dropped_events) for r in d.dropped] == [(1, 6)]
+    finally:
+        source.close()
+
+
+class _Serve(BaseHTTPRequestHandler):
+    queue: list[list[dict]] = []
+    posts = 0
+
+    def do_POST(self) -> None:  # noqa: N802
+        type(self).posts += 1
+        body = json.dumps(self.queue.pop(0) if self.queue else []).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_trtllm_serve_poller_against_a_local_http_server() -> None:
+    _Serve.queue = [[old_stored(0)], [{"event_id": 1, "data": {"type": "removed", "block_hashes": [7]}, "window_size": 4096}]]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Serve)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    source = TrtllmEventSource(poll_trtllm_serve(f"http://127.0.0.1:{server.server_port}"), idle_sleep=0.01)
+    try:
+        events, _ = drain_all(source, 2)
+        assert [e.event_id for e in events] == [0, 1]
+        assert isinstance(events[0].data, KVCacheStoredData) and len(events[0].data.blocks) == 2
+        assert _Serve.posts >= 2
+    finally:
+        source.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_poller_counts_fetch_errors_without_dying() -> None:
+    source = TrtllmEventSource(poll_trtllm_serve("http://127.0.0.1:9", http_timeout=0.2), fetch_timeout=0.05)
+    try:
+        deadline = time.monotonic() + 5
+        while source.stats().get("fetch_errors", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert source.stats()["fetch_errors"] >= 1
+    finally:
+        source.close()
