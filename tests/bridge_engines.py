@@ -192,3 +192,74 @@ def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> b
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+MEDIA_LEVEL = {"GPU": 0, "CPU": 1, "DISK": 2}
+
+
+class TrueCacheEngine:
+    """A fake engine rank with a true cache (block -> media holding it) that emits the events an
+    engine would for its changes: chains stored on GPU, offloads (Stored on CPU then Removed on
+    GPU), reloads, evictions per medium, and now and then AllBlocksCleared."""
+
+    def __init__(self, kind: str, rank: int, seed: int, block_size: int = 4) -> None:
+        import random
+
+        self.s = engine_structs(kind)
+        self.kind = kind
+        self.rank = rank
+        self.rng = random.Random(seed)
+        self.block_size = block_size
+        self.held: dict[int, set[str]] = {}
+        self.counter = 0
+        self.clears = True
+
+    def _new_hash(self) -> int:
+        self.counter += 1
+        return (self.rank + 1) << 48 | self.counter
+
+    def _stored(self, hashes: list[int], parent: int | None, medium: str) -> Any:
+        tokens = [self.rng.randrange(32000) for _ in range(len(hashes) * self.block_size)]
+        return self.s["BlockStored"](hashes, parent, tokens, self.block_size, None, medium, None)
+
+    def batch(self, n_events: int = 4) -> bytes:
+        events: list[Any] = []
+        for _ in range(n_events):
+            roll = self.rng.random()
+            gpu = [h for h, m in self.held.items() if "GPU" in m]
+            cpu_only = [h for h, m in self.held.items() if m == {"CPU"}]
+            if roll < 0.45 or not self.held:
+                parent = self.rng.choice(gpu) if gpu and self.rng.random() < 0.5 else None
+                hashes = [self._new_hash() for _ in range(self.rng.randint(1, 4))]
+                events.append(self._stored(hashes, parent, "GPU"))
+                for h in hashes:
+                    self.held[h] = {"GPU"}
+            elif roll < 0.65 and gpu:
+                h = self.rng.choice(gpu)
+                if "CPU" not in self.held[h]:
+                    events.append(self._stored([h], None, "CPU"))
+                    self.held[h].add("CPU")
+                events.append(self.s["BlockRemoved"]([h], "GPU"))
+                self.held[h].discard("GPU")
+            elif roll < 0.75 and cpu_only:
+                h = self.rng.choice(cpu_only)
+                events.append(self._stored([h], None, "GPU"))
+                self.held[h].add("GPU")
+            elif roll < 0.995:
+                h = self.rng.choice(list(self.held))
+                medium = self.rng.choice(sorted(self.held[h]))
+                events.append(self.s["BlockRemoved"]([h], medium))
+                self.held[h].discard(medium)
+                if not self.held[h]:
+                    del self.held[h]
+            elif self.clears:
+                events.append(self.s["AllBlocksCleared"]())
+                self.held.clear()
+        return encode(self.s["Batch"](time.time(), events, self.rank))
+
+    def truth(self) -> dict[int, int]:
+        """block hash -> best level held (what the index should show)."""
+        return {h: min(MEDIA_LEVEL[m] for m in media) for h, media in self.held.items()}
+
+    def restart(self) -> None:
+        self.held.clear()

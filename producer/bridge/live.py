@@ -1,0 +1,313 @@
+"""``ZmqBridge``: a running vLLM/SGLang engine's ZMQ events as an ``EventSource`` for
+``KafkaEventSink``.
+
+Threads: the socket thread (:mod:`.receiver`) only receives; this module's worker thread orders
+each rank's messages by seq, asks for replay (:mod:`.replay`), converts (:class:`ZmqEventConverter`)
+and hands events to the sink's thread through :meth:`drain`. Per rank:
+
+- seq + 1: converted; a gap: replayed from the engine, and what replay cannot give is reported
+  in-band as lost (``EventDrain.dropped``, counted in engine batches) so the index marks the
+  worker degraded; the first message with seq > 0 and no saved state is a gap from 0 (joining
+  mid-stream is a loss unless replay fills it);
+- seq going backwards: the engine restarted, its cache is empty: a Created event first;
+- a payload that cannot be read: counted, kept (the last 20), and reported as lost.
+
+State (``state_path``): see :mod:`.state`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any
+
+from kvevents.schemas import KVCacheEvent, RankDrops
+
+from ..buffer import EventDrain
+from ..sink_stats import DeliveryReport
+from .convert import ZmqEventConverter
+from .receiver import ZmqReceiver, rank_endpoint
+from .replay import request_replay
+from .state import AckFile, load_state, save_state
+from .wire import BridgeDecodeError
+
+__all__ = ["ZmqBridge"]
+
+log = logging.getLogger(__name__)
+
+
+class ZmqBridge:
+    """Subscribes to ``dp_size`` engine publishers (``endpoint`` port + rank) and converts their
+    batches; pass it to ``KafkaEventSink`` as the manager and ``on_delivery=bridge.on_delivery``."""
+
+    def __init__(
+        self,
+        engine: str,
+        endpoint: str,
+        *,
+        dp_size: int = 1,
+        replay_endpoint: str | None = None,
+        topic: bytes = b"",
+        window_size: int = 0,
+        state_path: Path | None = None,
+        max_queued: int = 100_000,
+        rcvhwm: int = 100_000,
+        max_pending_events: int = 200_000,
+        replay_timeout: float = 2.0,
+        checkpoint_interval: float = 2.0,
+        ctx: Any = None,
+    ) -> None:
+        import zmq
+
+        if dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+        self.engine = engine
+        self._dp_size = dp_size
+        self._replay_endpoint = replay_endpoint
+        self._replay_timeout = replay_timeout
+        self._ctx = ctx if ctx is not None else zmq.Context()
+        self._own_ctx = ctx is None
+        self._state_path = state_path
+        self._interval = checkpoint_interval
+        self._max_pending = max_pending_events
+
+        self.converters = {r: ZmqEventConverter(engine, window_size=window_size, dp_rank=r) for r in range(dp_size)}
+        self.last_seq: dict[int, int | None] = dict.fromkeys(range(dp_size))
+        self._skip_through: dict[int, int] = {}
+        self._acks: AckFile | None = None
+        if state_path is not None:
+            saved = load_state(state_path, engine)
+            self._acks = AckFile(state_path.with_name(state_path.name + ".acked"))
+            if saved is not None:
+                for rank, entry in saved.items():
+                    if rank < dp_size:
+                        self.converters[rank] = ZmqEventConverter.from_state(entry["converter"])
+                        self.last_seq[rank] = entry["last_seq"]
+                self._skip_through = dict(self._acks.acked)
+                log.info("bridge state loaded from %s: last seqs %s, acked ids %s", state_path, self.last_seq, self._skip_through)
+
+        self._lock = threading.Condition()
+        self._pending: list[KVCacheEvent] = []
+        self._dropped: Counter[int] = Counter()
+        self._resolved: dict[int, int] = {}  # rank -> last event id Kafka answered for
+        self._losses_unacked = 0
+        self._closing = False
+        self._done = False
+        self.counts: Counter[str] = Counter()
+        self.bad_payloads: deque[tuple[int, int, str, bytes]] = deque(maxlen=20)
+        self.receiver = ZmqReceiver(self._ctx, endpoint, dp_size, topic=topic, max_queued=max_queued, rcvhwm=rcvhwm)
+        self._thread = threading.Thread(target=self._run, name="kvevents-bridge", daemon=True)
+        self._thread.start()
+
+    # -- EventSource --------------------------------------------------------------------
+
+    @property
+    def attention_dp_size(self) -> int:
+        return self._dp_size
+
+    @property
+    def closed(self) -> bool:
+        with self._lock:
+            return self._done and not self._pending and not self._dropped
+
+    def drain(self, timeout: float | None = None) -> EventDrain:
+        with self._lock:
+            if not self._pending and not self._dropped and not self._done:
+                self._lock.wait(timeout)
+            events, self._pending = self._pending, []
+            dropped = [RankDrops(r, n) for r, n in sorted(self._dropped.items()) if n > 0]
+            self._losses_unacked += sum(self._dropped.values())
+            self._dropped.clear()
+            self._lock.notify_all()
+        return EventDrain(events, dropped)
+
+    def on_delivery(self, report: DeliveryReport) -> None:
+        """The sink's delivery callback: what Kafka acknowledged (for checkpoints and restarts)."""
+        with self._lock:
+            for rank, event_id in report.last_event_id_by_rank.items():
+                if event_id > self._resolved.get(rank, -1):
+                    self._resolved[rank] = event_id
+            if report.error is None and report.dropped:
+                self._losses_unacked = max(0, self._losses_unacked - sum(report.dropped.values()))
+            self._lock.notify_all()
+        if report.error is None and self._acks is not None:
+            try:
+                self._acks.update(report.last_event_id_by_rank)
+            except OSError as exc:
+                log.error("cannot write %s: %s", self._acks.path, exc)
+
+    # -- public -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            out: dict[str, Any] = dict(self.counts)
+            out["pending_events"] = len(self._pending)
+        out["received_by_rank"] = dict(self.receiver.received)
+        out["queue_dropped_by_rank"] = dict(self.receiver.dropped)
+        out["malformed_frames_by_rank"] = dict(self.receiver.malformed)
+        out["last_seq"] = dict(self.last_seq)
+        out["converters"] = {r: c.stats() for r, c in self.converters.items()}
+        return out
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop receiving, convert what was received, and save a last checkpoint once the sink
+        acknowledged it (call before closing the sink, with the sink still running)."""
+        self.receiver.close()
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        self._thread.join(timeout)
+        if self._own_ctx:
+            self._ctx.term()
+
+    # -- worker -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        q = self.receiver.queue
+        next_checkpoint = time.monotonic() + self._interval
+        try:
+            while True:
+                tail_drops = dict(self.receiver.max_dropped_seq)
+                try:
+                    rank, seq, payload, _ = q.get(timeout=0.05)
+                except queue.Empty:
+                    self._fill_tail(tail_drops)
+                    if self._closing:
+                        break
+                else:
+                    self._on_message(rank, seq, payload)
+                if self._state_path is not None and time.monotonic() >= next_checkpoint:
+                    self._checkpoint(wait=0.5)
+                    next_checkpoint = time.monotonic() + self._interval
+            if self._state_path is not None:
+                self._checkpoint(wait=5.0)
+        except Exception:
+            log.exception("bridge worker stopped")
+            self.counts["worker_errors"] += 1
+        finally:
+            with self._lock:
+                self._done = True
+                self._lock.notify_all()
+
+    def _on_message(self, rank: int, seq: int, payload: bytes) -> None:
+        last = self.last_seq[rank]
+        if last is not None and seq <= last:
+            log.warning("rank %d: seq went back from %d to %d: the engine restarted (Created)", rank, last, seq)
+            self.counts["engine_restarts"] += 1
+            self._bump_past_acked(rank)
+            self._emit(rank, [self.converters[rank].created(rank)])
+            self.last_seq[rank] = last = None
+        expected = 0 if last is None else last + 1
+        if seq > expected:
+            self._fill(rank, expected, seq)
+        self._apply(rank, seq, payload)
+
+    def _fill_tail(self, tail_drops: dict[int, int]) -> None:
+        """The queue is empty, so every message received before these drops was handled: a
+        dropped seq beyond the last one applied is a gap no later message has revealed yet."""
+        for rank, dropped_seq in tail_drops.items():
+            if self.receiver.max_dropped_seq.get(rank) == dropped_seq:
+                del self.receiver.max_dropped_seq[rank]
+            last = self.last_seq[rank]
+            expected = 0 if last is None else last + 1
+            if dropped_seq >= expected:
+                self._fill(rank, expected, dropped_seq + 1)
+
+    def _fill(self, rank: int, start: int, end: int) -> None:
+        """Batches ``start..end-1`` were not received: replay them, report what is still missing."""
+        self.counts["gaps"] += 1
+        got: dict[int, bytes] = {}
+        if self._replay_endpoint is not None:
+            result = request_replay(self._ctx, rank_endpoint(self._replay_endpoint, rank), start, timeout=self._replay_timeout)
+            got = {s: p for s, p in result.batches if start <= s < end}
+            self.counts["replays"] += 1
+            self.counts["replayed_batches"] += len(got)
+            if not result.complete:
+                self.counts["replays_incomplete"] += 1
+        lost = 0
+        for s in range(start, end):
+            payload = got.get(s)
+            if payload is None:
+                lost += 1
+                continue
+            if lost:
+                self._lose(rank, lost, f"seqs before {s}")
+                lost = 0
+            self._apply(rank, s, payload)
+        if lost:
+            self._lose(rank, lost, f"seqs {end - lost}..{end - 1}")
+
+    def _lose(self, rank: int, batches: int, what: str) -> None:
+        log.warning("rank %d: %d engine batches lost (%s): reported in-band, the worker is degraded", rank, batches, what)
+        self.counts["batches_lost"] += batches
+        self._bump_past_acked(rank)
+        with self._lock:
+            self._dropped[rank] += batches
+            self._lock.notify_all()
+
+    def _bump_past_acked(self, rank: int) -> None:
+        """After a restart of the bridge, events not regenerated from replay take ids past what
+        Kafka already has, so the new session continues without reusing an id."""
+        acked = self._skip_through.get(rank)
+        if acked is not None:
+            conv = self.converters[rank]
+            conv.next_event_id[rank] = max(conv.next_event_id.get(rank, 0), acked + 1)
+
+    def _apply(self, rank: int, seq: int, payload: bytes) -> None:
+        self.last_seq[rank] = seq
+        self.counts["batches"] += 1
+        try:
+            events = self.converters[rank].convert(payload)
+        except BridgeDecodeError as exc:
+            self.counts["bad_payloads"] += 1
+            self.bad_payloads.append((rank, seq, str(exc), bytes(payload[:4096])))
+            self._lose(rank, 1, f"seq {seq} unreadable: {exc}")
+            return
+        skip = self._skip_through.get(rank)
+        if skip is not None:
+            kept = [e for e in events if e.event_id > skip]
+            self.counts["events_already_in_kafka"] += len(events) - len(kept)
+            events = kept
+        if events:
+            self._emit(rank, events)
+
+    def _emit(self, rank: int, events: list[KVCacheEvent]) -> None:
+        with self._lock:
+            while len(self._pending) >= self._max_pending and not self._closing:
+                self._lock.wait(0.1)  # the sink is behind: the receiver's queue absorbs this
+            self._pending.extend(events)
+            self.counts["events"] += len(events)
+            self._lock.notify_all()
+
+    def _checkpoint(self, wait: float) -> bool:
+        """Save the state if Kafka answered for every event made so far (waits up to ``wait``)."""
+        assert self._state_path is not None
+        targets = {r: c.next_event_id.get(r, 0) - 1 for r, c in self.converters.items()}
+        deadline = time.monotonic() + wait
+        with self._lock:
+            while True:
+                settled = (
+                    not self._pending
+                    and not self._dropped
+                    and self._losses_unacked == 0
+                    and all(self._resolved.get(r, -1) >= t or self._skip_through.get(r, -1) >= t for r, t in targets.items() if t >= 0)
+                )
+                remaining = deadline - time.monotonic()
+                if settled or remaining <= 0:
+                    break
+                self._lock.wait(min(remaining, 0.05))
+        if not settled:
+            self.counts["checkpoints_deferred"] += 1
+            return False
+        ranks = {r: {"last_seq": self.last_seq[r], "converter": c.to_state()} for r, c in self.converters.items()}
+        try:
+            save_state(self._state_path, self.engine, ranks)
+        except OSError as exc:
+            log.error("cannot save bridge state to %s: %s", self._state_path, exc)
+            return False
+        self.counts["checkpoints"] += 1
+        return True
