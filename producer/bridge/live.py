@@ -31,13 +31,29 @@ from ..buffer import EventDrain
 from ..sink_stats import DeliveryReport
 from .convert import ZmqEventConverter
 from .receiver import ZmqReceiver, rank_endpoint
-from .replay import request_replay
+from .replay import ReplayResult, request_replay
 from .state import AckFile, load_state, save_state
 from .wire import BridgeDecodeError
 
 __all__ = ["ZmqBridge"]
 
 log = logging.getLogger(__name__)
+
+_REPLAYED_KEPT = 20_000
+_COUNTS = (
+    "batches",
+    "events",
+    "gaps",
+    "replays",
+    "replayed_batches",
+    "replays_incomplete",
+    "batches_lost",
+    "bad_payloads",
+    "engine_restarts",
+    "events_already_in_kafka",
+    "checkpoints",
+    "checkpoints_deferred",
+)
 
 
 class ZmqBridge:
@@ -59,6 +75,7 @@ class ZmqBridge:
         max_pending_events: int = 200_000,
         replay_timeout: float = 2.0,
         checkpoint_interval: float = 2.0,
+        idle_probe: float = 1.0,
         ctx: Any = None,
     ) -> None:
         import zmq
@@ -73,11 +90,13 @@ class ZmqBridge:
         self._own_ctx = ctx is None
         self._state_path = state_path
         self._interval = checkpoint_interval
+        self._idle_probe = idle_probe
         self._max_pending = max_pending_events
 
         self.converters = {r: ZmqEventConverter(engine, window_size=window_size, dp_rank=r) for r in range(dp_size)}
         self.last_seq: dict[int, int | None] = dict.fromkeys(range(dp_size))
         self._skip_through: dict[int, int] = {}
+        self._replayed: dict[int, dict[int, int]] = {r: {} for r in range(dp_size)}  # seq -> hash(payload)
         self._acks: AckFile | None = None
         if state_path is not None:
             saved = load_state(state_path, engine)
@@ -144,7 +163,8 @@ class ZmqBridge:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            out: dict[str, Any] = dict(self.counts)
+            out: dict[str, Any] = {key: self.counts.get(key, 0) for key in _COUNTS}
+            out.update(self.counts)
             out["pending_events"] = len(self._pending)
         out["received_by_rank"] = dict(self.receiver.received)
         out["queue_dropped_by_rank"] = dict(self.receiver.dropped)
@@ -169,6 +189,7 @@ class ZmqBridge:
     def _run(self) -> None:
         q = self.receiver.queue
         next_checkpoint = time.monotonic() + self._interval
+        next_probe = time.monotonic()  # at once: a restarted bridge catches up before any live message
         try:
             while True:
                 tail_drops = dict(self.receiver.max_dropped_seq)
@@ -176,10 +197,15 @@ class ZmqBridge:
                     rank, seq, payload, _ = q.get(timeout=0.05)
                 except queue.Empty:
                     self._fill_tail(tail_drops)
+                    if self._replay_endpoint is not None and time.monotonic() >= next_probe and not self._closing:
+                        for r in range(self._dp_size):
+                            self._catch_up(r)
+                        next_probe = time.monotonic() + self._idle_probe
                     if self._closing:
                         break
                 else:
                     self._on_message(rank, seq, payload)
+                    next_probe = time.monotonic() + self._idle_probe
                 if self._state_path is not None and time.monotonic() >= next_checkpoint:
                     self._checkpoint(wait=0.5)
                     next_checkpoint = time.monotonic() + self._interval
@@ -196,11 +222,15 @@ class ZmqBridge:
     def _on_message(self, rank: int, seq: int, payload: bytes) -> None:
         last = self.last_seq[rank]
         if last is not None and seq <= last:
+            if self._replayed[rank].get(seq) == hash(payload):
+                self.counts["live_duplicates_of_replay"] += 1  # received live while replay gave it
+                return
             log.warning("rank %d: seq went back from %d to %d: the engine restarted (Created)", rank, last, seq)
             self.counts["engine_restarts"] += 1
             self._bump_past_acked(rank)
             self._emit(rank, [self.converters[rank].created(rank)])
             self.last_seq[rank] = last = None
+            self._replayed[rank].clear()
         expected = 0 if last is None else last + 1
         if seq > expected:
             self._fill(rank, expected, seq)
@@ -217,12 +247,26 @@ class ZmqBridge:
             if dropped_seq >= expected:
                 self._fill(rank, expected, dropped_seq + 1)
 
-    def _fill(self, rank: int, start: int, end: int) -> None:
+    def _catch_up(self, rank: int) -> None:
+        """Idle (or just started): ask the engine for anything after the last seq applied, so that
+        batches no live message will reveal (a tail dropped at the PUB's high-water mark, or sent
+        while the bridge was down) are not missed."""
+        assert self._replay_endpoint is not None
+        last = self.last_seq[rank]
+        start = 0 if last is None else last + 1
+        result = request_replay(self._ctx, rank_endpoint(self._replay_endpoint, rank), start, timeout=self._replay_timeout)
+        self.counts["replay_probes"] += 1
+        newer = [s for s, _ in result.batches if s >= start]
+        if newer:
+            self._fill(rank, start, max(newer) + 1, result)
+
+    def _fill(self, rank: int, start: int, end: int, result: ReplayResult | None = None) -> None:
         """Batches ``start..end-1`` were not received: replay them, report what is still missing."""
         self.counts["gaps"] += 1
         got: dict[int, bytes] = {}
-        if self._replay_endpoint is not None:
+        if result is None and self._replay_endpoint is not None:
             result = request_replay(self._ctx, rank_endpoint(self._replay_endpoint, rank), start, timeout=self._replay_timeout)
+        if result is not None:
             got = {s: p for s, p in result.batches if start <= s < end}
             self.counts["replays"] += 1
             self.counts["replayed_batches"] += len(got)
@@ -238,6 +282,10 @@ class ZmqBridge:
                 self._lose(rank, lost, f"seqs before {s}")
                 lost = 0
             self._apply(rank, s, payload)
+            replayed = self._replayed[rank]
+            replayed[s] = hash(payload)
+            if len(replayed) > _REPLAYED_KEPT:
+                del replayed[next(iter(replayed))]
         if lost:
             self._lose(rank, lost, f"seqs {end - lost}..{end - 1}")
 
