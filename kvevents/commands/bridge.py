@@ -140,6 +140,15 @@ def _run_zmq(args: argparse.Namespace) -> int:
         raise CommandError(f"--dp-size must be >= 1, got {args.dp_size}", 2)
     config = {"bootstrap.servers": resolve_bootstrap(args), **kafka_config(args)}
     stop = _stop_event()
+    in_kafka = None
+    if args.state is not None and args.state.exists():
+        from kvevents.producer.bridge.kafka_tail import last_event_ids
+
+        try:
+            in_kafka = last_event_ids(config["bootstrap.servers"], args.topic, args.instance_id, ranks=args.dp_size, config=kafka_config(args))
+        except RuntimeError as exc:
+            raise CommandError(f"restarting from {args.state} needs the topic's last event ids: {exc}") from None
+        print(f"kvevents bridge {args.engine}: restarting from {args.state}; the topic holds event ids up to {in_kafka}", file=sys.stderr)
     try:
         bridge = ZmqBridge(
             args.engine,
@@ -153,6 +162,7 @@ def _run_zmq(args: argparse.Namespace) -> int:
             rcvhwm=args.rcvhwm,
             replay_timeout=args.replay_timeout,
             checkpoint_interval=args.checkpoint_interval,
+            in_kafka=in_kafka,
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None

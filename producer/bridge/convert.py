@@ -57,6 +57,8 @@ class ZmqEventConverter:
         self.media: dict[str, int] = dict(DEFAULT_MEDIUM_LEVELS)
         self.wire_counts = WireCounts()
         self.counts: Counter[str] = Counter()
+        self.last_batch_ts: float | None = None
+        """The ``ts`` of the last payload converted (the engine's send time, for latency)."""
 
     # -- public ------------------------------------------------------------------------
 
@@ -71,6 +73,7 @@ class ZmqEventConverter:
         self.wire_counts.unknown_tags.update(counts.unknown_tags)
         self.wire_counts.unknown_fields.update(counts.unknown_fields)
         self.counts["payloads"] += 1
+        self.last_batch_ts = parsed.ts
         self.counts["events_out"] += len(events)
         return events
 

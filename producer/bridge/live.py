@@ -58,7 +58,11 @@ _COUNTS = (
 
 class ZmqBridge:
     """Subscribes to ``dp_size`` engine publishers (``endpoint`` port + rank) and converts their
-    batches; pass it to ``KafkaEventSink`` as the manager and ``on_delivery=bridge.on_delivery``."""
+    batches; pass it to ``KafkaEventSink`` as the manager and ``on_delivery=bridge.on_delivery``.
+
+    ``in_kafka``: per rank the last event id the topic already holds for this instance
+    (:func:`.kafka_tail.last_event_ids`); events regenerated from replay up to it are skipped.
+    """
 
     def __init__(
         self,
@@ -76,6 +80,7 @@ class ZmqBridge:
         replay_timeout: float = 2.0,
         checkpoint_interval: float = 2.0,
         idle_probe: float = 1.0,
+        in_kafka: dict[int, int] | None = None,
         ctx: Any = None,
     ) -> None:
         import zmq
@@ -107,7 +112,10 @@ class ZmqBridge:
                         self.converters[rank] = ZmqEventConverter.from_state(entry["converter"])
                         self.last_seq[rank] = entry["last_seq"]
                 self._skip_through = dict(self._acks.acked)
-                log.info("bridge state loaded from %s: last seqs %s, acked ids %s", state_path, self.last_seq, self._skip_through)
+                for rank, event_id in (in_kafka or {}).items():
+                    # what the topic holds (read back by the caller) wins over the acknowledgement file
+                    self._skip_through[rank] = max(event_id, self._skip_through.get(rank, -1))
+                log.info("bridge state loaded from %s: last seqs %s, ids in Kafka %s", state_path, self.last_seq, self._skip_through)
 
         self._lock = threading.Condition()
         self._pending: list[KVCacheEvent] = []

@@ -84,7 +84,7 @@ def test_sigkill_and_restart_loses_and_duplicates_nothing(kafka_bootstrap: str, 
     index = CacheIndex()
     with EventReader(kafka_bootstrap, kafka_topic) as reader:
         reader.apply_to(index)
-    assert index.degraded_workers() == []
+    assert index.degraded_workers() == [], [index.worker_stats(k).degraded_reasons for k in index.degraded_workers()]
     for r, engine in enumerate(engines):
         assert held(index, r) == engine.truth()
     counters = index.counters()

@@ -1,0 +1,297 @@
+"""Benchmark of ``kvevents bridge``: a vLLM-style engine's ZMQ events into Kafka, how fast and how late.
+
+- Engine: another process publishing vLLM's current wire format (tagged maps, ``KVEventBatch``
+  with ``data_parallel_rank``) on a PUB with a replay ROUTER, as vLLM's ``ZmqEventPublisher``
+  does: batches of ``--events-per-batch`` events (Stored of 1-4 blocks of 16 tokens, Removed),
+  each batch's ``ts`` set when it is sent.
+- Throughput, same stream, side by side in one run:
+  ``bare``: a SUB that receives and msgpack-decodes only (the ceiling of any bridge);
+  ``bridge``: ``ZmqBridge`` + ``KafkaEventSink`` (convert, Avro-encode, produce, acknowledged),
+  events/s from the first receive to the last Kafka acknowledgement.
+  Goals: bridge >= 100k events/s and >= 50% of bare.
+- Latency: the engine sends at a steady ``--latency-rate`` events/s; for sampled batches,
+  engine send (batch ts) -> Kafka acknowledgement of the batch's last event, p50/p99.
+
+Needs a broker: ``$KAFKA_BOOTSTRAP_SERVERS``, else a local one for the run. Results:
+``results/bridge.json``. Default run well under a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- engine (child process) -------------------------------------------------------------------
+
+
+def engine_main(pub_port: int, replay_port: int, batches: int, per_batch: int, rate: float) -> None:
+    """Publish ``batches`` batches (``rate`` events/s, 0 = as fast as possible) as vLLM does."""
+    import zmq
+
+    opts: dict[str, Any] = {"omit_defaults": True, "gc": False, "tag": True}
+    stored_t = msgspec.defstruct(
+        "BlockStored",
+        [("block_hashes", list[int]), ("parent_block_hash", int | None), ("token_ids", list[int]),
+         ("block_size", int), ("lora_id", int | None), ("medium", str | None), ("lora_name", str | None)],
+        **opts,
+    )
+    removed_t = msgspec.defstruct("BlockRemoved", [("block_hashes", list[int]), ("medium", str | None)], **opts)
+    batch_t = msgspec.defstruct(
+        "KVEventBatch", [("ts", float), ("events", list[Any]), ("data_parallel_rank", int | None, None)],
+        omit_defaults=True, gc=False,
+    )
+    enc = msgspec.msgpack.Encoder()
+    rng = random.Random(1)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.set_hwm(100_000)
+    pub.bind(f"tcp://127.0.0.1:{pub_port}")
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"tcp://127.0.0.1:{replay_port}")
+    buffer: list[tuple[int, bytes]] = []
+    counter = 0
+    held: list[int] = []
+    # pre-build event bodies (the engine's own cost is not what is measured)
+    bodies: list[list[Any]] = []
+    for _ in range(min(batches, 2000)):
+        events = []
+        for _ in range(per_batch):
+            if held and rng.random() < 0.4:
+                events.append(removed_t([held.pop(rng.randrange(len(held)))], "GPU"))
+            else:
+                n = rng.choice((1, 1, 1, 2, 4))
+                hashes = list(range(counter + 1, counter + n + 1))
+                counter += n
+                parent = held[-1] if held and rng.random() < 0.5 else None
+                events.append(stored_t(hashes, parent, [rng.randrange(32000) for _ in range(16 * n)], 16, None, "GPU", None))
+                held.extend(hashes)
+        bodies.append(events)
+    time.sleep(1.0)  # subscribers connect (ZMQ's slow joiner)
+    start = time.perf_counter()
+    for seq in range(batches):
+        events = bodies[seq % len(bodies)]
+        payload = enc.encode(batch_t(time.time(), events, 0))
+        pub.send_multipart((b"kv", seq.to_bytes(8, "big"), payload))
+        buffer.append((seq, payload))
+        if len(buffer) > 20_000:
+            del buffer[:10_000]
+        while router.poll(0):
+            client, _, start_seq = router.recv_multipart()
+            first = int.from_bytes(start_seq, "big")
+            for s, p in buffer:
+                if s >= first:
+                    router.send_multipart((client, b"", b"kv", s.to_bytes(8, "big"), p))
+            router.send_multipart((client, b"", b"kv", (2**64 - 1).to_bytes(8, "big"), b""))
+        if rate:
+            due = start + (seq + 1) * per_batch / rate
+            while time.perf_counter() < due:
+                time.sleep(max(0.0, min(0.001, due - time.perf_counter())))
+    deadline = time.monotonic() + 3.0  # serve late replay requests
+    while time.monotonic() < deadline:
+        if router.poll(100):
+            client, _, start_seq = router.recv_multipart()
+            first = int.from_bytes(start_seq, "big")
+            for s, p in buffer:
+                if s >= first:
+                    router.send_multipart((client, b"", b"kv", s.to_bytes(8, "big"), p))
+            router.send_multipart((client, b"", b"kv", (2**64 - 1).to_bytes(8, "big"), b""))
+    pub.close(0)
+    router.close(0)
+    ctx.term()
+
+
+def spawn_engine(batches: int, per_batch: int, rate: float) -> tuple[subprocess.Popen[bytes], int, int]:
+    pub, replay = free_port(), free_port()
+    cmd = [sys.executable, __file__, "--engine-child", str(pub), str(replay), str(batches), str(per_batch), str(rate)]
+    return subprocess.Popen(cmd), pub, replay
+
+
+# -- cases ------------------------------------------------------------------------------------
+
+
+def bare(batches: int, per_batch: int) -> dict[str, Any]:
+    import zmq
+
+    proc, pub, _ = spawn_engine(batches, per_batch, 0)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 1_000_000)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{pub}")
+    dec = msgspec.msgpack.Decoder()
+    events = got = 0
+    first = last = 0.0
+    last_seq = -1
+    try:
+        while last_seq < batches - 1 and sub.poll(5000):
+            _, seq, payload = sub.recv_multipart()
+            if not got:
+                first = time.perf_counter()
+            got += 1
+            events += len(dec.decode(payload)["events"])
+            last_seq = int.from_bytes(seq, "big")
+            last = time.perf_counter()
+    finally:
+        sub.close(0)
+        ctx.term()
+        proc.wait(30)
+    seconds = max(last - first, 1e-9)
+    return {"batches": got, "events": events, "seconds": seconds, "events_per_s": events / seconds, "lost_batches": batches - got}
+
+
+def bridged(bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int) -> dict[str, Any]:
+    from kvevents.consumer.topics import TopicSpec, create_topic
+    from kvevents.producer import KafkaEventSink
+    from kvevents.producer.bridge.live import ZmqBridge
+
+    topic = f"bench-bridge-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, TopicSpec(topic))
+    proc, pub, replay = spawn_engine(batches, per_batch, rate)
+    bridge = ZmqBridge("vllm", f"tcp://127.0.0.1:{pub}", replay_endpoint=f"tcp://127.0.0.1:{replay}", idle_probe=3600)
+    conv = bridge.converters[0]
+    samples: list[tuple[int, float]] = []  # (last event id of a batch, its engine send ts)
+    latencies: list[float] = []
+    convert = conv.convert
+    n = 0
+
+    def sampled_convert(payload: bytes) -> Any:
+        nonlocal n
+        out = convert(payload)
+        n += 1
+        if out and n % sample_every == 0 and conv.last_batch_ts is not None:
+            samples.append((out[-1].event_id, conv.last_batch_ts))
+        return out
+
+    conv.convert = sampled_convert  # type: ignore[method-assign]
+    acked: list[float] = []
+
+    def on_delivery(report: Any) -> None:
+        bridge.on_delivery(report)
+        now = time.time()
+        acked.append(time.perf_counter())
+        last = report.last_event_id_by_rank.get(0, -1)
+        while samples and samples[0][0] <= last:
+            latencies.append(now - samples.pop(0)[1])
+
+    sink = KafkaEventSink(bridge, topic, "bench-engine", config={"bootstrap.servers": bootstrap, "linger.ms": 5},
+                          on_delivery=on_delivery)
+    try:
+        deadline = time.monotonic() + 120
+        while (bridge.last_seq[0] or -1) < batches - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sink.wait_delivered(60)
+        first_receive = None
+        stats = bridge.stats()
+        delivered = sink.stats().events_delivered_total
+    finally:
+        bridge.close()
+        sink.close(30)
+        proc.wait(30)
+    del first_receive
+    seconds = (acked[-1] - bridge_first[0]) if acked and bridge_first else float("nan")
+    lat = sorted(latencies)
+    return {
+        "events_delivered": delivered,
+        "seconds": seconds,
+        "events_per_s": delivered / seconds if seconds == seconds and seconds > 0 else 0.0,
+        "latency_ms_p50": 1000 * lat[len(lat) // 2] if lat else None,
+        "latency_ms_p99": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
+        "latency_samples": len(lat),
+        "gaps": stats["gaps"],
+        "replayed_batches": stats["replayed_batches"],
+        "batches_lost": stats["batches_lost"],
+        "queue_dropped": sum(stats["queue_dropped_by_rank"].values()),
+    }
+
+
+bridge_first: list[float] = []
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--engine-child":
+        engine_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=20_000, help="engine batches in the throughput runs")
+    parser.add_argument("--events-per-batch", type=int, default=16)
+    parser.add_argument("--latency-rate", type=float, default=20_000, help="events/s of the latency run")
+    parser.add_argument("--latency-seconds", type=float, default=4.0)
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from export import kafka_broker
+
+    with kafka_broker() as (bootstrap, where):
+        print(f"broker: {where} ({bootstrap})", file=sys.stderr)
+        base = bare(args.batches, args.events_per_batch)
+        print(f"bare SUB decode: {base['events_per_s']:,.0f} events/s", file=sys.stderr)
+        through = _timed_bridge(bootstrap, args.batches, args.events_per_batch, 0, 50)
+        print(f"bridge -> Kafka: {through['events_per_s']:,.0f} events/s", file=sys.stderr)
+        lat_batches = int(args.latency_rate * args.latency_seconds / args.events_per_batch)
+        latency = _timed_bridge(bootstrap, lat_batches, args.events_per_batch, args.latency_rate, 5)
+    ratio = through["events_per_s"] / base["events_per_s"] if base["events_per_s"] else 0.0
+    rows = [
+        ("bare SUB + msgpack decode", f"{base['events_per_s']:,.0f}", "", ""),
+        ("bridge -> Kafka (acked)", f"{through['events_per_s']:,.0f}", f"{ratio:.0%} of bare", ""),
+        (f"latency @ {args.latency_rate:,.0f} ev/s", "", f"p50 {latency['latency_ms_p50']:.1f} ms",
+         f"p99 {latency['latency_ms_p99']:.1f} ms"),
+    ]
+    print(f"{'case':32} {'events/s':>12} {'':>16} {'':>14}")
+    for row in rows:
+        print(f"{row[0]:32} {row[1]:>12} {row[2]:>16} {row[3]:>14}")
+    goals = {"events_per_s >= 100k": through["events_per_s"] >= 100_000, "ratio >= 0.5": ratio >= 0.5}
+    print("goals: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in goals.items()))
+    RESULTS.mkdir(exist_ok=True)
+    out = {"args": vars(args), "bare": base, "bridge": through, "latency": latency, "ratio_to_bare": ratio,
+           "goals": goals, "broker": where, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (RESULTS / "bridge.json").write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def _timed_bridge(bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int) -> dict[str, Any]:
+    """``bridged`` with the clock started at the bridge's first received message."""
+    import kvevents.producer.bridge.receiver as receiver
+
+    original = receiver.ZmqReceiver._run
+
+    def timed_run(self: Any) -> None:
+        q = self.queue
+        put = q.put_nowait
+
+        def first_put(item: Any) -> None:
+            if not bridge_first:
+                bridge_first.append(time.perf_counter())
+            put(item)
+
+        q.put_nowait = first_put
+        original(self)
+
+    bridge_first.clear()
+    receiver.ZmqReceiver._run = timed_run  # type: ignore[method-assign]
+    try:
+        return bridged(bootstrap, batches, per_batch, rate, sample_every)
+    finally:
+        receiver.ZmqReceiver._run = original  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""What the topic already holds of one instance: per rank the last event id, read back from the
+end of the topic when a bridge restarts. This is exact where the bridge's own acknowledgement
+file cannot be (a message the broker stored whose acknowledgement the killed bridge never got)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kvevents.schemas import DecodeError, decode_batch
+
+__all__ = ["last_event_ids"]
+
+log = logging.getLogger(__name__)
+
+
+def last_event_ids(
+    bootstrap: str,
+    topic: str,
+    instance_id: str,
+    *,
+    ranks: int = 1,
+    config: Mapping[str, Any] | None = None,
+    step: int = 500,
+    max_back: int = 200_000,
+    timeout: float = 10.0,
+) -> dict[int, int]:
+    """Per rank, the highest event id of ``instance_id``'s batches in ``topic``: each partition
+    is read backwards in windows of ``step`` messages until one holds a batch of the instance
+    (at most ``max_back`` messages back) for every rank ``0..ranks-1``. Raises ``RuntimeError`` when the topic cannot be read."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    settings = {
+        "bootstrap.servers": bootstrap,
+        "group.id": "kvevents-bridge-tail",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "isolation.level": "read_committed",
+        **{k: v for k, v in (config or {}).items() if not k.startswith(("linger", "batch", "acks", "enable.idempotence", "compression", "queue.buffering", "message.timeout", "retries"))},
+    }
+    consumer = Consumer(settings)
+    key = instance_id.encode()
+    found: dict[int, int] = {}
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout)
+        info = meta.topics.get(topic)
+        if info is None or info.error is not None:
+            raise RuntimeError(f"topic {topic} cannot be read: {None if info is None else info.error}")
+        for partition in sorted(info.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+            end = high
+            while end > low and high - end < max_back:
+                start = max(low, end - step)
+                consumer.assign([TopicPartition(topic, partition, start)])
+                while True:
+                    msg = consumer.poll(timeout)
+                    if msg is None:
+                        raise RuntimeError(f"no answer reading {topic}[{partition}] at {start}")
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            break
+                        raise RuntimeError(f"reading {topic}[{partition}]: {error}")
+                    if msg.offset() >= end:
+                        break
+                    if msg.key() != key:
+                        continue
+                    try:
+                        batch = decode_batch(msg.value())
+                    except DecodeError as exc:
+                        log.warning("%s[%d]@%d unreadable while looking for the last event ids: %s", topic, partition, msg.offset(), exc)
+                        continue
+                    for event in batch.events:
+                        rank = event.attention_dp_rank or 0
+                        if event.event_id > found.get(rank, -1):
+                            found[rank] = event.event_id
+                if all(r in found for r in range(ranks)):
+                    break
+                end = start
+    except KafkaException as exc:
+        raise RuntimeError(f"topic {topic} cannot be read: {exc}") from None
+    finally:
+        consumer.close()
+    return found
