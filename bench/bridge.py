@@ -22,7 +22,6 @@ import argparse
 import json
 import random
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -51,14 +50,25 @@ def engine_main(pub_port: int, replay_port: int, batches: int, per_batch: int, r
     opts: dict[str, Any] = {"omit_defaults": True, "gc": False, "tag": True}
     stored_t = msgspec.defstruct(
         "BlockStored",
-        [("block_hashes", list[int]), ("parent_block_hash", int | None), ("token_ids", list[int]),
-         ("block_size", int), ("lora_id", int | None), ("medium", str | None), ("lora_name", str | None)],
+        [
+            ("block_hashes", list[int]),
+            ("parent_block_hash", int | None),
+            ("token_ids", list[int]),
+            ("block_size", int),
+            ("lora_id", int | None),
+            ("medium", str | None),
+            ("lora_name", str | None),
+        ],
         **opts,
     )
-    removed_t = msgspec.defstruct("BlockRemoved", [("block_hashes", list[int]), ("medium", str | None)], **opts)
+    removed_t = msgspec.defstruct(
+        "BlockRemoved", [("block_hashes", list[int]), ("medium", str | None)], **opts
+    )
     batch_t = msgspec.defstruct(
-        "KVEventBatch", [("ts", float), ("events", list[Any]), ("data_parallel_rank", int | None, None)],
-        omit_defaults=True, gc=False,
+        "KVEventBatch",
+        [("ts", float), ("events", list[Any]), ("data_parallel_rank", int | None, None)],
+        omit_defaults=True,
+        gc=False,
     )
     enc = msgspec.msgpack.Encoder()
     rng = random.Random(1)
@@ -83,7 +93,11 @@ def engine_main(pub_port: int, replay_port: int, batches: int, per_batch: int, r
                 hashes = list(range(counter + 1, counter + n + 1))
                 counter += n
                 parent = held[-1] if held and rng.random() < 0.5 else None
-                events.append(stored_t(hashes, parent, [rng.randrange(32000) for _ in range(16 * n)], 16, None, "GPU", None))
+                events.append(
+                    stored_t(
+                        hashes, parent, [rng.randrange(32000) for _ in range(16 * n)], 16, None, "GPU", None
+                    )
+                )
                 held.extend(hashes)
         bodies.append(events)
     time.sleep(1.0)  # subscribers connect (ZMQ's slow joiner)
@@ -122,7 +136,16 @@ def engine_main(pub_port: int, replay_port: int, batches: int, per_batch: int, r
 
 def spawn_engine(batches: int, per_batch: int, rate: float) -> tuple[subprocess.Popen[bytes], int, int]:
     pub, replay = free_port(), free_port()
-    cmd = [sys.executable, __file__, "--engine-child", str(pub), str(replay), str(batches), str(per_batch), str(rate)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--engine-child",
+        str(pub),
+        str(replay),
+        str(batches),
+        str(per_batch),
+        str(rate),
+    ]
     return subprocess.Popen(cmd), pub, replay
 
 
@@ -156,7 +179,13 @@ def bare(batches: int, per_batch: int) -> dict[str, Any]:
         ctx.term()
         proc.wait(30)
     seconds = max(last - first, 1e-9)
-    return {"batches": got, "events": events, "seconds": seconds, "events_per_s": events / seconds, "lost_batches": batches - got}
+    return {
+        "batches": got,
+        "events": events,
+        "seconds": seconds,
+        "events_per_s": events / seconds,
+        "lost_batches": batches - got,
+    }
 
 
 def bridged(bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int) -> dict[str, Any]:
@@ -167,7 +196,9 @@ def bridged(bootstrap: str, batches: int, per_batch: int, rate: float, sample_ev
     topic = f"bench-bridge-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, TopicSpec(topic))
     proc, pub, replay = spawn_engine(batches, per_batch, rate)
-    bridge = ZmqBridge("vllm", f"tcp://127.0.0.1:{pub}", replay_endpoint=f"tcp://127.0.0.1:{replay}", idle_probe=3600)
+    bridge = ZmqBridge(
+        "vllm", f"tcp://127.0.0.1:{pub}", replay_endpoint=f"tcp://127.0.0.1:{replay}", idle_probe=3600
+    )
     conv = bridge.converters[0]
     samples: list[tuple[int, float]] = []  # (last event id of a batch, its engine send ts)
     latencies: list[float] = []
@@ -193,8 +224,13 @@ def bridged(bootstrap: str, batches: int, per_batch: int, rate: float, sample_ev
         while samples and samples[0][0] <= last:
             latencies.append(now - samples.pop(0)[1])
 
-    sink = KafkaEventSink(bridge, topic, "bench-engine", config={"bootstrap.servers": bootstrap, "linger.ms": 5},
-                          on_delivery=on_delivery)
+    sink = KafkaEventSink(
+        bridge,
+        topic,
+        "bench-engine",
+        config={"bootstrap.servers": bootstrap, "linger.ms": 5},
+        on_delivery=on_delivery,
+    )
     try:
         deadline = time.monotonic() + 120
         while (bridge.last_seq[0] or -1) < batches - 1 and time.monotonic() < deadline:
@@ -229,9 +265,13 @@ bridge_first: list[float] = []
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--engine-child":
-        engine_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]))
+        engine_main(
+            int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+        )
         return 0
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, default=20_000, help="engine batches in the throughput runs")
     parser.add_argument("--events-per-batch", type=int, default=16)
     parser.add_argument("--latency-rate", type=float, default=20_000, help="events/s of the latency run")
@@ -252,8 +292,12 @@ def main() -> int:
     rows = [
         ("bare SUB + msgpack decode", f"{base['events_per_s']:,.0f}", "", ""),
         ("bridge -> Kafka (acked)", f"{through['events_per_s']:,.0f}", f"{ratio:.0%} of bare", ""),
-        (f"latency @ {args.latency_rate:,.0f} ev/s", "", f"p50 {latency['latency_ms_p50']:.1f} ms",
-         f"p99 {latency['latency_ms_p99']:.1f} ms"),
+        (
+            f"latency @ {args.latency_rate:,.0f} ev/s",
+            "",
+            f"p50 {latency['latency_ms_p50']:.1f} ms",
+            f"p99 {latency['latency_ms_p99']:.1f} ms",
+        ),
     ]
     print(f"{'case':32} {'events/s':>12} {'':>16} {'':>14}")
     for row in rows:
@@ -261,13 +305,23 @@ def main() -> int:
     goals = {"events_per_s >= 100k": through["events_per_s"] >= 100_000, "ratio >= 0.5": ratio >= 0.5}
     print("goals: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in goals.items()))
     RESULTS.mkdir(exist_ok=True)
-    out = {"args": vars(args), "bare": base, "bridge": through, "latency": latency, "ratio_to_bare": ratio,
-           "goals": goals, "broker": where, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    out = {
+        "args": vars(args),
+        "bare": base,
+        "bridge": through,
+        "latency": latency,
+        "ratio_to_bare": ratio,
+        "goals": goals,
+        "broker": where,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     (RESULTS / "bridge.json").write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 
-def _timed_bridge(bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int) -> dict[str, Any]:
+def _timed_bridge(
+    bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int
+) -> dict[str, Any]:
     """``bridged`` with the clock started at the bridge's first received message."""
     import kvevents.producer.bridge.receiver as receiver
 

@@ -67,7 +67,9 @@ def _data(data: dict[str, Any], hash_algo: object) -> Any:
         levels = data.get("num_blocks_per_cache_level")
         if not isinstance(levels, list):
             raise TrtllmDecodeError("data.num_blocks_per_cache_level must be a list")
-        return KVCacheCreatedData([_req_int(v, f"data.num_blocks_per_cache_level[{i}]", 0) for i, v in enumerate(levels)])
+        return KVCacheCreatedData(
+            [_req_int(v, f"data.num_blocks_per_cache_level[{i}]", 0) for i, v in enumerate(levels)]
+        )
     if kind == "stored":
         blocks = data.get("blocks")
         if not isinstance(blocks, list):
@@ -105,9 +107,13 @@ def _block(b: object, where: str) -> KVCacheStoredBlockData:
     extras: list[int] = []
     for i, t in enumerate(tokens_raw):
         if isinstance(t, dict):
-            tokens.append(_req_int(t.get("token_id"), f"{where}.tokens[{i}].token_id", -(1 << 31), (1 << 31) - 1))
+            tokens.append(
+                _req_int(t.get("token_id"), f"{where}.tokens[{i}].token_id", -(1 << 31), (1 << 31) - 1)
+            )
             extra = t.get("token_extra_id", 0)
-            extras.append(0 if extra is None else _req_int(extra, f"{where}.tokens[{i}].token_extra_id", 0, _U64))
+            extras.append(
+                0 if extra is None else _req_int(extra, f"{where}.tokens[{i}].token_extra_id", 0, _U64)
+            )
         else:
             tokens.append(_req_int(t, f"{where}.tokens[{i}]", -(1 << 31), (1 << 31) - 1))
             extras.append(0)
@@ -254,7 +260,7 @@ class TrtllmEventSource:
                     return
             try:
                 batch = self._fetch(self._timeout)
-            except Exception as exc:  # the engine's call failing must not stop the pump
+            except Exception as exc:  # noqa: BLE001 (the engine call failing must not stop the pump)
                 with self._cond:
                     self.counts["fetch_errors"] += 1
                 log.warning("fetching TensorRT-LLM events failed: %s", exc)
@@ -299,7 +305,9 @@ def poll_trtllm_serve(url: str, *, http_timeout: float = 10.0) -> Callable[[floa
         endpoint += "/kv_cache_events"
 
     def fetch(timeout: float) -> list[dict[str, Any]]:
-        request = urllib.request.Request(endpoint, data=b"", method="POST", headers={"content-type": "application/json"})
+        request = urllib.request.Request(
+            endpoint, data=b"", method="POST", headers={"content-type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=http_timeout + timeout) as response:
             body = response.read()
         decoded = json.loads(body) if body.strip() else []

@@ -89,7 +89,9 @@ def engine_structs(kind: str) -> dict[str, Any]:
     removed = msgspec.defstruct("BlockRemoved", removed_fields, **opts)
     cleared = msgspec.defstruct("AllBlocksCleared", [], **opts)
     batch_opts = {k: v for k, v in opts.items() if k != "tag"}
-    batch = msgspec.defstruct("KVEventBatch", [("ts", float), ("events", list[Any]), *batch_fields], **batch_opts)
+    batch = msgspec.defstruct(
+        "KVEventBatch", [("ts", float), ("events", list[Any]), *batch_fields], **batch_opts
+    )
     return {"BlockStored": stored, "BlockRemoved": removed, "AllBlocksCleared": cleared, "Batch": batch}
 
 
@@ -170,7 +172,11 @@ class FakeEnginePublisher:
             with self._lock:
                 retained = [(s, p) for s, p in self.buffer if s >= start_seq]
             for s, p in retained:
-                body = [s.to_bytes(8, "big"), p] if self.reply_frames == 2 else [self.topic, s.to_bytes(8, "big"), p]
+                body = (
+                    [s.to_bytes(8, "big"), p]
+                    if self.reply_frames == 2
+                    else [self.topic, s.to_bytes(8, "big"), p]
+                )
                 self.replay.send_multipart([client, b"", *body])
             tail = [END_SEQ, b""] if self.reply_frames == 2 else [self.topic, END_SEQ, b""]
             self.replay.send_multipart([client, b"", *tail])

@@ -11,7 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._common import CommandError, Progress, add_kafka_flags, add_output_flags, command, kafka_config, resolve_bootstrap
+from ._common import (
+    CommandError,
+    Progress,
+    add_kafka_flags,
+    add_output_flags,
+    command,
+    kafka_config,
+    resolve_bootstrap,
+)
 
 DESCRIPTION = """\
 Read the KV-cache events an inference engine already publishes and produce them to a Kafka
@@ -63,16 +71,51 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         zmq = sub.add_argument_group("engine (ZMQ)")
-        zmq.add_argument("--endpoint", default="tcp://127.0.0.1:5557", help="rank 0's PUB address; rank r is at port + r (default: %(default)s)")
-        zmq.add_argument("--dp-size", type=int, default=1, help="data-parallel ranks, one SUB each (default: 1)")
-        zmq.add_argument("--replay-endpoint", default=None, help="rank 0's replay ROUTER (port + r per rank); without it gaps are losses")
+        zmq.add_argument(
+            "--endpoint",
+            default="tcp://127.0.0.1:5557",
+            help="rank 0's PUB address; rank r is at port + r (default: %(default)s)",
+        )
+        zmq.add_argument(
+            "--dp-size", type=int, default=1, help="data-parallel ranks, one SUB each (default: 1)"
+        )
+        zmq.add_argument(
+            "--replay-endpoint",
+            default=None,
+            help="rank 0's replay ROUTER (port + r per rank); without it gaps are losses",
+        )
         zmq.add_argument("--zmq-topic", default="", help="ZMQ topic prefix to subscribe to (default: all)")
-        zmq.add_argument("--window-size", type=int, default=0, help="window size of full-attention events (default: 0)")
-        zmq.add_argument("--state", type=Path, default=None, metavar="FILE", help="state file for restarts without loss or duplicates")
-        zmq.add_argument("--checkpoint-interval", type=float, default=2.0, help="seconds between state saves (default: 2)")
-        zmq.add_argument("--replay-timeout", type=float, default=2.0, help="seconds to wait for a replay reply (default: 2)")
-        zmq.add_argument("--max-queued", type=int, default=100_000, help="messages the socket thread queues before dropping (counted; default: 100000)")
-        zmq.add_argument("--rcvhwm", type=int, default=100_000, help="ZMQ receive high-water mark per SUB (default: 100000)")
+        zmq.add_argument(
+            "--window-size", type=int, default=0, help="window size of full-attention events (default: 0)"
+        )
+        zmq.add_argument(
+            "--state",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="state file for restarts without loss or duplicates",
+        )
+        zmq.add_argument(
+            "--checkpoint-interval", type=float, default=2.0, help="seconds between state saves (default: 2)"
+        )
+        zmq.add_argument(
+            "--replay-timeout",
+            type=float,
+            default=2.0,
+            help="seconds to wait for a replay reply (default: 2)",
+        )
+        zmq.add_argument(
+            "--max-queued",
+            type=int,
+            default=100_000,
+            help="messages the socket thread queues before dropping (counted; default: 100000)",
+        )
+        zmq.add_argument(
+            "--rcvhwm",
+            type=int,
+            default=100_000,
+            help="ZMQ receive high-water mark per SUB (default: 100000)",
+        )
         _common_flags(sub)
         sub.set_defaults(func=_run_zmq)
     trt = engines.add_parser(
@@ -84,16 +127,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     group = trt.add_argument_group("engine (HTTP)")
     group.add_argument("--url", required=True, help="trtllm-serve's base URL, e.g. http://127.0.0.1:8000")
-    group.add_argument("--poll-interval", type=float, default=0.05, help="seconds between polls that returned nothing (default: 0.05)")
-    group.add_argument("--dp-size", type=int, default=1, help="attention-DP size stamped on batches (default: 1)")
+    group.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.05,
+        help="seconds between polls that returned nothing (default: 0.05)",
+    )
+    group.add_argument(
+        "--dp-size", type=int, default=1, help="attention-DP size stamped on batches (default: 1)"
+    )
     _common_flags(trt)
     trt.set_defaults(func=_run_trtllm)
 
 
 def _common_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("run")
-    group.add_argument("--instance-id", required=True, help="names the engine instance on the topic (the message key)")
-    group.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: run until Ctrl-C/SIGTERM)")
+    group.add_argument(
+        "--instance-id", required=True, help="names the engine instance on the topic (the message key)"
+    )
+    group.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="stop after this many seconds (default: run until Ctrl-C/SIGTERM)",
+    )
     add_kafka_flags(parser)
     add_output_flags(parser, json_help=None)
 
@@ -113,7 +170,9 @@ def _pump(source: Any, sink: Any, args: argparse.Namespace, stop: threading.Even
         stop.wait(0.2)
         if progress.due():
             s = sink.stats()
-            progress.update(f"bridge {args.engine}: {s.events_delivered_total} events delivered, {s.in_flight_events} in flight")
+            progress.update(
+                f"bridge {args.engine}: {s.events_delivered_total} events delivered, {s.in_flight_events} in flight"
+            )
     progress.done()
 
 
@@ -145,10 +204,21 @@ def _run_zmq(args: argparse.Namespace) -> int:
         from kvevents.producer.bridge.kafka_tail import last_event_ids
 
         try:
-            in_kafka = last_event_ids(config["bootstrap.servers"], args.topic, args.instance_id, ranks=args.dp_size, config=kafka_config(args))
+            in_kafka = last_event_ids(
+                config["bootstrap.servers"],
+                args.topic,
+                args.instance_id,
+                ranks=args.dp_size,
+                config=kafka_config(args),
+            )
         except RuntimeError as exc:
-            raise CommandError(f"restarting from {args.state} needs the topic's last event ids: {exc}") from None
-        print(f"kvevents bridge {args.engine}: restarting from {args.state}; the topic holds event ids up to {in_kafka}", file=sys.stderr)
+            raise CommandError(
+                f"restarting from {args.state} needs the topic's last event ids: {exc}"
+            ) from None
+        print(
+            f"kvevents bridge {args.engine}: restarting from {args.state}; the topic holds event ids up to {in_kafka}",
+            file=sys.stderr,
+        )
     try:
         bridge = ZmqBridge(
             args.engine,
@@ -166,8 +236,18 @@ def _run_zmq(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    sink = KafkaEventSink(bridge, args.topic, args.instance_id, config=config, attention_dp_size=args.dp_size, on_delivery=bridge.on_delivery)
-    print(f"kvevents bridge {args.engine}: {args.endpoint} x{args.dp_size} -> {args.topic} as {args.instance_id}", file=sys.stderr)
+    sink = KafkaEventSink(
+        bridge,
+        args.topic,
+        args.instance_id,
+        config=config,
+        attention_dp_size=args.dp_size,
+        on_delivery=bridge.on_delivery,
+    )
+    print(
+        f"kvevents bridge {args.engine}: {args.endpoint} x{args.dp_size} -> {args.topic} as {args.instance_id}",
+        file=sys.stderr,
+    )
     try:
         _pump(bridge, sink, args, stop)
     finally:
@@ -183,7 +263,9 @@ def _run_trtllm(args: argparse.Namespace) -> int:
 
     config = {"bootstrap.servers": resolve_bootstrap(args), **kafka_config(args)}
     stop = _stop_event()
-    source = TrtllmEventSource(poll_trtllm_serve(args.url), attention_dp_size=args.dp_size, idle_sleep=args.poll_interval)
+    source = TrtllmEventSource(
+        poll_trtllm_serve(args.url), attention_dp_size=args.dp_size, idle_sleep=args.poll_interval
+    )
     sink = KafkaEventSink(source, args.topic, args.instance_id, config=config, attention_dp_size=args.dp_size)
     print(f"kvevents bridge trtllm: {args.url} -> {args.topic} as {args.instance_id}", file=sys.stderr)
     try:

@@ -23,7 +23,7 @@ from kvevents.schemas import (
 
 from .hashes import DEFAULT_MEDIUM_LEVELS, WireError, lora_id_for_name
 from .tiers import TierMap
-from .wire import BridgeDecodeError, ParsedBatch, RawCleared, RawRemoved, RawStored, WireCounts, parse_payload
+from .wire import BridgeDecodeError, ParsedBatch, RawRemoved, RawStored, WireCounts, parse_payload
 
 __all__ = ["ENGINES", "ZmqEventConverter"]
 
@@ -204,7 +204,9 @@ class ZmqEventConverter:
             )
         return blocks
 
-    def _extra(self, keys: object, lora_name: str | None, where: str) -> tuple[tuple[tuple[bytes, int], ...], str | None]:
+    def _extra(
+        self, keys: object, lora_name: str | None, where: str
+    ) -> tuple[tuple[tuple[bytes, int], ...], str | None]:
         """Multimodal hashes (32-byte digests, hex strings, or ``(hash, offset)`` pairs) and a
         cache salt out of one block's ``extra_keys``; other keys (LoRA name, prompt-embedding
         hashes) are not carried by kvevents and are counted."""
@@ -217,7 +219,12 @@ class ZmqEventConverter:
         for key in keys:
             offset = 0
             value = key
-            if isinstance(key, list) and len(key) == 2 and isinstance(key[1], int) and not isinstance(key[1], bool):
+            if (
+                isinstance(key, list)
+                and len(key) == 2
+                and isinstance(key[1], int)
+                and not isinstance(key[1], bool)
+            ):
                 value, offset = key
             digest = _mm_digest(value)
             if digest is not None:
@@ -230,7 +237,9 @@ class ZmqEventConverter:
                 self.counts["extra_keys_skipped"] += 1
         return tuple(mm), salt
 
-    def _emit_stored(self, out: list[KVCacheEvent], rank: int, raw: RawStored, blocks: list[KVCacheStoredBlockData]) -> None:
+    def _emit_stored(
+        self, out: list[KVCacheEvent], rank: int, raw: RawStored, blocks: list[KVCacheStoredBlockData]
+    ) -> None:
         window = self._window(raw.group_idx, raw)
         level = self._level(raw.medium)
         run: list[KVCacheStoredBlockData] = []
@@ -249,7 +258,9 @@ class ZmqEventConverter:
                 if change.kind == "updated":
                     assert change.old_level is not None and change.new_level is not None
                     diff = KVCacheEventDiff(change.old_level, change.new_level)
-                    out.append(self._event(rank, KVCacheUpdatedData(block.block_hash, cache_level=diff), window))
+                    out.append(
+                        self._event(rank, KVCacheUpdatedData(block.block_hash, cache_level=diff), window)
+                    )
                 else:
                     self.counts["blocks_already_held"] += 1
             previous = block.block_hash

@@ -37,7 +37,22 @@ def last_event_ids(
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "isolation.level": "read_committed",
-        **{k: v for k, v in (config or {}).items() if not k.startswith(("linger", "batch", "acks", "enable.idempotence", "compression", "queue.buffering", "message.timeout", "retries"))},
+        **{
+            k: v
+            for k, v in (config or {}).items()
+            if not k.startswith(
+                (
+                    "linger",
+                    "batch",
+                    "acks",
+                    "enable.idempotence",
+                    "compression",
+                    "queue.buffering",
+                    "message.timeout",
+                    "retries",
+                )
+            )
+        },
     }
     consumer = Consumer(settings)
     key = instance_id.encode()
@@ -62,14 +77,20 @@ def last_event_ids(
                         if error.code() == KafkaError._PARTITION_EOF:
                             break
                         raise RuntimeError(f"reading {topic}[{partition}]: {error}")
-                    if msg.offset() >= end:
+                    if (msg.offset() or 0) >= end:
                         break
                     if msg.key() != key:
                         continue
                     try:
                         batch = decode_batch(msg.value())
                     except DecodeError as exc:
-                        log.warning("%s[%d]@%d unreadable while looking for the last event ids: %s", topic, partition, msg.offset(), exc)
+                        log.warning(
+                            "%s[%d]@%d unreadable while looking for the last event ids: %s",
+                            topic,
+                            partition,
+                            msg.offset(),
+                            exc,
+                        )
                         continue
                     for event in batch.events:
                         rank = event.attention_dp_rank or 0

@@ -98,7 +98,9 @@ class ZmqBridge:
         self._idle_probe = idle_probe
         self._max_pending = max_pending_events
 
-        self.converters = {r: ZmqEventConverter(engine, window_size=window_size, dp_rank=r) for r in range(dp_size)}
+        self.converters = {
+            r: ZmqEventConverter(engine, window_size=window_size, dp_rank=r) for r in range(dp_size)
+        }
         self.last_seq: dict[int, int | None] = dict.fromkeys(range(dp_size))
         self._skip_through: dict[int, int] = {}
         self._replayed: dict[int, dict[int, int]] = {r: {} for r in range(dp_size)}  # seq -> hash(payload)
@@ -115,7 +117,12 @@ class ZmqBridge:
                 for rank, event_id in (in_kafka or {}).items():
                     # what the topic holds (read back by the caller) wins over the acknowledgement file
                     self._skip_through[rank] = max(event_id, self._skip_through.get(rank, -1))
-                log.info("bridge state loaded from %s: last seqs %s, ids in Kafka %s", state_path, self.last_seq, self._skip_through)
+                log.info(
+                    "bridge state loaded from %s: last seqs %s, ids in Kafka %s",
+                    state_path,
+                    self.last_seq,
+                    self._skip_through,
+                )
 
         self._lock = threading.Condition()
         self._pending: list[KVCacheEvent] = []
@@ -126,7 +133,9 @@ class ZmqBridge:
         self._done = False
         self.counts: Counter[str] = Counter()
         self.bad_payloads: deque[tuple[int, int, str, bytes]] = deque(maxlen=20)
-        self.receiver = ZmqReceiver(self._ctx, endpoint, dp_size, topic=topic, max_queued=max_queued, rcvhwm=rcvhwm)
+        self.receiver = ZmqReceiver(
+            self._ctx, endpoint, dp_size, topic=topic, max_queued=max_queued, rcvhwm=rcvhwm
+        )
         self._thread = threading.Thread(target=self._run, name="kvevents-bridge", daemon=True)
         self._thread.start()
 
@@ -205,7 +214,11 @@ class ZmqBridge:
                     rank, seq, payload, _ = q.get(timeout=0.05)
                 except queue.Empty:
                     self._fill_tail(tail_drops)
-                    if self._replay_endpoint is not None and time.monotonic() >= next_probe and not self._closing:
+                    if (
+                        self._replay_endpoint is not None
+                        and time.monotonic() >= next_probe
+                        and not self._closing
+                    ):
                         for r in range(self._dp_size):
                             self._catch_up(r)
                         next_probe = time.monotonic() + self._idle_probe
@@ -233,7 +246,9 @@ class ZmqBridge:
             if self._replayed[rank].get(seq) == hash(payload):
                 self.counts["live_duplicates_of_replay"] += 1  # received live while replay gave it
                 return
-            log.warning("rank %d: seq went back from %d to %d: the engine restarted (Created)", rank, last, seq)
+            log.warning(
+                "rank %d: seq went back from %d to %d: the engine restarted (Created)", rank, last, seq
+            )
             self.counts["engine_restarts"] += 1
             self._bump_past_acked(rank)
             self._emit(rank, [self.converters[rank].created(rank)])
@@ -262,7 +277,9 @@ class ZmqBridge:
         assert self._replay_endpoint is not None
         last = self.last_seq[rank]
         start = 0 if last is None else last + 1
-        result = request_replay(self._ctx, rank_endpoint(self._replay_endpoint, rank), start, timeout=self._replay_timeout)
+        result = request_replay(
+            self._ctx, rank_endpoint(self._replay_endpoint, rank), start, timeout=self._replay_timeout
+        )
         self.counts["replay_probes"] += 1
         newer = [s for s, _ in result.batches if s >= start]
         if newer:
@@ -273,7 +290,9 @@ class ZmqBridge:
         self.counts["gaps"] += 1
         got: dict[int, bytes] = {}
         if result is None and self._replay_endpoint is not None:
-            result = request_replay(self._ctx, rank_endpoint(self._replay_endpoint, rank), start, timeout=self._replay_timeout)
+            result = request_replay(
+                self._ctx, rank_endpoint(self._replay_endpoint, rank), start, timeout=self._replay_timeout
+            )
         if result is not None:
             got = {s: p for s, p in result.batches if start <= s < end}
             self.counts["replays"] += 1
@@ -298,7 +317,12 @@ class ZmqBridge:
             self._lose(rank, lost, f"seqs {end - lost}..{end - 1}")
 
     def _lose(self, rank: int, batches: int, what: str) -> None:
-        log.warning("rank %d: %d engine batches lost (%s): reported in-band, the worker is degraded", rank, batches, what)
+        log.warning(
+            "rank %d: %d engine batches lost (%s): reported in-band, the worker is degraded",
+            rank,
+            batches,
+            what,
+        )
         self.counts["batches_lost"] += batches
         self._bump_past_acked(rank)
         with self._lock:
@@ -350,7 +374,11 @@ class ZmqBridge:
                     not self._pending
                     and not self._dropped
                     and self._losses_unacked == 0
-                    and all(self._resolved.get(r, -1) >= t or self._skip_through.get(r, -1) >= t for r, t in targets.items() if t >= 0)
+                    and all(
+                        self._resolved.get(r, -1) >= t or self._skip_through.get(r, -1) >= t
+                        for r, t in targets.items()
+                        if t >= 0
+                    )
                 )
                 remaining = deadline - time.monotonic()
                 if settled or remaining <= 0:
@@ -359,7 +387,9 @@ class ZmqBridge:
         if not settled:
             self.counts["checkpoints_deferred"] += 1
             return False
-        ranks = {r: {"last_seq": self.last_seq[r], "converter": c.to_state()} for r, c in self.converters.items()}
+        ranks = {
+            r: {"last_seq": self.last_seq[r], "converter": c.to_state()} for r, c in self.converters.items()
+        }
         try:
             save_state(self._state_path, self.engine, ranks)
         except OSError as exc:

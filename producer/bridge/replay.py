@@ -23,7 +23,9 @@ class ReplayResult:
         self.malformed = 0
 
 
-def request_replay(ctx: Any, endpoint: str, start_seq: int, *, timeout: float = 2.0, max_batches: int = 100_000) -> ReplayResult:
+def request_replay(
+    ctx: Any, endpoint: str, start_seq: int, *, timeout: float = 2.0, max_batches: int = 100_000
+) -> ReplayResult:
     """The batches the engine still holds from ``start_seq`` on (a fresh DEALER per request, so a
     late answer to an earlier one can never be mistaken for this one)."""
     import zmq

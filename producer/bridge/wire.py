@@ -173,9 +173,10 @@ def _parse_event(event: object, take_last: bool, counts: WireCounts, where: str)
         counts.unknown_tags[tag[:64]] += 1
         return None
     if isinstance(event, dict):
-        tag = event.get("type")
-        if not isinstance(tag, str):
-            raise WireError(f"{where}: a map event needs a string 'type', got {tag!r}")
+        map_tag = event.get("type")
+        if not isinstance(map_tag, str):
+            raise WireError(f"{where}: a map event needs a string 'type', got {map_tag!r}")
+        tag = map_tag
         if tag == "BlockStored":
             for key in event:
                 if key not in STORED_FIELDS and key not in _STORED_EXTRA_MAP_FIELDS:
@@ -231,7 +232,11 @@ def _stored(f: dict[str, Any], take_last: bool, counts: WireCounts, where: str) 
         raise WireError(f"{where}: BlockStored has no block_hashes")
     hashes = _hash_list(f["block_hashes"], take_last, f"{where}.block_hashes")
     parent_raw = f.get("parent_block_hash")
-    parent = None if parent_raw is None else fold_hash(parent_raw, take_last=take_last, where=f"{where}.parent_block_hash")
+    parent = (
+        None
+        if parent_raw is None
+        else fold_hash(parent_raw, take_last=take_last, where=f"{where}.parent_block_hash")
+    )
     tokens = f.get("token_ids")
     if tokens is None:
         tokens = []
@@ -282,7 +287,9 @@ def _stored(f: dict[str, Any], take_last: bool, counts: WireCounts, where: str) 
         extra_keys=extra,
         group_idx=_opt_int(f.get("group_idx"), f"{where}.group_idx"),
         spec_kind=_opt_str(f.get("kv_cache_spec_kind"), f"{where}.kv_cache_spec_kind"),
-        sliding_window=_opt_int(f.get("kv_cache_spec_sliding_window"), f"{where}.kv_cache_spec_sliding_window", minimum=0),
+        sliding_window=_opt_int(
+            f.get("kv_cache_spec_sliding_window"), f"{where}.kv_cache_spec_sliding_window", minimum=0
+        ),
         cache_salt=cache_salt,
     )
 

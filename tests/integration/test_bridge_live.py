@@ -9,13 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 import zmq  # the bridge extra is in dev
-
-from bridge_engines import FakeEnginePublisher, TrueCacheEngine, wait_for  # noqa: E402
-from kvevents.consumer import CacheIndex, EventReader, WorkerKey  # noqa: E402
-from kvevents.producer import KafkaEventSink  # noqa: E402
-from kvevents.producer.bridge.live import ZmqBridge  # noqa: E402
+from bridge_engines import FakeEnginePublisher, TrueCacheEngine, wait_for
+from kvevents.consumer import CacheIndex, EventReader, WorkerKey
+from kvevents.producer import KafkaEventSink
+from kvevents.producer.bridge.live import ZmqBridge
 
 INSTANCE = "engine-a"
 
@@ -44,8 +42,18 @@ def free_ports(n: int) -> int:
 class Rig:
     """dp engine ranks (publishers + true caches) and one bridge + sink into ``topic``."""
 
-    def __init__(self, bootstrap: str, topic: str, dp: int, *, replay: bool, reply_frames: int = 3,
-                 buffer_steps: int = 10_000, kind: str = "vllm", **bridge_opts: Any) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        dp: int,
+        *,
+        replay: bool,
+        reply_frames: int = 3,
+        buffer_steps: int = 10_000,
+        kind: str = "vllm",
+        **bridge_opts: Any,
+    ) -> None:
         self.ctx = zmq.Context()
         self.bootstrap, self.topic, self.dp = bootstrap, topic, dp
         self.pub_base = free_ports(dp)
@@ -75,8 +83,14 @@ class Rig:
             ctx=self.ctx,
             **self.bridge_opts,
         )
-        self.sink = KafkaEventSink(self.bridge, self.topic, INSTANCE, config={"bootstrap.servers": self.bootstrap},
-                                   attention_dp_size=self.dp, on_delivery=self.bridge.on_delivery)
+        self.sink = KafkaEventSink(
+            self.bridge,
+            self.topic,
+            INSTANCE,
+            config={"bootstrap.servers": self.bootstrap},
+            attention_dp_size=self.dp,
+            on_delivery=self.bridge.on_delivery,
+        )
 
     def send(self, rank: int, n: int = 1, *, publish: bool = True) -> None:
         for _ in range(n):
@@ -133,7 +147,9 @@ def wait_subscribed(rig: Rig) -> None:
 
 
 @pytest.mark.parametrize("reply_frames", [2, 3])
-def test_gaps_are_filled_by_replay(rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str, reply_frames: int) -> None:
+def test_gaps_are_filled_by_replay(
+    rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str, reply_frames: int
+) -> None:
     rig = Rig(kafka_bootstrap, kafka_topic, 2, replay=True, reply_frames=reply_frames)
     rigs.append(rig)
     rig.start_bridge()
@@ -143,11 +159,17 @@ def test_gaps_are_filled_by_replay(rigs: list[Rig], kafka_bootstrap: str, kafka_
         rig.send(1, publish=step % 7 != 3)  # every 7th batch of rank 1 never reaches the SUB
     rig.send(1)
     rig.settle()
-    assert rig.bridge is not None and rig.bridge.counts["replays"] >= 8 and rig.bridge.counts["batches_lost"] == 0
+    assert (
+        rig.bridge is not None
+        and rig.bridge.counts["replays"] >= 8
+        and rig.bridge.counts["batches_lost"] == 0
+    )
     check(rig, degraded=set())
 
 
-def test_unrecoverable_gap_degrades_exactly_that_worker(rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str) -> None:
+def test_unrecoverable_gap_degrades_exactly_that_worker(
+    rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str
+) -> None:
     rig = Rig(kafka_bootstrap, kafka_topic, 2, replay=True, buffer_steps=3)
     rigs.append(rig)
     rig.start_bridge()
@@ -162,7 +184,9 @@ def test_unrecoverable_gap_degrades_exactly_that_worker(rigs: list[Rig], kafka_b
     check(rig, degraded={1})
 
 
-def test_engine_restart_is_created_and_index_follows(rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str) -> None:
+def test_engine_restart_is_created_and_index_follows(
+    rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str
+) -> None:
     rig = Rig(kafka_bootstrap, kafka_topic, 1, replay=True)
     rigs.append(rig)
     rig.start_bridge()
@@ -177,7 +201,9 @@ def test_engine_restart_is_created_and_index_follows(rigs: list[Rig], kafka_boot
     check(rig, degraded=set())
 
 
-def test_joining_mid_stream_without_replay_is_a_loss(rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str) -> None:
+def test_joining_mid_stream_without_replay_is_a_loss(
+    rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str
+) -> None:
     rig = Rig(kafka_bootstrap, kafka_topic, 2, replay=False)
     rigs.append(rig)
     rig.send(1, 5)  # before the bridge runs: nobody receives these
@@ -189,7 +215,9 @@ def test_joining_mid_stream_without_replay_is_a_loss(rigs: list[Rig], kafka_boot
     check(rig, degraded={1})
 
 
-def test_queue_overflow_is_counted_and_recovered_by_replay(rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str) -> None:
+def test_queue_overflow_is_counted_and_recovered_by_replay(
+    rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str
+) -> None:
     rig = Rig(kafka_bootstrap, kafka_topic, 1, replay=True, max_queued=8, rcvhwm=16)
     rigs.append(rig)
     rig.start_bridge()

@@ -61,7 +61,9 @@ def test_batch_shapes_two_three_and_map() -> None:
 
 def test_trailing_fields_missing_in_arrays() -> None:
     # vLLM 0.8: BlockStored had 5 fields, BlockRemoved 1, batch [ts, events]
-    payload = msgspec.msgpack.encode([0.0, [["BlockStored", [1, 2], 9, [1, 2, 3, 4], 2, 7], ["BlockRemoved", [1]]]])
+    payload = msgspec.msgpack.encode(
+        [0.0, [["BlockStored", [1, 2], 9, [1, 2, 3, 4], 2, 7], ["BlockRemoved", [1]]]]
+    )
     events = ZmqEventConverter("vllm").convert(payload)
     assert events[0].data.parent_hash == 9 and events[0].data.blocks[0].lora_id == 7
     assert events[1].data == KVCacheRemovedData([1])
@@ -77,11 +79,15 @@ def test_digests_fold_like_vllm_int_mode_and_signed_ints() -> None:
     # SGLang: signed int64 = first 8 bytes; negative ints fold two's complement
     g = engine_structs("sglang")
     neg = int.from_bytes(d1[:8], "big", signed=True)
-    ev = ZmqEventConverter("sglang").convert(encode(g["Batch"](0.0, [g["BlockStored"]([-1, neg], None, [1, 2], 1, None, "GPU")])))
+    ev = ZmqEventConverter("sglang").convert(
+        encode(g["Batch"](0.0, [g["BlockStored"]([-1, neg], None, [1, 2], 1, None, "GPU")]))
+    )
     assert [b.block_hash for b in ev[0].data.blocks] == [U64, neg & U64]
     # a digest from SGLang folds to its first 8 bytes
     raw = msgspec.msgpack.encode([0.0, [["BlockStored", [d1], None, [1], 1, None, "GPU"]]])
-    assert ZmqEventConverter("sglang").convert(raw)[0].data.blocks[0].block_hash == int.from_bytes(d1[:8], "big")
+    assert ZmqEventConverter("sglang").convert(raw)[0].data.blocks[0].block_hash == int.from_bytes(
+        d1[:8], "big"
+    )
 
 
 def test_sglang_old_and_partial_final_page() -> None:
@@ -99,7 +105,9 @@ def test_sglang_old_and_partial_final_page() -> None:
 def test_sglang_metadata_map_at_position_seven_and_map_events() -> None:
     s = engine_structs("sglang")
     payload = encode(
-        s["Batch"](0.0, [s["BlockStored"]([1], None, [1, 2], 2, None, "CPU_PINNED", {"cache_salt": "salty"})], 2)
+        s["Batch"](
+            0.0, [s["BlockStored"]([1], None, [1, 2], 2, None, "CPU_PINNED", {"cache_salt": "salty"})], 2
+        )
     )
     event = ZmqEventConverter("sglang").convert(payload)[0]
     block = event.data.blocks[0]
@@ -108,9 +116,21 @@ def test_sglang_metadata_map_at_position_seven_and_map_events() -> None:
     payload = encode(m["Batch"](0.0, [m["BlockStored"]([1], None, [1], 1, None, "GPU", "s2", "sess")], 0))
     assert ZmqEventConverter("sglang").convert(payload)[0].data.blocks[0].cache_salt == "s2"
     meta = msgspec.msgpack.encode(
-        {"ts": 0, "events": [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
-                              "token_ids": [1], "block_size": 1, "lora_id": None, "medium": "GPU",
-                              "metadata": {"cache_salt": "s3", "mystery": 1}}]}
+        {
+            "ts": 0,
+            "events": [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [1],
+                    "parent_block_hash": None,
+                    "token_ids": [1],
+                    "block_size": 1,
+                    "lora_id": None,
+                    "medium": "GPU",
+                    "metadata": {"cache_salt": "s3", "mystery": 1},
+                }
+            ],
+        }
     )
     conv = ZmqEventConverter("sglang")
     assert conv.convert(meta)[0].data.blocks[0].cache_salt == "s3"
@@ -137,7 +157,9 @@ def test_gpu_and_cpu_copy_is_one_entry_whose_level_moves() -> None:
     def send(*events):
         return conv.convert(encode(s["Batch"](0.0, list(events))))
 
-    assert isinstance(send(s["BlockStored"]([1, 2], None, [1, 2], 1, None, "GPU", None))[0].data, KVCacheStoredData)
+    assert isinstance(
+        send(s["BlockStored"]([1, 2], None, [1, 2], 1, None, "GPU", None))[0].data, KVCacheStoredData
+    )
     assert send(s["BlockStored"]([1, 2], None, [1, 2], 1, None, "CPU", None)) == []  # GPU copy stays best
     moved = send(s["BlockRemoved"]([1, 2], "GPU"))  # offloaded: level moves 0 -> 1, nothing deleted
     assert [e.data for e in moved] == [
@@ -157,15 +179,22 @@ def test_stored_with_some_blocks_already_held_keeps_parent_chain() -> None:
     s = engine_structs("vllm")
     conv = ZmqEventConverter("vllm")
     conv.convert(encode(s["Batch"](0.0, [s["BlockStored"]([2], 1, [2], 1, None, "GPU", None)])))
-    events = conv.convert(encode(s["Batch"](0.0, [s["BlockStored"]([1, 2, 3], None, [1, 2, 3], 1, None, "GPU", None)])))
-    assert [(e.data.parent_hash, [b.block_hash for b in e.data.blocks]) for e in events] == [(None, [1]), (2, [3])]
+    events = conv.convert(
+        encode(s["Batch"](0.0, [s["BlockStored"]([1, 2, 3], None, [1, 2, 3], 1, None, "GPU", None)]))
+    )
+    assert [(e.data.parent_hash, [b.block_hash for b in e.data.blocks]) for e in events] == [
+        (None, [1]),
+        (2, [3]),
+    ]
 
 
 def test_all_blocks_cleared_is_created_and_empties_tiers() -> None:
     for kind in ("vllm", "vllm-positional", "sglang-old"):
         s = engine_structs(kind)
         conv = ZmqEventConverter("vllm" if kind.startswith("vllm") else "sglang")
-        stored = s["BlockStored"]([1], None, [1], 1, None, *(["GPU", None] if kind.startswith("vllm") else []))
+        stored = s["BlockStored"](
+            [1], None, [1], 1, None, *(["GPU", None] if kind.startswith("vllm") else [])
+        )
         conv.convert(encode(s["Batch"](0.0, [stored])))
         events = conv.convert(encode(s["Batch"](0.0, [s["AllBlocksCleared"]()])))
         assert isinstance(events[0].data, KVCacheCreatedData) and events[0].event_id == 1
@@ -177,7 +206,13 @@ def test_lora_id_or_stable_id_from_name_and_mm_extra_keys() -> None:
     mm = hashlib.sha256(b"image").hexdigest()
     mm2 = hashlib.sha256(b"image2").digest()
     stored = s["BlockStored"](
-        [1, 2], None, [1, 2, 3, 4], 2, None, "GPU", "my-adapter",
+        [1, 2],
+        None,
+        [1, 2, 3, 4],
+        2,
+        None,
+        "GPU",
+        "my-adapter",
         [("my-adapter", mm, "salt-1"), ("my-adapter", [mm2.hex(), 1])],
     )
     blocks = ZmqEventConverter("vllm").convert(encode(s["Batch"](0.0, [stored])))[0].data.blocks
@@ -186,7 +221,9 @@ def test_lora_id_or_stable_id_from_name_and_mm_extra_keys() -> None:
     assert blocks[0].mm_keys == ((bytes.fromhex(mm), 0),) and blocks[0].cache_salt == "salt-1"
     assert blocks[1].mm_keys == ((mm2, 1),) and blocks[1].cache_salt is None
     with_id = s["BlockStored"]([3], None, [1], 1, 42, "GPU", "x")
-    assert ZmqEventConverter("vllm").convert(encode(s["Batch"](0.0, [with_id])))[0].data.blocks[0].lora_id == 42
+    assert (
+        ZmqEventConverter("vllm").convert(encode(s["Batch"](0.0, [with_id])))[0].data.blocks[0].lora_id == 42
+    )
 
 
 def test_sliding_window_groups_map_to_window_size() -> None:
@@ -207,8 +244,16 @@ def test_unknown_tags_and_fields_counted_and_skipped() -> None:
             "events": [
                 {"type": "BlockPinned", "block_hashes": [1]},
                 ["FutureEvent", 1, 2],
-                {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1],
-                 "block_size": 1, "lora_id": None, "medium": "GPU", "new_field": [1, 2]},
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [1],
+                    "parent_block_hash": None,
+                    "token_ids": [1],
+                    "block_size": 1,
+                    "lora_id": None,
+                    "medium": "GPU",
+                    "new_field": [1, 2],
+                },
                 ["BlockRemoved", [1], "GPU", None, "extra"],
             ],
             "new_batch_field": 1,
@@ -219,7 +264,11 @@ def test_unknown_tags_and_fields_counted_and_skipped() -> None:
     assert [type(e.data) for e in events] == [KVCacheStoredData, KVCacheRemovedData]
     stats = conv.stats()
     assert stats["unknown_tags"] == {"BlockPinned": 1, "FutureEvent": 1}
-    assert stats["unknown_fields"] == {"BlockStored.new_field": 1, "BlockRemoved[4+]": 1, "batch.new_batch_field": 1}
+    assert stats["unknown_fields"] == {
+        "BlockStored.new_field": 1,
+        "BlockRemoved[4+]": 1,
+        "batch.new_batch_field": 1,
+    }
 
 
 @pytest.mark.parametrize(
@@ -259,7 +308,9 @@ def test_malformed_payloads_raise_a_clear_error_and_keep_state(payload: bytes, n
 
 def test_bad_second_event_leaves_first_unapplied() -> None:
     conv = ZmqEventConverter("vllm")
-    payload = msgspec.msgpack.encode([1.0, [["BlockStored", [1], None, [1], 1], ["BlockStored", [2], None, [1, 2], 1]]])
+    payload = msgspec.msgpack.encode(
+        [1.0, [["BlockStored", [1], None, [1], 1], ["BlockStored", [2], None, [1, 2], 1]]]
+    )
     with pytest.raises(BridgeDecodeError, match=r"events\[1\]"):
         conv.convert(payload)
     assert conv.to_state()["next_event_id"] == {} and conv.stats()["blocks_held"] == 0

@@ -7,10 +7,9 @@ is present at the best level held, and no other block is present.
 
 from __future__ import annotations
 
+from bridge_engines import encode, engine_structs
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from bridge_engines import encode, engine_structs
 from kvevents.producer.bridge import DEFAULT_MEDIUM_LEVELS, ZmqEventConverter
 from kvevents.schemas import KVCacheCreatedData, KVCacheRemovedData, KVCacheStoredData, KVCacheUpdatedData
 
@@ -19,8 +18,12 @@ S = engine_structs("vllm")
 
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("store"), st.lists(st.integers(0, 7), min_size=1, max_size=4), st.sampled_from(MEDIA)),
-        st.tuples(st.just("remove"), st.lists(st.integers(0, 7), min_size=1, max_size=4), st.sampled_from(MEDIA)),
+        st.tuples(
+            st.just("store"), st.lists(st.integers(0, 7), min_size=1, max_size=4), st.sampled_from(MEDIA)
+        ),
+        st.tuples(
+            st.just("remove"), st.lists(st.integers(0, 7), min_size=1, max_size=4), st.sampled_from(MEDIA)
+        ),
         st.tuples(st.just("clear"), st.just([]), st.just("GPU")),
     ),
     max_size=40,

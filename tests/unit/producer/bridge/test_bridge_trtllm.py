@@ -9,9 +9,15 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
-from kvevents.producer.trtllm import TrtllmDecodeError, TrtllmEventSource, event_from_trtllm, poll_trtllm_serve
+from kvevents.producer.trtllm import (
+    TrtllmDecodeError,
+    TrtllmEventSource,
+    event_from_trtllm,
+    poll_trtllm_serve,
+)
 from kvevents.schemas import (
     DecodeError,
     KVCacheCreatedData,
@@ -35,8 +41,20 @@ def old_stored(event_id: int = 1) -> dict:
             "type": "stored",
             "parent_hash": None,
             "blocks": [
-                {"type": "stored_block", "block_hash": 7, "tokens": [token(1), token(2)], "cache_level": 0, "priority": 35},
-                {"type": "stored_block", "block_hash": -3, "tokens": [token(3, 9), token(4)], "cache_level": 1, "priority": 80},
+                {
+                    "type": "stored_block",
+                    "block_hash": 7,
+                    "tokens": [token(1), token(2)],
+                    "cache_level": 0,
+                    "priority": 35,
+                },
+                {
+                    "type": "stored_block",
+                    "block_hash": -3,
+                    "tokens": [token(3, 9), token(4)],
+                    "cache_level": 1,
+                    "priority": 80,
+                },
             ],
         },
         "window_size": 4096,
@@ -44,14 +62,27 @@ def old_stored(event_id: int = 1) -> dict:
 
 
 def test_created_removed_updated() -> None:
-    created = event_from_trtllm({"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [100, 50]},
-                                 "window_size": 32, "attention_dp_rank": 3})
+    created = event_from_trtllm(
+        {
+            "event_id": 0,
+            "data": {"type": "created", "num_blocks_per_cache_level": [100, 50]},
+            "window_size": 32,
+            "attention_dp_rank": 3,
+        }
+    )
     assert created == KVCacheEvent(0, KVCacheCreatedData([100, 50]), 32, 3)
-    removed = event_from_trtllm({"event_id": 5, "data": {"type": "removed", "block_hashes": [1, 2**64 - 1]}, "window_size": 0})
+    removed = event_from_trtllm(
+        {"event_id": 5, "data": {"type": "removed", "block_hashes": [1, 2**64 - 1]}, "window_size": 0}
+    )
     assert removed == KVCacheEvent(5, KVCacheRemovedData([1, 2**64 - 1]), 0, None)
     diff = {"type": "event_diff", "new_value": 1, "old_value": 0}
-    updated = event_from_trtllm({"event_id": 6, "data": {"type": "updated", "block_hash": 9, "cache_level": diff,
-                                                         "priority": None}, "window_size": 0})
+    updated = event_from_trtllm(
+        {
+            "event_id": 6,
+            "data": {"type": "updated", "block_hash": 9, "cache_level": diff, "priority": None},
+            "window_size": 0,
+        }
+    )
     assert updated.data == KVCacheUpdatedData(9, cache_level=KVCacheEventDiff(0, 1), priority=None)
 
 
@@ -76,9 +107,18 @@ def test_new_stored_shape_with_mm_keys_salt_lora_and_hex_hashes() -> None:
         "data": {
             "type": "stored",
             "parent_hash": "00" * 32,
-            "blocks": [{"type": "stored_block", "block_hash": digest, "tokens": [token(5)], "cache_level": 0,
-                        "priority": 35, "mm_keys": [{"type": "mm_key", "hash": mm, "start_offset": 4}],
-                        "cache_salt": "s", "lora_id": 7}],
+            "blocks": [
+                {
+                    "type": "stored_block",
+                    "block_hash": digest,
+                    "tokens": [token(5)],
+                    "cache_level": 0,
+                    "priority": 35,
+                    "mm_keys": [{"type": "mm_key", "hash": mm, "start_offset": 4}],
+                    "cache_salt": "s",
+                    "lora_id": 7,
+                }
+            ],
         },
     }
     event = event_from_trtllm(d)
@@ -96,9 +136,21 @@ def test_new_stored_shape_with_mm_keys_salt_lora_and_hex_hashes() -> None:
         ({"event_id": 1, "data": None}, "data must be a dict"),
         ({"event_id": 1, "data": {"type": "bogus"}}, "bogus"),
         ({"event_id": 1, "data": {"type": "removed", "block_hashes": ["zz"]}}, "block_hashes[0]"),
-        ({"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [{"tokens": []}]}}, "block_hash"),
-        ({"event_id": 1, "data": {"type": "stored", "parent_hash": None,
-                                  "blocks": [{"block_hash": 1, "tokens": [token(2**40)]}]}}, "token_id"),
+        (
+            {"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [{"tokens": []}]}},
+            "block_hash",
+        ),
+        (
+            {
+                "event_id": 1,
+                "data": {
+                    "type": "stored",
+                    "parent_hash": None,
+                    "blocks": [{"block_hash": 1, "tokens": [token(2**40)]}],
+                },
+            },
+            "token_id",
+        ),
         ({"event_id": 1, "data": {"type": "updated", "block_hash": 1, "cache_level": 3}}, "cache_level"),
         ({"event_id": -1, "data": {"type": "removed", "block_hashes": []}}, "event_id"),
         ({"event_id": 1, "data": {"type": "created", "num_blocks_per_cache_level": 5}}, "num_blocks"),
@@ -136,8 +188,12 @@ def drain_all(source: TrtllmEventSource, want: int, timeout: float = 5.0):
 
 
 def test_pump_drains_an_llm_and_sets_bad_dicts_aside() -> None:
-    llm = FakeLLM([[old_stored(0), {}, {"event_id": 1, "data": {"type": "nope"}}],
-                   [{"event_id": 2, "data": {"type": "removed", "block_hashes": [7]}, "window_size": 4096}]])
+    llm = FakeLLM(
+        [
+            [old_stored(0), {}, {"event_id": 1, "data": {"type": "nope"}}],
+            [{"event_id": 2, "data": {"type": "removed", "block_hashes": [7]}, "window_size": 4096}],
+        ]
+    )
     source = TrtllmEventSource(llm.get_kv_cache_events, fetch_timeout=0.01)
     try:
         events, dropped = drain_all(source, 2)
@@ -148,8 +204,15 @@ def test_pump_drains_an_llm_and_sets_bad_dicts_aside() -> None:
 
 
 def test_pump_bounded_drops_oldest_counted_per_rank() -> None:
-    batch = [{"event_id": i, "data": {"type": "removed", "block_hashes": [i]}, "window_size": 0,
-              "attention_dp_rank": 1} for i in range(10)]
+    batch = [
+        {
+            "event_id": i,
+            "data": {"type": "removed", "block_hashes": [i]},
+            "window_size": 0,
+            "attention_dp_rank": 1,
+        }
+        for i in range(10)
+    ]
     source = TrtllmEventSource(FakeLLM([batch]).get_kv_cache_events, max_events=4, fetch_timeout=0.01)
     try:
         time.sleep(0.2)
@@ -161,10 +224,10 @@ def test_pump_bounded_drops_oldest_counted_per_rank() -> None:
 
 
 class _Serve(BaseHTTPRequestHandler):
-    queue: list[list[dict]] = []
+    queue: ClassVar[list[list[dict]]] = []
     posts = 0
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         type(self).posts += 1
         body = json.dumps(self.queue.pop(0) if self.queue else []).encode()
         self.send_response(200)
@@ -178,7 +241,10 @@ class _Serve(BaseHTTPRequestHandler):
 
 
 def test_trtllm_serve_poller_against_a_local_http_server() -> None:
-    _Serve.queue = [[old_stored(0)], [{"event_id": 1, "data": {"type": "removed", "block_hashes": [7]}, "window_size": 4096}]]
+    _Serve.queue = [
+        [old_stored(0)],
+        [{"event_id": 1, "data": {"type": "removed", "block_hashes": [7]}, "window_size": 4096}],
+    ]
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Serve)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
