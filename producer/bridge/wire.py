@@ -16,13 +16,14 @@ be read raises :class:`BridgeDecodeError` naming the field.
 from __future__ import annotations
 
 from collections import Counter
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from kvevents.schemas import DecodeError
 
-from .hashes import WireError, fold_hash
+from .hashes import U64_MASK, WireError, fold_hash
 
 __all__ = [
     "BridgeDecodeError",
@@ -73,7 +74,7 @@ class WireCounts:
 class RawStored:
     block_hashes: list[int]
     parent: int | None
-    token_ids: list[int]
+    token_ids: array
     block_size: int
     lora_id: int | None
     medium: str | None
@@ -200,6 +201,13 @@ def _parse_event(event: object, take_last: bool, counts: WireCounts, where: str)
 def _hash_list(value: object, take_last: bool, where: str) -> list[int]:
     if not isinstance(value, list):
         raise WireError(f"{where}: must be an array of block hashes, got {type(value).__name__}")
+    try:
+        array("q", value)  # the common case: all ints of int64 range (msgpack ints), in C
+    except (TypeError, OverflowError):
+        pass
+    else:
+        if all(type(h) is int for h in value):  # bools are ints to array()
+            return [h & U64_MASK for h in value]
     return [fold_hash(h, take_last=take_last, where=f"{where}[{k}]") for k, h in enumerate(value)]
 
 
@@ -237,14 +245,18 @@ def _stored(f: dict[str, Any], take_last: bool, counts: WireCounts, where: str) 
         if parent_raw is None
         else fold_hash(parent_raw, take_last=take_last, where=f"{where}.parent_block_hash")
     )
-    tokens = f.get("token_ids")
-    if tokens is None:
-        tokens = []
-    if not isinstance(tokens, list):
-        raise WireError(f"{where}.token_ids: must be an array, got {type(tokens).__name__}")
-    for k, t in enumerate(tokens):
-        if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 31) <= t < (1 << 31):
-            raise WireError(f"{where}.token_ids[{k}]: {t!r} is not a 32-bit token id")
+    raw_tokens = f.get("token_ids")
+    if raw_tokens is None:
+        raw_tokens = []
+    if not isinstance(raw_tokens, list):
+        raise WireError(f"{where}.token_ids: must be an array, got {type(raw_tokens).__name__}")
+    try:
+        tokens = array("i", raw_tokens)  # checks every id is an int32, in C
+    except (TypeError, OverflowError):
+        for k, t in enumerate(raw_tokens):
+            if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 31) <= t < (1 << 31):
+                raise WireError(f"{where}.token_ids[{k}]: {t!r} is not a 32-bit token id") from None
+        raise
     block_size = _opt_int(f.get("block_size"), f"{where}.block_size", minimum=1)
     if block_size is None:
         if hashes and tokens:
