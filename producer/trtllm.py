@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -121,11 +122,11 @@ def _block(b: object, where: str) -> KVCacheStoredBlockData:
     salt = b.get("cache_salt")
     return KVCacheStoredBlockData(
         block_hash=_hash(b["block_hash"], f"{where}.block_hash"),
-        tokens=tokens,
+        tokens=array("i", tokens),
         lora_id=None if lora is None else _req_int(lora, f"{where}.lora_id", -(1 << 63), _U64) & _U64,
         cache_level=_req_int(b.get("cache_level", 0), f"{where}.cache_level", 0, 2**31 - 1),
         priority=_req_int(b.get("priority", _DEFAULT_PRIORITY), f"{where}.priority", 0, 2**31 - 1),
-        token_extra_ids=extras if any(extras) else None,
+        token_extra_ids=array("Q", extras) if any(extras) else None,
         mm_keys=tuple(_mm_key(k, f"{where}.mm_keys[{i}]") for i, k in enumerate(b.get("mm_keys") or ())),
         cache_salt=None if salt is None else str(salt),
     )

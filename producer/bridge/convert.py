@@ -8,6 +8,7 @@ cannot be read raises :class:`BridgeDecodeError` and leaves the state as it was.
 from __future__ import annotations
 
 import re
+from array import array
 from collections import Counter
 from typing import Any
 
@@ -169,7 +170,7 @@ class ZmqEventConverter:
                 raise WireError(f"{where}: BlockStored has {len(tokens)} token_ids but no block_hashes")
             return []
         if not tokens:
-            pieces: list[list[int]] = [[] for _ in range(n)]
+            pieces: list[array[int]] = [array("i") for _ in range(n)]
             self.counts["blocks_without_tokens"] += n
         else:
             full = (n - 1) * size

@@ -79,10 +79,11 @@ def last_event_ids(
                         raise RuntimeError(f"reading {topic}[{partition}]: {error}")
                     if (msg.offset() or 0) >= end:
                         break
-                    if msg.key() != key:
+                    value = msg.value()
+                    if msg.key() != key or value is None:
                         continue
                     try:
-                        batch = decode_batch(msg.value())
+                        batch = decode_batch(value)
                     except DecodeError as exc:
                         log.warning(
                             "%s[%d]@%d unreadable while looking for the last event ids: %s",

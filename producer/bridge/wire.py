@@ -15,8 +15,8 @@ be read raises :class:`BridgeDecodeError` naming the field.
 
 from __future__ import annotations
 
-from collections import Counter
 from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +74,7 @@ class WireCounts:
 class RawStored:
     block_hashes: list[int]
     parent: int | None
-    token_ids: array
+    token_ids: array[int]
     block_size: int
     lora_id: int | None
     medium: str | None
