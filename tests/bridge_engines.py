@@ -222,7 +222,8 @@ class TrueCacheEngine:
 
     def _new_hash(self) -> int:
         self.counter += 1
-        return (self.rank + 1) << 48 | self.counter
+        h = (self.rank + 1) << 48 | self.counter
+        return -h if self.kind.startswith("sglang") and self.counter % 2 else h  # SGLang: signed int64
 
     def _stored(self, hashes: list[int], parent: int | None, medium: str) -> Any:
         tokens = [self.rng.randrange(32000) for _ in range(len(hashes) * self.block_size)]
@@ -265,7 +266,7 @@ class TrueCacheEngine:
 
     def truth(self) -> dict[int, int]:
         """block hash -> best level held (what the index should show)."""
-        return {h: min(MEDIA_LEVEL[m] for m in media) for h, media in self.held.items()}
+        return {h & (2**64 - 1): min(MEDIA_LEVEL[m] for m in media) for h, media in self.held.items()}
 
     def restart(self) -> None:
         self.held.clear()

@@ -146,11 +146,11 @@ def wait_subscribed(rig: Rig) -> None:
     time.sleep(0.4)
 
 
-@pytest.mark.parametrize("reply_frames", [2, 3])
+@pytest.mark.parametrize(("kind", "reply_frames"), [("vllm", 2), ("vllm-positional", 3), ("sglang", 3)])
 def test_gaps_are_filled_by_replay(
-    rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str, reply_frames: int
+    rigs: list[Rig], kafka_bootstrap: str, kafka_topic: str, kind: str, reply_frames: int
 ) -> None:
-    rig = Rig(kafka_bootstrap, kafka_topic, 2, replay=True, reply_frames=reply_frames)
+    rig = Rig(kafka_bootstrap, kafka_topic, 2, replay=True, reply_frames=reply_frames, kind=kind)
     rigs.append(rig)
     rig.start_bridge()
     wait_subscribed(rig)
