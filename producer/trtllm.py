@@ -120,6 +120,9 @@ def _block(b: object, where: str) -> KVCacheStoredBlockData:
             extras.append(0)
     lora = b.get("lora_id")
     salt = b.get("cache_salt")
+    mm_keys = b.get("mm_keys") or []
+    if not isinstance(mm_keys, list):
+        raise TrtllmDecodeError(f"{where}.mm_keys must be a list")
     return KVCacheStoredBlockData(
         block_hash=_hash(b["block_hash"], f"{where}.block_hash"),
         tokens=array("i", tokens),
@@ -127,7 +130,7 @@ def _block(b: object, where: str) -> KVCacheStoredBlockData:
         cache_level=_req_int(b.get("cache_level", 0), f"{where}.cache_level", 0, 2**31 - 1),
         priority=_req_int(b.get("priority", _DEFAULT_PRIORITY), f"{where}.priority", 0, 2**31 - 1),
         token_extra_ids=array("Q", extras) if any(extras) else None,
-        mm_keys=tuple(_mm_key(k, f"{where}.mm_keys[{i}]") for i, k in enumerate(b.get("mm_keys") or ())),
+        mm_keys=tuple(_mm_key(k, f"{where}.mm_keys[{i}]") for i, k in enumerate(mm_keys)),
         cache_salt=None if salt is None else str(salt),
     )
 

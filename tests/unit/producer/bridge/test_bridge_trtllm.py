@@ -154,6 +154,24 @@ def test_new_stored_shape_with_mm_keys_salt_lora_and_hex_hashes() -> None:
         ({"event_id": 1, "data": {"type": "updated", "block_hash": 1, "cache_level": 3}}, "cache_level"),
         ({"event_id": -1, "data": {"type": "removed", "block_hashes": []}}, "event_id"),
         ({"event_id": 1, "data": {"type": "created", "num_blocks_per_cache_level": 5}}, "num_blocks"),
+        (
+            {
+                "event_id": 1,
+                "data": {"type": "stored", "parent_hash": None, "blocks": [{"block_hash": 1, "mm_keys": 5}]},
+            },
+            "mm_keys",
+        ),
+        (
+            {
+                "event_id": 1,
+                "data": {
+                    "type": "stored",
+                    "parent_hash": None,
+                    "blocks": [{"block_hash": 1, "mm_keys": [["ab", 0]]}],
+                },
+            },
+            "32 bytes",
+        ),
     ],
 )
 def test_bad_dicts_raise_naming_the_field(d, needle: str) -> None:

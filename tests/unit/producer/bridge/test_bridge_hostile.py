@@ -1,0 +1,75 @@
+"""Hostile inputs: whatever bytes or msgpack shapes arrive, the converter returns events or raises
+BridgeDecodeError (a DecodeError) and keeps its state; event_from_trtllm raises TrtllmDecodeError."""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kvevents.producer.bridge import BridgeDecodeError, ZmqEventConverter
+from kvevents.producer.trtllm import TrtllmDecodeError, event_from_trtllm
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.binary(max_size=40),
+    st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "GPU", "CPU"]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=6),
+        st.dictionaries(
+            st.sampled_from(
+                ["type", "block_hashes", "token_ids", "block_size", "medium", "events", "ts", "x"]
+            ),
+            inner,
+            max_size=6,
+        ),
+    ),
+    max_leaves=30,
+)
+stored_like = st.builds(
+    lambda h, p, t, b, rest: ["BlockStored", h, p, t, b, *rest],
+    st.lists(st.one_of(st.integers(-(2**63), 2**64 - 1), st.binary(max_size=33)), max_size=4),
+    st.one_of(st.none(), st.integers(-5, 5), st.binary(max_size=32)),
+    st.lists(st.integers(-(2**32), 2**32), max_size=12),
+    st.integers(-2, 6),
+    st.lists(values, max_size=8),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.binary(max_size=64), values.map(msgspec.msgpack.encode)))
+def test_random_payloads_never_crash(payload: bytes) -> None:
+    conv = ZmqEventConverter("vllm")
+    with contextlib.suppress(BridgeDecodeError):
+        conv.convert(payload)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(stored_like, values), max_size=4), st.sampled_from(["vllm", "sglang"]))
+def test_event_like_payloads_never_crash_and_keep_state_on_error(events: list, engine: str) -> None:
+    conv = ZmqEventConverter(engine)
+    conv.convert(msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, [1], 1, None, "GPU"]]]))
+    before = conv.to_state()
+    try:
+        conv.convert(msgspec.msgpack.encode([0.0, events]))
+    except BridgeDecodeError:
+        assert conv.to_state() == before
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["event_id", "data", "window_size", "attention_dp_rank"]), values, max_size=4
+    )
+)
+def test_random_trtllm_dicts_never_crash(d: dict) -> None:
+    with contextlib.suppress(TrtllmDecodeError):
+        event_from_trtllm(d)
