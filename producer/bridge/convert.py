@@ -13,6 +13,8 @@ from collections import Counter
 from typing import Any
 
 from kvevents.schemas import (
+    DEFAULT_PRIORITY,
+    PRIMARY_LEVEL,
     KVCacheCreatedData,
     KVCacheEvent,
     KVCacheEventDiff,
@@ -193,14 +195,18 @@ class ZmqEventConverter:
         blocks = []
         for i, (block_hash, piece) in enumerate(zip(raw.block_hashes, pieces, strict=True)):
             keys = extra[i] if extra is not None and i < len(extra) else None
+            if keys is None:
+                blocks.append(
+                    KVCacheStoredBlockData(
+                        block_hash, piece, lora_id, PRIMARY_LEVEL, DEFAULT_PRIORITY, None, (), raw.cache_salt
+                    )
+                )
+                continue
             mm_keys, salt = self._extra(keys, raw.lora_name, f"{where}.extra_keys[{i}]")
+            salt = raw.cache_salt if raw.cache_salt is not None else salt
             blocks.append(
                 KVCacheStoredBlockData(
-                    block_hash=block_hash,
-                    tokens=piece,
-                    lora_id=lora_id,
-                    mm_keys=mm_keys,
-                    cache_salt=raw.cache_salt if raw.cache_salt is not None else salt,
+                    block_hash, piece, lora_id, PRIMARY_LEVEL, DEFAULT_PRIORITY, None, mm_keys, salt
                 )
             )
         return blocks

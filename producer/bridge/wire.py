@@ -49,6 +49,8 @@ STORED_FIELDS = (
 )
 REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 _STORED_EXTRA_MAP_FIELDS = frozenset({"cache_salt", "session_id", "metadata", "type"})
+_STORED_MAP_KEYS = frozenset(STORED_FIELDS) | _STORED_EXTRA_MAP_FIELDS
+_REMOVED_MAP_KEYS = frozenset({*REMOVED_FIELDS, "type"})
 _METADATA_FIELDS = frozenset({"cache_salt", "session_id", "lora_name", "lora_id"})
 _BATCH_RANK_KEYS = ("data_parallel_rank", "attn_dp_rank", "dp_rank")
 
@@ -179,14 +181,14 @@ def _parse_event(event: object, take_last: bool, counts: WireCounts, where: str)
             raise WireError(f"{where}: a map event needs a string 'type', got {map_tag!r}")
         tag = map_tag
         if tag == "BlockStored":
-            for key in event:
-                if key not in STORED_FIELDS and key not in _STORED_EXTRA_MAP_FIELDS:
-                    counts.unknown_fields[f"BlockStored.{key}"] += 1
+            unknown = event.keys() - _STORED_MAP_KEYS
+            for key in unknown:
+                counts.unknown_fields[f"BlockStored.{key}"] += 1
             return _stored(event, take_last, counts, where)
         if tag == "BlockRemoved":
-            for key in event:
-                if key not in REMOVED_FIELDS and key != "type":
-                    counts.unknown_fields[f"BlockRemoved.{key}"] += 1
+            unknown = event.keys() - _REMOVED_MAP_KEYS
+            for key in unknown:
+                counts.unknown_fields[f"BlockRemoved.{key}"] += 1
             return _removed(event, take_last, where)
         if tag == "AllBlocksCleared":
             for key in event:
