@@ -236,14 +236,12 @@ def bridged(bootstrap: str, batches: int, per_batch: int, rate: float, sample_ev
         while (bridge.last_seq[0] or -1) < batches - 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         sink.wait_delivered(60)
-        first_receive = None
         stats = bridge.stats()
         delivered = sink.stats().events_delivered_total
     finally:
         bridge.close()
         sink.close(30)
         proc.wait(30)
-    del first_receive
     seconds = (acked[-1] - bridge_first[0]) if acked and bridge_first else float("nan")
     lat = sorted(latencies)
     return {
