@@ -18,7 +18,9 @@ from ._common import (
     add_output_flags,
     command,
     kafka_config,
+    reader_codec,
     resolve_bootstrap,
+    writer_codec,
 )
 
 DESCRIPTION = """\
@@ -202,14 +204,17 @@ def _run_zmq(args: argparse.Namespace) -> int:
     in_kafka = None
     if args.state is not None and args.state.exists():
         from kvevents.producer.bridge.kafka_tail import last_event_ids
+        from kvevents.schemas import decode_batch
 
         try:
+            reader = reader_codec(args)
             in_kafka = last_event_ids(
                 config["bootstrap.servers"],
                 args.topic,
                 args.instance_id,
                 ranks=args.dp_size,
                 config=kafka_config(args),
+                decode=reader.decode_batch if reader is not None else decode_batch,
             )
         except RuntimeError as exc:
             raise CommandError(
@@ -242,6 +247,7 @@ def _run_zmq(args: argparse.Namespace) -> int:
         args.instance_id,
         config=config,
         attention_dp_size=args.dp_size,
+        codec=writer_codec(args, args.topic),
         on_delivery=bridge.on_delivery,
     )
     print(
@@ -266,7 +272,14 @@ def _run_trtllm(args: argparse.Namespace) -> int:
     source = TrtllmEventSource(
         poll_trtllm_serve(args.url), attention_dp_size=args.dp_size, idle_sleep=args.poll_interval
     )
-    sink = KafkaEventSink(source, args.topic, args.instance_id, config=config, attention_dp_size=args.dp_size)
+    sink = KafkaEventSink(
+        source,
+        args.topic,
+        args.instance_id,
+        config=config,
+        attention_dp_size=args.dp_size,
+        codec=writer_codec(args, args.topic),
+    )
     print(f"kvevents bridge trtllm: {args.url} -> {args.topic} as {args.instance_id}", file=sys.stderr)
     try:
         _pump(source, sink, args, stop)

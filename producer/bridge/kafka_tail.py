@@ -5,10 +5,10 @@ file cannot be (a message the broker stored whose acknowledgement the killed bri
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvevents.schemas import DecodeError, decode_batch
+from kvevents.schemas import DecodeError, EventBatch, decode_batch
 
 __all__ = ["last_event_ids"]
 
@@ -25,10 +25,12 @@ def last_event_ids(
     step: int = 500,
     max_back: int = 200_000,
     timeout: float = 10.0,
+    decode: Callable[[bytes], EventBatch] = decode_batch,
 ) -> dict[int, int]:
     """Per rank, the highest event id of ``instance_id``'s batches in ``topic``: each partition
     is read backwards in windows of ``step`` messages until one holds a batch of the instance
-    (at most ``max_back`` messages back) for every rank ``0..ranks-1``. Raises ``RuntimeError`` when the topic cannot be read."""
+    (at most ``max_back`` messages back) for every rank ``0..ranks-1``. ``decode``: how messages
+    are framed (single-object by default; a registry codec's ``decode_batch``). Raises ``RuntimeError`` when the topic cannot be read."""
     from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     settings = {
@@ -83,7 +85,7 @@ def last_event_ids(
                     if msg.key() != key or value is None:
                         continue
                     try:
-                        batch = decode_batch(value)
+                        batch = decode(value)
                     except DecodeError as exc:
                         log.warning(
                             "%s[%d]@%d unreadable while looking for the last event ids: %s",
