@@ -207,6 +207,7 @@ class ZmqBridge:
         q = self.receiver.queue
         next_checkpoint = time.monotonic() + self._interval
         next_probe = time.monotonic()  # at once: a restarted bridge catches up before any live message
+        probe_wait = self._idle_probe
         try:
             while True:
                 tail_drops = dict(self.receiver.max_dropped_seq)
@@ -219,9 +220,10 @@ class ZmqBridge:
                         and time.monotonic() >= next_probe
                         and not self._closing
                     ):
-                        for r in range(self._dp_size):
-                            self._catch_up(r)
-                        next_probe = time.monotonic() + self._idle_probe
+                        answered = [self._catch_up(r) for r in range(self._dp_size)]
+                        # an engine whose replay does not answer is asked less often (up to 30 s)
+                        probe_wait = self._idle_probe if all(answered) else min(probe_wait * 2, 30.0)
+                        next_probe = time.monotonic() + probe_wait
                     if self._closing:
                         break
                 else:
@@ -270,7 +272,7 @@ class ZmqBridge:
             if dropped_seq >= expected:
                 self._fill(rank, expected, dropped_seq + 1)
 
-    def _catch_up(self, rank: int) -> None:
+    def _catch_up(self, rank: int) -> bool:
         """Idle (or just started): ask the engine for anything after the last seq applied, so that
         batches no live message will reveal (a tail dropped at the PUB's high-water mark, or sent
         while the bridge was down) are not missed."""
@@ -284,6 +286,9 @@ class ZmqBridge:
         newer = [s for s, _ in result.batches if s >= start]
         if newer:
             self._fill(rank, start, max(newer) + 1, result)
+        if not result.complete:
+            self.counts["replay_probes_unanswered"] += 1
+        return result.complete
 
     def _fill(self, rank: int, start: int, end: int, result: ReplayResult | None = None) -> None:
         """Batches ``start..end-1`` were not received: replay them, report what is still missing."""
