@@ -44,7 +44,7 @@ stored_like = st.builds(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.one_of(st.binary(max_size=64), values.map(msgspec.msgpack.encode)))
 def test_random_payloads_never_crash(payload: bytes) -> None:
     conv = ZmqEventConverter("vllm")
@@ -52,7 +52,7 @@ def test_random_payloads_never_crash(payload: bytes) -> None:
         conv.convert(payload)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(stored_like, values), max_size=4), st.sampled_from(["vllm", "sglang"]))
 def test_event_like_payloads_never_crash_and_keep_state_on_error(events: list, engine: str) -> None:
     conv = ZmqEventConverter(engine)
@@ -64,7 +64,7 @@ def test_event_like_payloads_never_crash_and_keep_state_on_error(events: list, e
         assert conv.to_state() == before
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from(["event_id", "data", "window_size", "attention_dp_rank"]), values, max_size=4
