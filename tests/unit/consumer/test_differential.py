@@ -77,8 +77,9 @@ def messages(data: st.DataObject) -> list[tuple[bytes, bool]]:
     return out
 
 
+@pytest.mark.slow
 @settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 @given(st.data())
 def test_both_cores_raise_together_and_end_in_the_same_state(data: st.DataObject) -> None:

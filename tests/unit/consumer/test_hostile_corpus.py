@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from kvevents.consumer import CacheIndex
-from kvevents.schemas import DecodeError, LimitError
+from kvevents.schemas import DecodeError, LimitError, fast_path_enabled
 
 CORPUS = Path(__file__).parents[2] / "corpus" / "hostile"
 CASES = json.loads((CORPUS / "cases.json").read_text())
@@ -32,15 +32,18 @@ def test_the_corpus_has_every_case_file() -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_hostile_case(core: str, name: str) -> None:
     case = CASES[name]
+    expect = case["expect"]
+    if core == "python" and not fast_path_enabled():
+        expect = case.get("fastavro", expect)  # fastavro is laxer than Avro on a few byte forms
     index = _prefixed(core)
     before, counters = index.to_bytes(), index.stats().counters
     data = (CORPUS / f"{name}.bin").read_bytes()
-    if case["expect"] == "applied":
+    if expect == "applied":
         index.apply_encoded(data)
         assert index.to_bytes() != before
         return
     with pytest.raises(DecodeError) as info:
         index.apply_encoded(data)
-    assert case["expect"] != "LimitError" or isinstance(info.value, LimitError), info.value
+    assert expect != "LimitError" or isinstance(info.value, LimitError), info.value
     assert index.to_bytes() == before
     assert index.stats().counters == counters
