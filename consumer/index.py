@@ -187,7 +187,7 @@ class CacheIndex:
     @property
     def limits(self) -> BatchLimits:
         """The limits this index applies to every batch."""
-        return self._core.limits  # type: ignore[no-any-return]
+        return self._core.limits
 
     @property
     def compiled(self) -> bool:
