@@ -4,7 +4,7 @@
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
-from kvevents.schemas import EventBatch
+from kvevents.schemas import BatchLimits, EventBatch
 from typing_extensions import disjoint_base
 
 from ._state import IndexState
@@ -12,7 +12,9 @@ from ._state import IndexState
 @disjoint_base  # a cdef class
 class IndexCore:
     compiled: ClassVar[bool]
-    def __init__(self, key_factory: Callable[..., Any] = ...) -> None: ...
+    def __init__(self, key_factory: Callable[..., Any] = ..., limits: BatchLimits | None = ...) -> None: ...
+    @property
+    def limits(self) -> BatchLimits: ...
     def apply_encoded(self, data: bytes | bytearray | memoryview) -> None: ...
     def apply_batch(self, batch: EventBatch) -> None: ...
     def match(

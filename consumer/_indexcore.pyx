@@ -43,11 +43,14 @@ from kvevents.schemas._fastcodec cimport (
     FlatBatch,
     FlatBlock,
     FlatEvent,
+    FlatLimits,
     flat_clear,
     flat_free,
     flat_grow,
     flat_init,
+    flat_limits,
     flat_read,
+    flat_validate,
 )
 
 from kvevents.schemas import (
@@ -56,13 +59,19 @@ from kvevents.schemas import (
     KVCacheRemovedData,
     KVCacheStoredData,
     KVCacheUpdatedData,
+    LimitError,
     decode_batch,
 )
+from kvevents.schemas.limits import DEFAULT_LIMITS
 from kvevents.schemas.codec import SINGLE_OBJECT_HEADER, SINGLE_OBJECT_MAGIC, flat_variants
 
 from . import _reasons
 from . import hashing as _kvh64
+from ._pycore import retired_of
 from ._state import IndexState, InstanceState, WindowState, WorkerState
+
+import logging
+_log = logging.getLogger("kvevents.consumer.index")
 from .hashing import content_hashes_for_tokens
 
 ctypedef FlatEvent SEvent
@@ -296,7 +305,7 @@ cdef class _Instance:
     cdef public str instance_id
     cdef public object producer_id
     cdef public int64_t sequence
-    cdef public set retired
+    cdef public dict retired     # producer id -> the last sequence seen from it
     cdef public int64_t dp_size
     cdef public dict workers
     cdef public uint32_t idx
@@ -306,7 +315,7 @@ cdef class _Instance:
         self.idx = idx
         self.producer_id = None
         self.sequence = 0
-        self.retired = set()
+        self.retired = {}
         self.dp_size = 1
         self.workers = {}
 
@@ -364,10 +373,13 @@ cdef class IndexCore:
     # batch scratch: the flat batch the codec reads into (or _fill_event fills)
     cdef FlatBatch fb
     cdef dict variants
+    cdef FlatLimits lim
+    cdef readonly object limits
     # counters
     cdef int64_t c_batches_applied, c_batches_replayed, c_batches_stale, c_events_applied
     cdef int64_t c_events_duplicate, c_blocks_stored, c_blocks_removed, c_orphan_blocks
     cdef int64_t c_unknown_removed, c_unknown_updated, c_content_conflicts, c_gaps, c_resyncs
+    cdef int64_t c_session_conflicts
 
     def __cinit__(self):
         self.chunks = NULL
@@ -381,8 +393,10 @@ cdef class IndexCore:
         self.qkeys = NULL
         flat_init(&self.fb)
 
-    def __init__(self, key_factory=tuple):
+    def __init__(self, key_factory=tuple, limits=None):
         self.key_factory = key_factory
+        self.limits = DEFAULT_LIMITS if limits is None else limits
+        flat_limits(&self.lim, self.limits)
         self._reset_all()
         self.variants = flat_variants()
 
@@ -449,6 +463,7 @@ cdef class IndexCore:
         self.c_events_applied = self.c_events_duplicate = self.c_blocks_stored = 0
         self.c_blocks_removed = self.c_orphan_blocks = self.c_unknown_removed = 0
         self.c_unknown_updated = self.c_content_conflicts = self.c_gaps = self.c_resyncs = 0
+        self.c_session_conflicts = 0
         return 0
 
     # ------------------------------------------------------------------ nodes
@@ -883,6 +898,17 @@ cdef class IndexCore:
         self.c_gaps += 1
         return 0
 
+    cdef int _session_conflict(self, _Instance inst, int64_t pid, int64_t seq) except -1:
+        """A retired producer sent a new batch: two live producers share the instance id."""
+        inst.retired[pid] = seq
+        self.c_session_conflicts += 1
+        reason = _reasons.session_conflict(pid, seq, inst.producer_id or 0)
+        _log.warning("instance %r: %s", inst.instance_id, reason)
+        ranks = set(range(inst.dp_size if inst.dp_size > 1 else 1)) | set(inst.workers)
+        for rank in sorted(ranks):
+            self._degrade(self._worker(inst, rank), reason)
+        return 0
+
     cdef int _degrade_all(self, _Instance inst, int64_t dp_size, str reason) except -1:
         ranks = set(range(dp_size if dp_size > 1 else 1)) | set(inst.workers)
         for rank in sorted(ranks):
@@ -972,9 +998,12 @@ cdef class IndexCore:
             inst.sequence = seq
         elif pid != inst.producer_id:
             if pid in inst.retired:
-                self.c_batches_stale += 1
+                if seq > inst.retired[pid]:
+                    self._session_conflict(inst, pid, seq)
+                else:
+                    self.c_batches_stale += 1
                 return 0
-            inst.retired.add(inst.producer_id)
+            inst.retired[inst.producer_id] = inst.sequence
             inst.producer_id = pid
             inst.sequence = seq
             for w in inst.workers.values():
@@ -1202,6 +1231,7 @@ cdef class IndexCore:
                 self.apply_batch(decode_batch(data))
                 return
             flat_read(&self.fb, base + _HEADER, size - _HEADER, variant)
+            flat_validate(&self.fb, &self.lim)
             name = base + _HEADER + self.fb.instance_at
             length = self.fb.instance_len
             if self.last_inst_bytes is not None and length == len(self.last_inst_bytes) and \
@@ -1266,6 +1296,7 @@ cdef class IndexCore:
         if block.cache_salt is not None:
             salt = block.cache_salt.encode("utf-8")
             b.has_salt = 1
+            b.salt_len = <uint32_t>min(len(salt), 0xFFFFFFFF)
             b.salt = salt_hash_bytes(<const uint8_t *>PyBytes_AS_STRING(salt), len(salt))
         self.fb.nblk += 1
         return 0
@@ -1279,6 +1310,7 @@ cdef class IndexCore:
         e.window = event.window_size
         rank = event.attention_dp_rank
         e.rank = 0 if rank is None else rank
+        e.has_rank = rank is not None
         data = event.data
         cls = type(data)
         if cls is KVCacheStoredData:
@@ -1326,19 +1358,29 @@ cdef class IndexCore:
         return 0
 
     def apply_batch(self, batch):
-        """Apply one ``EventBatch`` (model objects)."""
-        cdef size_t k
+        """Apply one ``EventBatch`` (model objects); LimitError, and nothing applied, when it
+        breaks the limits."""
         self._scratch_clear()
-        drops = batch.dropped
-        self._need_drops(2 * len(drops))
-        for d in drops:
-            self.fb.drops[2 * self.fb.ndrops] = d.attention_dp_rank
-            self.fb.drops[2 * self.fb.ndrops + 1] = d.dropped_events
-            self.fb.ndrops += 1
-        for event in batch.events:
-            self._fill_event(event)
-        self._apply_scratch(self._instance(batch.instance_id), batch.producer_id, batch.sequence,
-                            batch.attention_dp_size, batch.first_event_block_offset)
+        try:
+            name = batch.instance_id.encode("utf-8")
+            self.fb.instance_len = <uint32_t>min(len(name), 0xFFFFFFFF)
+            self.fb.dp_size = batch.attention_dp_size
+            self.fb.producer_id = batch.producer_id
+            self.fb.sequence = batch.sequence
+            self.fb.offset = batch.first_event_block_offset
+            drops = batch.dropped
+            self._need_drops(2 * len(drops))
+            for d in drops:
+                self.fb.drops[2 * self.fb.ndrops] = <int32_t>d.attention_dp_rank
+                self.fb.drops[2 * self.fb.ndrops + 1] = d.dropped_events
+                self.fb.ndrops += 1
+            for event in batch.events:
+                self._fill_event(event)
+        except (OverflowError, UnicodeEncodeError) as exc:
+            raise LimitError(f"a value outside the schema's types: {exc}") from None
+        flat_validate(&self.fb, &self.lim)
+        self._apply_scratch(self._instance(batch.instance_id), self.fb.producer_id, self.fb.sequence,
+                            self.fb.dp_size, self.fb.offset)
 
     # ------------------------------------------------------------------ queries
 
@@ -1632,6 +1674,7 @@ cdef class IndexCore:
             "content_conflicts": self.c_content_conflicts,
             "gaps": self.c_gaps,
             "resyncs": self.c_resyncs,
+            "session_conflicts": self.c_session_conflicts,
         }
 
     def held_blocks(self):
@@ -1736,7 +1779,8 @@ cdef class IndexCore:
                     list(self.w_reasons[<uint32_t>widx]), w.gaps, windows,
                 ))
             instances = [
-                InstanceState(i.instance_id, i.producer_id, i.sequence, sorted(i.retired), i.dp_size)
+                InstanceState(i.instance_id, i.producer_id, i.sequence, sorted(i.retired), i.dp_size,
+                              [i.retired[p] for p in sorted(i.retired)])
                 for i in sorted(self.instances, key=lambda i: i.instance_id)
             ]
             ids = <EngineId *>PyMem_Malloc((self.nodes_used + 1) * sizeof(EngineId))
@@ -1812,7 +1856,7 @@ cdef class IndexCore:
             inst = self._instance(i.instance_id)
             inst.producer_id = i.producer_id
             inst.sequence = i.sequence
-            inst.retired = set(i.retired)
+            inst.retired = retired_of(i)
             inst.dp_size = i.attention_dp_size
         canon_list = []
         for ws in state.workers:

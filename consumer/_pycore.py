@@ -7,6 +7,7 @@ used when the extension is not built or ``KVEVENTS_PURE_PYTHON`` is set.
 
 from __future__ import annotations
 
+import logging
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
@@ -21,6 +22,7 @@ from kvevents.schemas import (
     KVCacheUpdatedData,
     decode_batch,
 )
+from kvevents.schemas.limits import DEFAULT_LIMITS, BatchLimits, check_batch
 
 from . import _reasons
 from ._state import (
@@ -29,6 +31,7 @@ from ._state import (
     PRIORITY_MAX,
     SLOT_BITS,
     SLOT_MAX,
+    UNKNOWN_SEQUENCE,
     IndexState,
     InstanceState,
     WindowState,
@@ -36,7 +39,9 @@ from ._state import (
 )
 from .hashing import content_hash_of_block, content_hashes_for_tokens
 
-__all__ = ["COUNTER_NAMES", "PyIndexCore"]
+__all__ = ["COUNTER_NAMES", "PyIndexCore", "retired_of"]
+
+log = logging.getLogger("kvevents.consumer.index")
 
 COUNTER_NAMES = (
     "batches_applied",
@@ -52,9 +57,20 @@ COUNTER_NAMES = (
     "content_conflicts",
     "gaps",
     "resyncs",
+    "session_conflicts",
 )
 
 _UNKNOWN = -1  # parent content not known (orphan chain); None means "root of a prefix"
+
+
+def retired_of(state: InstanceState) -> dict[int, int]:
+    """A restored instance's retired producers and the last sequence seen from each."""
+    sequences = state.retired_sequences or [UNKNOWN_SEQUENCE] * len(state.retired)
+    if len(sequences) != len(state.retired):
+        raise ValueError(
+            f"corrupt index state: instance {state.instance_id!r} has retired producers without sequences"
+        )
+    return dict(zip(state.retired, sequences, strict=True))
 
 
 def _level(value: int) -> int:
@@ -112,7 +128,7 @@ class _Instance:
         self.instance_id = instance_id
         self.producer_id: int | None = None
         self.sequence = 0
-        self.retired: set[int] = set()
+        self.retired: dict[int, int] = {}  # producer id -> the last sequence seen from it
         self.dp_size = 1
         self.workers: dict[int, _Worker] = {}
 
@@ -132,8 +148,9 @@ class PyIndexCore:
 
     compiled = False
 
-    def __init__(self, key_factory: Any = tuple) -> None:
+    def __init__(self, key_factory: Any = tuple, limits: BatchLimits | None = None) -> None:
         self._key_factory = key_factory
+        self.limits = DEFAULT_LIMITS if limits is None else limits
         self._instances: dict[str, _Instance] = {}
         self._slots: list[_Slot] = []
         self._nodes: dict[int, _Node] = {}
@@ -273,6 +290,7 @@ class PyIndexCore:
         self.apply_batch(decode_batch(data))
 
     def apply_batch(self, batch: EventBatch) -> None:
+        check_batch(batch, self.limits)  # before anything changes: a rejected batch leaves no trace
         counters = self._counters
         inst = self._instance(batch.instance_id)
         pid, seq = batch.producer_id, batch.sequence
@@ -281,9 +299,12 @@ class PyIndexCore:
             inst.producer_id, inst.sequence = pid, seq
         elif pid != inst.producer_id:
             if pid in inst.retired:
-                counters["batches_stale"] += 1
+                if seq > inst.retired[pid]:
+                    self._session_conflict(inst, pid, seq)
+                else:
+                    counters["batches_stale"] += 1
                 return
-            inst.retired.add(inst.producer_id)
+            inst.retired[inst.producer_id] = inst.sequence
             inst.producer_id, inst.sequence = pid, seq
             for w in inst.workers.values():
                 w.session_fresh = True
@@ -313,6 +334,15 @@ class PyIndexCore:
         for k, event in enumerate(batch.events):
             rank = event.attention_dp_rank or 0
             self._apply_event(self._worker(inst, rank), event, offset if k == 0 else 0)
+
+    def _session_conflict(self, inst: _Instance, pid: int, seq: int) -> None:
+        """A retired producer sent a new batch: two live producers share the instance id."""
+        inst.retired[pid] = seq
+        self._counters["session_conflicts"] += 1
+        reason = _reasons.session_conflict(pid, seq, inst.producer_id or 0)
+        log.warning("instance %r: %s", inst.instance_id, reason)
+        for rank in self._all_ranks(inst, inst.dp_size):
+            self._degrade(self._worker(inst, rank), reason)
 
     @staticmethod
     def _all_ranks(inst: _Instance, dp_size: int) -> list[int]:
@@ -604,7 +634,14 @@ class PyIndexCore:
                 )
             )
         instances = [
-            InstanceState(i.instance_id, i.producer_id, i.sequence, sorted(i.retired), i.dp_size)
+            InstanceState(
+                i.instance_id,
+                i.producer_id,
+                i.sequence,
+                sorted(i.retired),
+                i.dp_size,
+                [i.retired[p] for p in sorted(i.retired)],
+            )
             for i in sorted(self._instances.values(), key=lambda i: i.instance_id)
         ]
         engine, content, has_content, counts, holders = (
@@ -643,7 +680,7 @@ class PyIndexCore:
         self.__init__(self._key_factory)  # type: ignore[misc]
         for i in state.instances:
             inst = self._instance(i.instance_id)
-            inst.producer_id, inst.sequence, inst.retired = i.producer_id, i.sequence, set(i.retired)
+            inst.producer_id, inst.sequence, inst.retired = i.producer_id, i.sequence, retired_of(i)
             inst.dp_size = i.attention_dp_size
         canonical: list[int] = []
         for ws in state.workers:

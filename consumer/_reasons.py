@@ -10,6 +10,7 @@ __all__ = [
     "missing_fragment",
     "new_session_not_at_zero",
     "new_session_not_continuous",
+    "session_conflict",
 ]
 
 
@@ -45,3 +46,10 @@ def batches_lost(producer_id: int, previous: int, got: int) -> str:
 
 def new_session_not_at_zero(producer_id: int, sequence: int) -> str:
     return f"new producer session {producer_id} started at sequence {sequence}, not 0"
+
+
+def session_conflict(producer_id: int, sequence: int, current: int) -> str:
+    return (
+        f"session conflict: producer {producer_id}, retired when producer {current} started, "
+        f"sent new batch {sequence}: two live producers share this instance_id (its batches are ignored)"
+    )

@@ -23,6 +23,7 @@ __all__ = [
     "PRIORITY_MAX",
     "SLOT_BITS",
     "SLOT_MAX",
+    "UNKNOWN_SEQUENCE",
     "IndexState",
     "InstanceState",
     "WindowState",
@@ -32,7 +33,11 @@ __all__ = [
 ]
 
 MAGIC = b"KVIX"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Format 1 had no ``InstanceState.retired_sequences``."""
+UNKNOWN_SEQUENCE = (1 << 63) - 1
+"""The last sequence of a retired producer restored from format 1: none of its batches is new."""
 SLOT_BITS = 20
 SLOT_MAX = (1 << SLOT_BITS) - 1
 """At most 2**20 - 1 (worker, window size) caches in one index."""
@@ -74,6 +79,9 @@ class InstanceState(msgspec.Struct, array_like=True, frozen=True):
     sequence: int
     retired: list[int]
     attention_dp_size: int
+    retired_sequences: list[int] = []
+    """The last sequence seen from each ``retired`` producer (format 2; format 1 lacks it, read
+    as :data:`UNKNOWN_SEQUENCE`)."""
 
 
 class IndexState(msgspec.Struct, frozen=True):
@@ -107,9 +115,11 @@ def decode_state(data: bytes | bytearray | memoryview) -> IndexState:
     view = memoryview(data)
     if bytes(view[:4]) != MAGIC:
         raise ValueError(f"not a kvevents index state: starts with {bytes(view[:4])!r}, expected {MAGIC!r}")
-    if len(view) < 5 or view[4] != FORMAT_VERSION:
+    if len(view) < 5 or view[4] not in READABLE_VERSIONS:
         got = view[4] if len(view) >= 5 else "nothing"
-        raise ValueError(f"unsupported index state format version {got}; this reader knows {FORMAT_VERSION}")
+        raise ValueError(
+            f"unsupported index state format version {got}; this reader knows {', '.join(map(str, READABLE_VERSIONS))}"
+        )
     try:
         return _DECODER.decode(view[5:])
     except msgspec.DecodeError as exc:

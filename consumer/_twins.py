@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvevents.schemas import EventBatch
+from kvevents.schemas import BatchLimits, EventBatch
 
 from ._pycore import PyIndexCore
 from ._state import IndexState
@@ -24,6 +24,8 @@ class IndexCoreApi(Protocol):
 
     @property
     def compiled(self) -> bool: ...
+    @property
+    def limits(self) -> BatchLimits: ...
     def apply_encoded(self, data: bytes | bytearray | memoryview) -> None: ...
     def apply_batch(self, batch: EventBatch) -> None: ...
     def match(
@@ -67,8 +69,8 @@ class IndexCoreApi(Protocol):
     def import_state(self, state: IndexState) -> None: ...
 
 
-IndexCoreFactory = Callable[[Callable[..., Any]], IndexCoreApi]
-"""A core class: called with the worker-key factory (``WorkerKey``)."""
+IndexCoreFactory = Callable[[Callable[..., Any], BatchLimits | None], IndexCoreApi]
+"""A core class: called with the worker-key factory (``WorkerKey``) and the batch limits."""
 
 PURE_CORE: IndexCoreFactory = PyIndexCore
 """The pure-Python core, declared to implement :class:`IndexCoreApi` (mypy checks it)."""

@@ -10,12 +10,21 @@ Producer sessions (``EventBatch.producer_id`` / ``sequence``, per ``instance_id`
     filter below and its ``dropped`` entries are ignored (they were counted the first time).
     A jump of the sequence by more than one means batches were lost: every rank of the
     instance (``range(attention_dp_size)`` and any rank seen) is marked degraded.
-    A new ``producer_id`` starts a new session (the old id is retired: later batches of a
-    retired id are stale and ignored whole). Its sequence must start at 0, else every rank is
-    degraded. Event ids of the new session are not compared with the old ones for replays
+    A new ``producer_id`` starts a new session (the old id is retired, with its last sequence).
+    Its sequence must start at 0, else every rank is degraded. A later batch of a retired id is
+    ignored whole: *stale* when its sequence is not above that id's last one (a redelivery), a
+    *session conflict* when it is (the retired producer is still alive: two producers share
+    the ``instance_id``); a conflict marks every rank degraded ("session conflict: ..."),
+    counts in ``session_conflicts`` and logs a warning, each time. Event ids of the new session are not compared with the old ones for replays
     (a restarted engine counts from 0 again): each worker's first event of the new session is
     accepted as is, and it keeps the worker clean only if it is a Created event or continues
     the old cursor exactly (``event_id == cursor + 1``); otherwise the worker is degraded.
+
+Limits (:class:`kvevents.schemas.BatchLimits`, ``schemas/avro/README.md``)
+    Every batch is checked whole before anything is applied: a batch beyond the limits (an
+    absurd ``attention_dp_size``, ranks outside it, negative or huge windows, too many blocks,
+    ...) raises :class:`kvevents.schemas.LimitError`, a :class:`~kvevents.schemas.DecodeError`,
+    and, like malformed bytes, leaves the index exactly as it was.
 
 In-band drops
     ``dropped`` entries with ``dropped_events > 0`` mark their rank degraded (the loss happened
@@ -99,7 +108,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
-from kvevents.schemas import EventBatch, KVCacheStoredData, MmKey
+from kvevents.schemas import BatchLimits, EventBatch, KVCacheStoredData, MmKey
 from kvevents.schemas.codec import pure_python_forced
 
 from ._pycore import COUNTER_NAMES, PyIndexCore
@@ -147,11 +156,11 @@ class IndexStats(msgspec.Struct, frozen=True):
     memory_bytes: int
 
 
-def _make_core(core: str) -> IndexCoreApi:
+def _make_core(core: str, limits: BatchLimits | None = None) -> IndexCoreApi:
     if core not in ("auto", "compiled", "python"):
         raise ValueError(f"core must be 'auto', 'compiled' or 'python', got {core!r}")
     if core == "python" or (core == "auto" and pure_python_forced()):
-        return PyIndexCore(WorkerKey)
+        return PyIndexCore(WorkerKey, limits)
     if _CompiledCore is None:
         if core == "compiled":
             raise RuntimeError(
@@ -159,19 +168,26 @@ def _make_core(core: str) -> IndexCoreApi:
                 "(pip install -e . with Cython and a C compiler)"
             )
         log.debug("kvevents.consumer._indexcore is not built; using the pure-Python core")
-        return PyIndexCore(WorkerKey)
-    return _CompiledCore(WorkerKey)
+        return PyIndexCore(WorkerKey, limits)
+    return _CompiledCore(WorkerKey, limits)
 
 
 class CacheIndex:
     """Global prefix-cache index of every worker's KV blocks (rules in the module docstring).
 
     ``core``: "auto" (the compiled core when built, unless ``KVEVENTS_PURE_PYTHON`` is set),
-    "compiled" or "python". Both cores give identical results.
+    "compiled" or "python". Both cores give identical results. ``limits``: what one batch may
+    ask of the index (:class:`kvevents.schemas.BatchLimits`; defaults otherwise); a batch
+    beyond them raises :class:`kvevents.schemas.LimitError` and changes nothing.
     """
 
-    def __init__(self, *, core: str = "auto") -> None:
-        self._core = _make_core(core)
+    def __init__(self, *, core: str = "auto", limits: BatchLimits | None = None) -> None:
+        self._core = _make_core(core, limits)
+
+    @property
+    def limits(self) -> BatchLimits:
+        """The limits this index applies to every batch."""
+        return self._core.limits
 
     @property
     def compiled(self) -> bool:
@@ -186,7 +202,7 @@ class CacheIndex:
 
     def apply_encoded(self, data: bytes | bytearray | memoryview) -> None:
         """Decode one single-object encoded batch and apply it; the compiled core reads the
-        Avro body directly into the index. Malformed bytes raise
+        Avro body directly into the index. Malformed bytes, and batches beyond the limits, raise
         :class:`kvevents.schemas.DecodeError` and change nothing."""
         self._core.apply_encoded(data)
 
@@ -419,9 +435,11 @@ class CacheIndex:
         return encode_state(self._core.export_state())
 
     @classmethod
-    def from_bytes(cls, data: bytes | bytearray | memoryview, *, core: str = "auto") -> CacheIndex:
+    def from_bytes(
+        cls, data: bytes | bytearray | memoryview, *, core: str = "auto", limits: BatchLimits | None = None
+    ) -> CacheIndex:
         """An index restored from :meth:`to_bytes` (ValueError naming what is wrong)."""
-        index = cls(core=core)
+        index = cls(core=core, limits=limits)
         index._core.import_state(decode_state(data))
         return index
 

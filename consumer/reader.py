@@ -51,7 +51,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
-from kvevents.schemas import DecodeError, EventBatch, decode_batch
+from kvevents.schemas import DEFAULT_LIMITS, BatchLimits, DecodeError, EventBatch, check_batch, decode_batch
 
 from ._framing import BatchDecoder, index_applier
 from .dead_letter import DeadLetterProducer, MalformedMessage, dead_letter_producer_config
@@ -124,7 +124,9 @@ class EventReader:
     poll takes at most and how long it waits for the first one (it returns as soon as one
     arrives, so a live tail adds no batching delay). ``codec``: what decodes the messages
     (anything with ``decode_batch(bytes) -> EventBatch``, e.g. a ``RegistryCodec``; default:
-    the single-object framing only).
+    the single-object framing only). ``limits``: what :meth:`batches` accepts
+    (:class:`kvevents.schemas.BatchLimits`); a batch beyond them is set aside like a malformed
+    one. :meth:`apply_to` uses the index's own limits (``CacheIndex(limits=...)``).
     """
 
     def __init__(
@@ -146,6 +148,7 @@ class EventReader:
         commit_interval_s: float = 1.0,
         metadata_timeout_s: float = 30.0,
         codec: BatchDecoder | None = None,
+        limits: BatchLimits | None = None,
     ) -> None:
         if not topic:
             raise ValueError("topic must be a non-empty string")
@@ -196,6 +199,7 @@ class EventReader:
         else:
             settings.setdefault("group.id", f"kvevents-reader-{uuid.uuid4().hex[:12]}")  # never joins
         self.config = {k: v for k, v in settings.items() if k not in ("error_cb", "logger")}
+        self.limits = DEFAULT_LIMITS if limits is None else limits
         self._dead_letter = (
             None
             if dead_letter_topic is None
@@ -379,6 +383,7 @@ class EventReader:
         for message in self._data(until_caught_up, timeout, max_messages):
             try:
                 batch = self._decode(message.value())
+                check_batch(batch, self.limits)
             except DecodeError as exc:
                 self._set_aside(message, exc, None)
                 self._processed(message, 0)

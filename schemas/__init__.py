@@ -17,7 +17,8 @@ from .codec import (
     fast_path_enabled,
     register_writer_schema,
 )
-from .errors import DecodeError, EncodeError
+from .errors import DecodeError, EncodeError, LimitError
+from .limits import DEFAULT_LIMITS, BatchLimits, check_batch
 from .model import (
     DEFAULT_PRIORITY,
     MM_HASH_SIZE,
@@ -38,10 +39,12 @@ from .model import (
 
 __all__ = [
     "CONTENT_TYPE",
+    "DEFAULT_LIMITS",
     "DEFAULT_PRIORITY",
     "MM_HASH_SIZE",
     "PRIMARY_LEVEL",
     "SECONDARY_LEVEL",
+    "BatchLimits",
     "DecodeError",
     "EncodeError",
     "EventBatch",
@@ -53,8 +56,10 @@ __all__ = [
     "KVCacheStoredBlockData",
     "KVCacheStoredData",
     "KVCacheUpdatedData",
+    "LimitError",
     "MmKey",
     "RankDrops",
+    "check_batch",
     "current_fingerprint",
     "decode_batch",
     "decode_body",

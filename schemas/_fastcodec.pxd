@@ -21,6 +21,8 @@ cdef enum WireError:
     W_INT_RANGE = 6
     W_BOOLEAN = 7
     W_UTF8 = 8
+    W_EXTRA_IDS = 9
+    W_BLOCK_SIZE = 10
 
 ctypedef struct WireReader:
     const uint8_t *p
@@ -29,7 +31,8 @@ ctypedef struct WireReader:
 
 
 cdef inline uint64_t wire_varint(WireReader *r) noexcept nogil:
-    """An Avro varint of up to 10 bytes (sets W_VARINT beyond, W_TRUNCATED at the end)."""
+    """An Avro varint of up to 10 bytes that fits in 64 bits (else W_VARINT; W_TRUNCATED at
+    the end)."""
     cdef uint64_t result = 0, b
     cdef int shift = 0
     cdef const uint8_t *p = r.p
@@ -54,6 +57,8 @@ cdef inline uint64_t wire_varint(WireReader *r) noexcept nogil:
         while shift < 70:
             b = p[0]
             p += 1
+            if shift == 63 and b > 1:  # a 10th byte may only carry the 64th bit
+                break
             result |= (b & 0x7F) << shift
             if b < 0x80:
                 r.p = p
@@ -64,6 +69,9 @@ cdef inline uint64_t wire_varint(WireReader *r) noexcept nogil:
     while r.p < r.end:
         b = r.p[0]
         r.p += 1
+        if shift == 63 and b > 1:
+            r.err = W_VARINT
+            return 0
         result |= (b & 0x7F) << shift
         if not (b & 0x80):
             return result
@@ -108,9 +116,12 @@ cdef inline int64_t wire_union(WireReader *r, int64_t branches) noexcept nogil:
     return v
 
 
-cdef inline int64_t wire_count(WireReader *r) noexcept nogil:
-    """The next array block's item count (0 ends the array); each item takes at least a byte."""
-    cdef int64_t n = wire_long(r)
+cdef inline int64_t wire_count(WireReader *r, const uint8_t **block_end) noexcept nogil:
+    """The next array block's item count (0 ends the array); each item takes at least a byte.
+    A negative count comes with the block's byte size: ``block_end`` is set where the block
+    must end (NULL otherwise), for ``wire_block_done``."""
+    cdef int64_t n = wire_long(r), size
+    block_end[0] = NULL
     if r.err:
         return 0
     if n < 0:
@@ -118,11 +129,23 @@ cdef inline int64_t wire_count(WireReader *r) noexcept nogil:
             r.err = W_COUNT
             return 0
         n = -n
-        wire_long(r)  # the block's size in bytes
+        size = wire_long(r)
+        if r.err:
+            return 0
+        if size < 0 or size > r.end - r.p:
+            r.err = W_BLOCK_SIZE
+            return 0
+        block_end[0] = r.p + size
     if n > r.end - r.p:
         r.err = W_COUNT
         return 0
     return n
+
+
+cdef inline void wire_block_done(WireReader *r, const uint8_t *block_end) noexcept nogil:
+    """After an array block's items: W_BLOCK_SIZE when they did not fill its stated size."""
+    if block_end != NULL and not r.err and r.p != block_end:
+        r.err = W_BLOCK_SIZE
 
 
 cdef inline Py_ssize_t wire_len(WireReader *r) noexcept nogil:
@@ -241,6 +264,22 @@ ctypedef struct FlatBatch:
     size_t ev_cap, blk_cap, tok_cap, ext_cap, mm_cap, vals_cap, drops_cap
 
 
+ctypedef struct FlatLimits:
+    # kvevents.schemas.limits.BatchLimits, for flat_validate
+    int64_t max_attention_dp_size
+    int64_t max_events
+    int64_t max_blocks_per_event
+    int64_t max_tokens_per_block
+    int64_t max_window_size
+    int64_t max_windows_per_batch
+    int64_t max_cache_levels
+    int64_t max_mm_keys_per_block
+    int64_t max_instance_id_bytes
+    int64_t max_cache_salt_bytes
+
+
+cdef int flat_limits(FlatLimits *lim, object limits) except -1
+cdef int flat_validate(const FlatBatch *fb, const FlatLimits *lim) except -1
 cdef int flat_grow(void **ptr, size_t *cap, size_t need, size_t item) except -1
 cdef void flat_clear(FlatBatch *fb) noexcept
 cdef void flat_init(FlatBatch *fb) noexcept

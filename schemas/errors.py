@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-__all__ = ["DecodeError", "EncodeError"]
+__all__ = ["DecodeError", "EncodeError", "LimitError"]
 
 
 class DecodeError(ValueError):
     """Bytes that are not a valid kvevents message; the message says what was wrong."""
+
+
+class LimitError(DecodeError):
+    """A well-formed batch with a count or size beyond the consumer's limits
+    (:class:`kvevents.schemas.limits.BatchLimits`); rejected like malformed bytes."""
 
 
 class EncodeError(ValueError):

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer
 from kafka_streams import StreamMaker, produce
 from kvevents.consumer import CacheIndex, EventReader, ReaderError, WorkerKey
-from kvevents.schemas import EventBatch, encode_batch
+from kvevents.schemas import BatchLimits, EventBatch, encode_batch
 
 pytestmark = pytest.mark.kafka
 
@@ -178,6 +178,29 @@ def test_malformed_messages_are_set_aside_counted_dead_lettered_and_the_reader_g
         for h in headers
     )
     assert headers[0]["kvevents-error"].decode() == seen[0].error
+
+
+def test_a_batch_beyond_the_limits_is_set_aside_counted_and_dead_lettered(
+    kafka_bootstrap, kafka_topic_factory
+):
+    """Issue 14: the 25-byte message that made 4,194,304 phantom workers is rejected, counted and
+    dead-lettered, and the index is what the good messages alone make it."""
+    topic, dead = kafka_topic_factory(), kafka_topic_factory()
+    good = StreamMaker(seed=6, instances=1).batches(8)
+    hostile = encode_batch(EventBatch("inst-0", [], attention_dp_size=2**22, producer_id=1, sequence=99))
+    wide = encode_batch(EventBatch("inst-y", [], attention_dp_size=2000))
+    produce(kafka_bootstrap, topic, [*good[:4], (b"inst-x", hostile), (b"inst-y", wide), *good[4:]])
+    with EventReader(kafka_bootstrap, topic, dead_letter_topic=dead) as reader:
+        index = CacheIndex()
+        result = reader.apply_to(index)
+        assert result.messages == 10 and result.malformed == 2
+        assert all("max_attention_dp_size" in m.error for m in reader.malformed)
+    assert index.to_bytes() == index_of(good).to_bytes()
+    assert reader.metrics().dead_lettered_total == 2
+    with EventReader(kafka_bootstrap, topic) as strict:
+        assert len(list(strict.batches(until_caught_up=True))) == 8 and strict.malformed_total == 2
+    with EventReader(kafka_bootstrap, topic, limits=BatchLimits(max_attention_dp_size=4096)) as roomy:
+        assert len(list(roomy.batches(until_caught_up=True))) == 9  # limits are configurable
 
 
 def test_consumer_group_commits_what_it_processed(kafka_bootstrap, kafka_topic_factory):

@@ -43,7 +43,8 @@ class Worker:
 class Instance:
     pid: int | None = None
     seq: int = 0
-    retired: set[int] = field(default_factory=set)
+    retired: dict[int, int] = field(default_factory=dict)  # producer id -> last sequence seen
+    dp: int = 1  # attention_dp_size of the last batch applied (not a replay)
 
 
 class NaiveIndex:
@@ -53,6 +54,7 @@ class NaiveIndex:
         self.instances: dict[str, Instance] = {}
         self.workers: dict[tuple[str, int], Worker] = {}
         self.content: dict[int, int | None] = {}  # engine hash -> content hash, while anyone holds it
+        self.session_conflicts = 0
 
     def worker(self, iid: str, rank: int) -> Worker:
         return self.workers.setdefault((iid, rank), Worker())
@@ -81,8 +83,15 @@ class NaiveIndex:
             inst.pid, inst.seq = batch.producer_id, batch.sequence
         elif batch.producer_id != inst.pid:
             if batch.producer_id in inst.retired:
+                if batch.sequence > inst.retired[batch.producer_id]:  # two live producers: a conflict
+                    inst.retired[batch.producer_id] = batch.sequence
+                    self.session_conflicts += 1
+                    for r in set(range(max(1, inst.dp))) | {
+                        r for (i, r) in self.workers if i == batch.instance_id
+                    }:
+                        self.degrade(self.worker(batch.instance_id, r))
                 return
-            inst.retired.add(inst.pid)
+            inst.retired[inst.pid] = inst.seq
             inst.pid, inst.seq = batch.producer_id, batch.sequence
             for (i, _r), w in self.workers.items():
                 if i == batch.instance_id:
@@ -99,6 +108,7 @@ class NaiveIndex:
                     self.degrade(self.worker(batch.instance_id, r))
             inst.seq = batch.sequence
         if not replay:
+            inst.dp = batch.attention_dp_size
             for d in batch.dropped:
                 if d.dropped_events > 0:
                     self.degrade(self.worker(batch.instance_id, d.attention_dp_rank))
@@ -287,6 +297,7 @@ class TroubledProducer:
                     "replay",
                     "restart",
                     "stale",
+                    "conflict",
                     "snapshot",
                 ]
             )
@@ -366,6 +377,17 @@ class TroubledProducer:
                         self.event(inst, r, KVCacheCreatedData([10, 2]), w)
         elif op == "stale" and inst["old"]:
             self.delivered.append(draw(st.sampled_from(inst["old"])))
+        elif op == "conflict" and inst["old"]:  # a retired producer still alive sends a new batch
+            old = max(inst["old"], key=lambda b: (b.producer_id, b.sequence))
+            zombie = EventBatch(
+                name,
+                [KVCacheEvent(10**6, KVCacheRemovedData([1]), self.WINDOWS[0], None)],
+                attention_dp_size=inst["dp"],
+                producer_id=old.producer_id,
+                sequence=old.sequence + 1,
+            )
+            inst["old"].append(zombie)
+            self.delivered.append(zombie)
 
     def flush(self, inst: dict[str, Any], name: str, deliver: bool = True) -> None:
         events = inst["pending"]

@@ -374,12 +374,40 @@ def test_new_producer_not_starting_at_sequence_zero_degrades(index, feed):
     assert index.worker_stats(W0).degraded_reasons == ("new producer session 2 started at sequence 4, not 0",)
 
 
-def test_batches_of_a_retired_producer_are_stale(index, feed):
+def test_old_batches_of_a_retired_producer_are_stale(index, feed):
     feed(index, batch([created(0), stored(1, [1])], 0, pid=1))
+    feed(index, batch([stored(2, [3])], 1, pid=1))
     feed(index, batch([created(0)], 0, pid=2))
-    feed(index, batch([stored(2, [5])], 1, pid=1))
+    feed(index, batch([stored(2, [5])], 1, pid=1))  # redelivered: producer 1 had sent batch 1
     assert index.find_matches([5]) == {}
     assert index.stats().counters["batches_stale"] == 1
+    assert index.stats().counters["session_conflicts"] == 0
+    assert index.degraded_workers() == []
+
+
+def test_new_batches_of_a_retired_producer_are_a_session_conflict(index, feed, caplog):
+    feed(index, batch([created(0, rank=0), created(0, rank=1), stored(1, [1], rank=0)], 0, pid=1, dp=2))
+    feed(index, batch([created(0, rank=0), created(0, rank=1)], 0, pid=2, dp=2))
+    with caplog.at_level("WARNING", logger="kvevents.consumer.index"):
+        feed(index, batch([stored(2, [5], rank=0)], 1, pid=1, dp=2))  # producer 1 is still alive
+    assert index.find_matches([5]) == {}
+    counters = index.stats().counters
+    assert (counters["session_conflicts"], counters["batches_stale"]) == (1, 0)
+    assert sorted(index.degraded_workers()) == [WorkerKey("i0", 0), WorkerKey("i0", 1)]
+    reasons = index.worker_stats(WorkerKey("i0", 1)).degraded_reasons
+    assert reasons == (
+        "session conflict: producer 1, retired when producer 2 started, sent new batch 1: "
+        "two live producers share this instance_id (its batches are ignored)",
+    )
+    assert "session conflict" in caplog.text
+    feed(index, batch([stored(2, [5], rank=0)], 1, pid=1, dp=2))  # the same batch again: stale
+    feed(index, batch([stored(3, [6], rank=0)], 2, pid=1, dp=2))  # and its next: a conflict again
+    counters = index.stats().counters
+    assert (counters["session_conflicts"], counters["batches_stale"]) == (2, 1)
+    state = index.to_bytes()
+    restored = CacheIndex.from_bytes(state, core="python")
+    restored.apply(batch([stored(4, [7], rank=0)], 3, pid=1, dp=2))
+    assert restored.stats().counters["session_conflicts"] == 1  # the last sequence survived
 
 
 # ---------------------------------------------------------------- orphans and content

@@ -92,13 +92,19 @@ def test_consumers_apply_new_messages_unchanged(
     parsed = parse_for_codec(edited_schema)
     fingerprint = register_writer_schema(edited_schema)
     noted = NotedReference(parsed)
-    new_message = noted.encode_body(
-        NotedBatch(**msgspec.structs.asdict(PROBE), note="x"), b"\xc3\x01" + fingerprint
-    )
-    assert codec.decode_batch(new_message) == PROBE  # resolved to the current schema: note dropped
+    # the probe's events, in an envelope within the consumer's limits
+    fields = msgspec.structs.asdict(PROBE)
+    fields.update(attention_dp_size=4, producer_id=9, sequence=0, dropped=[], first_event_block_offset=0)
+    fields["events"] = [
+        msgspec.structs.replace(e, event_id=k, window_size=64, attention_dp_rank=k % 4)
+        for k, e in enumerate(PROBE.events)
+    ]
+    current = EventBatch(**fields)
+    new_message = noted.encode_body(NotedBatch(**fields, note="x"), b"\xc3\x01" + fingerprint)
+    assert codec.decode_batch(new_message) == current  # resolved to the current schema: note dropped
     new, old = CacheIndex(core=core), CacheIndex(core=core)
     new.apply_encoded(new_message)
-    old.apply_encoded(encode_batch(PROBE))
+    old.apply_encoded(encode_batch(current))
     assert new.to_bytes() == old.to_bytes()
     assert new.stats().counters == old.stats().counters
 
