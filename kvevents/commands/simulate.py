@@ -47,7 +47,8 @@ examples:
   mpiexec -disable-auto-cleanup -n 4 kvevents simulate --duration 60 --rank-timeout 2   # outlives a killed rank
 
 exit status: 0 done; 1 a rank failed, or events were lost without being reported in-band
-(consumers could not know); 2 bad arguments; 130 interrupted.
+(consumers could not know; the summary's events_unaccounted_by_rank names any rank whose
+flushed events are not all delivered or reported lost); 2 bad arguments; 130 interrupted.
 """
 
 
@@ -240,7 +241,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(format_summary(summary, results))
-    if summary["failed_ranks"] or summary["events_lost_unreported"]:
+    if summary["failed_ranks"] or summary["events_lost_unreported"] or summary["events_unaccounted_by_rank"]:
         return 1
     return EXIT_INTERRUPTED if summary["interrupted"] else 0
 
@@ -276,6 +277,7 @@ def summarize(results: list[RankResult], config: SimRunConfig) -> dict[str, Any]
     # Rank 0's buffer counts its own drops, the other ranks' events it dropped, and the drops
     # the other ranks reported for their own buffers: the instance's total.
     drops = sum(r.manager_drops for r in results if r.attention_dp_rank == 0)
+    unaccounted = unaccounted_by_rank(results)
     return {
         "instances": len({r.instance_id for r in results}),
         "ranks": len(results),
@@ -289,11 +291,31 @@ def summarize(results: list[RankResult], config: SimRunConfig) -> dict[str, Any]
         "messages_delivered": sum(k["messages_delivered"] for k in kafka) if kafka else None,
         "drops": drops,
         "events_lost_unreported": sum(r.events_lost_unreported for r in results),
+        "events_unaccounted_by_rank": unaccounted,
         "snapshots": sum(r.snapshots for r in results),
         "failed_ranks": [f"{r.instance_id}/{r.attention_dp_rank}: {r.error}" for r in results if r.error],
         "interrupted": any(r.interrupted for r in results),
         "per_rank": [{k: v for k, v in r.to_json().items() if k != "truth"} for r in results],
     }
+
+
+def unaccounted_by_rank(results: list[RankResult]) -> dict[str, int]:
+    """Per rank (``"instance/rank"``), the events it flushed that its instance's sink neither
+    delivered nor reported lost in-band: the end-to-end check of the first rule (must be empty).
+    Only for instances whose rank 0 ran a Kafka sink, and ranks that finished (a dead rank's
+    count is unknowable; its loss is reported as one dropped event)."""
+    sinks = {r.instance_id: r.kafka for r in results if r.kafka is not None and r.attention_dp_rank == 0}
+    found: dict[str, int] = {}
+    for r in results:
+        kafka = sinks.get(r.instance_id)
+        if kafka is None or r.error is not None:
+            continue
+        rank = str(r.attention_dp_rank)
+        delivered = kafka["events_delivered_by_rank"].get(rank, 0)
+        accounted = delivered + kafka["drops_reported_by_rank"].get(rank, 0)
+        if r.events_enqueued != accounted:
+            found[f"{r.instance_id}/{rank}"] = r.events_enqueued - accounted
+    return found
 
 
 def format_summary(summary: dict[str, Any], results: list[RankResult]) -> str:
@@ -326,6 +348,8 @@ def format_summary(summary: dict[str, Any], results: list[RankResult]) -> str:
     )
     if summary["events_lost_unreported"]:
         lines.append(f"ERROR: {summary['events_lost_unreported']} events lost without an in-band report")
+    for worker, missing in summary["events_unaccounted_by_rank"].items():
+        lines.append(f"ERROR: {worker}: {missing} events flushed but neither delivered nor reported lost")
     if summary["interrupted"]:
         lines.append("interrupted")
     return "\n".join(lines)

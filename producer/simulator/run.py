@@ -24,8 +24,9 @@ SIGKILLed rank leaves the others running: its instance's rank 0 keeps producing 
 ranks' events and reports the dead rank's loss in-band (its worker turns degraded).
 
 Shutdown: the simulator stops (duration, request count or :meth:`SimRun.stop`, e.g. from a
-SIGINT handler), the manager is closed (its last events, the gather's last
-exchange), then the sink (deliver within ``sink_close_timeout_s``, report what was lost).
+SIGINT handler), the instance's ranks wait for each other
+(:func:`~.shutdown.wait_for_instance`: one rank's close stops the gather on all of them), the
+manager is closed (its last events, the gather's last exchange), then the sink (deliver within ``sink_close_timeout_s``, report what was lost).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from .._mpi import collect_at_root
 from ..gather import GatherConfig
 from ..manager import KVCacheEventManager
 from .engine import EngineSimulator, SimulatorConfig
-from .shutdown import DeadRankNotice, any_rank, barrier
+from .shutdown import DeadRankNotice, any_rank, barrier, wait_for_instance
 from .workload import WorkloadConfig, WorkloadGenerator
 
 log = logging.getLogger(__name__)
@@ -417,6 +418,10 @@ class SimRun:
             if sink is not None:
                 sink.close(cfg.sink_close_timeout_s)
             raise
+        if topo.attention_dp_size > 1:  # no rank's gather may stop while another still produces
+            wait_for_instance(
+                topo.instance_comm, manager, f"{topo.instance_id} rank {topo.attention_dp_rank}"
+            )
         manager.close()
         gather = manager.gather
         dead_ranks = (

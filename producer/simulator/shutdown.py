@@ -11,7 +11,7 @@ from typing import Any
 
 from ..manager import KVCacheEventManager
 
-__all__ = ["DEAD_RANK_TAG", "DeadRankNotice", "any_rank", "barrier"]
+__all__ = ["DEAD_RANK_TAG", "FINISH_TIMEOUT_S", "DeadRankNotice", "any_rank", "barrier", "wait_for_instance"]
 
 log = logging.getLogger("kvevents.producer.simulator.run")
 
@@ -80,3 +80,28 @@ def any_rank(comm: Any, flag: bool, timeout: float, give_up: Callable[[], bool] 
 
     send, receive = array("i", [int(flag)]), array("i", [0])
     return _wait(comm.Iallreduce(send, receive, op=MPI.MAX), timeout, give_up) and bool(receive[0])
+
+
+FINISH_TIMEOUT_S = 120.0
+"""How long a rank that finished waits for the slowest rank of its instance before closing."""
+
+
+def wait_for_instance(
+    comm: Any, manager: KVCacheEventManager, label: str, timeout: float = FINISH_TIMEOUT_S
+) -> bool:
+    """Wait until every rank of the instance has finished producing, before this rank closes
+    its manager. Closing stops the attention-DP gather on every rank (one rank's BYE makes
+    rank 0 STOP the others), so a rank still producing then would keep its later events in
+    its own buffer, where nobody forwards them nor reports their loss in-band. Gives up when a
+    rank is known dead, when the gather already stopped (waiting gains nothing), or after
+    ``timeout`` seconds; False then."""
+    dead = DeadRankNotice(comm, manager, label)
+
+    def give_up() -> bool:
+        gather = manager.gather
+        return dead() or gather is None or not gather.running
+
+    met = _wait(comm.Ibarrier(), timeout, give_up)
+    if not met:
+        log.warning("%s: closing before every rank of the instance finished producing", label)
+    return met
