@@ -73,6 +73,7 @@ class LiveIndex:
         probe_interval_s: float = 1.0,
         probe_timeout_s: float = 2.0,
         poll_s: float = 0.2,
+        restart_after_s: float = 2.0,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
@@ -91,7 +92,10 @@ class LiveIndex:
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
         self.poll_s = poll_s
+        self.restart_after_s = restart_after_s
         self.error: str | None = None
+        self.failures = 0
+        self._failed = False
         self.closed_instances = 0
         self._reader: EventReader | None = None
         self._caught_up = False
@@ -158,26 +162,48 @@ class LiveIndex:
                     self.index.reset_worker(key, clear_degraded=True)
 
     def _run(self) -> None:
+        """Follow until stopped; after a failure (``error`` says which), wait ``restart_after_s``
+        and go on with a new reader from the offsets applied so far."""
+        while not self._stop.is_set():
+            try:
+                self._follow()
+                return
+            except (ReaderError, KafkaException, RuntimeError, ValueError, OSError) as exc:
+                self.error = f"{type(exc).__name__}: {exc}"
+                self.failures += 1
+                log.error("the index stopped following %r: %s; restarting in %.1f s", self.topic,
+                          self.error, self.restart_after_s)  # fmt: skip
+            self._failed = True
+            if self._stop.wait(self.restart_after_s):
+                return
+            try:
+                old = self.reader
+                offsets = old.offsets()
+                old.close()
+                self._reader = EventReader(self.bootstrap_servers, self.topic, start=offsets, config=self._config)
+            except (ReaderError, KafkaException, RuntimeError, ValueError, OSError) as exc:
+                self.error = f"{type(exc).__name__}: {exc}"
+                log.error("cannot reopen the reader of %r: %s", self.topic, self.error)
+                continue
+            self._failed = False
+
+    def _follow(self) -> None:
         reader = self.reader
         next_probe = 0.0
-        try:
-            while not self._stop.is_set():
-                reader.apply_to(
-                    self.index,
-                    until_caught_up=not self._caught_up,
-                    timeout=self.poll_s,
-                    lock=self.lock,
-                    on_message=self._on_message,
-                )
-                if not self._caught_up and reader.caught_up:
-                    self._caught_up = True
-                now = time.monotonic()
-                if now >= next_probe:
-                    self._record(reader.probe(self.probe_timeout_s))
-                    next_probe = now + self.probe_interval_s
-        except (ReaderError, KafkaException, RuntimeError, ValueError, OSError) as exc:
-            self.error = f"{type(exc).__name__}: {exc}"
-            log.error("the index stopped following %r: %s", self.topic, self.error)
+        while not self._stop.is_set():
+            reader.apply_to(
+                self.index,
+                until_caught_up=not self._caught_up,
+                timeout=self.poll_s,
+                lock=self.lock,
+                on_message=self._on_message,
+            )
+            if not self._caught_up and reader.caught_up:
+                self._caught_up = True
+            now = time.monotonic()
+            if now >= next_probe:
+                self._record(reader.probe(self.probe_timeout_s))
+                next_probe = now + self.probe_interval_s
 
     def _record(self, highs: dict[int, int] | None) -> None:
         reader = self.reader
@@ -191,7 +217,8 @@ class LiveIndex:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """Whether the follower thread runs and is following (not waiting to restart)."""
+        return self._thread is not None and self._thread.is_alive() and not self._failed
 
     @property
     def caught_up(self) -> bool:
@@ -206,7 +233,7 @@ class LiveIndex:
         reasons = []
         alive = self.alive
         if not alive:
-            reasons.append("the follower thread is not running" + (f" ({self.error})" if self.error else ""))
+            reasons.append("the follower is not running" + (f" (last error: {self.error})" if self.error else ""))
         age = None if self._last_probe_ok is None else time.monotonic() - self._last_probe_ok
         broker_ok = age is not None and age <= self.probe_interval_s + self.probe_timeout_s + 0.5
         if not broker_ok:

@@ -62,6 +62,10 @@ class Liveness:
         self._closed: set[str] = set()
         self.closes = 0
 
+    def now(self) -> float:
+        """The clock liveness is judged by (seconds since the epoch)."""
+        return self._clock()
+
     def observe(self, instance_id: str, at_s: float | None, *, closing: bool = False) -> None:
         """A message of ``instance_id`` stamped ``at_s`` (None: now); ``closing``: its last."""
         at = self._clock() if at_s is None else at_s

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from kvevents.commands._route_metrics import RequestMetrics, render
-from kvevents.commands._route_requests import MAX_BATCH, HashesBody, MatchBody, score_query
+from kvevents.commands._route_requests import HASH_MAX, MAX_BATCH, HashesBody, MatchBody, score_query
 
 if TYPE_CHECKING:
     from kvevents.consumer import CacheIndex, FollowerHealth, Liveness, ReaderMetrics, WorkerKey
@@ -239,6 +239,10 @@ class RouteApp:
         if (body.block_hashes is None) == (body.prompts is None):
             raise HttpError(400, f'give "block_hashes" (one prompt) or "prompts" (up to {MAX_BATCH} of {{"block_hashes"}}), not both')
         queries = [body.block_hashes] if body.block_hashes is not None else [p.block_hashes for p in body.prompts or ()]
+        for i, hashes in enumerate(queries):
+            if hashes and max(hashes) > HASH_MAX:
+                where = "block_hashes" if body.block_hashes is not None else f"prompts[{i}].block_hashes"
+                raise HttpError(400, f"bad /match/hashes body: {where} holds {max(hashes)}, more than 64 bits")
         index = self.source.index
         with self.source.lock:
             left_out, degraded = self._exclusions_now()
@@ -261,7 +265,7 @@ class RouteApp:
         from kvevents.commands._workers_view import index_summary, worker_rows
 
         liveness = self.source.liveness
-        now = time.time()
+        now = time.time() if liveness is None else liveness.now()
         with self.source.lock:
             rows = worker_rows(self.source.index)
             summary = index_summary(self.source.index, self.source.metrics())
@@ -280,7 +284,7 @@ class RouteApp:
 
     def _metrics(self) -> str:
         liveness = self.source.liveness
-        now = time.time()
+        now = time.time() if liveness is None else liveness.now()
         with self.source.lock:
             workers = self.source.index.workers()
             states: dict[str, int] = {}

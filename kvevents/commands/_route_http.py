@@ -24,7 +24,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kvevents.commands._route_app import AppOptions, IndexSource, RouteApp, StaticSource
 
-__all__ = ["ServeOptions", "bind", "serve", "serve_static"]
+__all__ = ["GuardedProtocol", "ServeOptions", "bind", "make_server", "serve", "serve_static"]
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +149,9 @@ def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return sock
 
 
-def _run_one(sock: socket.socket, source: IndexSource, options: ServeOptions, process: int) -> int | None:
-    """Serve until SIGTERM/SIGINT in this process; the signal that stopped it, if any."""
+def make_server(sock: socket.socket, source: IndexSource, options: ServeOptions, process: int = 0) -> uvicorn.Server:
+    """The uvicorn server of one process (``server.run(sockets=[sock])`` serves until
+    ``server.should_exit`` is set or, in the main thread, SIGTERM/SIGINT)."""
     protocol = type("Guarded", (GuardedProtocol,), {"header_timeout_s": options.header_timeout_s,
                                                      "max_connections": options.max_connections})  # fmt: skip
     app = RouteApp(source, AppOptions(options.block_size, options.max_body_bytes, options.body_timeout_s, process))
@@ -169,9 +170,14 @@ def _run_one(sock: socket.socket, source: IndexSource, options: ServeOptions, pr
         server_header=False,
         proxy_headers=False,
     )
-    server = _Server(config)
+    return _Server(config)
+
+
+def _run_one(sock: socket.socket, source: IndexSource, options: ServeOptions, process: int) -> int | None:
+    """Serve until SIGTERM/SIGINT in this process; the signal that stopped it, if any."""
+    server = make_server(sock, source, options, process)
     server.run(sockets=[sock])
-    return server.signalled
+    return server.signalled if isinstance(server, _Server) else None
 
 
 def serve(

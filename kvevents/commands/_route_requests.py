@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 __all__ = ["HashesBody", "MatchBody", "score_query"]
 
 TOKEN_MAX = (1 << 31) - 1
+HASH_MAX = (1 << 64) - 1
 MAX_BATCH = 256
 
 Token = Annotated[int, Meta(ge=0, le=TOKEN_MAX)]
