@@ -19,6 +19,7 @@ from kvevents.commands._common import (
     stop_on_interrupt,
 )
 from kvevents.commands._index_build import Built, add_index_flags, build_index, catch_up_with_topic
+from kvevents.commands._shutdown import sigterm_as_sigint
 from kvevents.consumer.follower import DEFAULT_READY_MAX_LAG
 from kvevents.consumer.liveness import DEFAULT_STALE_AFTER_S
 
@@ -205,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = None if args.serve else _prompts(args)
     show = Progress(enabled=not args.quiet)
     built = build_index(args, catch_up=False)
-    with stop_on_interrupt(built.reader.stop) as interrupted:
+    with stop_on_interrupt(built.reader.stop) as interrupted, sigterm_as_sigint():
         try:
             catch_up_with_topic(built, show)
         except BaseException:
