@@ -39,10 +39,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import route_index, wrk_load  # noqa: E402
+from kvevents.consumer import CacheIndex
+from support import route_index, wrk_load
 
-from kvevents.commands._routing import score_prompt  # noqa: E402
-from kvevents.consumer import CacheIndex  # noqa: E402
+from kvevents.commands._routing import score_prompt
 
 RESULTS = Path(__file__).resolve().parent / "results" / "route_serve.json"
 
@@ -62,7 +62,9 @@ def _serve_uvicorn(index: CacheIndex, port_queue: Any, workers: int) -> None:
 
     sock = bind("127.0.0.1", 0)
     port_queue.put(sock.getsockname()[1])
-    serve_static(index, sock, ServeOptions(workers=workers, block_size=route_index.BLOCK_SIZE, access_log=False))
+    serve_static(
+        index, sock, ServeOptions(workers=workers, block_size=route_index.BLOCK_SIZE, access_log=False)
+    )
 
 
 SERVERS = {
@@ -91,7 +93,9 @@ def _check(name: str, url: str, work: route_index.Workload) -> None:
         ], name
 
 
-def _measure(name: str, url: str, work: route_index.Workload, seconds: float, connections: int) -> dict[str, Any]:
+def _measure(
+    name: str, url: str, work: route_index.Workload, seconds: float, connections: int
+) -> dict[str, Any]:
     forms: dict[str, tuple[str, list[bytes]]] = {"single": ("/match", work.single)}
     if name != "stdlib":
         forms["hashes"] = ("/match/hashes", work.hashes)
@@ -116,7 +120,9 @@ def _measure(name: str, url: str, work: route_index.Workload, seconds: float, co
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small index, 1 s per run, no JSON written")
     parser.add_argument("--servers", default=",".join(SERVERS), help=f"subset of {','.join(SERVERS)}")
     parser.add_argument("--seconds", type=float, default=4.0, help="per wrk run (default: 4)")

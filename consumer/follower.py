@@ -123,9 +123,7 @@ class LiveIndex:
             raise RuntimeError("the LiveIndex is already started")
         self._reader = EventReader(self.bootstrap_servers, self.topic, start=self._start, config=self._config)
         if catch_up:
-            self._reader.apply_to(
-                self.index, lock=self.lock, on_message=self._on_message, progress=progress
-            )
+            self._reader.apply_to(self.index, lock=self.lock, on_message=self._on_message, progress=progress)
             self._caught_up = self._reader.caught_up
         self._record(self._reader.probe(self.probe_timeout_s))
         self._thread = threading.Thread(target=self._run, name="kvevents-live-index", daemon=True)
@@ -180,7 +178,9 @@ class LiveIndex:
                 old = self.reader
                 offsets = old.offsets()
                 old.close()
-                self._reader = EventReader(self.bootstrap_servers, self.topic, start=offsets, config=self._config)
+                self._reader = EventReader(
+                    self.bootstrap_servers, self.topic, start=offsets, config=self._config
+                )
             except (ReaderError, KafkaException, RuntimeError, ValueError, OSError) as exc:
                 self.error = f"{type(exc).__name__}: {exc}"
                 log.error("cannot reopen the reader of %r: %s", self.topic, self.error)
@@ -233,7 +233,9 @@ class LiveIndex:
         reasons = []
         alive = self.alive
         if not alive:
-            reasons.append("the follower is not running" + (f" (last error: {self.error})" if self.error else ""))
+            reasons.append(
+                "the follower is not running" + (f" (last error: {self.error})" if self.error else "")
+            )
         age = None if self._last_probe_ok is None else time.monotonic() - self._last_probe_ok
         broker_ok = age is not None and age <= self.probe_interval_s + self.probe_timeout_s + 0.5
         if not broker_ok:

@@ -84,11 +84,11 @@ from .sink_queue import ChunkQueue, LossLedger
 from .sink_stats import DeliveryReport, LatencyHistogram, SinkCloseReport, SinkStats
 
 __all__ = [
+    "CONTROL_HEADER",
+    "DEFAULT_HEARTBEAT_S",
     "DEFAULT_MAX_EVENTS_PER_MESSAGE",
     "DEFAULT_MAX_QUEUED_BYTES",
     "DEFAULT_MAX_QUEUED_EVENTS",
-    "CONTROL_HEADER",
-    "DEFAULT_HEARTBEAT_S",
     "FINGERPRINT_HEADER",
     "KafkaEventSink",
 ]

@@ -60,7 +60,10 @@ def build(workers: int = 256, blocks: int = 64, prompts: int = 512, per_worker: 
         hashes_bodies.append(json.dumps({"block_hashes": index.content_hashes(tokens, BLOCK_SIZE)}).encode())
     batch = [
         json.dumps(
-            {"prompts": [{"token_ids": t} for t in queries_tokens[i : i + batch_size]], "block_size": BLOCK_SIZE}
+            {
+                "prompts": [{"token_ids": t} for t in queries_tokens[i : i + batch_size]],
+                "block_size": BLOCK_SIZE,
+            }
         ).encode()
         for i in range(0, len(queries_tokens) - batch_size + 1, batch_size)
     ]

@@ -143,14 +143,22 @@ class RouteApp:
         method = scope["method"]
         if method not in methods:
             allow = ", ".join(methods)
-            raise HttpError(405, f"{method} is not allowed on {path}: use {allow}", headers=[(b"allow", allow.encode())])
+            raise HttpError(
+                405, f"{method} is not allowed on {path}: use {allow}", headers=[(b"allow", allow.encode())]
+            )
         if method == "POST":
             raw = await self._read_body(scope, receive)
             if path == "/match":
                 return 200, self._match_tokens(raw), b"application/json"
             return 200, self._match_hashes(raw), b"application/json"
         if path == "/healthz":
-            return 200, _encode({"status": "ok", "pid": os.getpid(), "uptime_s": round(time.time() - self.started, 1)}), b"application/json"
+            return (
+                200,
+                _encode(
+                    {"status": "ok", "pid": os.getpid(), "uptime_s": round(time.time() - self.started, 1)}
+                ),
+                b"application/json",
+            )
         if path == "/readyz":
             return self._readyz()
         if path == "/workers":
@@ -176,9 +184,13 @@ class RouteApp:
             if not length.strip().isdigit():
                 raise HttpError(400, f"bad Content-Length {length.decode('latin-1')!r}", close=True)
             if int(length) > limit:
-                raise HttpError(413, f"body of {int(length)} bytes is larger than the limit of {limit} bytes", close=True)
+                raise HttpError(
+                    413, f"body of {int(length)} bytes is larger than the limit of {limit} bytes", close=True
+                )
         elif not chunked:
-            raise HttpError(411, "a Content-Length header (or chunked transfer encoding) is required", close=True)
+            raise HttpError(
+                411, "a Content-Length header (or chunked transfer encoding) is required", close=True
+            )
         parts: list[bytes] = []
         size = 0
         deadline = time.monotonic() + self.options.body_timeout_s
@@ -186,7 +198,9 @@ class RouteApp:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                raise HttpError(408, f"the body did not arrive within {self.options.body_timeout_s:g} s", close=True) from None
+                raise HttpError(
+                    408, f"the body did not arrive within {self.options.body_timeout_s:g} s", close=True
+                ) from None
             if message["type"] == "http.disconnect":
                 raise HttpError(400, "the client went away before sending the whole body", close=True)
             chunk = message.get("body", b"")
@@ -215,7 +229,10 @@ class RouteApp:
         except msgspec.DecodeError as exc:
             raise HttpError(400, f"bad /match body: {exc}") from None
         if (body.token_ids is None) == (body.prompts is None):
-            raise HttpError(400, 'give "token_ids" (one prompt) or "prompts" (a batch of {"token_ids", "lora_id"}), not both')
+            raise HttpError(
+                400,
+                'give "token_ids" (one prompt) or "prompts" (a batch of {"token_ids", "lora_id"}), not both',
+            )
         block_size = body.block_size or self.options.block_size
         prompts = [(body.token_ids, body.lora_id)] if body.token_ids is not None else [
             (p.token_ids, p.lora_id if p.lora_id is not None else body.lora_id) for p in body.prompts or ()
@@ -237,12 +254,21 @@ class RouteApp:
         except msgspec.DecodeError as exc:
             raise HttpError(400, f"bad /match/hashes body: {exc}") from None
         if (body.block_hashes is None) == (body.prompts is None):
-            raise HttpError(400, f'give "block_hashes" (one prompt) or "prompts" (up to {MAX_BATCH} of {{"block_hashes"}}), not both')
-        queries = [body.block_hashes] if body.block_hashes is not None else [p.block_hashes for p in body.prompts or ()]
+            raise HttpError(
+                400,
+                f'give "block_hashes" (one prompt) or "prompts" (up to {MAX_BATCH} of {{"block_hashes"}}), not both',
+            )
+        queries = (
+            [body.block_hashes]
+            if body.block_hashes is not None
+            else [p.block_hashes for p in body.prompts or ()]
+        )
         for i, hashes in enumerate(queries):
             if hashes and max(hashes) > HASH_MAX:
                 where = "block_hashes" if body.block_hashes is not None else f"prompts[{i}].block_hashes"
-                raise HttpError(400, f"bad /match/hashes body: {where} holds {max(hashes)}, more than 64 bits")
+                raise HttpError(
+                    400, f"bad /match/hashes body: {where} holds {max(hashes)}, more than 64 bits"
+                )
         index = self.source.index
         with self.source.lock:
             left_out, degraded = self._exclusions_now()

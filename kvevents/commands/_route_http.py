@@ -63,7 +63,9 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         if len(self.connections) > self.max_connections:
-            transport.write(_json_error(503, "Service Unavailable", f"more than {self.max_connections} open connections"))
+            transport.write(
+                _json_error(503, "Service Unavailable", f"more than {self.max_connections} open connections")
+            )
             transport.close()
             return
         self._arm_head_timer()
@@ -149,12 +151,16 @@ def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return sock
 
 
-def make_server(sock: socket.socket, source: IndexSource, options: ServeOptions, process: int = 0) -> uvicorn.Server:
+def make_server(
+    sock: socket.socket, source: IndexSource, options: ServeOptions, process: int = 0
+) -> uvicorn.Server:
     """The uvicorn server of one process (``server.run(sockets=[sock])`` serves until
     ``server.should_exit`` is set or, in the main thread, SIGTERM/SIGINT)."""
     protocol = type("Guarded", (GuardedProtocol,), {"header_timeout_s": options.header_timeout_s,
                                                      "max_connections": options.max_connections})  # fmt: skip
-    app = RouteApp(source, AppOptions(options.block_size, options.max_body_bytes, options.body_timeout_s, process))
+    app = RouteApp(
+        source, AppOptions(options.block_size, options.max_body_bytes, options.body_timeout_s, process)
+    )
     config = uvicorn.Config(
         app,
         http=protocol,
@@ -162,7 +168,7 @@ def make_server(sock: socket.socket, source: IndexSource, options: ServeOptions,
         lifespan="on",
         interface="asgi3",
         timeout_keep_alive=max(1, round(options.keep_alive_s)),
-        timeout_graceful_shutdown=options.shutdown_timeout_s,
+        timeout_graceful_shutdown=max(1, round(options.shutdown_timeout_s)),
         backlog=options.backlog,
         access_log=options.access_log,
         log_level="warning",

@@ -63,8 +63,18 @@ def render(
         for bound, n in zip((*LATENCY_BUCKETS_S, float("inf")), buckets, strict=True):
             total += n
             le = "+Inf" if bound == float("inf") else repr(bound)
-            _line(out, "kvevents_router_request_duration_seconds_bucket", total, f'{p},route="{route}",le="{le}"')
-        _line(out, "kvevents_router_request_duration_seconds_sum", round(requests.sums[route], 6), f'{p},route="{route}"')
+            _line(
+                out,
+                "kvevents_router_request_duration_seconds_bucket",
+                total,
+                f'{p},route="{route}",le="{le}"',
+            )
+        _line(
+            out,
+            "kvevents_router_request_duration_seconds_sum",
+            round(requests.sums[route], 6),
+            f'{p},route="{route}"',
+        )
         _line(out, "kvevents_router_request_duration_seconds_count", total, f'{p},route="{route}"')
     stats = index.stats()
     gauges: list[tuple[str, str, float]] = [
@@ -77,7 +87,12 @@ def render(
     for name, text, value in gauges:
         _head(out, name, "gauge", text)
         _line(out, name, value, p)
-    _head(out, "kvevents_index_liveness_workers", "gauge", "workers by liveness state (stale, closed: not routed to)")
+    _head(
+        out,
+        "kvevents_index_liveness_workers",
+        "gauge",
+        "workers by liveness state (stale, closed: not routed to)",
+    )
     for state in ("live", "stale", "closed"):
         _line(out, "kvevents_index_liveness_workers", states.get(state, 0), f'{p},state="{state}"')
     if health is not None:

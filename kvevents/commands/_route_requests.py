@@ -90,4 +90,9 @@ def score_query(
         )
     scores.sort(key=lambda s: (-s["score"], -s["matched_blocks"], s["instance_id"], s["attention_dp_rank"]))
     skipped.sort(key=lambda s: (s["instance_id"], s["attention_dp_rank"]))
-    return {"blocks": len(hashes), "scores": scores, "best": scores[0] if scores else None, "left_out": skipped}
+    return {
+        "blocks": len(hashes),
+        "scores": scores,
+        "best": scores[0] if scores else None,
+        "left_out": skipped,
+    }

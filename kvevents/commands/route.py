@@ -154,7 +154,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--body-timeout", type=float, default=30.0, metavar="S", help="and its body within S (default: 30)"
     )
     serve.add_argument(
-        "--keep-alive", type=float, default=5.0, metavar="S", help="idle connections close after S (default: 5)"
+        "--keep-alive",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="idle connections close after S (default: 5)",
     )
     add_output_flags(parser, json_help="print one JSON object (every prompt's scores and a summary)")
     parser.set_defaults(func=run)

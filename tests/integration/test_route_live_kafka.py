@@ -48,8 +48,13 @@ TOKENS = list(range(7000, 7000 + 3 * BLOCK_SIZE))
 
 
 def stored_batch(name: str, sequence: int = 0) -> EventBatch:
-    blocks = [KVCacheStoredBlockData(900 + i, TOKENS[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]) for i in range(3)]
-    events = [KVCacheEvent(0, KVCacheCreatedData([64, 0]), 0, 0), KVCacheEvent(1, KVCacheStoredData(None, blocks), 0, 0)]
+    blocks = [
+        KVCacheStoredBlockData(900 + i, TOKENS[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]) for i in range(3)
+    ]
+    events = [
+        KVCacheEvent(0, KVCacheCreatedData([64, 0]), 0, 0),
+        KVCacheEvent(1, KVCacheStoredData(None, blocks), 0, 0),
+    ]
     return EventBatch(name, events, producer_id=5, sequence=sequence, created_at_us=time.time_ns() // 1000)
 
 
@@ -57,7 +62,9 @@ def heartbeat(name: str, sequence: int) -> EventBatch:
     return EventBatch(name, [], producer_id=5, sequence=sequence, created_at_us=time.time_ns() // 1000)
 
 
-def produce_with_headers(bootstrap: str, topic: str, batch: EventBatch, headers: list[tuple[str, bytes]]) -> None:
+def produce_with_headers(
+    bootstrap: str, topic: str, batch: EventBatch, headers: list[tuple[str, bytes]]
+) -> None:
     p = Producer({"bootstrap.servers": bootstrap})
     p.produce(topic, encode_batch(batch), batch.instance_id.encode(), headers=headers)
     assert p.flush(30) == 0
@@ -137,12 +144,16 @@ def test_stale_workers_leave_routing_after_the_ttl_and_closed_ones_leave_the_ind
             time.sleep(0.5)
         status, body = http(url + "/match", {"token_ids": TOKENS})
         assert [s["instance_id"] for s in body["scores"]] == ["chatty"]
-        assert body["left_out"] == [{"instance_id": "quiet", "attention_dp_rank": 0, "state": "stale", "matched_blocks": 3}]
+        assert body["left_out"] == [
+            {"instance_id": "quiet", "attention_dp_rank": 0, "state": "stale", "matched_blocks": 3}
+        ]
         workers = {w["instance_id"]: w for w in http(url + "/workers")[1]["workers"]}
         assert workers["quiet"]["state"] == "stale" and not workers["quiet"]["degraded"]  # distinct states
         assert workers["chatty"]["state"] == "live"
 
-        produce_with_headers(kafka_bootstrap, kafka_topic, heartbeat("chatty", sequence), [(CONTROL_HEADER, b"close")])
+        produce_with_headers(
+            kafka_bootstrap, kafka_topic, heartbeat("chatty", sequence), [(CONTROL_HEADER, b"close")]
+        )
         wait_for(lambda: live.liveness.state("chatty") == "closed", 10, "chatty closed")
         status, body = http(url + "/match", {"token_ids": TOKENS})
         assert body["scores"] == [] and body["best"] is None
@@ -153,7 +164,9 @@ def test_stale_workers_leave_routing_after_the_ttl_and_closed_ones_leave_the_ind
         assert 'kvevents_index_liveness_workers{process="0",state="stale"} 1' in metrics
 
 
-def test_readyz_flips_when_the_follower_fails_and_back_when_it_restarts(kafka_bootstrap: str, kafka_topic: str) -> None:
+def test_readyz_flips_when_the_follower_fails_and_back_when_it_restarts(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
     produce(kafka_bootstrap, kafka_topic, [stored_batch("a")])
     live = LiveIndex(kafka_bootstrap, kafka_topic, restart_after_s=2.0, probe_interval_s=0.3)
     live.start()
@@ -166,9 +179,13 @@ def test_readyz_flips_when_the_follower_fails_and_back_when_it_restarts(kafka_bo
 
         reader.apply_to = broken  # type: ignore[method-assign]
         failed_at = time.monotonic()
-        status, body = wait_for(lambda: (r := http(url + "/readyz"))[0] == 503 and r, 5, "503")
+        _status, body = wait_for(lambda: (r := http(url + "/readyz"))[0] == 503 and r, 5, "503")
         assert time.monotonic() - failed_at < 3
-        assert not body["ready"] and not body["follower_alive"] and "injected follower failure" in body["reasons"][0]
+        assert (
+            not body["ready"]
+            and not body["follower_alive"]
+            and "injected follower failure" in body["reasons"][0]
+        )
         wait_for(lambda: http(url + "/readyz")[0] == 200, 10, "ready again")
         assert live.reader is not reader and live.failures == 1
         produce(kafka_bootstrap, kafka_topic, [stored_batch("b")])  # the restarted follower applies it
@@ -176,7 +193,9 @@ def test_readyz_flips_when_the_follower_fails_and_back_when_it_restarts(kafka_bo
                  and len(http(url + "/match", {"token_ids": TOKENS})[1]["scores"]) == 2, 10, "b applied")  # fmt: skip
 
 
-def test_two_replicas_on_one_topic_answer_identically(kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]) -> None:
+def test_two_replicas_on_one_topic_answer_identically(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]
+) -> None:
     topic = kafka_topic_factory(partitions=2)
     produced = simulate_to_topic(kafka_bootstrap, topic, iterations=20)
     replicas = [LiveIndex(kafka_bootstrap, topic) for _ in range(2)]
@@ -187,7 +206,11 @@ def test_two_replicas_on_one_topic_answer_identically(kafka_bootstrap: str, kafk
     try:
         with serving(replicas[0]) as url0, serving(replicas[1]) as url1:
             for r in replicas:
-                wait_for(lambda r=r: r.metrics() is not None and r.metrics().messages_total >= total, 20, "caught up")  # type: ignore[misc,union-attr]
+                wait_for(
+                    lambda r=r: r.metrics() is not None and r.metrics().messages_total >= total,
+                    20,
+                    "caught up",
+                )  # type: ignore[misc,union-attr]
             with replicas[0].lock, replicas[1].lock:
                 assert replicas[0].index.to_bytes() == replicas[1].index.to_bytes()
             asked = 0
@@ -195,7 +218,9 @@ def test_two_replicas_on_one_topic_answer_identically(kafka_bootstrap: str, kafk
                 tokens = chain_tokens(truth)
                 if not tokens:
                     continue
-                assert http(url0 + "/match", {"token_ids": tokens}) == http(url1 + "/match", {"token_ids": tokens})
+                assert http(url0 + "/match", {"token_ids": tokens}) == http(
+                    url1 + "/match", {"token_ids": tokens}
+                )
                 asked += 1
             assert asked >= 4
             rows = [http(url + "/workers")[1]["workers"] for url in (url0, url1)]
@@ -207,7 +232,9 @@ def test_two_replicas_on_one_topic_answer_identically(kafka_bootstrap: str, kafk
             r.close()
 
 
-def test_the_sink_sends_heartbeats_when_idle_and_says_close_last(kafka_bootstrap: str, kafka_topic: str) -> None:
+def test_the_sink_sends_heartbeats_when_idle_and_says_close_last(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
     assert SINK_CONTROL_HEADER == CONTROL_HEADER
     with KVCacheEventManager(1000) as manager:
         sink = KafkaEventSink(manager, kafka_topic, "engine-hb", config={"bootstrap.servers": kafka_bootstrap},
@@ -215,7 +242,9 @@ def test_the_sink_sends_heartbeats_when_idle_and_says_close_last(kafka_bootstrap
         time.sleep(1.6)  # idle: about five heartbeats
         report = sink.close(10)
         assert report.clean
-    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": uuid.uuid4().hex, "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": uuid.uuid4().hex, "enable.auto.commit": False}
+    )
     consumer.assign([TopicPartition(kafka_topic, 0, 0)])
     messages = []
     deadline = time.monotonic() + 15
@@ -259,7 +288,9 @@ def test_route_serve_saves_on_signal_a_checkpoint_equal_to_a_full_replay(
         assert first.startswith("serving on http://"), proc.stderr.read() if proc.stderr else first
         url = first.split()[2]
         wait_for(lambda: _ok(url + "/readyz"), 20, "ready")
-        more = simulate_to_topic(kafka_bootstrap, topic, instances=("sim-late",), iterations=10)  # served live
+        more = simulate_to_topic(
+            kafka_bootstrap, topic, instances=("sim-late",), iterations=10
+        )  # served live
         assert more.sent
         time.sleep(1.5)
         proc.send_signal(sig)
@@ -282,7 +313,9 @@ def _ok(url: str) -> bool:
         return False
 
 
-def test_index_tail_saves_its_checkpoint_on_sigterm(kafka_bootstrap: str, kafka_topic: str, tmp_path: Path) -> None:
+def test_index_tail_saves_its_checkpoint_on_sigterm(
+    kafka_bootstrap: str, kafka_topic: str, tmp_path: Path
+) -> None:
     simulate_to_topic(kafka_bootstrap, kafka_topic, iterations=10)
     ckpt = tmp_path / "tail.ckpt"
     proc = subprocess.Popen(
@@ -301,7 +334,9 @@ def test_index_tail_saves_its_checkpoint_on_sigterm(kafka_bootstrap: str, kafka_
         proc.kill()
     assert proc.returncode == 130, err
     assert "checkpoint saved to" in rest
-    assert load_checkpoint(ckpt, topic=kafka_topic).index().same_state(full_replay(kafka_bootstrap, kafka_topic))
+    assert (
+        load_checkpoint(ckpt, topic=kafka_topic).index().same_state(full_replay(kafka_bootstrap, kafka_topic))
+    )
 
 
 @pytest.mark.slow
@@ -310,7 +345,9 @@ def test_readyz_flips_when_the_broker_dies_and_back_when_it_returns(tmp_path: Pa
     from kvevents.broker.config import choose_ports
 
     ports = choose_ports()
-    broker = LocalBroker(tmp_path / "broker", port=ports.client, controller_port=ports.controller, stop_with_parent=True)
+    broker = LocalBroker(
+        tmp_path / "broker", port=ports.client, controller_port=ports.controller, stop_with_parent=True
+    )
     broker.start()
     try:
         bootstrap = broker.bootstrap_servers
@@ -324,13 +361,17 @@ def test_readyz_flips_when_the_broker_dies_and_back_when_it_returns(tmp_path: Pa
             wait_for(lambda: http(url + "/readyz")[0] == 200, 10, "ready")
             broker.stop()
             stopped = time.monotonic()
-            status, body = wait_for(lambda: (r := http(url + "/readyz"))[0] == 503 and r, 10, "503 with the broker down")
+            _status, body = wait_for(
+                lambda: (r := http(url + "/readyz"))[0] == 503 and r, 10, "503 with the broker down"
+            )
             assert time.monotonic() - stopped < 6 and not body["broker_ok"]
             assert http(url + "/healthz")[0] == 200  # the process still serves
             assert http(url + "/match", {"token_ids": TOKENS})[1]["best"]["instance_id"] == "a"  # from memory
             broker.start()
             wait_for(lambda: http(url + "/readyz")[0] == 200, 30, "ready again")
             produce(bootstrap, topic, [stored_batch("b")])
-            wait_for(lambda: len(http(url + "/match", {"token_ids": TOKENS})[1]["scores"]) == 2, 15, "b applied")
+            wait_for(
+                lambda: len(http(url + "/match", {"token_ids": TOKENS})[1]["scores"]) == 2, 15, "b applied"
+            )
     finally:
         broker.stop()

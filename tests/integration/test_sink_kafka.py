@@ -80,7 +80,10 @@ def test_100k_mixed_events_arrive_identical_and_in_order_per_instance(
         assert {c.key for c in mine} == {sink.instance_id.encode()}
         assert len({c.partition for c in mine}) == 1  # one key, one partition: one order
         in_offset_order = sorted(mine, key=lambda c: c.offset)
-        headers = {"content-type": CONTENT_TYPE.encode(), FINGERPRINT_HEADER: current_fingerprint().hex().encode()}
+        headers = {
+            "content-type": CONTENT_TYPE.encode(),
+            FINGERPRINT_HEADER: current_fingerprint().hex().encode(),
+        }
         assert all(c.headers == headers for c in in_offset_order[:-1])
         assert in_offset_order[-1].headers == {**headers, CONTROL_HEADER: b"close"}  # a clean stop says so
         assert in_offset_order[-1].batch.events == []

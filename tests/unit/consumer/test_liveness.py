@@ -11,7 +11,9 @@ from kvevents.consumer.liveness import CONTROL_HEADER
 
 def message(key: bytes | None, at_ms: int | None, headers: list[tuple[str, bytes]] | None = None) -> Message:
     kind, stamp = (TIMESTAMP_NOT_AVAILABLE, 0) if at_ms is None else (TIMESTAMP_CREATE_TIME, at_ms)
-    return Message(topic="t", partition=0, offset=0, key=key, value=b"", headers=headers, timestamp=(kind, stamp))
+    return Message(
+        topic="t", partition=0, offset=0, key=key, value=b"", headers=headers, timestamp=(kind, stamp)
+    )
 
 
 def test_live_then_stale_after_the_ttl_by_message_time() -> None:

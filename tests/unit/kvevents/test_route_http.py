@@ -26,7 +26,9 @@ PROMPT = list(range(100, 116))  # four blocks of 4 tokens
 
 def store_prefix(index: CacheIndex, instance: str, tokens: list[int], blocks: int, level: int = 0) -> None:
     stored = [
-        KVCacheStoredBlockData(hash((instance, i)) & 0xFFFFFFFF, tokens[i * BS : (i + 1) * BS], cache_level=level)
+        KVCacheStoredBlockData(
+            hash((instance, i)) & 0xFFFFFFFF, tokens[i * BS : (i + 1) * BS], cache_level=level
+        )
         for i in range(blocks)
     ]
     events = [created(0, 0), KVCacheEvent(1, KVCacheStoredData(None, stored), 64, 0)]
@@ -85,7 +87,9 @@ def serving(options: ServeOptions) -> Iterator[Running]:
 
 @pytest.fixture
 def srv() -> Iterator[Running]:
-    yield from serving(ServeOptions(block_size=BS, max_body_bytes=64 * 1024, header_timeout_s=1.0, body_timeout_s=1.0))
+    yield from serving(
+        ServeOptions(block_size=BS, max_body_bytes=64 * 1024, header_timeout_s=1.0, body_timeout_s=1.0)
+    )
 
 
 def raw(srv: Running, data: bytes, *, timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
@@ -120,7 +124,11 @@ def request(srv: Running, method: str, path: str, body: bytes | None = None, ext
     if body is not None:
         head += f"Content-Length: {len(body)}\r\nContent-Type: application/json\r\n"
     status, headers, data = raw(srv, head.encode() + b"\r\n" + (body or b""))
-    return status, headers, json.loads(data) if data and headers.get("content-type", "").startswith("application/json") else {}
+    return (
+        status,
+        headers,
+        json.loads(data) if data and headers.get("content-type", "").startswith("application/json") else {},
+    )
 
 
 def post(srv: Running, path: str, payload: object) -> tuple[int, dict]:  # type: ignore[type-arg]
@@ -134,15 +142,25 @@ def test_match_single_batch_and_hashes_leave_stale_workers_out(srv: Running) -> 
     assert body["best"] == {"instance_id": "b", "attention_dp_rank": 0, "matched_blocks": 4,
                             "primary_blocks": 4, "score": 4.0, "degraded": False}  # fmt: skip
     assert [s["instance_id"] for s in body["scores"]] == ["b", "c", "a"]
-    assert body["left_out"] == [{"instance_id": "stale", "attention_dp_rank": 0, "state": "stale", "matched_blocks": 4}]
-    status, body = post(srv, "/match", {"prompts": [{"token_ids": PROMPT}, {"token_ids": [5] * 8}], "secondary_weight": 0.5})
+    assert body["left_out"] == [
+        {"instance_id": "stale", "attention_dp_rank": 0, "state": "stale", "matched_blocks": 4}
+    ]
+    status, body = post(
+        srv, "/match", {"prompts": [{"token_ids": PROMPT}, {"token_ids": [5] * 8}], "secondary_weight": 0.5}
+    )
     assert status == 200 and len(body["results"]) == 2
-    assert [(s["instance_id"], s["score"]) for s in body["results"][0]["scores"]] == [("b", 4.0), ("a", 2.0), ("c", 1.5)]
+    assert [(s["instance_id"], s["score"]) for s in body["results"][0]["scores"]] == [
+        ("b", 4.0),
+        ("a", 2.0),
+        ("c", 1.5),
+    ]
     assert body["results"][1] == {"blocks": 2, "scores": [], "best": None, "left_out": []}
     hashes = [hash(("b", i)) & 0xFFFFFFFF for i in range(3)]
     status, body = post(srv, "/match/hashes", {"block_hashes": hashes})
     assert status == 200 and body["best"]["instance_id"] == "b" and body["best"]["matched_blocks"] == 3
-    status, body = post(srv, "/match/hashes", {"prompts": [{"block_hashes": hashes[:1]}, {"block_hashes": [1]}]})
+    status, body = post(
+        srv, "/match/hashes", {"prompts": [{"block_hashes": hashes[:1]}, {"block_hashes": [1]}]}
+    )
     assert status == 200 and [r["blocks"] for r in body["results"]] == [1, 1]
 
 
@@ -197,13 +215,21 @@ def test_wrong_path_and_method_get_json_404_and_405_with_allow(srv: Running) -> 
 
 def test_length_classes_400_411_413_close_the_connection(srv: Running) -> None:
     for bad in ("-1", "abc", "1e3"):
-        status, headers, body = raw(srv, f"POST /match HTTP/1.1\r\nHost: x\r\nContent-Length: {bad}\r\n\r\n{{}}".encode())
+        status, headers, body = raw(
+            srv, f"POST /match HTTP/1.1\r\nHost: x\r\nContent-Length: {bad}\r\n\r\n{{}}".encode()
+        )
         assert status == 400 and headers["connection"] == "close" and json.loads(body)["status"] == 400, bad
     status, headers, body = raw(srv, b"POST /match HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert status == 411 and headers["connection"] == "close" and "Content-Length" in json.loads(body)["error"]
+    assert (
+        status == 411 and headers["connection"] == "close" and "Content-Length" in json.loads(body)["error"]
+    )
     # 100 MB announced: answered at once, nothing of the body sent
     status, headers, body = raw(srv, b"POST /match HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n")
-    assert status == 413 and headers["connection"] == "close" and "limit of 65536 bytes" in json.loads(body)["error"]
+    assert (
+        status == 413
+        and headers["connection"] == "close"
+        and "limit of 65536 bytes" in json.loads(body)["error"]
+    )
 
 
 def test_chunked_body_over_the_limit_gets_413_while_reading(srv: Running) -> None:
@@ -219,7 +245,11 @@ def test_chunked_body_over_the_limit_gets_413_while_reading(srv: Running) -> Non
     assert status == 413 and headers["connection"] == "close"
     # a chunked body within the limit is read and answered
     data = json.dumps({"token_ids": PROMPT}).encode()
-    status, _, body = raw(srv, b"POST /match HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+    status, _, body = raw(
+        srv,
+        b"POST /match HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+        % (len(data), data),
+    )
     assert status == 200 and json.loads(body)["best"]["instance_id"] == "b"
 
 
@@ -236,7 +266,7 @@ def test_slow_loris_head_and_slow_body_get_408_and_the_service_keeps_answering(s
         assert slow.recv(10) == b""  # closed
     assert time.monotonic() - started < 3.0
     with socket.create_connection((srv.host, srv.port), timeout=5) as slow_body:
-        slow_body.sendall(b"POST /match HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"token_ids\"")
+        slow_body.sendall(b'POST /match HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"token_ids"')
         status, headers, body = read_response(slow_body)
         assert status == 408 and "body did not arrive" in json.loads(body)["error"]
 
@@ -270,7 +300,7 @@ def test_connections_past_the_bound_get_503() -> None:
         held = [socket.create_connection((running.host, running.port), timeout=5) for _ in range(5)]
         try:
             time.sleep(0.2)
-            status, headers, body = raw(running, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # type: ignore[arg-type]
+            status, _headers, body = raw(running, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # type: ignore[arg-type]
             assert status == 503 and "more than 5 open connections" in json.loads(body)["error"]
         finally:
             for s in held:
@@ -297,10 +327,23 @@ def test_metrics_are_prometheus_text_with_requests_and_index_figures(srv: Runnin
         status, headers, body = read_response(s)
     assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
-    assert samples[("kvevents_router_requests_total", (("process", "0"), ("route", "/match"), ("status", "200")))] == 1
-    assert samples[("kvevents_router_requests_total", (("process", "0"), ("route", "other"), ("status", "404")))] == 1
-    assert samples[("kvevents_router_request_duration_seconds_count", (("process", "0"), ("route", "/match")))] == 1
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples
+    }
+    assert (
+        samples[
+            ("kvevents_router_requests_total", (("process", "0"), ("route", "/match"), ("status", "200")))
+        ]
+        == 1
+    )
+    assert (
+        samples[("kvevents_router_requests_total", (("process", "0"), ("route", "other"), ("status", "404")))]
+        == 1
+    )
+    assert (
+        samples[("kvevents_router_request_duration_seconds_count", (("process", "0"), ("route", "/match")))]
+        == 1
+    )
     assert samples[("kvevents_index_workers", (("process", "0"),))] == 4
     assert samples[("kvevents_index_liveness_workers", (("process", "0"), ("state", "stale")))] == 1
     assert samples[("kvevents_index_held_blocks", (("process", "0"),))] == 13
