@@ -7,7 +7,8 @@
 The index: 256 workers (64 instances x 4 attention-DP ranks), each holding prefixes of 24 of 512
 64-block prompts (``bench/support/route_index.py``). Queries: held-out 64-block prompts sharing a
 prefix with the corpus, as ``POST /match`` token ids (single), ``POST /match/hashes`` engine
-hashes, and ``POST /match`` batches of 16 prompts.
+hashes, and ``POST /match`` batches of 16 prompts; *tiny* (one unknown hash: almost no handler
+work) shows what the HTTP stack itself costs on the machine at that moment.
 
 Servers, side by side in one run, each in a child process serving the same index:
 
@@ -100,6 +101,7 @@ def _measure(
     if name != "stdlib":
         forms["hashes"] = ("/match/hashes", work.hashes)
         forms["batch"] = ("/match", work.batch)
+        forms["tiny"] = ("/match/hashes", [b'{"block_hashes": [1]}'])  # the stack's own ceiling
     out: dict[str, Any] = {}
     for form, (endpoint, bodies) in forms.items():
         top = wrk_load.run(url, endpoint, bodies, connections=connections, seconds=seconds)

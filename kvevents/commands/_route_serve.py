@@ -23,7 +23,11 @@ log = logging.getLogger(__name__)
 
 def serve_live(args: argparse.Namespace, built: Built) -> int:
     """Serve until SIGTERM/SIGINT; 0 after a graceful stop with the checkpoint saved."""
-    from kvevents.commands._route_http import ServeOptions, bind, serve
+    try:
+        from kvevents.commands._route_http import ServeOptions, bind, serve
+    except ImportError as exc:
+        built.close()
+        raise CommandError(f"route --serve needs uvicorn: pip install 'kvevents[serve]' ({exc})") from exc
     from kvevents.consumer import LiveIndex, ReaderError
 
     offsets = built.reader.offsets()
