@@ -75,6 +75,23 @@ SERVERS = {
 }
 
 
+def _tree_pss_mb(pid: int) -> dict[str, float]:
+    """Proportional set size (shared pages split between sharers) of a process and its children."""
+    out: dict[str, float] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            text = Path(f"/proc/{p}/smaps_rollup").read_text()
+            pss = next(int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:"))
+            out[str(p)] = round(pss / 1024, 1)
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return out
+
+
 def _post(url: str, body: bytes) -> dict[str, Any]:
     request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -158,6 +175,10 @@ def main() -> None:
                     time.sleep(0.1)
             _check(name, url, work)
             results[name] = _measure(name, url, work, args.seconds, args.connections)
+            assert child.pid is not None
+            pss = _tree_pss_mb(child.pid)
+            results[name]["memory_pss_mb"] = {"total": round(sum(pss.values()), 1), "by_process": pss}
+            print(f"{name:<11} memory (PSS, every process): {sum(pss.values()):.1f} MB {pss}", flush=True)
         finally:
             if child.pid is not None:
                 os.kill(child.pid, signal.SIGTERM)
