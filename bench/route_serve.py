@@ -92,6 +92,23 @@ def _tree_pss_mb(pid: int) -> dict[str, float]:
     return out
 
 
+def _in_process(work: route_index.Workload) -> dict[str, float]:
+    """What the new server's handler costs per request without HTTP (decode, score, encode)."""
+    from kvevents.commands._route_app import AppOptions, RouteApp, StaticSource
+
+    app = RouteApp(StaticSource(work.index), AppOptions(block_size=route_index.BLOCK_SIZE))
+    out: dict[str, float] = {}
+    for form, handler, bodies in (("single", app._match_tokens, work.single), ("hashes", app._match_hashes, work.hashes),
+                                  ("batch", app._match_tokens, work.batch)):  # fmt: skip
+        samples = []
+        for body in bodies[:200]:
+            t0 = time.perf_counter()
+            handler(body)
+            samples.append(time.perf_counter() - t0)
+        out[form] = round(sorted(samples)[len(samples) // 2] * 1e6, 1)
+    return out
+
+
 def _post(url: str, body: bytes) -> dict[str, Any]:
     request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -158,6 +175,8 @@ def main() -> None:
     work = route_index.build(workers=args.workers)
     print(f"index: {args.workers} workers, {work.index.held_blocks():,} held blocks; queries of "
           f"{work.blocks_per_prompt} blocks; load: wrk {args.connections} connections", file=sys.stderr)  # fmt: skip
+    in_process = _in_process(work)
+    print(f"in-process handler (no HTTP), p50 us: {in_process}", flush=True)
     ctx = multiprocessing.get_context("fork")
     results: dict[str, Any] = {}
     for name in names:
@@ -200,6 +219,8 @@ def main() -> None:
         "index": {"workers": args.workers, "held_blocks": work.index.held_blocks(),
                   "blocks_per_prompt": work.blocks_per_prompt, "batch_size": work.batch_size},
         "settings": {"seconds": args.seconds, "connections": args.connections, "paced_connections": 16},
+        "in_process_handler_p50_us": in_process,
+        "load_average_at_end": os.getloadavg(),
         "servers": merged,
         "single_max_over_stdlib": ratios,
     }  # fmt: skip
