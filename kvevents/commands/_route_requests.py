@@ -68,27 +68,27 @@ def score_query(
     """One answer: ``blocks``, ``scores`` best first (each with its ``degraded`` flag), ``best``,
     and ``left_out``: workers that matched but are stale or closed (not routed to)."""
     details = index.match_details(hashes, by_content=by_content, window_size=window_size)
-    scores = []
+    ranked = []
     skipped = []
-    for key, match in details.items():
-        if match.blocks <= 0:
+    for key, (blocks, primary) in details.items():
+        if blocks <= 0:
             continue
-        state = left_out.get(key)
-        if state is not None:
-            skipped.append({"instance_id": key[0], "attention_dp_rank": key[1], "state": state,
-                            "matched_blocks": match.blocks})  # fmt: skip
+        if left_out and key in left_out:
+            skipped.append({"instance_id": key[0], "attention_dp_rank": key[1], "state": left_out[key],
+                            "matched_blocks": blocks})  # fmt: skip
             continue
-        scores.append(
-            {
-                "instance_id": key[0],
-                "attention_dp_rank": key[1],
-                "matched_blocks": match.blocks,
-                "primary_blocks": match.primary_blocks,
-                "score": round(match.score(secondary_weight), 6),
-                "degraded": key in degraded,
-            }
+        score = (
+            float(blocks)
+            if secondary_weight == 1.0
+            else round(primary + secondary_weight * (blocks - primary), 6)
         )
-    scores.sort(key=lambda s: (-s["score"], -s["matched_blocks"], s["instance_id"], s["attention_dp_rank"]))
+        ranked.append((-score, -blocks, key[0], key[1], primary))
+    ranked.sort()  # best first: score, then matched blocks, then worker key
+    scores = [
+        {"instance_id": instance, "attention_dp_rank": rank, "matched_blocks": -negative_blocks,
+         "primary_blocks": primary, "score": -negative_score, "degraded": (instance, rank) in degraded}
+        for negative_score, negative_blocks, instance, rank, primary in ranked
+    ]  # fmt: skip
     skipped.sort(key=lambda s: (s["instance_id"], s["attention_dp_rank"]))
     return {
         "blocks": len(hashes),
