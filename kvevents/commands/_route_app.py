@@ -36,7 +36,9 @@ class IndexSource(Protocol):
 
     index: CacheIndex
     lock: threading.Lock
-    liveness: Liveness | None
+
+    @property
+    def liveness(self) -> Liveness | None: ...
 
     def health(self) -> FollowerHealth | None: ...
     def not_routable(self, now: float | None = None) -> dict[WorkerKey, str]: ...
@@ -46,7 +48,7 @@ class IndexSource(Protocol):
 class StaticSource:
     """A fixed index (benchmarks, tests): always ready, every worker live."""
 
-    liveness = None
+    liveness: Liveness | None = None
 
     def __init__(self, index: CacheIndex) -> None:
         self.index = index

@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvevents.consumer.follower import DEFAULT_READY_MAX_LAG
+from kvevents.consumer.liveness import DEFAULT_STALE_AFTER_S
+
 from kvevents.commands._common import (
     EXIT_INTERRUPTED,
     CommandError,
@@ -20,8 +23,6 @@ from kvevents.commands._common import (
 )
 from kvevents.commands._index_build import Built, add_index_flags, build_index, catch_up_with_topic
 from kvevents.commands._shutdown import sigterm_as_sigint
-from kvevents.consumer.follower import DEFAULT_READY_MAX_LAG
-from kvevents.consumer.liveness import DEFAULT_STALE_AFTER_S
 
 DESCRIPTION = """\
 Build the global cache index (from the topic, or a checkpoint caught up with it), then for
