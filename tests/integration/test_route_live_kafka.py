@@ -270,6 +270,7 @@ def cli(*argv: str) -> list[str]:
     return [sys.executable, "-m", "kvevents.cli", *argv]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("sig", "workers"), [(signal.SIGTERM, 1), (signal.SIGINT, 2), (signal.SIGTERM, 2)])
 def test_route_serve_saves_on_signal_a_checkpoint_equal_to_a_full_replay(
     kafka_bootstrap: str, kafka_topic_factory: Callable[..., str], tmp_path: Path, sig: int, workers: int

@@ -272,6 +272,7 @@ def test_slow_loris_head_and_slow_body_get_408_and_the_service_keeps_answering(s
         assert status == 408 and "body did not arrive" in json.loads(body)["error"]
 
 
+@pytest.mark.slow
 def test_a_thousand_idle_connections_cost_no_thread_and_are_closed(srv: Running) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 2500:  # both ends of 1,000 connections live in this process
