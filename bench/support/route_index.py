@@ -47,7 +47,7 @@ def build(workers: int = 256, blocks: int = 64, prompts: int = 512, per_worker: 
                 KVCacheStoredBlockData(h, array("i", tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]))
                 for i, h in enumerate(hashes[:held])
             ]
-            events.append(KVCacheEvent(event_id, KVCacheStoredData(None, stored), 0))
+            events.append(KVCacheEvent(event_id, KVCacheStoredData(None, stored), 8192))
         index.apply(EventBatch(f"engine-{w // 4}", events, attention_dp_size=4, producer_id=w))
     single, hashes_bodies = [], []
     queries_tokens = []

@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +46,7 @@ from kvevents.commands._route_http import ServeOptions, bind, make_server
 pytestmark = pytest.mark.kafka
 
 TOKENS = list(range(7000, 7000 + 3 * BLOCK_SIZE))
+WINDOW = 8192
 
 
 def stored_batch(name: str, sequence: int = 0) -> EventBatch:
@@ -52,14 +54,23 @@ def stored_batch(name: str, sequence: int = 0) -> EventBatch:
         KVCacheStoredBlockData(900 + i, TOKENS[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]) for i in range(3)
     ]
     events = [
-        KVCacheEvent(0, KVCacheCreatedData([64, 0]), 0, 0),
-        KVCacheEvent(1, KVCacheStoredData(None, blocks), 0, 0),
+        KVCacheEvent(0, KVCacheCreatedData([64, 0]), WINDOW, 0),
+        KVCacheEvent(1, KVCacheStoredData(None, blocks), WINDOW, 0),
     ]
-    return EventBatch(name, events, producer_id=5, sequence=sequence, created_at_us=time.time_ns() // 1000)
+    return EventBatch(
+        name, events, producer_id=producer_of(name), sequence=sequence, created_at_us=time.time_ns() // 1000
+    )
 
 
 def heartbeat(name: str, sequence: int) -> EventBatch:
-    return EventBatch(name, [], producer_id=5, sequence=sequence, created_at_us=time.time_ns() // 1000)
+    return EventBatch(
+        name, [], producer_id=producer_of(name), sequence=sequence, created_at_us=time.time_ns() // 1000
+    )
+
+
+def producer_of(name: str) -> int:
+    """One producer session per instance (a session id shared by two instances is a conflict)."""
+    return zlib.crc32(name.encode()) + 1
 
 
 def produce_with_headers(
