@@ -1,207 +1,232 @@
-"""Benchmark of ``kvevents route --serve``: what HTTP adds to a routing query.
+"""Benchmark of ``kvevents route --serve``: requests/s and latency of ``POST /match`` under load.
 
-    python bench/route_serve.py            # about a minute on 2 cores
-    python bench/route_serve.py --quick    # a smoke test
+    python bench/route_serve.py                     # about a minute on 2 cores
+    python bench/route_serve.py --quick             # a smoke test
+    python bench/route_serve.py --servers stdlib    # the old server alone
 
-An index is filled in memory from simulated engines (``EngineSimulator`` on real managers,
-``--workers`` workers, shared system prompts and Zipf documents), then held-out requests of the
-same workload are scored three ways, side by side:
+The index: 256 workers (64 instances x 4 attention-DP ranks), each holding prefixes of 24 of 512
+64-block prompts (``bench/support/route_index.py``). Queries: held-out 64-block prompts sharing a
+prefix with the corpus, as ``POST /match`` token ids (single), ``POST /match/hashes`` engine
+hashes, and ``POST /match`` batches of 16 prompts; *tiny* (one unknown hash: almost no handler
+work) shows what the HTTP stack itself costs on the machine at that moment.
 
-- **in-process**: ``score_prompt`` (content hashes of the prompt + ``match_details`` + sort),
-  the function the server runs under its lock (the baseline);
-- **HTTP sequential**: one client, one keep-alive connection, ``POST /match`` (JSON encode,
-  request, parse, score, JSON answer) to a ``MatchServer`` in a child process;
-- **HTTP concurrent**: 1, 2 and 4 client threads (each with its own connection) for a fixed
-  time: requests per second.
+Servers, side by side in one run, each in a child process serving the same index:
 
-Every HTTP answer is checked against the in-process one. Timings repeat (``--repeat``), the best
-p50 is reported; the machine is shared, so compare ratios within one run. Results:
-``bench/results/route_serve.json``.
+- **stdlib**: the threaded ``http.server`` this project served with before (the baseline,
+  ``bench/support/stdlib_route_server.py``; tokens only, no batch form);
+- **uvicorn-1w / uvicorn-2w**: ``kvevents route --serve``'s server (uvicorn, httptools, uvloop,
+  a bare ASGI app, msgspec) with 1 and 2 worker processes.
+
+Load: ``wrk`` (Debian's package) on the same 2 cores, keep-alive connections. *max*: closed
+loop, as fast as answers come; *half*: each connection paced (wrk's ``delay()``) to about half
+the max rate of that server, to read p99 at half load. Every server's answer is first checked
+against the in-process scoring. Results: ``bench/results/route_serve.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import multiprocessing
+import os
 import platform
-import statistics
+import signal
+import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kvevents.consumer import CacheIndex
-from kvevents.producer import KVCacheEventManager
-from kvevents.producer.simulator import EngineSimulator, SimulatorConfig
-from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
-from kvevents.schemas import EventBatch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kvevents.commands._route_server import MatchServer
+from kvevents.consumer import CacheIndex
+from support import route_index, wrk_load
+
 from kvevents.commands._routing import score_prompt
 
 RESULTS = Path(__file__).resolve().parent / "results" / "route_serve.json"
-BLOCK_SIZE = 32
 
 
-def build_index(workers: int, iterations: int) -> tuple[CacheIndex, WorkloadConfig, int]:
-    workload = WorkloadConfig(seed=11, request_rate=20.0)
-    index = CacheIndex()
-    events = 0
-    for w in range(workers):
-        name = f"engine-{w // 4}"
-        rank = w % 4
-        with KVCacheEventManager(1_000_000) as manager:
-            sim = EngineSimulator(
-                SimulatorConfig(
-                    instance_id=name, attention_dp_rank=rank, block_size=BLOCK_SIZE, num_secondary_blocks=256
-                ),
-                manager,
-                WorkloadGenerator(workload.for_worker(name, rank)),
-            )
-            sim.run(max_iterations=iterations)
-            assert manager.settle(timeout=60)
-            drain = manager.drain(timeout=0)
-            events += len(drain.events)
-            # one batch per worker; a real sink interleaves them, the index state is the same
-            index.apply(EventBatch(name, drain.events, attention_dp_size=4, producer_id=w, sequence=0))
-    return index, workload, events
+def _serve_stdlib(index: CacheIndex, port_queue: Any) -> None:
+    from support.stdlib_route_server import MatchServer
 
-
-def percentiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "p50_us": round(ordered[len(ordered) // 2] * 1e6, 1),
-        "p99_us": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e6, 1),
-        "mean_us": round(statistics.fmean(ordered) * 1e6, 1),
-    }
-
-
-def serve(index_bytes: bytes, port_queue: Any, stop: Any) -> None:
-    index = CacheIndex.from_bytes(index_bytes)
-    server = MatchServer(("127.0.0.1", 0), index, threading.Lock(), None, BLOCK_SIZE)
+    server = MatchServer(("127.0.0.1", 0), index, threading.Lock(), None, route_index.BLOCK_SIZE)
     port_queue.put(server.server_address[1])
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    stop.wait()
-    server.shutdown()
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    server.serve_forever(poll_interval=0.1)
     server.server_close()
 
 
-def post(conn: http.client.HTTPConnection, body: bytes) -> dict[str, Any]:
-    conn.request("POST", "/match", body=body, headers={"Content-Type": "application/json"})
-    response = conn.getresponse()
-    data = response.read()
-    assert response.status == 200, data
-    return json.loads(data)
+def _serve_uvicorn(index: CacheIndex, port_queue: Any, workers: int) -> None:
+    from kvevents.commands._route_http import ServeOptions, bind, serve_static
+
+    sock = bind("127.0.0.1", 0)
+    port_queue.put(sock.getsockname()[1])
+    serve_static(
+        index, sock, ServeOptions(workers=workers, block_size=route_index.BLOCK_SIZE, access_log=False)
+    )
+
+
+SERVERS = {
+    "stdlib": (_serve_stdlib, {}),
+    "uvicorn-1w": (_serve_uvicorn, {"workers": 1}),
+    "uvicorn-2w": (_serve_uvicorn, {"workers": 2}),
+}
+
+
+def _tree_pss_mb(pid: int) -> dict[str, float]:
+    """Proportional set size (shared pages split between sharers) of a process and its children."""
+    out: dict[str, float] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            text = Path(f"/proc/{p}/smaps_rollup").read_text()
+            pss = next(int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:"))
+            out[str(p)] = round(pss / 1024, 1)
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return out
+
+
+def _in_process(work: route_index.Workload) -> dict[str, float]:
+    """What the new server's handler costs per request without HTTP (decode, score, encode)."""
+    from kvevents.commands._route_app import AppOptions, RouteApp, StaticSource
+
+    app = RouteApp(StaticSource(work.index), AppOptions(block_size=route_index.BLOCK_SIZE))
+    out: dict[str, float] = {}
+    for form, handler, bodies in (("single", app._match_tokens, work.single), ("hashes", app._match_hashes, work.hashes),
+                                  ("batch", app._match_tokens, work.batch)):  # fmt: skip
+        samples = []
+        for body in bodies[:200]:
+            t0 = time.perf_counter()
+            handler(body)
+            samples.append(time.perf_counter() - t0)
+        out[form] = round(sorted(samples)[len(samples) // 2] * 1e6, 1)
+    return out
+
+
+def _post(url: str, body: bytes) -> dict[str, Any]:
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        result: dict[str, Any] = json.loads(response.read())
+        return result
+
+
+def _check(name: str, url: str, work: route_index.Workload) -> None:
+    """The server's best worker and scores equal the in-process ones (a few queries)."""
+    for body in work.single[:20]:
+        tokens = json.loads(body)["token_ids"]
+        _, want = score_prompt(work.index, tokens, route_index.BLOCK_SIZE)
+        got = _post(url + "/match", body)
+        assert [s["matched_blocks"] for s in got["scores"]] == [s.matched_blocks for s in want], name
+        assert [(s["instance_id"], s["attention_dp_rank"]) for s in got["scores"]] == [
+            (s.instance_id, s.attention_dp_rank) for s in want
+        ], name
+
+
+def _measure(
+    name: str, url: str, work: route_index.Workload, seconds: float, connections: int
+) -> dict[str, Any]:
+    forms: dict[str, tuple[str, list[bytes]]] = {"single": ("/match", work.single)}
+    if name != "stdlib":
+        forms["hashes"] = ("/match/hashes", work.hashes)
+        forms["batch"] = ("/match", work.batch)
+        forms["tiny"] = ("/match/hashes", [b'{"block_hashes": [1]}'])  # the stack's own ceiling
+    out: dict[str, Any] = {}
+    for form, (endpoint, bodies) in forms.items():
+        top = wrk_load.run(url, endpoint, bodies, connections=connections, seconds=seconds)
+        target = top["requests_per_s"] / 2
+        paced_conns = 16
+        # each connection: one request every paced_conns/target s, minus the answer's own time
+        delay = max(1, round(paced_conns * 1000 / target - top["p50_us"] / 1000))
+        half = wrk_load.run(url, endpoint, bodies, connections=paced_conns, seconds=seconds, delay_ms=delay)
+        out[form] = {"max": top, "half": half}
+        if form == "batch":
+            out[form]["prompts_per_request"] = work.batch_size
+        print(f"{name:<11} {form:<7} max {top['requests_per_s']:>9,.0f} req/s p50 {top['p50_us'] / 1000:6.2f} "
+              f"p99 {top['p99_us'] / 1000:6.2f} ms | at {half['requests_per_s']:>8,.0f} req/s p50 "
+              f"{half['p50_us'] / 1000:5.2f} p99 {half['p99_us'] / 1000:5.2f} ms"
+              f" errors {top['non2xx'] + top['read_errors'] + top['connect_errors'] + half['non2xx']}",
+              flush=True)  # fmt: skip
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--iterations", type=int, default=1500)
-    parser.add_argument("--queries", type=int, default=400)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=3.0, help="per concurrency level")
+    parser.add_argument("--quick", action="store_true", help="small index, 1 s per run, no JSON written")
+    parser.add_argument("--servers", default=",".join(SERVERS), help=f"subset of {','.join(SERVERS)}")
+    parser.add_argument("--seconds", type=float, default=4.0, help="per wrk run (default: 4)")
+    parser.add_argument("--connections", type=int, default=64, help="keep-alive connections at max load")
+    parser.add_argument("--workers", type=int, default=256, help="index workers (default: 256)")
+    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.quick:
-        args.workers, args.iterations, args.queries, args.repeat, args.seconds = 4, 200, 50, 1, 1.0
-
-    started = time.monotonic()
-    index, workload, events = build_index(args.workers, args.iterations)
-    print(f"index: {args.workers} workers, {events:,} events, {index.held_blocks():,} held blocks "
-          f"({time.monotonic() - started:.1f} s to simulate)")  # fmt: skip
-    requests = WorkloadGenerator(workload).held_out(args.queries, seed=1)
-    prompts = [(r.prompt.tolist(), r.lora_id) for r in requests]
-    bodies = [
-        json.dumps({"token_ids": t, "block_size": BLOCK_SIZE, "lora_id": lora}).encode()
-        for t, lora in prompts
-    ]
-    expected = [[s.to_json() for s in score_prompt(index, t, BLOCK_SIZE, lora)[1]] for t, lora in prompts]
-    blocks = statistics.fmean(len(t) // BLOCK_SIZE for t, _ in prompts)
-    hit = sum(1 for e in expected if e) / len(expected)
-
+        args.seconds, args.workers = 1.0, 32
+    names = [n.strip() for n in args.servers.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(SERVERS))
+    if unknown:
+        parser.error(f"unknown server(s) {unknown}")
+    work = route_index.build(workers=args.workers)
+    print(f"index: {args.workers} workers, {work.index.held_blocks():,} held blocks; queries of "
+          f"{work.blocks_per_prompt} blocks; load: wrk {args.connections} connections", file=sys.stderr)  # fmt: skip
+    in_process = _in_process(work)
+    print(f"in-process handler (no HTTP), p50 us: {in_process}", flush=True)
     ctx = multiprocessing.get_context("fork")
-    ports, stop = ctx.Queue(), ctx.Event()
-    child = ctx.Process(target=serve, args=(index.to_bytes(), ports, stop), daemon=True)
-    child.start()
-    port = ports.get(timeout=60)
-
-    inproc: list[dict[str, float]] = []
-    sequential: list[dict[str, float]] = []
-    for _ in range(args.repeat):
-        samples = []
-        for t, lora in prompts:
-            t0 = time.perf_counter()
-            score_prompt(index, t, BLOCK_SIZE, lora)
-            samples.append(time.perf_counter() - t0)
-        inproc.append(percentiles(samples))
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        samples = []
-        for body, want in zip(bodies, expected, strict=True):
-            t0 = time.perf_counter()
-            answer = post(conn, body)
-            samples.append(time.perf_counter() - t0)
-            assert answer["scores"] == want, "the server's answer differs from the in-process one"
-        conn.close()
-        sequential.append(percentiles(samples))
-
-    concurrent: dict[str, float] = {}
-    for clients in (1, 2, 4):
-        counts = [0] * clients
-        deadline = time.monotonic() + args.seconds
-
-        def client(
-            i: int, deadline: float = deadline, counts: list[int] = counts, step: int = clients
-        ) -> None:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            n = i
-            while time.monotonic() < deadline:
-                post(conn, bodies[n % len(bodies)])
-                counts[i] += 1
-                n += step
-            conn.close()
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        concurrent[str(clients)] = round(sum(counts) / (time.monotonic() - t0), 1)
-    stop.set()
-    child.join(10)
-
-    best_in = min(inproc, key=lambda r: r["p50_us"])
-    best_http = min(sequential, key=lambda r: r["p50_us"])
-    result = {
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": multiprocessing.cpu_count(),
-            "compiled_core": index.compiled,
-        },
-        "index": {"workers": args.workers, "events": events, "held_blocks": index.held_blocks()},
-        "queries": {"count": len(prompts), "mean_blocks": round(blocks, 1), "with_a_hit": round(hit, 3)},
-        "in_process": best_in,
-        "http_sequential": best_http,
-        "http_over_in_process_p50": round(best_http["p50_us"] / best_in["p50_us"], 1),
-        "http_requests_per_s_by_clients": concurrent,
-        "repeats": args.repeat,
+    results: dict[str, Any] = {}
+    for name in names:
+        target, extra = SERVERS[name]
+        ports = ctx.Queue()
+        child = ctx.Process(target=target, args=(work.index, ports), kwargs=extra, daemon=False)
+        child.start()
+        try:
+            url = f"http://127.0.0.1:{ports.get(timeout=60)}"
+            for _ in range(100):  # every worker process listening
+                try:
+                    urllib.request.urlopen(url + "/healthz", timeout=2).read()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            _check(name, url, work)
+            results[name] = _measure(name, url, work, args.seconds, args.connections)
+            assert child.pid is not None
+            pss = _tree_pss_mb(child.pid)
+            results[name]["memory_pss_mb"] = {"total": round(sum(pss.values()), 1), "by_process": pss}
+            print(f"{name:<11} memory (PSS, every process): {sum(pss.values()):.1f} MB {pss}", flush=True)
+        finally:
+            if child.pid is not None:
+                os.kill(child.pid, signal.SIGTERM)
+            child.join(15)
+    base = results.get("stdlib", {}).get("single", {}).get("max", {}).get("requests_per_s")
+    ratios = {
+        name: round(r["single"]["max"]["requests_per_s"] / base, 2) for name, r in results.items() if base
     }
-    print(f"{'':24} {'p50 us':>10} {'p99 us':>10}")
-    print(f"{'in-process score_prompt':24} {best_in['p50_us']:>10} {best_in['p99_us']:>10}")
-    print(f"{'HTTP POST /match':24} {best_http['p50_us']:>10} {best_http['p99_us']:>10}")
-    print(
-        f"HTTP / in-process p50: {result['http_over_in_process_p50']}x; requests/s by clients: {concurrent}"
-    )
-    if not args.quick:
-        RESULTS.parent.mkdir(exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {RESULTS}")
+    if ratios:
+        print(f"single /match requests/s over stdlib: {ratios}")
+    if args.quick:
+        return
+    merged: dict[str, Any] = {}
+    if args.output.exists():  # a run of some servers keeps the others' last figures
+        merged = json.loads(args.output.read_text()).get("servers", {})
+    merged.update(results)
+    document = {
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_generator": "wrk (Debian)"},
+        "index": {"workers": args.workers, "held_blocks": work.index.held_blocks(),
+                  "blocks_per_prompt": work.blocks_per_prompt, "batch_size": work.batch_size},
+        "settings": {"seconds": args.seconds, "connections": args.connections, "paced_connections": 16},
+        "in_process_handler_p50_us": in_process,
+        "load_average_at_end": os.getloadavg(),
+        "servers": merged,
+        "single_max_over_stdlib": ratios,
+    }  # fmt: skip
+    args.output.parent.mkdir(exist_ok=True)
+    args.output.write_text(json.dumps(document, indent=1) + "\n")
+    print(f"wrote {args.output}", file=sys.stderr)
 
 
 if __name__ == "__main__":

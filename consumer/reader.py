@@ -342,6 +342,20 @@ class EventReader:
         Thread-safe."""
         self._stopping = True
 
+    def probe(self, timeout: float = 2.0) -> dict[int, int] | None:
+        """Each assigned partition's high watermark, asked of the broker now; None when the broker
+        does not answer within ``timeout`` seconds. Call it from the reading thread."""
+        highs: dict[int, int] = {}
+        try:
+            for p in list(self._partitions):
+                _, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=timeout, cached=False
+                )
+                highs[p] = int(high)
+        except KafkaException:
+            return None
+        return highs
+
     def metrics(self) -> ReaderMetrics:
         """Counters, per-partition lag (librdkafka's latest known high watermarks; the captured
         targets once closed) and throughput."""
@@ -407,11 +421,14 @@ class EventReader:
         progress: Callable[[ReaderProgress], None] | None = None,
         progress_interval_s: float = 1.0,
         lock: AbstractContextManager[Any] | None = None,
+        on_message: Callable[[Any], None] | None = None,
     ) -> ReadResult:
         """Apply every message to ``index`` with ``apply_encoded`` until caught up (default),
         or, with ``until_caught_up=False``, until :meth:`stop`, ``timeout`` seconds or
         ``max_messages``. ``progress`` is called every ``progress_interval_s`` seconds and at
-        the end; ``lock`` is held around each apply (share it with the threads that query)."""
+        the end; ``lock`` is held around each apply (share it with the threads that query).
+        ``on_message`` is called with each data message once it is applied or set aside, under
+        ``lock`` (e.g. liveness tracking by key, timestamp and headers)."""
         self._check_open()
         guard = lock if lock is not None else nullcontext()
         apply = index_applier(index, self.codec)
@@ -447,6 +464,9 @@ class EventReader:
                 except DecodeError as exc:
                     with guard:
                         self._set_aside(message, exc, index)
+                if on_message is not None:
+                    with guard:
+                        on_message(message)
                 if value is not None:
                     nbytes += len(value)
                 count += 1

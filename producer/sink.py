@@ -84,6 +84,8 @@ from .sink_queue import ChunkQueue, LossLedger
 from .sink_stats import DeliveryReport, LatencyHistogram, SinkCloseReport, SinkStats
 
 __all__ = [
+    "CONTROL_HEADER",
+    "DEFAULT_HEARTBEAT_S",
     "DEFAULT_MAX_EVENTS_PER_MESSAGE",
     "DEFAULT_MAX_QUEUED_BYTES",
     "DEFAULT_MAX_QUEUED_EVENTS",
@@ -102,6 +104,10 @@ DEFAULT_MAX_EVENTS_PER_MESSAGE = 2000
 """Events per message at most: encoding one message holds the GIL (about 1 ms for 2000 events
 here), and a Python engine thread waits that long at worst for it."""
 FINGERPRINT_HEADER = "kvevents-schema-fingerprint"
+CONTROL_HEADER = "kvevents-control"
+"""Header of a sink's last batch (value ``close``): the instance stopped cleanly (the consumer's
+liveness tracking drops its workers); carried in a header so the Avro envelope is unchanged."""
+DEFAULT_HEARTBEAT_S = 5.0
 """Header with the hex CRC-64-AVRO fingerprint of the writer schema (``content-type`` is the other)."""
 
 _IDLE_WAIT_S = 0.1
@@ -191,6 +197,9 @@ class KafkaEventSink:
       start (0: do not; messages are then limited by ``message.max.bytes`` alone).
     - ``on_delivery``: called with a :class:`~kvevents.producer.sink_stats.DeliveryReport` for
       every message, delivered or failed (on the delivery thread; keep it short).
+    - ``heartbeat_s``: after this many seconds without a message, send a batch with no events
+      (a heartbeat: consumers mark an instance stale when they hear nothing for a while);
+      None: never. :meth:`close` ends with a batch headed ``kvevents-control: close``.
 
     Use as a context manager, or call :meth:`close`. Close the manager first (so its last events
     are buffered), then the sink.
@@ -210,6 +219,7 @@ class KafkaEventSink:
         max_events_per_message: int = DEFAULT_MAX_EVENTS_PER_MESSAGE,
         topic_config_timeout: float = 5.0,
         on_delivery: Callable[[DeliveryReport], None] | None = None,
+        heartbeat_s: float | None = DEFAULT_HEARTBEAT_S,
     ) -> None:
         if not callable(getattr(manager, "drain", None)):
             raise TypeError(f"manager must have drain(timeout) like KVCacheEventManager, got {manager!r}")
@@ -229,6 +239,11 @@ class KafkaEventSink:
         if topic_config_timeout is None:
             raise ValueError("topic_config_timeout must be a number of seconds >= 0 (0: do not read it)")
         timeout = check_timeout(topic_config_timeout)
+        if heartbeat_s is not None and not heartbeat_s > 0:
+            raise ValueError(f"heartbeat_s must be a number of seconds > 0 or None, got {heartbeat_s!r}")
+        self._heartbeat_s = heartbeat_s
+        self._last_produced = time.monotonic()
+        self._heartbeats = 0
         if on_delivery is not None and not callable(on_delivery):
             raise TypeError(f"on_delivery must be callable, got {on_delivery!r}")
 
@@ -562,6 +577,8 @@ class KafkaEventSink:
             self._resolve_topic_limit()
             stuck = self._hand_off()
             if stopping and (not stuck or time.monotonic() >= self._stop_deadline):
+                if not stuck:
+                    self._say_closing()
                 return
             if stuck or stopping or manager.closed:
                 with self._room:
@@ -683,7 +700,22 @@ class KafkaEventSink:
             if self._ledger.pending and self._in_flight == 0:
                 empty = Chunk(EMPTY_EVENTS, 0, {}, {})
                 return self._produce_locked(empty) is _BLOCKED
+            if (
+                self._heartbeat_s is not None
+                and not self._stop_requested
+                and time.monotonic() - self._last_produced >= self._heartbeat_s
+            ):
+                # idle: a batch with no events tells consumers this instance is alive
+                if self._produce_locked(Chunk(EMPTY_EVENTS, 0, {}, {})) is _BLOCKED:
+                    return True
+                self._heartbeats += 1
         return False
+
+    def _say_closing(self) -> None:
+        """The last batch: no events, header ``kvevents-control: close`` (a clean stop)."""
+        with self._lock:
+            if self._fatal is None:
+                self._produce_locked(Chunk(EMPTY_EVENTS, 0, {}, {}), closing=True)
 
     def _resplit_head_locked(self, chunk: Chunk, budget: int) -> None:
         """Cut the head chunk again: it was made before the topic's smaller limit was known."""
@@ -718,7 +750,7 @@ class KafkaEventSink:
             self._fragments += len(replacement) - 1
         self._queue.replace_head(replacement)
 
-    def _produce_locked(self, chunk: Chunk) -> object:
+    def _produce_locked(self, chunk: Chunk, *, closing: bool = False) -> object:
         carried = self._ledger.take()
         sequence = self._next_sequence
         guess = chunk.envelope
@@ -750,7 +782,7 @@ class KafkaEventSink:
                 self._topic,
                 value,
                 self._key,
-                headers=self._headers,  # type: ignore[arg-type]  # list is invariant in the stub
+                headers=[*self._headers, (CONTROL_HEADER, b"close")] if closing else self._headers,  # type: ignore[arg-type]  # list is invariant in the stub
                 on_delivery=functools.partial(self._delivered, record),
             )
         except BufferError:
@@ -771,6 +803,7 @@ class KafkaEventSink:
             )  # fmt: skip
             return None
         self._next_sequence = sequence + 1
+        self._last_produced = time.monotonic()
         self._in_flight += 1
         self._in_flight_events += chunk.events
         return None

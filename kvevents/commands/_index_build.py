@@ -29,6 +29,7 @@ __all__ = [
     "capture_and_save",
     "catch_up_with_topic",
     "describe_progress",
+    "save_checkpoint_to",
 ]
 
 log = logging.getLogger(__name__)
@@ -180,19 +181,26 @@ def catch_up_with_topic(built: Built, progress: Progress | None = None) -> None:
 def capture_and_save(args: argparse.Namespace, built: Built) -> list[str]:
     """Save a checkpoint of ``built`` to ``--save-checkpoint`` and/or ``--checkpoint-topic``;
     returns one line per place saved."""
-    from kvevents.consumer import Checkpoint, CheckpointError, save_checkpoint
+    from kvevents.consumer import Checkpoint
+
+    if getattr(args, "save_checkpoint", None) is None and not args.checkpoint_topic:
+        return []
+    return save_checkpoint_to(args, Checkpoint.capture(built.index, built.reader), built.bootstrap)
+
+
+def save_checkpoint_to(args: argparse.Namespace, checkpoint: Checkpoint, bootstrap: str) -> list[str]:
+    """Save ``checkpoint`` to ``--save-checkpoint`` and/or ``--checkpoint-topic``; one line per
+    place saved."""
+    from kvevents.consumer import CheckpointError, save_checkpoint
 
     targets: list[str] = []
     path: Path | None = getattr(args, "save_checkpoint", None)
-    if path is None and not args.checkpoint_topic:
-        return targets
-    checkpoint = Checkpoint.capture(built.index, built.reader)
     try:
         if path is not None:
             size = save_checkpoint(path, checkpoint)
             targets.append(f"checkpoint saved to {path} ({size:,} bytes, {checkpoint.messages:,} messages)")
         if args.checkpoint_topic:
-            saved = _checkpoint_store(args, built.bootstrap).save(checkpoint)
+            saved = _checkpoint_store(args, bootstrap).save(checkpoint)
             targets.append(
                 f"checkpoint {args.checkpoint_name!r} saved to topic {args.checkpoint_topic!r} "
                 f"({saved.bytes:,} bytes in {saved.chunks} chunk(s), slot {saved.slot})"

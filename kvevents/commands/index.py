@@ -27,6 +27,7 @@ from kvevents.commands._index_build import (
     capture_and_save,
     catch_up_with_topic,
 )
+from kvevents.commands._shutdown import sigterm_as_sigint
 
 DESCRIPTION = """\
 Rebuild the global KV-cache index from the events topic and show its workers: blocks per
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     show = Progress(enabled=not args.quiet)
     built = build_index(args, catch_up=False)
     try:
-        with stop_on_interrupt(built.reader.stop) as interrupted:
+        with stop_on_interrupt(built.reader.stop) as interrupted, sigterm_as_sigint():
             catch_up_with_topic(built, show)
             show.done()
             if args.tail and not interrupted:

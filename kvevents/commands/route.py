@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
+
+from kvevents.consumer.follower import DEFAULT_READY_MAX_LAG
+from kvevents.consumer.liveness import DEFAULT_STALE_AFTER_S
 
 from kvevents.commands._common import (
     EXIT_INTERRUPTED,
@@ -22,6 +22,7 @@ from kvevents.commands._common import (
     stop_on_interrupt,
 )
 from kvevents.commands._index_build import Built, add_index_flags, build_index, catch_up_with_topic
+from kvevents.commands._shutdown import sigterm_as_sigint
 
 DESCRIPTION = """\
 Build the global cache index (from the topic, or a checkpoint caught up with it), then for
@@ -33,21 +34,32 @@ Prompts: --tokens FILE (one prompt per line: token ids separated by whitespace o
 or a JSON list; '#' lines are comments), or --synthetic N held-out requests of the
 simulator's workload (producer/simulator/workload.py; --seed and --content-seed as for simulate).
 
---serve instead answers HTTP while a background thread keeps following the topic:
-  POST /match  {"token_ids": [...], "block_size": 32, "lora_id": null}
-               -> {"blocks": n, "scores": [{"instance_id", "attention_dp_rank",
-                   "matched_blocks", "primary_blocks", "score"}, ...], "best": {...} | null}
-               (optional "secondary_weight" 0..1 and "window_size"; bad JSON -> 400 {"error"})
-  GET /healthz -> {"status": "ok", "caught_up", "lag_messages", "workers", ...}
-  GET /workers -> every worker's blocks per window and cache level, degraded flag
+--serve instead answers HTTP (uvicorn; see the README's "route --serve") while each worker
+process keeps following the topic (a LiveIndex replica):
+  POST /match         {"token_ids": [...], "block_size": 32, "lora_id": null} or a batch
+                      {"prompts": [{"token_ids": [...], "lora_id": null}, ...], "block_size": 32}
+                      -> {"blocks", "scores": [{"instance_id", "attention_dp_rank", "matched_blocks",
+                          "primary_blocks", "score", "degraded"}], "best", "left_out"} (batch:
+                          {"results": [...]}); stale and closed workers are left out, and listed
+  POST /match/hashes  {"block_hashes": [...]} (the engine's block hashes) or {"prompts": [...]}
+  GET /workers        every worker: blocks, degraded flag and reasons, liveness state
+  GET /healthz        200 while the process serves
+  GET /readyz         200 when the follower runs, the broker answers and the lag is at most
+                      --ready-max-lag messages; else 503 with the reasons
+  GET /metrics        Prometheus text: lag, rates, malformed, degraded/stale workers, index
+                      size, requests and latency histograms (per process)
+Errors are JSON {"error", "status"}: 400 bad body, 404, 405 (with Allow), 408 slow client,
+411 no length, 413 body over --max-body-bytes, 503 too many connections. SIGTERM or SIGINT
+stops gracefully and saves the checkpoint (--save-checkpoint, --checkpoint-topic).
 """
 
 EPILOG = """\
 examples:
   kvevents route --tokens prompts.txt --block-size 32
   kvevents route --synthetic 20 --seed 1 --json
-  kvevents route --checkpoint idx.ckpt --serve --port 8080
+  kvevents route --checkpoint idx.ckpt --save-checkpoint idx.ckpt --serve --port 8080 --workers 2
   curl -s localhost:8080/match -d '{"token_ids": [1,2,3], "block_size": 32}'
+  curl -s localhost:8080/readyz
 """
 
 
@@ -61,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_kafka_flags(parser)
-    add_index_flags(parser, saves=False)
+    add_index_flags(parser)  # route --serve saves on exit
     prompts = parser.add_argument_group("prompts")
     source = prompts.add_mutually_exclusive_group()
     source.add_argument("--tokens", type=Path, default=None, metavar="FILE", help="prompts, one per line")
@@ -97,6 +109,58 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--serve", action="store_true", help="answer HTTP requests instead of routing prompts")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8080, help="port (default: 8080; 0 picks a free one)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes, each a replica following the topic (default: 1; 2 on a 2-core host "
+        "doubles the request rate)",
+    )
+    serve.add_argument(
+        "--save-checkpoint",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --serve: save a checkpoint here when stopped (SIGTERM, SIGINT)",
+    )
+    serve.add_argument(
+        "--stale-after",
+        type=float,
+        default=DEFAULT_STALE_AFTER_S,
+        metavar="S",
+        help="an instance silent this long (no batch, no heartbeat) is stale and not routed to "
+        f"(default: {DEFAULT_STALE_AFTER_S:g})",
+    )
+    serve.add_argument(
+        "--ready-max-lag",
+        type=int,
+        default=DEFAULT_READY_MAX_LAG,
+        metavar="N",
+        help=f"/readyz answers 503 when more than N messages behind (default: {DEFAULT_READY_MAX_LAG})",
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=int, default=4 * 1024 * 1024, help="request body limit (default: 4 MiB)"
+    )
+    serve.add_argument(
+        "--max-connections", type=int, default=4096, help="open connections per process (default: 4096)"
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a request's head must arrive within S seconds (default: 10)",
+    )
+    serve.add_argument(
+        "--body-timeout", type=float, default=30.0, metavar="S", help="and its body within S (default: 30)"
+    )
+    serve.add_argument(
+        "--keep-alive",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="idle connections close after S (default: 5)",
+    )
     add_output_flags(parser, json_help="print one JSON object (every prompt's scores and a summary)")
     parser.set_defaults(func=run)
 
@@ -129,6 +193,15 @@ def _check(args: argparse.Namespace) -> None:
         raise CommandError("--block-size must be >= 1", code=2)
     if not 0.0 <= args.secondary_weight <= 1.0:
         raise CommandError("--secondary-weight must be within 0..1", code=2)
+    if args.serve:
+        for name in ("workers", "max_body_bytes", "max_connections"):
+            if getattr(args, name) < 1:
+                raise CommandError(f"--{name.replace('_', '-')} must be >= 1", code=2)
+        for name in ("stale_after", "header_timeout", "body_timeout", "keep_alive"):
+            if not getattr(args, name) > 0:
+                raise CommandError(f"--{name.replace('_', '-')} must be > 0", code=2)
+    elif args.save_checkpoint is not None:
+        raise CommandError("--save-checkpoint is for --serve", code=2)
 
 
 @command("route")
@@ -138,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = None if args.serve else _prompts(args)
     show = Progress(enabled=not args.quiet)
     built = build_index(args, catch_up=False)
-    with stop_on_interrupt(built.reader.stop) as interrupted:
+    with stop_on_interrupt(built.reader.stop) as interrupted, sigterm_as_sigint():
         try:
             catch_up_with_topic(built, show)
         except BaseException:
@@ -229,41 +302,6 @@ def _describe(score: Any) -> str:
 
 
 def _serve(args: argparse.Namespace, built: Built) -> int:
-    from kvevents.commands._route_server import IndexFollower, MatchServer
+    from kvevents.commands._route_serve import serve_live
 
-    lock = threading.Lock()
-    follower = IndexFollower(built.index, built.reader, lock)
-    try:
-        server = MatchServer((args.host, args.port), built.index, lock, follower, args.block_size)
-    except OSError as exc:
-        built.close()
-        raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
-    follower.start()
-    workers = len(built.index.workers())
-    print(
-        f"serving on {server.url} (POST /match, GET /healthz, GET /workers); {workers} worker(s); Ctrl-C stops",
-        flush=True,
-    )
-    interrupted = False
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt  # SIGTERM (docker stop, kill) stops like Ctrl-C
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        server.server_close()
-        follower.stop()
-        built.close()
-    status = follower.status
-    print(
-        f"served {server.requests_served} request(s); {status.get('events', 0):,} events read; "
-        f"lag {status.get('lag_messages', 0):,} msgs"
-        + (f"; follower error: {follower.error}" if follower.error else ""),
-        file=sys.stderr,
-    )
-    return EXIT_INTERRUPTED if interrupted else 0
+    return serve_live(args, built)

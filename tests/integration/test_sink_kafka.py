@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from kvevents.consumer.topics import TopicSpec, create_topic
 from kvevents.producer import KVCacheEventManager
-from kvevents.producer.sink import FINGERPRINT_HEADER, KafkaEventSink
+from kvevents.producer.sink import CONTROL_HEADER, FINGERPRINT_HEADER, KafkaEventSink
 from kvevents.schemas import CONTENT_TYPE, current_fingerprint
 from sink_helpers import (
     Workload,
@@ -79,14 +79,14 @@ def test_100k_mixed_events_arrive_identical_and_in_order_per_instance(
         mine = [c for c in consumed if c.batch.instance_id == sink.instance_id]
         assert {c.key for c in mine} == {sink.instance_id.encode()}
         assert len({c.partition for c in mine}) == 1  # one key, one partition: one order
-        assert all(
-            c.headers
-            == {
-                "content-type": CONTENT_TYPE.encode(),
-                FINGERPRINT_HEADER: current_fingerprint().hex().encode(),
-            }
-            for c in mine
-        )
+        in_offset_order = sorted(mine, key=lambda c: c.offset)
+        headers = {
+            "content-type": CONTENT_TYPE.encode(),
+            FINGERPRINT_HEADER: current_fingerprint().hex().encode(),
+        }
+        assert all(c.headers == headers for c in in_offset_order[:-1])
+        assert in_offset_order[-1].headers == {**headers, CONTROL_HEADER: b"close"}  # a clean stop says so
+        assert in_offset_order[-1].batch.events == []
         in_offset_order = [c.batch for c in sorted(mine, key=lambda c: c.offset)]
         assert [b.sequence for b in in_offset_order] == list(range(len(mine)))
         assert {b.producer_id for b in in_offset_order} == {sink.producer_id}
@@ -307,7 +307,7 @@ def test_tiny_message_limits_keep_order_and_content(
                 workload.huge_stored(manager, blocks=60)  # several times the limit
         manager.close()
         assert sink.wait_delivered(60)
-        stats = sink.stats()
+    stats = sink.stats()  # closed: its last message (no events, header kvevents-control: close) counted
     assert stats.message_limit_bytes == limit
     assert stats.events_lost_total == 0 and stats.messages_failed_total == 0
     assert stats.events_split_total >= 3 and stats.fragments_total > 2 * stats.events_split_total

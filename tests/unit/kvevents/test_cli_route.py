@@ -1,13 +1,7 @@
-"""``kvevents route``: prompt files, scoring, the POST /match format, and the HTTP server over a
-real socket (the index filled from batches in memory; no Kafka)."""
+"""``kvevents route``: prompt files, scoring and the request format (the HTTP server: test_route_http.py)."""
 
 from __future__ import annotations
 
-import json
-import threading
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +9,6 @@ from cli_events import batch, created
 from kvevents.consumer import CacheIndex
 from kvevents.schemas import KVCacheEvent, KVCacheStoredBlockData, KVCacheStoredData
 
-from kvevents.commands._route_server import MatchServer
 from kvevents.commands._routing import parse_match_request, parse_token_line, read_token_file, score_prompt
 
 BS = 4
@@ -106,66 +99,3 @@ def test_match_request_validation() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             parse_match_request(body, 32)
-
-
-@pytest.fixture
-def server(index: CacheIndex) -> Iterator[MatchServer]:
-    srv = MatchServer(("127.0.0.1", 0), index, threading.Lock(), None, BS)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join(5)
-
-
-def call(url: str, body: bytes | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]
-    request = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def test_http_match_healthz_workers_and_errors(server: MatchServer) -> None:
-    status, body = call(server.url + "/match", json.dumps({"token_ids": PROMPT, "block_size": BS}).encode())
-    assert status == 200 and body["blocks"] == 4
-    assert body["best"] == {
-        "instance_id": "b",
-        "attention_dp_rank": 0,
-        "matched_blocks": 4,
-        "primary_blocks": 4,
-        "score": 4.0,
-    }
-    assert [s["instance_id"] for s in body["scores"]] == ["b", "c", "a"]
-    status, body = call(server.url + "/match", json.dumps({"token_ids": [5] * 8}).encode())
-    assert status == 200 and body == {"blocks": 2, "scores": [], "best": None}
-
-    status, body = call(server.url + "/match", b"{not json")
-    assert status == 400 and "not JSON" in body["error"]
-    status, body = call(server.url + "/nowhere", b"{}")
-    assert status == 404
-
-    status, body = call(server.url + "/healthz")
-    assert status == 200 and body["status"] == "ok" and body["workers"] == 4
-    status, body = call(server.url + "/workers")
-    assert status == 200 and [w["instance_id"] for w in body["workers"]] == ["a", "b", "c", "d"]
-    assert body["workers"][2]["blocks_by_level"] == {"1": 3} and body["summary"]["workers"] == 4
-    assert server.requests_served == 6
-
-
-def test_many_concurrent_requests_get_consistent_answers(server: MatchServer) -> None:
-    payload = json.dumps({"token_ids": PROMPT, "block_size": BS}).encode()
-    results: list[str] = []
-
-    def ask() -> None:
-        for _ in range(10):
-            results.append(call(server.url + "/match", payload)[1]["best"]["instance_id"])
-
-    threads = [threading.Thread(target=ask) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert results == ["b"] * 40

@@ -1,4 +1,5 @@
-"""``route --serve``: a small threaded HTTP server over a live index.
+"""The baseline of ``bench/route_serve.py``: the threaded ``http.server`` that ``route --serve`` ran
+on until it moved to uvicorn, kept as it was so that both are measured in one run.
 
 - ``POST /match`` with ``{"token_ids": [...], "block_size": 32, "lora_id": null}`` (optional
   ``secondary_weight`` 0..1, ``window_size``) answers ``{"blocks": n, "scores": [{"instance_id",

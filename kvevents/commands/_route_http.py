@@ -1,0 +1,256 @@
+"""Serving :class:`._route_app.RouteApp` with uvicorn (httptools parser, uvloop): a protocol that
+adds what uvicorn lacks (a deadline for the request head, so a slow-loris or a silent connection
+is closed; a bound on open connections answered with a JSON 503; JSON for the parser's 400),
+graceful shutdown on SIGTERM/SIGINT, and N worker processes forked over one listening socket,
+each serving its own source (a :class:`~kvevents.consumer.LiveIndex` replica following the topic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from kvevents.commands._route_app import AppOptions, IndexSource, RouteApp, StaticSource
+
+__all__ = ["GuardedProtocol", "ServeOptions", "bind", "make_server", "serve", "serve_static"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Limits and sizes of the server (per process where it says so)."""
+
+    workers: int = 1
+    block_size: int = 32
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_connections: int = 4096  # per process; the next one gets 503 and is closed
+    header_timeout_s: float = 10.0  # from the first byte of a request (or the connection) to its last header
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    shutdown_timeout_s: float = 10.0
+    backlog: int = 2048
+    access_log: bool = False
+
+
+def _json_error(status: int, reason: str, message: str) -> bytes:
+    body = msgspec.json.encode({"error": message, "status": status})
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode() + body
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a request-head deadline and a connection bound."""
+
+    header_timeout_s = 10.0
+    max_connections = 4096
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.max_connections:
+            transport.write(
+                _json_error(503, "Service Unavailable", f"more than {self.max_connections} open connections")
+            )
+            transport.close()
+            return
+        self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+
+    def _disarm_head_timer(self) -> None:
+        timer = getattr(self, "_head_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            message = f"the request head did not arrive within {self.header_timeout_s:g} s"
+            self.transport.write(_json_error(408, "Request Timeout", message))
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_head_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._disarm_head_timer()  # idle now: the keep-alive timeout takes over
+
+    def send_400_response(self, msg: str) -> None:
+        self.transport.write(_json_error(400, "Bad Request", f"malformed HTTP request: {msg}"))
+        self.transport.close()
+
+
+class _Server(uvicorn.Server):
+    """Handles SIGTERM/SIGINT as a graceful stop and does not re-raise them afterwards (the
+    caller still has the checkpoint to write)."""
+
+    signalled: int | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if not _in_main_thread():
+            yield
+            return
+
+        def handle(signum: int, frame: Any) -> None:
+            self.signalled = signum
+            if self.should_exit and signum == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+        previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """The listening socket (shared by every worker process); OSError if it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(
+    sock: socket.socket, source: IndexSource, options: ServeOptions, process: int = 0
+) -> uvicorn.Server:
+    """The uvicorn server of one process (``server.run(sockets=[sock])`` serves until
+    ``server.should_exit`` is set or, in the main thread, SIGTERM/SIGINT)."""
+    protocol = type("Guarded", (GuardedProtocol,), {"header_timeout_s": options.header_timeout_s,
+                                                     "max_connections": options.max_connections})  # fmt: skip
+    app = RouteApp(
+        source, AppOptions(options.block_size, options.max_body_bytes, options.body_timeout_s, process)
+    )
+    config = uvicorn.Config(
+        app,
+        http=protocol,
+        loop="uvloop",
+        lifespan="on",
+        interface="asgi3",
+        timeout_keep_alive=max(1, round(options.keep_alive_s)),
+        timeout_graceful_shutdown=max(1, round(options.shutdown_timeout_s)),
+        backlog=options.backlog,
+        access_log=options.access_log,
+        log_level="warning",
+        log_config=None,
+        server_header=False,
+        proxy_headers=False,
+    )
+    return _Server(config)
+
+
+def _run_one(sock: socket.socket, source: IndexSource, options: ServeOptions, process: int) -> int | None:
+    """Serve until SIGTERM/SIGINT in this process; the signal that stopped it, if any."""
+    server = make_server(sock, source, options, process)
+    server.run(sockets=[sock])
+    return server.signalled if isinstance(server, _Server) else None
+
+
+def serve(
+    sock: socket.socket,
+    make_source: Callable[[int], IndexSource],
+    options: ServeOptions,
+    on_exit: Callable[[int, IndexSource, int | None], None] | None = None,
+) -> int | None:
+    """Serve ``sock`` with ``options.workers`` processes. Each process calls ``make_source(i)``
+    (after the fork, so each follows the topic itself), serves, then ``on_exit(i, source,
+    signal)``. With one worker everything runs in this process. Returns the stopping signal."""
+    if options.workers <= 1:
+        source = make_source(0)
+        signalled = _run_one(sock, source, options, 0)
+        if on_exit is not None:
+            on_exit(0, source, signalled)
+        return signalled
+    children: list[int] = []
+    for i in range(options.workers):
+        pid = os.fork()
+        if pid == 0:  # the worker process
+            code = 0
+            try:
+                source = make_source(i)
+                signalled = _run_one(sock, source, options, i)
+                if on_exit is not None:
+                    on_exit(i, source, signalled)
+            except BaseException:
+                log.exception("worker process %d failed", i)
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        children.append(pid)
+    return _supervise(children)
+
+
+def _supervise(children: list[int]) -> int | None:
+    """Forward SIGTERM/SIGINT to the worker processes and wait for all of them."""
+    stop: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        stop.append(signum)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        left = set(children)
+        while left:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            if pid in left:
+                left.discard(pid)
+                if not stop and os.waitstatus_to_exitcode(status) != 0:
+                    log.error("worker process %d exited (%s); stopping the others", pid, status)
+                    forward(signal.SIGTERM, None)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return stop[0] if stop else None
+
+
+def serve_static(index: Any, sock: socket.socket, options: ServeOptions) -> None:
+    """Serve a fixed index (benchmarks, tests): every process shares the parent's copy."""
+    serve(sock, lambda i: StaticSource(index), options)

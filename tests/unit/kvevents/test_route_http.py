@@ -1,0 +1,354 @@
+"""``route --serve``'s HTTP server over real loopback sockets (uvicorn in a thread, a fixed index;
+no Kafka): the endpoints, every malformed-request class with its JSON status, slow and idle
+clients, the connection bound, and /metrics in Prometheus format."""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from cli_events import batch, created
+from kvevents.consumer import CacheIndex, Liveness, WorkerKey
+from kvevents.schemas import KVCacheEvent, KVCacheStoredBlockData, KVCacheStoredData
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvevents.commands._route_app import StaticSource
+from kvevents.commands._route_http import ServeOptions, bind, make_server
+
+BS = 4
+PROMPT = list(range(100, 116))  # four blocks of 4 tokens
+
+
+def store_prefix(index: CacheIndex, instance: str, tokens: list[int], blocks: int, level: int = 0) -> None:
+    stored = [
+        KVCacheStoredBlockData(
+            hash((instance, i)) & 0xFFFFFFFF, tokens[i * BS : (i + 1) * BS], cache_level=level
+        )
+        for i in range(blocks)
+    ]
+    events = [created(0, 0), KVCacheEvent(1, KVCacheStoredData(None, stored), 64, 0)]
+    index.apply(batch(events, 0, instance=instance, dp=1))
+
+
+class LivenessSource(StaticSource):
+    """A fixed index whose instance ``stale`` went quiet long ago."""
+
+    def __init__(self, index: CacheIndex) -> None:
+        super().__init__(index)
+        clock = [1000.0]
+        self.liveness = Liveness(10.0, clock=lambda: clock[0])  # type: ignore[assignment]
+        for name in ("a", "b", "c", "d"):
+            self.liveness.observe(name, 1000.0)
+        self.liveness.observe("stale", 900.0)
+        self._clock = clock
+
+    def not_routable(self, now: float | None = None) -> dict[WorkerKey, str]:
+        states = self.liveness.not_routable({k.instance_id for k in self.index.workers()}, self._clock[0])
+        return {k: states[k.instance_id] for k in self.index.workers() if k.instance_id in states}
+
+
+@dataclass
+class Running:
+    host: str
+    port: int
+    source: LivenessSource
+    index: CacheIndex
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def serving(options: ServeOptions) -> Iterator[Running]:
+    index = CacheIndex()
+    store_prefix(index, "a", PROMPT, 2)
+    store_prefix(index, "b", PROMPT, 4)
+    store_prefix(index, "c", PROMPT, 3, level=1)  # offloaded
+    store_prefix(index, "stale", PROMPT, 4)
+    source = LivenessSource(index)
+    sock = bind("127.0.0.1", 0)
+    server = make_server(sock, source, options)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started
+    yield Running("127.0.0.1", sock.getsockname()[1], source, index)
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+@pytest.fixture
+def srv() -> Iterator[Running]:
+    yield from serving(
+        ServeOptions(block_size=BS, max_body_bytes=64 * 1024, header_timeout_s=1.0, body_timeout_s=1.0)
+    )
+
+
+def raw(srv: Running, data: bytes, *, timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+    """Send bytes, read one response (status, lower-cased headers, body)."""
+    with socket.create_connection((srv.host, srv.port), timeout=timeout) as s:
+        s.sendall(data)
+        return read_response(s)
+
+
+def read_response(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a response: {buf!r}")
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return status, headers, body[:length]
+
+
+def request(srv: Running, method: str, path: str, body: bytes | None = None, extra: str = "") -> tuple[int, dict[str, str], dict]:  # type: ignore[type-arg]  # fmt: skip
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\n{extra}"
+    if body is not None:
+        head += f"Content-Length: {len(body)}\r\nContent-Type: application/json\r\n"
+    status, headers, data = raw(srv, head.encode() + b"\r\n" + (body or b""))
+    return (
+        status,
+        headers,
+        json.loads(data) if data and headers.get("content-type", "").startswith("application/json") else {},
+    )
+
+
+def post(srv: Running, path: str, payload: object) -> tuple[int, dict]:  # type: ignore[type-arg]
+    status, _, body = request(srv, "POST", path, json.dumps(payload).encode())
+    return status, body
+
+
+def test_match_single_batch_and_hashes_leave_stale_workers_out(srv: Running) -> None:
+    status, body = post(srv, "/match", {"token_ids": PROMPT, "block_size": BS})
+    assert status == 200 and body["blocks"] == 4
+    assert body["best"] == {"instance_id": "b", "attention_dp_rank": 0, "matched_blocks": 4,
+                            "primary_blocks": 4, "score": 4.0, "degraded": False}  # fmt: skip
+    assert [s["instance_id"] for s in body["scores"]] == ["b", "c", "a"]
+    assert body["left_out"] == [
+        {"instance_id": "stale", "attention_dp_rank": 0, "state": "stale", "matched_blocks": 4}
+    ]
+    status, body = post(
+        srv, "/match", {"prompts": [{"token_ids": PROMPT}, {"token_ids": [5] * 8}], "secondary_weight": 0.5}
+    )
+    assert status == 200 and len(body["results"]) == 2
+    assert [(s["instance_id"], s["score"]) for s in body["results"][0]["scores"]] == [
+        ("b", 4.0),
+        ("a", 2.0),
+        ("c", 1.5),
+    ]
+    assert body["results"][1] == {"blocks": 2, "scores": [], "best": None, "left_out": []}
+    hashes = [hash(("b", i)) & 0xFFFFFFFF for i in range(3)]
+    status, body = post(srv, "/match/hashes", {"block_hashes": hashes})
+    assert status == 200 and body["best"]["instance_id"] == "b" and body["best"]["matched_blocks"] == 3
+    status, body = post(
+        srv, "/match/hashes", {"prompts": [{"block_hashes": hashes[:1]}, {"block_hashes": [1]}]}
+    )
+    assert status == 200 and [r["blocks"] for r in body["results"]] == [1, 1]
+
+
+def test_workers_healthz_readyz_and_head(srv: Running) -> None:
+    status, _, body = request(srv, "GET", "/workers")
+    assert status == 200
+    states = {w["instance_id"]: w["state"] for w in body["workers"]}
+    assert states == {"a": "live", "b": "live", "c": "live", "stale": "stale"}
+    assert body["summary"]["stale_workers"] == 1 and body["summary"]["live_workers"] == 3
+    assert request(srv, "GET", "/healthz")[2]["status"] == "ok"
+    assert request(srv, "GET", "/readyz")[:1] == (200,)
+    status, headers, _ = request(srv, "HEAD", "/healthz")
+    assert status == 200 and int(headers["content-length"]) > 0
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b"{not json", "bad /match body"),
+        (b"[1, 2]", "Expected `object`"),
+        (b"{}", "not both"),
+        (b'{"token_ids": [1], "prompts": []}', "not both"),
+        (b'{"token_ids": "12"}', "got `str` - at `$.token_ids`"),
+        (b'{"token_ids": [1, "2"]}', "$.token_ids[1]"),
+        (b'{"token_ids": [-1]}', ">= 0"),
+        (b'{"token_ids": [2147483648]}', "<= 2147483647"),
+        (b'{"token_ids": [1], "block_size": 0}', "$.block_size"),
+        (b'{"token_ids": [1], "secondary_weight": 2}', "$.secondary_weight"),
+        (b'{"token_ids": [1], "tokens": [1]}', "unknown field `tokens`"),
+        (b'{"prompts": [' + b",".join([b'{"token_ids": [1]}'] * 257) + b"]}", "length <= 256"),
+    ],
+)
+def test_bad_bodies_get_400_naming_the_field(srv: Running, payload: bytes, message: str) -> None:
+    status, headers, body = request(srv, "POST", "/match", payload)
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert message in body["error"] and body["status"] == 400
+
+
+def test_bad_hashes_body(srv: Running) -> None:
+    status, _, body = request(srv, "POST", "/match/hashes", b'{"block_hashes": [18446744073709551616]}')
+    assert status == 400 and "block_hashes" in body["error"]
+
+
+def test_wrong_path_and_method_get_json_404_and_405_with_allow(srv: Running) -> None:
+    status, _, body = request(srv, "POST", "/nowhere", b"{}")
+    assert status == 404 and "POST /match" in body["error"]
+    status, headers, body = request(srv, "GET", "/match")
+    assert status == 405 and headers["allow"] == "POST" and "GET is not allowed" in body["error"]
+    status, headers, body = request(srv, "POST", "/workers", b"{}")
+    assert status == 405 and headers["allow"] == "GET, HEAD"
+
+
+def test_length_classes_400_411_413_close_the_connection(srv: Running) -> None:
+    for bad in ("-1", "abc", "1e3"):
+        status, headers, body = raw(
+            srv, f"POST /match HTTP/1.1\r\nHost: x\r\nContent-Length: {bad}\r\n\r\n{{}}".encode()
+        )
+        assert status == 400 and headers["connection"] == "close" and json.loads(body)["status"] == 400, bad
+    status, headers, body = raw(srv, b"POST /match HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (
+        status == 411 and headers["connection"] == "close" and "Content-Length" in json.loads(body)["error"]
+    )
+    # 100 MB announced: answered at once, nothing of the body sent
+    status, headers, body = raw(srv, b"POST /match HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n")
+    assert (
+        status == 413
+        and headers["connection"] == "close"
+        and "limit of 65536 bytes" in json.loads(body)["error"]
+    )
+
+
+def test_chunked_body_over_the_limit_gets_413_while_reading(srv: Running) -> None:
+    with socket.create_connection((srv.host, srv.port), timeout=5) as s:
+        s.sendall(b"POST /match HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk = b"x" * 16384
+        try:
+            for _ in range(64):  # 1 MiB offered, 64 KiB allowed
+                s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        status, headers, body = read_response(s)
+    assert status == 413 and headers["connection"] == "close"
+    # a chunked body within the limit is read and answered
+    data = json.dumps({"token_ids": PROMPT}).encode()
+    status, _, body = raw(
+        srv,
+        b"POST /match HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+        % (len(data), data),
+    )
+    assert status == 200 and json.loads(body)["best"]["instance_id"] == "b"
+
+
+def test_slow_loris_head_and_slow_body_get_408_and_the_service_keeps_answering(srv: Running) -> None:
+    started = time.monotonic()
+    with socket.create_connection((srv.host, srv.port), timeout=5) as slow:
+        slow.sendall(b"POST /match HTTP/1.1\r\n")
+        for _ in range(3):  # a header line now and then, never the end of the head
+            time.sleep(0.2)
+            assert post(srv, "/match", {"token_ids": PROMPT})[0] == 200  # others are served meanwhile
+            slow.sendall(b"X-Slow: 1\r\n")
+        status, headers, _ = read_response(slow)
+        assert status == 408 and headers["connection"] == "close"
+        assert slow.recv(10) == b""  # closed
+    assert time.monotonic() - started < 3.0
+    with socket.create_connection((srv.host, srv.port), timeout=5) as slow_body:
+        slow_body.sendall(b'POST /match HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"token_ids"')
+        status, headers, body = read_response(slow_body)
+        assert status == 408 and "body did not arrive" in json.loads(body)["error"]
+
+
+@pytest.mark.slow
+def test_a_thousand_idle_connections_cost_no_thread_and_are_closed(srv: Running) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2500:  # both ends of 1,000 connections live in this process
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    threads_before = threading.active_count()
+    idle = [socket.create_connection((srv.host, srv.port), timeout=5) for _ in range(1000)]
+    try:
+        t0 = time.monotonic()
+        assert request(srv, "GET", "/healthz")[0] == 200
+        assert post(srv, "/match", {"token_ids": PROMPT})[0] == 200
+        assert time.monotonic() - t0 < 2.0
+        assert threading.active_count() == threads_before  # uvicorn: one event loop, no thread each
+        time.sleep(1.5)  # the head deadline (1 s) closes every silent connection
+        closed = 0
+        for s in idle:
+            s.settimeout(2)
+            try:
+                data = s.recv(4096)
+                closed += data == b"" or data.startswith(b"HTTP/1.1 408")
+            except (ConnectionResetError, TimeoutError):
+                pass
+        assert closed == 1000
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_connections_past_the_bound_get_503() -> None:
+    for running in serving(ServeOptions(block_size=BS, max_connections=5, header_timeout_s=5.0)):
+        held = [socket.create_connection((running.host, running.port), timeout=5) for _ in range(5)]
+        try:
+            time.sleep(0.2)
+            status, _headers, body = raw(running, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # type: ignore[arg-type]
+            assert status == 503 and "more than 5 open connections" in json.loads(body)["error"]
+        finally:
+            for s in held:
+                s.close()
+        time.sleep(0.2)
+        assert raw(running, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200  # type: ignore[arg-type]
+
+
+def test_keep_alive_connection_serves_many_requests(srv: Running) -> None:
+    data = json.dumps({"token_ids": PROMPT}).encode()
+    req = b"POST /match HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data)
+    with socket.create_connection((srv.host, srv.port), timeout=5) as s:
+        for _ in range(20):
+            s.sendall(req)
+            status, _, body = read_response(s)
+            assert status == 200 and json.loads(body)["best"]["instance_id"] == "b"
+
+
+def test_metrics_are_prometheus_text_with_requests_and_index_figures(srv: Running) -> None:
+    post(srv, "/match", {"token_ids": PROMPT})
+    request(srv, "GET", "/nowhere")
+    with socket.create_connection((srv.host, srv.port), timeout=5) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, body = read_response(s)
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples
+    }
+    assert (
+        samples[
+            ("kvevents_router_requests_total", (("process", "0"), ("route", "/match"), ("status", "200")))
+        ]
+        == 1
+    )
+    assert (
+        samples[("kvevents_router_requests_total", (("process", "0"), ("route", "other"), ("status", "404")))]
+        == 1
+    )
+    assert (
+        samples[("kvevents_router_request_duration_seconds_count", (("process", "0"), ("route", "/match")))]
+        == 1
+    )
+    assert samples[("kvevents_index_workers", (("process", "0"),))] == 4
+    assert samples[("kvevents_index_liveness_workers", (("process", "0"), ("state", "stale")))] == 1
+    assert samples[("kvevents_index_held_blocks", (("process", "0"),))] == 13
