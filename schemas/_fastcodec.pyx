@@ -1683,8 +1683,8 @@ cdef int flat_validate(const FlatBatch *fb, const FlatLimits *lim) except -1:
             _negative(f"events[{k}].event_id", e.event_id)
         if e.has_rank and (e.rank < 0 or e.rank >= dp):
             raise _LimitError(f"events[{k}].attention_dp_rank: {e.rank} is not in 0..{dp - 1}")
-        if e.window < 1:
-            raise _LimitError(f"events[{k}].window_size: {e.window} is below 1")
+        if e.window < 0:  # 0: the engine did not say (vLLM/SGLang full attention, the bridge's default)
+            raise _LimitError(f"events[{k}].window_size: {e.window} is negative")
         if e.window > lim.max_window_size:
             _over(f"events[{k}].window_size", e.window, lim.max_window_size, "max_window_size")
         for j in range(<size_t>nwin):

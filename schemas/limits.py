@@ -162,8 +162,8 @@ def check_batch(batch: EventBatch, limits: BatchLimits = DEFAULT_LIMITS) -> None
         if rank is not None and not 0 <= rank < dp:
             raise LimitError(f"{where}.attention_dp_rank: {rank} is not in 0..{dp - 1}")
         window = event.window_size
-        if window < 1:
-            raise LimitError(f"{where}.window_size: {window} is below 1")
+        if window < 0:  # 0: the engine did not say (vLLM/SGLang full attention, the bridge's default)
+            raise LimitError(f"{where}.window_size: {window} is negative")
         _at_most(window, limits.max_window_size, f"{where}.window_size", "max_window_size")
         windows.add(window)
         _at_most(

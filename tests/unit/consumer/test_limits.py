@@ -40,7 +40,6 @@ HOSTILE = {
     "negative rank": batch([stored(2, [12], rank=-1)], 1, dp=2),
     "rank beyond dp size": batch([stored(2, [12], rank=2)], 1, dp=2),
     "negative window": batch([stored(2, [12], window=-64)], 1, dp=2),
-    "zero window": batch([stored(2, [12], window=0)], 1, dp=2),
     "window beyond the limit": batch([stored(2, [12], window=2**30)], 1, dp=2),
     "too many windows": batch([stored(2 + k, [100 + k], window=64 + k) for k in range(17)], 1, dp=2),
     "negative event id": batch([stored(-2, [12])], 1, dp=2),
@@ -153,3 +152,17 @@ def test_a_block_alone_at_the_limits_is_accepted(core: str) -> None:
     index = CacheIndex(core=core)
     index.apply_encoded(encode_batch(ok))
     assert index.stats().counters["blocks_stored"] == 2
+
+
+@pytest.mark.parametrize("core", ["python", "compiled"])
+@pytest.mark.parametrize("entry", ["apply", "apply_encoded"])
+def test_a_zero_window_is_accepted_as_the_engines_unnamed_window(core: str, entry: str) -> None:
+    # vLLM and SGLang name no window for full attention: the bridge (and ZmqEventConverter's
+    # default) sends window_size 0, which must index like any other window.
+    index = CacheIndex(core=core)
+    zero = batch([stored(2, [12], window=0)], 1, dp=2)
+    if entry == "apply":
+        index.apply(zero)
+    else:
+        index.apply_encoded(encode_batch(zero))
+    assert sum(index.find_matches([12]).values()) == 1
