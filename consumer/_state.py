@@ -1,14 +1,9 @@
 """The index's serialized state, shared by the compiled and the pure-Python core.
 
-``to_bytes`` writes ``MAGIC``, a format version byte, then a msgpack document
-(:class:`IndexState`). The document names workers by ``(instance_id, rank)`` and numbers their
-window caches ("slots") canonically: workers sorted by instance id then rank, each worker's
-windows by window size. Nodes (one per engine block hash held by anyone) are sorted by hash and
-stored as little-endian columns, each node's holders sorted by slot. Two indexes in the same
-logical state therefore serialize to the same bytes, whichever core built them; counters
-(``stats()``) are not state and are not saved.
-
-Holders are packed in 32 bits: ``slot | cache_level << 20 | priority << 24``.
+``MAGIC``, a format version byte, then a msgpack :class:`IndexState`: workers and window caches
+("slots") numbered canonically, nodes sorted by hash as little-endian columns, holders packed
+``slot | cache_level << 20 | priority << 24``. Equal logical states serialize to equal bytes
+whichever core built them (``docs/INDEX.md``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Checkpoints: a ``CacheIndex`` saved together with the topic offsets it reflects.
 
-Restoring a checkpoint and reading the topic from its offsets gives the same index as reading
-the whole topic (tested with hypothesis against full replays, through real Kafka too), so a
-router restarts in seconds instead of replaying everything. Two places to keep one:
-
-- a file (:func:`save_checkpoint` / :func:`load_checkpoint`): written to a temporary file in
-  the same directory, flushed to disk, then renamed over the old one, so a crash leaves either
-  the old or the new checkpoint, never a mix;
-- a compacted Kafka topic (:class:`~kvevents.consumer.checkpoint_kafka.KafkaCheckpointStore`),
-  where the checkpoint is cut into chunks that fit the topic's ``max.message.bytes``.
-
-Format (both places): ``MAGIC`` (8 bytes), the format version (u16 little-endian), the header
-length (u32), a msgpack header (topic, offsets per partition, creation time, size of the index
-state, kvevents version), the index state (``CacheIndex.to_bytes``), then a 16-byte XXH3-128
-checksum of everything before it. Loading checks each part and raises
-:class:`CheckpointError` naming what is wrong: not a checkpoint, another format version,
-truncated, checksum mismatch, another topic than the one expected, a corrupt index state.
+Restored and caught up, a checkpoint gives the same index as a full replay. Kept in a file
+(:func:`save_checkpoint` / :func:`load_checkpoint`: atomic rename) or a compacted Kafka topic
+(:mod:`.checkpoint_kafka`). The format and its checks (:class:`CheckpointError` names what is
+wrong): ``docs/INDEX.md``.
 """
 
 from __future__ import annotations
@@ -120,7 +108,7 @@ class Checkpoint:
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
-    """The checkpoint's bytes (the format in the module docstring)."""
+    """The checkpoint's bytes (the format: ``docs/INDEX.md``)."""
     header = msgspec.msgpack.encode(
         _Header(
             checkpoint.topic,

@@ -1,21 +1,8 @@
 """Checkpoints in a compacted Kafka topic, cut into chunks, never loaded half-written.
 
-An index state is megabytes (about 9 MB for 600k events of the benchmark stream, tens of MB
-at 10M), more than a Kafka message should be. So a checkpoint's bytes
-(:func:`~kvevents.consumer.checkpoint.encode_checkpoint`) are cut into chunks that fit the
-topic's ``max.message.bytes``, and published in two steps:
-
-1. the chunks, keys ``<name>/<slot>/<i>``, each value ``<checkpoint id (16 bytes)><i as u32><data>``;
-2. when every chunk is acknowledged (``acks=all``), the manifest, key ``<name>/manifest``:
-   msgpack of {id, slot, chunks, size}.
-
-Compaction keeps the latest value per key. A loader takes the latest manifest and its slot's
-chunks, and uses them only if every chunk carries the manifest's id and the bytes pass the
-checkpoint's checksum. Two slots (``a`` and ``b``) alternate: a new checkpoint is written into
-the slot the current manifest does *not* use, so a writer that dies half-way overwrites only
-chunks no manifest points to, and the previous checkpoint stays loadable. Chunks beyond a new
-checkpoint's count are deleted (tombstones), so the topic holds at most two checkpoints per name
-once compacted. One writer per name at a time.
+Chunks first (two alternating slots), then a manifest once every chunk is acknowledged; a loader
+uses a slot only if every chunk carries the manifest's id and the checksum holds. One writer per
+name at a time. The scheme in detail: ``docs/INDEX.md``.
 """
 
 from __future__ import annotations

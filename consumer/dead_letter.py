@@ -1,14 +1,8 @@
 """Malformed messages: what the reader keeps about them, and the optional dead-letter topic.
 
-A message that is not a valid kvevents batch (``DecodeError``: wrong framing, unknown schema,
-corrupt body; or a value-less tombstone) is *set aside*: counted, remembered (the last few, with
-the error), optionally produced unchanged to a dead-letter topic, and the reader goes on.
-A dead-lettered copy keeps the original key, value and headers and adds:
-
-- ``kvevents-error``: what was wrong (the ``DecodeError`` message);
-- ``kvevents-source-topic``, ``kvevents-source-partition``, ``kvevents-source-offset``: where
-  it came from (partition and offset as decimal text);
-- ``kvevents-source-timestamp``: its Kafka timestamp in milliseconds (decimal text), if any.
+A message that is not a valid kvevents batch is counted, remembered (the last few), optionally
+produced unchanged to a dead-letter topic with ``kvevents-error`` and ``kvevents-source-*``
+headers (listed in ``docs/OPERATIONS.md``), and the reader goes on.
 """
 
 from __future__ import annotations

@@ -1,104 +1,8 @@
 """The global KV-cache index: which worker holds which blocks, rebuilt from kvevents batches.
 
-:class:`CacheIndex` keeps, per :class:`WorkerKey` (an engine instance's attention-DP rank) and
-window size, the blocks held, each with its cache level (0 primary, 1 secondary; up to 15)
-and priority (0..255, saturated). The rules, in the order a batch is applied:
-
-Producer sessions (``EventBatch.producer_id`` / ``sequence``, per ``instance_id``)
-    The first batch of an instance starts its session. A batch of the current producer whose
-    ``sequence`` is not above the last one is a *replay*: its events go through the replay
-    filter below and its ``dropped`` entries are ignored (they were counted the first time).
-    A jump of the sequence by more than one means batches were lost: every rank of the
-    instance (``range(attention_dp_size)`` and any rank seen) is marked degraded.
-    A new ``producer_id`` starts a new session (the old id is retired, with its last sequence).
-    Its sequence must start at 0, else every rank is degraded. A later batch of a retired id is
-    ignored whole: *stale* when its sequence is not above that id's last one (a redelivery), a
-    *session conflict* when it is (the retired producer is still alive: two producers share
-    the ``instance_id``); a conflict marks every rank degraded ("session conflict: ..."),
-    counts in ``session_conflicts`` and logs a warning, each time. Event ids of the new session are not compared with the old ones for replays
-    (a restarted engine counts from 0 again): each worker's first event of the new session is
-    accepted as is, and it keeps the worker clean only if it is a Created event or continues
-    the old cursor exactly (``event_id == cursor + 1``); otherwise the worker is degraded.
-
-Limits (:class:`kvevents.schemas.BatchLimits`, ``schemas/avro/README.md``)
-    Every batch is checked whole before anything is applied: a batch beyond the limits (an
-    absurd ``attention_dp_size``, ranks outside it, negative or huge windows, too many blocks,
-    ...) raises :class:`kvevents.schemas.LimitError`, a :class:`~kvevents.schemas.DecodeError`,
-    and, like malformed bytes, leaves the index exactly as it was.
-
-In-band drops
-    ``dropped`` entries with ``dropped_events > 0`` mark their rank degraded (the loss happened
-    before this batch's events, so a Created event in this same batch still rebuilds it).
-
-Replays and duplicates (per worker cursor: the last applied ``event_id``)
-    An event whose id is below the cursor, or equal to it, is skipped, so applying the same
-    batch twice changes nothing. The exception is a split Stored event: when a batch has
-    ``first_event_block_offset = k > 0``, its first event continues the Stored event with the
-    same id, from block ``k`` on. If the worker has applied exactly ``k`` blocks of that event,
-    the fragment is applied, its first block chained to the last block applied (not to the
-    fragment's ``parent_hash``); if it has applied more, only the blocks not yet applied are
-    (a replayed fragment changes nothing); if fewer, blocks were lost: the worker is degraded
-    and the fragment applied from its ``parent_hash``. A fragment whose event id is new
-    (``cursor + 1``) also means its first blocks were lost.
-
-Gaps
-    An event id above ``cursor + 1`` marks the worker degraded ("event ids jumped"); so does a
-    worker's first event ever when it is neither a Created event nor event id 0 ("joined
-    mid-stream", e.g. a topic whose head was deleted by retention). Events are applied anyway:
-    a degraded worker's blocks are the best known view, flagged incomplete. The flag and its
-    reasons stay (visible in :meth:`worker_stats`, :meth:`degraded_workers` and ``stats()``)
-    until a Created event or a snapshot (:meth:`load_worker_snapshot`) rebuilds the worker.
-
-Created (several window sizes)
-    TensorRT-LLM emits one Created event per window size, back to back, when it builds a cache
-    manager. So a Created event that follows any other event of the worker (or is its first)
-    starts a new cache generation: *all* the worker's windows are dropped and its degraded flag
-    cleared, then this window size is created empty with its capacity. A Created event that
-    directly follows another Created event of the same worker, with nothing lost in between,
-    only (re)creates its own window size, keeping the windows created just before it. Any gap
-    (ids jumped, drops reported, batches lost, a new producer session) ends such a run: the
-    next Created event starts a new generation.
-
-Producer snapshots (resyncs)
-    A producer that lost events re-publishes the worker's whole cache: ``Created`` events with
-    ``snapshot=True`` for every window size, then Stored events that restore every held block,
-    parents first, with their levels and priorities. By the rules above the first of them
-    resets the worker and clears its flag, the others add their windows, and the Stored events
-    refill them: the worker equals the engine's cache again. ``stats()`` counts such resets in
-    ``resyncs``. (A reader that does not know the flag applies the same events the same way.)
-
-Stored / Removed / Updated
-    Stored adds blocks to (worker, window) at their level and priority; block ``i`` is the
-    child of block ``i-1``, the first one of ``parent_hash`` (None: the start of a prefix).
-    Storing a block the worker already holds updates its level and priority. A block whose
-    parent the index does not know (Dynamo's tree refuses it: "Failed to find parent block")
-    is stored as an *orphan*: held and found by its engine hash, but without a content hash
-    (counted in ``stats()["orphan_blocks"]``), and so are its descendants in that event; it
-    gains a content hash when any worker stores the same engine hash with a known prefix.
-    Removed deletes the listed blocks from (worker, window); Updated sets a held block's level
-    and/or priority to the diffs' ``new_value``. Removing or updating a block the worker does
-    not hold is counted (``unknown_removed`` / ``unknown_updated``) and otherwise ignored.
-
-Matching
-    :meth:`find_matches` takes engine block hashes (meaningful across workers when the engine's
-    hashes are deterministic, as TensorRT-LLM's are); :meth:`find_matches_for_tokens` takes
-    token ids and matches the *content hashes* the index computed from the Stored events'
-    tokens (see :mod:`kvevents.consumer.hashing`), so a router needs no knowledge of the
-    engine's hash function. Both return, per worker, how many leading blocks of the query it
-    holds contiguously from the first (workers with 0 are omitted); with ``window_size`` None
-    each of a worker's window caches is matched separately and the best one counts.
-    Cache levels: by default a secondary-level block counts like a primary one.
-    ``max_cache_level=0`` makes matching stop at the first block a worker holds only at a
-    higher level; :meth:`weighted_matches` instead scores the contiguous run as
-    ``primary + secondary_weight * secondary`` blocks.
-
-Engine hash and content: the index trusts an engine hash to stand for one content (every
-engine's hash is a digest of the prefix); a Stored block whose computed content hash differs
-from the one already known for its engine hash keeps the first and is counted
-(``content_conflicts``).
-
-Not thread-safe: apply and query from one thread, or serialize calls (each call of the
-compiled core runs under the GIL without releasing it).
+:class:`CacheIndex` applies batches (sessions, replays, gaps, Created generations, snapshots,
+Stored/Removed/Updated) and answers ``find_matches``: per worker, how many leading blocks of a
+query it holds. The rules, matching and the two cores: ``docs/INDEX.md``. Not thread-safe.
 """
 
 from __future__ import annotations
@@ -173,7 +77,7 @@ def _make_core(core: str, limits: BatchLimits | None = None) -> IndexCoreApi:
 
 
 class CacheIndex:
-    """Global prefix-cache index of every worker's KV blocks (rules in the module docstring).
+    """Global prefix-cache index of every worker's KV blocks (rules in ``docs/INDEX.md``).
 
     ``core``: "auto" (the compiled core when built, unless ``KVEVENTS_PURE_PYTHON`` is set),
     "compiled" or "python". Both cores give identical results. ``limits``: what one batch may
@@ -197,7 +101,7 @@ class CacheIndex:
     # ------------------------------------------------------------------ applying
 
     def apply(self, batch: EventBatch) -> None:
-        """Apply one batch of events (see the module docstring for every rule)."""
+        """Apply one batch of events (every rule is in ``docs/INDEX.md``)."""
         self._core.apply_batch(batch)
 
     def apply_encoded(self, data: bytes | bytearray | memoryview) -> None:

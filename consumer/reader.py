@@ -1,41 +1,11 @@
 """``EventReader``: read kvevents batches from Kafka (confluent-kafka), for indexes and analytics.
 
-Modes (the constructor picks where to start; the read methods pick when to stop):
-
-- **rebuild**: ``EventReader(servers, topic)`` assigns every partition from the beginning and
-  captures each partition's high watermark; ``apply_to(index)`` (or ``messages`` / ``batches``
-  with ``until_caught_up=True``) stops when every partition reached its captured watermark:
-  *caught up*. Events produced meanwhile are left for the next read;
-- **live tail**: ``start="end"``, or keep reading after catching up with
-  ``until_caught_up=False`` (until :meth:`EventReader.stop`, a timeout or ``max_messages``);
-- **resume**: ``start={partition: offset}``, e.g. a checkpoint's offsets; partitions the mapping
-  does not name start from the beginning;
-- **consumer group** (analytics jobs): ``group_id="..."`` subscribes instead of assigning, so
-  Kafka spreads partitions over the group's members; the reader commits the offsets it has
-  processed (at least once: after processing, every ``commit_interval_s`` and on close).
-
-Access: :meth:`EventReader.messages` yields raw ``confluent_kafka.Message`` objects;
-:meth:`EventReader.batches` decoded ``EventBatch`` objects; :meth:`EventReader.apply_to` feeds a
-:class:`~kvevents.consumer.CacheIndex` the fast way (``apply_encoded``: the compiled core reads
-the Avro body straight into the index).
-
-Trouble. A message that is not a valid kvevents batch is set aside (see
-:mod:`~kvevents.consumer.dead_letter`): counted, kept in :attr:`EventReader.malformed`, passed to
-``on_malformed``, optionally produced to a dead-letter topic, and when feeding an index the
-workers of the message's instance (its key) are marked degraded; the reader goes on. Broker and
-client errors go to ``on_error`` (default: a rate-limited warning) and are counted; a fatal
-client error raises :class:`ReaderError`. Offsets a checkpoint names that retention has deleted
-are skipped with a warning (the index sees the jump in batch sequences and marks the workers
-degraded); an offset beyond the end of its partition is an error (a recreated topic?).
-
-Framing: by default messages are Avro single-object encoded; ``codec=`` (a
-:class:`~kvevents.schemas.registry.RegistryCodec`) reads Confluent's schema-registry framing as
-well, message by message, so a topic whose producers move to the registry mid-way reads whole.
-
-Settings: ``config`` is passed to librdkafka unchanged, over :data:`DEFAULT_CONSUMER_CONFIG`
-(large fetches for fast rebuilds; ``enable.partition.eof`` and manual commits, which the reader
-relies on, always apply). Not thread-safe, except :meth:`EventReader.stop`; to query an index
-from other threads while ``apply_to`` runs, pass the same ``lock`` to both sides.
+Modes: rebuild (from the beginning until caught up), live tail, resume from offsets, consumer
+group. :meth:`EventReader.messages` yields raw messages, :meth:`EventReader.batches` decoded
+batches, :meth:`EventReader.apply_to` feeds a ``CacheIndex`` through ``apply_encoded``. Malformed
+messages are set aside and counted (:mod:`.dead_letter`); ``codec=`` (a ``RegistryCodec``) reads
+Confluent framing too, message by message. Not thread-safe, except :meth:`EventReader.stop`.
+Modes, errors and settings: ``docs/ARCHITECTURE.md`` and ``docs/OPERATIONS.md``.
 """
 
 from __future__ import annotations
@@ -113,7 +83,7 @@ class _Partition:
 
 
 class EventReader:
-    """Reads one kvevents topic; see the module docstring for modes, access and trouble.
+    """Reads one kvevents topic; modes and errors: ``docs/ARCHITECTURE.md``, ``docs/OPERATIONS.md``.
 
     ``start``: "beginning" (default), "end", or ``{partition: next offset}``; in group mode
     only "beginning"/"end" (where a group without committed offsets starts). ``partitions``

@@ -1,18 +1,10 @@
 """The engine thread's path of ``KVCacheEventManager``: ``enqueue_*`` and ``flush``.
 
-A recorder only *records* what the engine hands it — the window size and a reference to the
-payload of each event, in one flat list (see :mod:`._worker` for the payload kinds) — and
-``flush()`` appends that list, with the iteration's first event id, to the worker's deque: no
-lock, no system call, nothing that waits. Per event that is two list appends: no tuple, no id
-object, and a single block or hash is stored as itself, not in a new container.
-
-Two implementations with the same behaviour: :class:`PyRecorder` here, and the compiled
-``kvevents.producer._fastrecorder.Recorder`` (``producer/_fastrecorder.pyx``), which the
-manager uses when it is built. The engine calls these methods after sleeping through a GPU
-step, with cold caches, so what counts is how little code and memory one call touches: the
-compiled recorder runs no bytecode and builds no frames. :func:`recorder_class` picks one
-(``KVEVENTS_PURE_PYTHON=1`` forces the pure-Python one); the manager's conformance tests run
-on both.
+A recorder only records the window size and a reference to each event's payload in one flat
+list, and ``flush()`` appends it, with the first event id, to the worker's deque: no lock, no
+system call. :class:`PyRecorder` is the pure-Python twin of the compiled
+``_fastrecorder.Recorder``; :func:`recorder_class` picks one (``KVEVENTS_PURE_PYTHON=1`` forces
+this one). Their shared interface: :class:`~._twins.EngineRecorder`.
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """The manager's background worker: turns flushed iterations into events and buffers them.
 
-The engine thread (see :mod:`._recorder`) records an iteration as ``(first_id, records)``:
-``records`` is flat, ``[window_size, payload, window_size, payload, ...]``, the events' ids are
-``first_id, first_id + 1, ...``, and the payload's class tells the event type:
-
-- ``KVCacheCreatedData`` / ``KVCacheUpdatedData``: the event data itself (immutable);
-- ``BlockInfo``: a Stored event of that one block; ``tuple`` of ``BlockInfo``: a Stored event
-  of several; built here into ``KVCacheStoredData``;
-- ``int``: a Removed event of that one hash; ``list`` of hashes: a Removed event into which the
-  engine thread merged more hashes (it appends to the list until the iteration is flushed; the
-  worker only sees it afterwards).
-
-Hand-off. ``flush()`` appends the iteration to a ``collections.deque`` (atomic
-under the GIL, no lock, no system call). Waking a thread blocked on a lock or queue costs the
-waker a futex system call, measured at about 6 us here — more than the whole ``flush()`` budget
-— so the worker does not block while events flow: it polls the deque every ``POLL_INTERVAL_S``
-(events reach the buffer at most that late). Only after ``PARK_AFTER_IDLE_S`` without work does
-it park on a lock (and it starts parked); the first ``flush()`` after that pays the wake-up once. The protocol is
-race-free: the worker sets ``parked`` before re-checking the deque, the engine appends before
-reading ``parked``, so one of them always sees the other.
-
-Batching. The worker takes every iteration waiting in the deque at once. Appending iterations
-one by one or together gives the same buffer and the same drop counts (keeping the newest
-``capacity`` events of a concatenation is associative), so it batches them, and skips building
-the events that would be dropped anyway (more than ``capacity`` new ones): under overload its
-cost stays bounded.
+An iteration is ``(first_id, records)`` with ``records`` flat, ``[window_size, payload, ...]``;
+the payload's class tells the event type: ``KVCacheCreatedData`` / ``KVCacheUpdatedData`` as
+is, a ``BlockInfo`` or a tuple of them (Stored), an ``int`` or a list of hashes (Removed). The
+worker polls the deque while events flow and parks when idle; why, and the race-free parking
+protocol: ``docs/ARCHITECTURE.md``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """``EventBuffer``: the bounded, drop-oldest buffer of built events that consumers read from.
 
-This is the C++ manager's ``mEvents`` with its truncation rule (``worker()``): when adding a
-batch would exceed the capacity, the OLDEST events go first, from the buffer, then from the
-front of the new batch. Unlike the C++ it counts every dropped event (per source attention-DP
-rank and per window size), keeps a high-water mark, and logs a rate-limited warning instead of
-one line per overflowing batch. The arithmetic is on Python ints: no unsigned wraparound.
-
-Who calls what (all methods are thread-safe):
-
-- the manager's background worker: :meth:`extend` with each flushed iteration's events, and
-  :meth:`record_drops` for events it skipped because they would be dropped anyway;
-- the attention-DP gather on rank 0: :meth:`extend` with the events received from rank ``r``
-  (each carries ``attention_dp_rank=r``; drops are counted per event's rank) and
-  :meth:`record_drops` with the drop count rank ``r`` reported for its own buffer;
-- the gather on a rank != 0: :meth:`drain` with ``timeout=0`` to take the rank's events and its
-  drop count, to send them to rank 0;
-- consumers: :meth:`take` (the C++ ``getEvents``) or :meth:`drain` (events plus the drops since
-  the previous drain, for a Kafka sink that reports loss in-band). Use one or the other: ``take``
-  leaves the drop counts for the next ``drain``;
-- the manager: :meth:`add_drop_listener`, to learn that a rank lost events (and ask its engine
-  for a snapshot).
+The C++ manager's ``mEvents`` with its truncation rule (the OLDEST events go first), except that
+every dropped event is counted per source rank and window size, with a high-water mark and a
+rate-limited warning. Thread-safe; who calls what (worker, gather, readers, sink):
+``docs/ARCHITECTURE.md``.
 """
 
 from __future__ import annotations

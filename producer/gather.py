@@ -1,103 +1,9 @@
 """The attention-data-parallel gather: every rank's events move to rank 0 over MPI.
 
-A :class:`~kvevents.producer.KVCacheEventManager` constructed with ``attention_dp_rank`` and
-``attention_dp_size`` (> 1) starts an :class:`AttentionDpGather`. Ranks != 0 send the events
-their manager buffered to rank 0, each within half of ``attention_dp_events_gather_period_ms``;
-rank 0 merges them into its own buffer (capacity ``max_kv_event_entries x attention_dp_size``)
-with the C++ truncation rule (oldest dropped first, each drop counted under its event's rank),
-from where ``get_events``/``drain`` and the Kafka sink take them.
-
-Communicator. The gather runs on its own communicator, ``comm.Split(0, attention_dp_rank)``
-(``comm`` is the manager's ``comm`` keyword, default ``MPI.COMM_WORLD``), so its messages never
-match the engine's. ``Split`` is collective: every process of ``comm`` constructs its manager
-(in the same order if it constructs several), as every rank builds its ``KVCacheEventManager``
-in the C++. The ranks' claimed (rank, size) are then checked on every process: a mistake raises
-the same ``ValueError`` everywhere. mpi4py is imported only here, lazily: a manager without a DP
-rank (a router, a consumer) never needs MPI. MPI must be initialized with
-``MPI_THREAD_MULTIPLE`` (mpi4py's default): the gather calls MPI from its own thread.
-
-Protocol (tags in :class:`~kvevents.producer._gather_wire.Tag`; all point-to-point, all
-non-blocking; no collective after the constructor):
-
-===========  =========  ==================================================================
-tag          direction  payload and meaning
-===========  =========  ==================================================================
-EVENTS 1     r -> 0     Avro ``EventBatch`` (single-object encoding): up to
-                        ``max_events_per_message`` of rank r's events, oldest first, plus
-                        (first message of a batch) the drops rank r counted since its last
-                        batch; ``sequence`` numbers rank r's messages 0, 1, 2, ...
-HEARTBEAT 2  r -> 0     empty; sent when rank r has sent nothing for ``heartbeat_interval_s``
-BYE 3        r -> 0     rank r's last ``EventBatch`` (maybe without events): it leaves
-STOP 4       0 -> r     empty: the gather is stopping; send your last events (BYE) and leave
-BYE_ACK 5    0 -> r     empty: everything up to your BYE is merged; you may go
-RESYNC 6     0 -> r     16 bytes (events lost, newest lost id or -1): rank 0's buffer or its
-                        Kafka sink lost events of rank r; rank r's manager then raises
-                        ``snapshot_requested`` (unless its latest snapshot is newer)
-===========  =========  ==================================================================
-
-- Rank r != 0 sends as soon as its buffer holds events (``buffer.drain``: the events and the
-  rank's own drop count), but at most once per half period, so an event waits there at most
-  half a period and messages stay batched when the engine iterates faster than that. A batch is
-  ``Isend`` as messages of at most ``max_events_per_message`` events. While ``max_in_flight``
-  messages are not yet sent, it drains nothing: the events wait in its bounded buffer
-  (drop-oldest, counted, the count reported with the next batch). Idle, it sleeps on its buffer
-  (woken by the next events; it looks for control messages every 0.1 s) and sends only an
-  empty HEARTBEAT every ``heartbeat_interval_s``.
-- Rank 0 polls: ``Improbe`` every ``poll_interval_s`` (1 ms) while events flow, every 50 ms
-  after a second without events (a wake-up costs 25-100 us of CPU on a small VM; MPICH's
-  blocking calls would spin a core instead). An empty probe is retried until four miss in a
-  row: one MPICH progress call may handle an item that matches nothing, and stopping at the
-  first miss let three busy ranks' messages wait ~100 ms. Each matched message gets a buffer of
-  its exact size (``Get_count``) and a non-blocking matched receive (``Message.Irecv``: no size
-  limit, and a peer that dies mid-transfer cannot block it). Per source rank, messages are
-  merged in the order they were sent (MPI keeps the order of messages between two ranks on one
-  communicator; rank 0 completes them in match order), so each rank's events reach the buffer,
-  and Kafka, in ``event_id`` order. Rank 0 checks every batch (the source's rank on every event
-  and drop count, increasing ids, the sequence) and counts what it rejects as dropped.
-- A slow or idle rank delays nobody: there is no collective and no blocking receive.
-
-Shutdown (as in the C++, one rank finishing stops the exchange on all ranks, but nothing that
-was flushed before the stop is lost):
-
-- ``close()`` on rank r != 0: after the manager's worker buffered its last events, rank r sends
-  them (the last message tagged BYE) and waits (at most ``shutdown_timeout_s``) for BYE_ACK.
-  Rank 0, on a BYE, sends STOP to every other rank and waits for their BYEs.
-- STOP on rank r != 0: it lets the manager's worker buffer what the engine flushed before
-  (``settle``), sends it as above, and leaves.
-- ``close()`` on rank 0: rank 0 sends STOP to every rank; each sends its last events as BYE
-  and leaves; rank 0 merges them all, then stops (at most ``shutdown_timeout_s``; a dead rank
-  does not delay it beyond its heartbeat timeout). Its manager's buffer is closed only after
-  that, so readers and the Kafka sink get everything.
-- A rank whose gather stopped keeps its manager: later events stay in its own buffer (readable
-  with ``get_events`` there), as in the C++ once the exchange thread has exited.
-- At interpreter exit a running gather leaves the same way (an ``atexit`` hook that runs before
-  mpi4py's ``MPI_Finalize``), so no thread is inside MPI when MPI finalizes.
-
-Dead ranks. Rank 0 declares rank r dead when nothing came from it for ``heartbeat_timeout_s``
-of rank 0's listening time (a pause of rank 0 itself, a stopped process or a starved thread,
-does not make the others look dead: each pass of its loop counts for at most 0.2 s).
-It logs an error, counts it (``GatherStats.dead_rank_detections_total``, ``ranks_dead``) and
-reports it in-band: rank r gets one dropped event (``RankDrops(r, 1)`` in the next drain, so a
-consumer marks that worker's view incomplete; how many events the dead rank had not yet sent
-cannot be known, 1 is a lower bound). The other ranks are not affected: rank 0 keeps merging
-their events, and a shutdown does not wait for a dead rank. A rank declared dead that speaks
-again (it was only stalled) is taken back, and its events are merged as usual.
-
-What MPICH (from PyPI, hydra ``mpiexec``) does when a process dies, checked here:
-
-- By default (auto-cleanup) hydra SIGKILLs every other process of the job as soon as one dies:
-  nothing survives to notice, and rank 0's events not yet produced to Kafka are lost.
-- With ``mpiexec -disable-auto-cleanup`` hydra sends SIGUSR1 to the survivors (which kills a
-  Python process unless it handles SIGUSR1: see :func:`tolerate_peer_failures`). If the dead
-  process was killed by a signal (SIGKILL, a crash), hydra still SIGKILLs all the others at its
-  next event (any survivor's output, exit or PMI call): the job goes on only while the survivors
-  stay silent. :func:`kvevents.producer.rank_guard.guard_rank` avoids that: the process
-  hydra launched is a guard that turns its rank's death by a signal into an exit code. If it exited without ``MPI_Finalize`` (a Python exception), the survivors go on,
-  but their ``MPI_Finalize`` waits forever for the dead peer unless
-  ``MPIR_CVAR_NO_COLLECTIVE_FINALIZE=1`` (also set by :func:`tolerate_peer_failures`).
-- The gather itself never blocks on a peer, so it does not hang in any of these cases; the dead
-  rank detection matters with launchers that keep a job alive (``-disable-auto-cleanup``,
-  Slurm's ``srun --no-kill``) and for a rank that is alive but stuck.
+Ranks != 0 send their buffered events as Avro batches, point to point and non-blocking; rank 0
+merges them into its own buffer (oldest dropped first, counted per rank), from where readers and
+the Kafka sink take them. Protocol, shutdown, dead ranks and MPICH's behaviour when a process
+dies: ``docs/GATHER_PROTOCOL.md``.
 """
 
 from __future__ import annotations
@@ -290,7 +196,7 @@ def _stop_all_at_exit() -> None:
 
 
 class AttentionDpGather:
-    """One rank's side of the gather (see the module docstring for the protocol).
+    """One rank's side of the gather (the protocol: ``docs/GATHER_PROTOCOL.md``).
 
     Built by the manager: ``buffer`` is the manager's buffer, the other arguments its
     configuration; ``settle`` returns the manager's ``settle`` (or None once the manager is

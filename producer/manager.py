@@ -1,52 +1,11 @@
 """``KVCacheEventManager``: one rank's KV-cache events, TensorRT-LLM's manager in Python.
 
-The C++ original (``batch_manager/kvCacheEventManager.cpp``) is the specification; every kept
-behaviour is pinned by ``tests/unit/producer/test_manager_conformance.py``.
-
-Threads. The engine thread calls ``enqueue_*``, ``flush`` and finally ``close``, as in the C++
-(whose event queue has no lock): these must not be called from two threads at once. They only
-*record* what they were given — the event id, the window size and a reference to the immutable
-payload — into a plain list, and ``flush()`` appends that list to the background worker's deque:
-no lock, no condition variable, no system call while events flow, nothing that waits on a
-consumer, Kafka or MPI. That path is a recorder (:mod:`._recorder`), compiled when the
-extension is built (``_fastrecorder.pyx``, a cold call touches far less code), pure Python
-otherwise or with ``KVEVENTS_PURE_PYTHON=1``; the manager binds the recorder's methods as its
-own ``enqueue_*``/``flush``, so an engine's call goes straight to it. The worker polls that deque every millisecond while events flow (so a
-flushed iteration is readable about 1 ms later; it parks after 1 s idle and the next flush wakes
-it, see ``_worker``), builds the ``KVCacheEvent`` objects and appends them to the bounded
-:class:`~kvevents.producer.buffer.EventBuffer`, which consumers read from any thread with
-``get_events`` or ``drain``.
-
-Differences from the C++, all deliberate:
-
-- every dropped event is counted (per window size, per source rank, in total), with a
-  high-water mark and a rate-limited warning (see :meth:`KVCacheEventManager.stats`);
-- ``close()`` loses nothing: it flushes the events enqueued since the last ``flush()`` and lets
-  the worker buffer every flushed iteration before it stops (the C++ destructor discards both);
-  a ``flush()`` after ``close()`` counts its events as dropped;
-- bad arguments raise ``ValueError``/``TypeError`` naming what was wrong.
-
-Seams for the other parts of the producer:
-
-- :meth:`KVCacheEventManager.drain` — events plus per-rank drop counts since the previous
-  drain, for the Kafka sink (``EventDrain.dropped`` is ready for ``EventBatch.dropped``);
-- :attr:`KVCacheEventManager.buffer` — the attention-DP gather merges rank ``r``'s events into
-  rank 0's buffer with ``buffer.extend(events)`` and adds the drops rank ``r`` reported with
-  ``buffer.record_drops(r, n)``; on a rank != 0 it takes the rank's events and drop count with
-  ``buffer.drain(timeout=0)``;
-- :meth:`KVCacheEventManager.add_close_callback` — lets the gather stop (and do its last
-  exchange) inside ``close()``, after the worker's last events and before readers are woken;
-- :meth:`KVCacheEventManager.settle` — wait until every flushed iteration is in the buffer;
-- :meth:`KVCacheEventManager.request_snapshot` — for any part that lost this rank's events
-  after the manager (the Kafka sink): it raises :attr:`KVCacheEventManager.snapshot_requested`.
-
-Snapshots. When the manager drops events of its own rank (the buffer overflowed) it raises
-:attr:`KVCacheEventManager.snapshot_requested` and calls the listeners added with
-:meth:`KVCacheEventManager.add_snapshot_listener`. The engine then calls
-:meth:`KVCacheEventManager.enqueue_snapshot` on its thread, between iterations, with every
-block it holds: consumers rebuild the degraded worker from it (see
-:mod:`kvevents.producer.snapshot`). Drops of events older than the latest snapshot do not
-raise the flag again (the snapshot covers them); drops of the snapshot's own events do.
+The C++ original (``batch_manager/kvCacheEventManager.cpp``) is the specification, pinned by
+``tests/unit/producer/test_manager_conformance.py``. The engine thread's ``enqueue_*``/``flush``
+only record (:mod:`._recorder`); a background worker builds the events into the bounded
+:class:`~kvevents.producer.buffer.EventBuffer` (:mod:`._worker`). Threads, the deliberate
+differences from the C++, the seams for the gather and the sink, and snapshots:
+``docs/ARCHITECTURE.md`` and ``docs/OPERATIONS.md``.
 """
 
 from __future__ import annotations

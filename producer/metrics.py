@@ -1,26 +1,9 @@
 """The producer's counters and gauges: as a Python object, and as Prometheus metrics.
 
-:class:`ProducerMetrics` reads a manager's :meth:`~kvevents.producer.KVCacheEventManager.stats`
-and a sink's :meth:`~kvevents.producer.KafkaEventSink.stats` when asked, and turns them into
-:class:`MetricFamily` objects (name, kind, help, labelled samples). The same families feed
-Prometheus through a custom collector, so a scrape always reads fresh snapshots and nothing
-counts twice::
-
-    metrics = ProducerMetrics(manager, sink)          # labels: {"instance_id": sink.instance_id}
-    metrics.register()                                # into prometheus_client's default registry
-    metrics.value("kvevents_events_dropped_total", rank="1", reason="queue_full")
-
-Every lost event appears once in ``kvevents_events_dropped_total{rank, reason}``: ``reason``
-is ``buffer_full`` for the manager's bounded buffer (including drops another attention-DP rank
-reported for its own buffer), else the sink's reason (``queue_full``, ``delivery_failed``,
-``produce_failed``, ``oversized``, ``unencodable``, ``unsent_at_close``).
-
-With attention DP, the manager's gather adds ``kvevents_gather_*`` (sent and in flight on ranks
-!= 0; received, rejected, dead ranks on rank 0; RESYNCs on both), and every manager reports
-``kvevents_snapshot_requested`` (1 while its engine should publish a snapshot).
-
-``prometheus_client`` is optional (the ``metrics`` extra); it is imported only by
-:meth:`ProducerMetrics.collector` / :meth:`ProducerMetrics.register`.
+:class:`ProducerMetrics` reads a manager's and a sink's ``stats()`` when asked and turns them
+into :class:`MetricFamily` objects, which also feed Prometheus through a custom collector
+(``prometheus_client``, the ``metrics`` extra, is imported only by :meth:`ProducerMetrics.register`
+and :meth:`ProducerMetrics.collector`). The metrics and their labels: ``docs/OPERATIONS.md``.
 """
 
 from __future__ import annotations

@@ -1,48 +1,12 @@
 """``KafkaEventSink``: rank 0's events to a Kafka topic, without ever blocking the engine.
 
-    with KVCacheEventManager(10_000) as manager, KafkaEventSink(manager, "kv-cache-events", "engine-0",
-                                                                config={"bootstrap.servers": "kafka:9092"}):
+    with KVCacheEventManager(10_000) as manager, KafkaEventSink(manager, "kv-cache-events", "engine-0"):
         run_engine(manager)          # enqueue_* / flush() only; the sink never touches that thread
 
-Threads. The *sink thread* drains the manager (``manager.drain``), cuts the events into chunks
-that fit a Kafka message (:mod:`.sink_chunks`), queues them (:mod:`.sink_queue`) and hands them to
-librdkafka's ``produce``, which never blocks: when librdkafka's own queue is full it raises
-``BufferError`` and the chunk simply waits. The *delivery thread* sits in ``producer.poll`` and
-runs librdkafka's callbacks (delivery reports, errors, logs, statistics) as they come. The engine
-thread only meets the manager, whose ``enqueue_*``/``flush`` never wait for anybody.
-
-Messages. One message is one ``EventBatch``: key = the instance id (all of an instance's events
-on one partition, in order), headers ``content-type`` and ``kvevents-schema-fingerprint``,
-a random 63-bit ``producer_id`` per sink, and a ``sequence`` 0, 1, 2, ... assigned when the message
-is handed to librdkafka. Sizes: see :mod:`.sink_chunks` and :func:`.sink_config.message_limit`.
-
-Loss accounting (nothing is lost without a count, and every count travels in-band):
-
-- Kafka slow or down: chunks wait in the sink's queue, bounded in events and bytes
-  (``max_queued_events``, ``max_queued_bytes``); past the bound the OLDEST chunks are dropped and
-  counted per source rank (``queue_full``). librdkafka holds a bounded amount more
-  (``queue.buffering.max.*``) and never times a message out (``message.timeout.ms=0``), so an
-  outage costs only what overflows the sink's queue, oldest first.
-- Sequence numbers are assigned at hand-off, so queue drops never show as sequence gaps; a gap
-  means librdkafka failed a message (a permanent error), and its events are counted too
-  (``delivery_failed``), per rank.
-- Every loss, and the manager's own drops from ``EventDrain.dropped``, is *pending* until a
-  message carries it in ``EventBatch.dropped``; if that message fails, what it carried is pending
-  again. When losses are pending and nothing else is on its way, the sink sends a batch with no
-  events just to report them. So consumers learn of every loss from the first delivered batch
-  after it, and per rank the events delivered plus the drops reported add up to what was flushed.
-- ``close(timeout)`` flushes, then purges what librdkafka still holds, and returns a
-  :class:`~kvevents.producer.sink_stats.SinkCloseReport`: per rank, what was not delivered and
-  what no delivered batch reported.
-- A fatal librdkafka error (rare: the idempotent producer's state is broken) makes every later
-  batch fail; each is counted like any other loss, ``stats().fatal_error`` says why, and the
-  remedy is a new sink (a new ``producer_id``).
-
-Cost. Encoding is the sink's main work (about 0.5 us per event here). When nothing waits in the
-queue, a chunk is encoded with the envelope it will most likely be produced with, and produced
-as it is; otherwise the envelope is spliced in front of the encoded events at hand-off (one copy).
-One encoding holds the GIL: ``max_events_per_message`` (2000) keeps that near a millisecond, the
-longest a Python engine thread can wait for the GIL because of the sink.
+A sink thread drains the manager, cuts chunks (:mod:`.sink_chunks`), queues them
+(:mod:`.sink_queue`) and hands them to librdkafka; a delivery thread runs librdkafka's
+callbacks. Every lost event is counted per rank and reported in-band. Threads and cost:
+``docs/ARCHITECTURE.md``; messages: ``docs/WIRE_FORMAT.md``; loss accounting: ``docs/OPERATIONS.md``.
 """
 
 from __future__ import annotations

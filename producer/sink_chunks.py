@@ -1,24 +1,11 @@
 """Cut drained events into Kafka-sized chunks, and write a chunk as a message at hand-off time.
 
-A *chunk* is the encoded events of one future Kafka message, without its envelope. The envelope
-(``producer_id``, ``sequence``, ``created_at_us``, ``dropped``, ``first_event_block_offset``) is
-only known when the sink hands the message to librdkafka: the sequence number is assigned then
-(so events the sink drops while they wait never leave a sequence gap) and ``dropped`` carries
-whatever was lost until that moment. :class:`EnvelopeWriter` therefore encodes events once, when
-they are chunked, and later puts an envelope in front of those bytes.
-
-The codec says how (:func:`kvevents.schemas.codec.envelope_of`): ``events`` is the last field of
-``EventBatch``, so a message is its envelope's encoding without the empty events array, then the
-events array. The writer checks this on a probe batch the first time it is used, for the codec
-it was given; should it not hold, the writer falls back to decoding the chunk and encoding it
-again with the envelope (slower, same bytes).
-
-Splitting (:class:`Chunker`): events go into a message in order until the message would exceed
-the size budget; one Stored event that is too large alone is cut at block boundaries into
-fragments of one message each (same ``event_id``; a fragment's ``parent_hash`` is the last block
-hash of the fragment before it; its message's ``first_event_block_offset`` is the index of its
-first block in the original event). An event that cannot fit even so (any other event type, or a
-single block over the budget) or cannot be encoded is returned as lost, never silently skipped.
+A *chunk* is the encoded events of one future message; its envelope (sequence, drops, ...) is
+only known at hand-off, so :class:`EnvelopeWriter` encodes events once and later puts the
+envelope in front (:func:`kvevents.schemas.codec.envelope_of`), falling back to re-encoding if
+the schema does not allow it. :class:`Chunker` splits in order by size, cutting a Stored event
+too large alone between blocks; what fits nowhere is returned as lost. Splitting and splicing
+in detail: ``docs/WIRE_FORMAT.md``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
 """The Kafka sink's librdkafka configuration: defaults, pass-through, and the message size budget.
 
-Every setting the caller gives is passed to librdkafka unchanged (security settings included);
-the defaults below only fill in what the caller left out. ``bootstrap.servers`` comes from the
-config or, failing that, from ``KAFKA_BOOTSTRAP_SERVERS``.
-
-Why these defaults:
-
-- ``enable.idempotence``/``acks=all``: no duplicates and no reordering on retries (librdkafka's
-  own default is off); ``partitioner=murmur2_random``: keys hash like the Java client, so every
-  producer of an instance lands on the same partition;
-- ``compression.type=zstd``: Avro batches of token ids compress to about 85%, hashes not at all;
-  zstd costs least CPU for that;
-- ``linger.ms=5``: the sink already hands librdkafka whole batches; 5 ms lets librdkafka pack
-  the batches of a few engine iterations into one request without adding much latency
-  (``bench/producer.py`` measured 5, 10 and 20 ms);
-- ``message.timeout.ms=0`` (never): a message handed to librdkafka waits for the broker however
-  long it is away, so only the sink's own bounded queue decides what is lost during an outage
-  (oldest first, counted per rank) and batch sequences get no gaps from timeouts;
-  ``queue.buffering.max.kbytes``/``...messages`` bound librdkafka's share of that memory;
-- ``batch.size`` no larger than the message limit (see :func:`message_limit`), so that a request
-  of several messages never exceeds a topic's ``max.message.bytes``.
+Every setting the caller gives is passed to librdkafka unchanged; the defaults only fill in what
+the caller left out (``bootstrap.servers`` falls back to ``KAFKA_BOOTSTRAP_SERVERS``). Why each
+default: ``docs/OPERATIONS.md``.
 """
 
 from __future__ import annotations

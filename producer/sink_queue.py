@@ -1,16 +1,10 @@
 """The Kafka sink's bounded queue of chunks, and its ledger of lost events.
 
-:class:`ChunkQueue` holds the chunks (encoded events of future messages) that wait to be handed
-to librdkafka: at most ``max_events`` events and ``max_bytes`` bytes. Past either bound the
-OLDEST chunks go first (always keeping the newest one), and with a fragment of a split Stored
-event go its siblings still queued. Every dropped chunk is handed back to the caller to count.
-
-:class:`LossLedger` is the loss accounting, per source rank. Loss comes from the manager
-(``EventDrain.dropped``) and from the sink itself (reasons in :data:`LOSS_REASONS`). All of it
-is *pending* until a produced batch carries it in ``EventBatch.dropped``; when that batch is
-delivered it is *reported*; when that batch fails, what it carried is pending again (and the
-batch's own events join it). So every lost event is, at any moment, either pending or reported
-in exactly one delivered batch.
+:class:`ChunkQueue` drops the OLDEST chunks past ``max_events``/``max_bytes`` (with a fragment,
+its queued siblings) and hands them back to be counted. :class:`LossLedger` keeps every lost
+event, per source rank, *pending* until a produced batch carries it in ``EventBatch.dropped``
+and *reported* once that batch is delivered (pending again if it fails), so every lost event is
+at any moment pending or reported in exactly one delivered batch (``docs/OPERATIONS.md``).
 """
 
 from __future__ import annotations

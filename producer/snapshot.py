@@ -1,20 +1,10 @@
 """Producer snapshots: an engine re-publishes one rank's whole KV cache after a loss.
 
-When events of a rank are lost before they reach Kafka (the manager's bounded buffer dropped
-them, the sink gave up on a batch), consumers mark that worker degraded: their view of it may
-be incomplete. A snapshot rebuilds it without restarting the engine. It is an ordinary run of
-events, in order, with ordinary event ids:
-
-1. one ``Created`` event per window size, with ``KVCacheCreatedData.snapshot = True`` (schema
-   v2) and the cache's capacity: the first one resets the worker in every index (and clears its
-   degraded flag), the others add their windows;
-2. Stored events that restore every held block, parents before children, with their cache
-   level and priority: each event is one chain of the held prefix tree (block ``i``'s parent
-   is block ``i-1``), so a snapshot takes one event per branch, not one per block.
-
-A reader of schema v1 ignores the flag and applies exactly the same reset and refill. This
+A snapshot is one ``Created`` event (``snapshot=True``) per window size, then Stored events
+restoring every held block, parents first, one event per chain of the held prefix tree. This
 module turns the engine's held blocks (in any order) into those chains; the manager's
-:meth:`~kvevents.producer.KVCacheEventManager.enqueue_snapshot` queues them.
+:meth:`~kvevents.producer.KVCacheEventManager.enqueue_snapshot` queues them. Why and how
+consumers apply it: ``docs/OPERATIONS.md``.
 """
 
 from __future__ import annotations

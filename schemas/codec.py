@@ -1,22 +1,10 @@
 """Encode and decode ``EventBatch`` messages: Avro binary bodies in a self-describing frame.
 
-Framing. By default a message is an Avro *single-object encoding*: the two bytes ``C3 01``, the
-8-byte little-endian CRC-64-AVRO fingerprint of the writer schema, then the Avro binary body.
-The fingerprint tells a reader which schema wrote the body. With a schema registry
-(:class:`kvevents.schemas.registry.RegistryCodec`) messages use the Confluent wire format
-instead: a zero byte, the 4-byte big-endian schema id, then the body.
-
-Bodies written with the current schema are read by the compiled fast path when it is built
-(``kvevents.schemas._fastcodec``) and by fastavro otherwise; both produce the same bytes and
-objects (fastavro is the reference, and the test oracle). ``KVEVENTS_PURE_PYTHON=1`` forces
-fastavro. A body written with another known schema version is resolved to the current one by
-fastavro (schema evolution).
-
-Schema evolution follows the rule in ``schemas/avro/README.md``: additive changes only, every new
-field has a default, union branches are only appended, nothing is renamed or removed without an
-alias (FULL_TRANSITIVE in schema-registry terms). A single-object reader must know the writer's
-schema: the versions this package ships, others registered with :func:`register_writer_schema`,
-or read through a schema registry.
+Single-object framing (``C3 01``, the 8-byte CRC-64-AVRO fingerprint, the body) by default; the
+Confluent wire format through :mod:`.registry`. Bodies of the current schema go through the
+compiled ``_fastcodec`` when built, else fastavro (the reference, :mod:`._reference`; forced by
+``KVEVENTS_PURE_PYTHON=1``); other schema versions are resolved by fastavro. Framing, codecs and
+evolution: ``docs/WIRE_FORMAT.md`` and ``schemas/avro/README.md``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """What a local single-node KRaft broker is made of on disk: paths, ports and config files.
 
 Pure functions and small value types, no process handling (that is ``kvevents.broker``), so
-that everything here is tested without a JVM.
-
-A broker's *state directory* holds::
-
-    data/                 Kafka's log.dirs (topics and the KRaft metadata log)
-    config/server.properties
-    config/log4j2.properties
-    broker.log            the broker's log4j2 log (appended across restarts)
-    broker.out            the JVM's stdout/stderr of the latest start
-    broker.pid            the JVM's process id while it runs
-    broker.json           ports, bootstrap address, cluster id, version of the latest start
+that everything here is tested without a JVM. The state directory's layout:
+``docs/OPERATIONS.md``.
 """
 
 from __future__ import annotations

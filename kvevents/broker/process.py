@@ -1,17 +1,9 @@
 """A local Apache Kafka broker without Docker: single node, KRaft, from Maven Central's jars.
 
-``LocalBroker(state_dir)`` fetches Kafka's jars once (:mod:`kvevents.broker.jars`), writes the
-config (:mod:`kvevents.broker.config`), formats the storage on the first start
-(``kafka.tools.StorageTool format --standalone``), runs ``kafka.Kafka`` as a background JVM and
-returns from :meth:`LocalBroker.start` only when the broker answers a metadata request.
-:meth:`LocalBroker.stop` sends SIGTERM, waits, and falls back to SIGKILL (and says so). The same
-object, made for an existing state directory, reports on and stops a broker that another process
-started, through the pid file.
-
-Later starts take a couple of seconds: the jars are cached, the storage is already formatted,
-the JVM runs with start-up friendly flags (C1 only, serial GC: a test broker never warms up
-anyway) and, from the second start on, with a class-data-sharing archive that the first clean
-stop dumped into the jar cache.
+``LocalBroker(state_dir)`` fetches the jars once, writes the config, formats the storage on the
+first start, runs ``kafka.Kafka`` as a background JVM, and returns from :meth:`LocalBroker.start`
+when the broker answers; :meth:`LocalBroker.stop` sends SIGTERM, then SIGKILL (and says so).
+Start-up tuning and the state directory: ``docs/OPERATIONS.md``.
 
     with LocalBroker(tmp_path / "kafka") as broker:
         produce_to(broker.bootstrap_servers)

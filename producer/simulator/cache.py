@@ -1,60 +1,18 @@
 """A simulated paged KV-cache block manager that emits the events an engine would.
 
-It models TensorRT-LLM's ``WindowBlockManager`` (one per attention window size) closely enough
-that its event stream has the same shape and meaning:
-
-- **Blocks.** The cache holds ``num_primary_blocks`` blocks of ``block_size`` tokens in primary
-  (GPU) memory and optionally ``num_secondary_blocks`` in secondary (host) memory. Only FULL
-  blocks are identified and reusable; a request's partial last block and its not-yet-stored
-  blocks are *private*: they take a primary slot but have no identity and emit no event.
-- **Identity.** A block is identified by a chained hash (see :func:`chained_block_hash`) of its
-  parent's hash, its token ids and the request's LoRA id, so equal prefixes give equal hashes in
-  every process and run. Cached blocks form a radix tree (parent → children).
-- **Reuse.** A new request reuses the longest cached prefix of full blocks of ``prompt[:-1]``
-  (the last prompt token is always recomputed, as in TensorRT-LLM). Reused blocks get a
-  reference; a reused block in secondary memory is onboarded back to primary (an Updated event,
-  cache level 1 → 0); a reused block whose retention priority differs from the one the request
-  asks for gets the new priority (an Updated event with a priority diff), exactly as
-  TensorRT-LLM's ``loadOrAllocateBlocks`` does.
-- **Storing.** The engine stores blocks for reuse twice per request, as TensorRT-LLM does: after
-  the context phase (the prompt's full blocks) and when the request finishes (the full blocks
-  of prompt + output minus the last token, whose KV state is never computed). Newly cached
-  blocks of one call form ONE Stored event whose parent is the first block's predecessor. A
-  block some other request stored meanwhile is adopted instead (no event; the private copy is
-  returned, and an offloaded copy is brought back to primary with an Updated event).
-- **Eviction.** When a primary slot is needed, the victim is the unreferenced primary block
-  with the lowest retention priority, least recently used first — among *leaves* only (blocks
-  with no child in primary memory), so a child is never held without its parent. TensorRT-LLM
-  gets the same result differently: its LRU queue is filled leaf-first (a finished request's
-  blocks are released in reverse order) and, should a victim still have descendants, it frees
-  them first (``freeChildren``), emitting Removed for each. vLLM also frees in reverse order but
-  may evict a middle block and leave unreachable descendants behind; we never do.
-  The victim is offloaded to secondary memory (Updated, 0 → 1) when the secondary level exists
-  and the victim's priority is at least ``offload_min_priority`` (TensorRT-LLM's
-  ``secondary_offload_min_priority``, default 30); making room in secondary evicts its
-  lowest-priority LRU leaf (Removed). Otherwise the victim leaves the cache (Removed), after its
-  descendants in secondary memory (post-order, leaves first).
-
-Deliberate simplifications (documented, not hidden): blocks are reserved for the whole request
-at admission (TensorRT-LLM's ``GUARANTEED_NO_EVICT`` scheduling), so a running request never
-fails; priority durations/expiry are not modelled (TensorRT-LLM resets an expired priority
-without an event); partial-block reuse, beams and sliding-window block dropping are not
-modelled; when a freed secondary slot is evicted to make room for an offload, the Removed event
-comes before the victim's Updated event (TensorRT-LLM emits them the other way round), so that
-replaying the events never sees a level over capacity except during an onboarding swap.
+:class:`PagedBlockCache` models TensorRT-LLM's ``WindowBlockManager`` (one per window size):
+primary and secondary levels, prefix reuse of full blocks, two Stored events per request,
+eviction of low-priority LRU leaves with offload to secondary memory. The model, its fidelity
+to TensorRT-LLM and its deliberate simplifications: ``docs/SIMULATOR.md``.
 """
 
 from __future__ import annotations
 
-import heapq
-import struct
-import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-import xxhash
 from kvevents.producer.block import BlockInfo
 from kvevents.schemas import (
     DEFAULT_PRIORITY,
@@ -63,6 +21,16 @@ from kvevents.schemas import (
     KVCacheEventDiff,
     KVCacheUpdatedData,
 )
+
+from .blocks import (
+    HeldBlock,
+    RetentionRange,
+    block_hashes,
+    chained_block_hash,
+    retention_priority,
+    to_token_array,
+)
+from .eviction import CachedBlock, EvictionQueue
 
 __all__ = [
     "DEFAULT_OFFLOAD_MIN_PRIORITY",
@@ -83,10 +51,6 @@ DEFAULT_WINDOW_SIZE = 8192
 DEFAULT_OFFLOAD_MIN_PRIORITY = 30
 """TensorRT-LLM's default ``secondary_offload_min_priority``: lower-priority victims are dropped."""
 
-_ROOT_SEED = 0
-_LORA = struct.Struct("<Q")
-_BIG_ENDIAN = sys.byteorder == "big"
-
 
 class KVEventSink(Protocol):
     """What the cache calls on a ``KVCacheEventManager`` (the enqueue side of its public API)."""
@@ -98,116 +62,6 @@ class KVEventSink(Protocol):
     def enqueue_removed_event(self, block_hash: int, window_size: int) -> None: ...
 
     def enqueue_updated_event(self, data: KVCacheUpdatedData, window_size: int) -> None: ...
-
-
-def to_token_array(tokens: Iterable[int]) -> array[int]:
-    """``tokens`` as ``array('i')`` (returned as is when it already is one)."""
-    if tokens.__class__ is array and tokens.typecode == "i":
-        return tokens
-    try:
-        return array("i", tokens)
-    except (OverflowError, TypeError) as exc:
-        raise ValueError(f"token ids must be int32 values: {exc}") from None
-
-
-def chained_block_hash(parent_hash: int | None, tokens: Iterable[int], lora_id: int | None = None) -> int:
-    """The unsigned 64-bit hash of one block, chained to its parent.
-
-    ``xxh3_64(data, seed=parent_hash or 0)`` where ``data`` is the block's token ids packed as
-    little-endian int32, followed by the LoRA id as little-endian uint64 when there is one. The
-    parent hash as seed chains the blocks (equal hashes mean equal whole prefixes, with
-    overwhelming probability); it is deterministic across processes, runs and machines.
-    TensorRT-LLM's own V1 hash is a different mixer with the same inputs; consumers only need
-    hashes to be chained and deterministic.
-    """
-    arr = to_token_array(tokens)
-    if _BIG_ENDIAN:
-        arr = array("i", arr)
-        arr.byteswap()
-    data = arr.tobytes()
-    if lora_id is not None:
-        data += _LORA.pack(lora_id)
-    return xxhash.xxh3_64_intdigest(data, seed=_ROOT_SEED if parent_hash is None else parent_hash)
-
-
-def block_hashes(
-    tokens: Iterable[int],
-    block_size: int,
-    lora_id: int | None = None,
-    *,
-    parent_hash: int | None = None,
-    max_blocks: int | None = None,
-) -> list[int]:
-    """The chained hashes of the full blocks of ``tokens`` (a partial last block has none)."""
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    arr = to_token_array(tokens)
-    count = len(arr) // block_size
-    if max_blocks is not None:
-        count = min(count, max_blocks)
-    hashes: list[int] = []
-    parent = parent_hash
-    for i in range(count):
-        parent = chained_block_hash(parent, arr[i * block_size : (i + 1) * block_size], lora_id)
-        hashes.append(parent)
-    return hashes
-
-
-class RetentionRange(NamedTuple):
-    """A retention priority for the blocks within ``[start, end)`` tokens of a sequence.
-
-    Like TensorRT-LLM's ``TokenRangeRetentionConfig``: ``end=None`` reaches to the end of the
-    sequence (generated tokens included). A block takes the priority of the first range that
-    covers all its tokens; a block no range covers keeps its priority (new blocks: 35).
-    """
-
-    start: int
-    end: int | None
-    priority: int
-
-
-def _block_priority(ranges: Sequence[RetentionRange], index: int, block_size: int) -> int | None:
-    first = index * block_size
-    last = first + block_size
-    for r in ranges:
-        if r.start <= first and (r.end is None or last <= r.end):
-            return r.priority
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class HeldBlock:
-    """One block the cache holds: the ground truth a consumer's index must reproduce."""
-
-    block_hash: int
-    parent_hash: int | None
-    cache_level: int
-    priority: int
-    tokens: tuple[int, ...]
-    lora_id: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (hashes as unsigned ints)."""
-        return {
-            "block_hash": self.block_hash,
-            "parent_hash": self.parent_hash,
-            "cache_level": self.cache_level,
-            "priority": self.priority,
-            "tokens": list(self.tokens),
-            "lora_id": self.lora_id,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> HeldBlock:
-        """The inverse of :meth:`to_json`."""
-        return cls(
-            block_hash=int(data["block_hash"]),
-            parent_hash=None if data["parent_hash"] is None else int(data["parent_hash"]),
-            cache_level=int(data["cache_level"]),
-            priority=int(data["priority"]),
-            tokens=tuple(int(t) for t in data["tokens"]),
-            lora_id=None if data.get("lora_id") is None else int(data["lora_id"]),
-        )
 
 
 @dataclass(slots=True)
@@ -240,53 +94,12 @@ class CacheFullError(RuntimeError):
     """A request does not fit: every primary slot is referenced by running requests."""
 
 
-class _Block:
-    """A cached block: a node of the radix tree."""
-
-    __slots__ = (
-        "alive",
-        "block_hash",
-        "children",
-        "last_used",
-        "level",
-        "lora_id",
-        "parent",
-        "primary_children",
-        "priority",
-        "ref_count",
-        "tokens",
-    )
-
-    def __init__(
-        self, block_hash: int, parent: _Block | None, tokens: array[int], lora_id: int | None, priority: int
-    ) -> None:
-        self.block_hash = block_hash
-        self.parent = parent
-        self.tokens = tokens
-        self.lora_id = lora_id
-        self.priority = priority
-        self.level = PRIMARY_LEVEL
-        self.ref_count = 0
-        self.last_used = 0
-        self.children: set[_Block] = set()
-        self.primary_children = 0
-        self.alive = True
-
-    def is_leaf_at(self, level: int) -> bool:
-        # Invariant: a child's level is never below its parent's, so a secondary block's
-        # children are all in secondary memory.
-        return self.primary_children == 0 if level == PRIMARY_LEVEL else not self.children
-
-
 @dataclass(slots=True)
 class _Sequence:
     lora_id: int | None
     retention: Sequence[RetentionRange]
-    blocks: list[_Block] = field(default_factory=list)
+    blocks: list[CachedBlock] = field(default_factory=list)
     private: int = 0
-
-
-_CandidateEntry = tuple[int, int, int, _Block]
 
 
 class PagedBlockCache:
@@ -327,13 +140,12 @@ class PagedBlockCache:
         self.offload_min_priority = offload_min_priority
         self._events = events
         self._block_info = BlockInfo if block_info is None else block_info
-        self._blocks: dict[int, _Block] = {}
+        self._blocks: dict[int, CachedBlock] = {}
         self._seqs: dict[object, _Sequence] = {}
         self._used = [0, 0]  # slots in use per level (primary includes private blocks)
         self._private = 0  # primary slots held by running requests' unidentified blocks
         self._referenced_primary = 0  # cached primary blocks with ref_count > 0
-        self._candidates: list[list[_CandidateEntry]] = [[], []]
-        self._push_count = 0
+        self._evictable = EvictionQueue(compact_above=4 * (num_primary_blocks + num_secondary_blocks) + 64)
         self._tick = 0
         self.stats = CacheStats()
 
@@ -437,7 +249,7 @@ class PagedBlockCache:
             return block_hashes(prompt, self.block_size, lora_id, max_blocks=limit)
         return hashes[:limit]
 
-    def _slots_needed(self, matched: Sequence[_Block], total_blocks: int) -> tuple[int, int]:
+    def _slots_needed(self, matched: Sequence[CachedBlock], total_blocks: int) -> tuple[int, int]:
         """(primary slots the request needs, slots it may take from the evictable pool)."""
         onboards = sum(1 for b in matched if b.level != PRIMARY_LEVEL)
         unreferenced_matched = sum(1 for b in matched if b.level == PRIMARY_LEVEL and b.ref_count == 0)
@@ -445,8 +257,8 @@ class PagedBlockCache:
         available = self.num_primary_blocks - self._referenced_primary - self._private - unreferenced_matched
         return needed, available
 
-    def _matched(self, hashes: Sequence[int]) -> list[_Block]:
-        matched: list[_Block] = []
+    def _matched(self, hashes: Sequence[int]) -> list[CachedBlock]:
+        matched: list[CachedBlock] = []
         blocks = self._blocks
         for h in hashes:
             b = blocks.get(h)
@@ -513,7 +325,7 @@ class PagedBlockCache:
                 self._referenced_primary += 1
             b.ref_count += 1
         for i, b in enumerate(matched):
-            priority = _block_priority(retention, i, self.block_size) if retention else None
+            priority = retention_priority(retention, i, self.block_size) if retention else None
             if priority is not None and priority != b.priority:
                 self._emit_updated(b.block_hash, priority=KVCacheEventDiff(b.priority, priority))
                 b.priority = priority
@@ -553,7 +365,7 @@ class PagedBlockCache:
         parent = seq.blocks[-1] if seq.blocks else None
         blocks = self._blocks
         lora_id = seq.lora_id
-        stored: list[_Block] = []
+        stored: list[CachedBlock] = []
         stored_parent = parent
         newly_stored = 0
         for i in range(start, full):
@@ -570,8 +382,10 @@ class PagedBlockCache:
                 seq.blocks.append(existing)
                 parent = stored_parent = existing
                 continue
-            priority = _block_priority(seq.retention, i, bs) if seq.retention else None
-            b = _Block(h, parent, block_tokens, lora_id, DEFAULT_PRIORITY if priority is None else priority)
+            priority = retention_priority(seq.retention, i, bs) if seq.retention else None
+            b = CachedBlock(
+                h, parent, block_tokens, lora_id, DEFAULT_PRIORITY if priority is None else priority
+            )
             b.ref_count = 1
             blocks[h] = b
             if parent is not None:
@@ -597,14 +411,14 @@ class PagedBlockCache:
                 self._referenced_primary -= 1
                 self._tick += 1
                 b.last_used = self._tick
-                self._push_candidate(b)
+                self._evictable.push(b)
         self._used[PRIMARY_LEVEL] -= seq.private
         self._private -= seq.private
         seq.private = 0
 
     # ------------------------------------------------------------------ internals
 
-    def _emit_stored(self, stored: list[_Block], parent: _Block | None) -> None:
+    def _emit_stored(self, stored: list[CachedBlock], parent: CachedBlock | None) -> None:
         stats = self.stats
         stats.stored_events += 1
         stats.stored_blocks += len(stored)
@@ -630,7 +444,7 @@ class PagedBlockCache:
                 KVCacheUpdatedData(block_hash, cache_level=cache_level, priority=priority), self.window_size
             )
 
-    def _adopt(self, b: _Block) -> None:
+    def _adopt(self, b: CachedBlock) -> None:
         """A request computed a block that is already cached: use the cached one."""
         self.stats.adopted_blocks += 1
         if b.level != PRIMARY_LEVEL:
@@ -648,7 +462,7 @@ class PagedBlockCache:
                 self._referenced_primary += 1
         b.ref_count += 1
 
-    def _onboard(self, b: _Block) -> None:
+    def _onboard(self, b: CachedBlock) -> None:
         """Bring a referenced secondary block back to primary, swapping a victim out if full."""
         self._used[SECONDARY_LEVEL] -= 1  # its secondary slot is free for the victim
         self._make_primary_room()
@@ -660,46 +474,9 @@ class PagedBlockCache:
         self._emit_updated(b.block_hash, cache_level=KVCacheEventDiff(SECONDARY_LEVEL, PRIMARY_LEVEL))
         self.stats.onboards += 1
 
-    def _push_candidate(self, b: _Block) -> None:
-        if b.ref_count == 0 and b.is_leaf_at(b.level):
-            self._push_count += 1
-            heap = self._candidates[b.level]
-            heapq.heappush(heap, (b.priority, b.last_used, self._push_count, b))
-            if len(heap) > 4 * (self.num_primary_blocks + self.num_secondary_blocks) + 64:
-                self._compact(b.level)
-
-    def _valid(self, entry: _CandidateEntry, level: int) -> bool:
-        priority, last_used, _, b = entry
-        return (
-            b.alive
-            and b.level == level
-            and b.ref_count == 0
-            and b.priority == priority
-            and b.last_used == last_used
-            and b.is_leaf_at(level)
-        )
-
-    def _compact(self, level: int) -> None:
-        seen: set[int] = set()
-        kept = []
-        for entry in self._candidates[level]:
-            if self._valid(entry, level) and id(entry[3]) not in seen:
-                seen.add(id(entry[3]))
-                kept.append(entry)
-        heapq.heapify(kept)
-        self._candidates[level] = kept
-
-    def _pop_candidate(self, level: int) -> _Block | None:
-        heap = self._candidates[level]
-        while heap:
-            entry = heapq.heappop(heap)
-            if self._valid(entry, level):
-                return entry[3]
-        return None
-
     def _make_primary_room(self) -> None:
         while self._used[PRIMARY_LEVEL] >= self.num_primary_blocks:
-            victim = self._pop_candidate(PRIMARY_LEVEL)
+            victim = self._evictable.pop(PRIMARY_LEVEL)
             if victim is None:
                 raise CacheFullError(f"no evictable primary block (window {self.window_size})")
             self._evict_primary(victim)
@@ -708,13 +485,13 @@ class PagedBlockCache:
         if self.num_secondary_blocks == 0:
             return False
         while self._used[SECONDARY_LEVEL] >= self.num_secondary_blocks:
-            victim = self._pop_candidate(SECONDARY_LEVEL)
+            victim = self._evictable.pop(SECONDARY_LEVEL)
             if victim is None:
                 return False
             self._remove(victim)
         return True
 
-    def _evict_primary(self, victim: _Block) -> None:
+    def _evict_primary(self, victim: CachedBlock) -> None:
         self.stats.evictions += 1
         if victim.priority >= self.offload_min_priority and self._make_secondary_room():
             self._used[PRIMARY_LEVEL] -= 1
@@ -727,14 +504,14 @@ class PagedBlockCache:
             self.stats.offloads += 1
             if parent is not None:
                 parent.primary_children -= 1
-                self._push_candidate(parent)
-            self._push_candidate(victim)
+                self._evictable.push(parent)
+            self._evictable.push(victim)
         else:
             self._remove_subtree(victim)
 
-    def _remove_subtree(self, root: _Block) -> None:
+    def _remove_subtree(self, root: CachedBlock) -> None:
         """Remove ``root`` and its descendants, children before parents."""
-        stack: list[tuple[_Block, bool]] = [(root, False)]
+        stack: list[tuple[CachedBlock, bool]] = [(root, False)]
         while stack:
             b, expanded = stack.pop()
             if expanded or not b.children:
@@ -743,7 +520,7 @@ class PagedBlockCache:
                 stack.append((b, True))
                 stack.extend((c, False) for c in b.children)
 
-    def _remove(self, b: _Block) -> None:
+    def _remove(self, b: CachedBlock) -> None:
         assert b.ref_count == 0 and not b.children, "only unreferenced leaves leave the cache"
         if self._events is not None:
             self._events.enqueue_removed_event(b.block_hash, self.window_size)
@@ -756,7 +533,7 @@ class PagedBlockCache:
             parent.children.discard(b)
             if b.level == PRIMARY_LEVEL:
                 parent.primary_children -= 1
-            self._push_candidate(parent)
+            self._evictable.push(parent)
 
     # ------------------------------------------------------------------ checks
 

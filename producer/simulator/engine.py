@@ -1,26 +1,9 @@
 """A simulated inference engine rank that drives a ``KVCacheEventManager`` as a real one does.
 
-Per iteration :meth:`EngineSimulator.step`:
-
-1. takes the requests that have arrived (from its :class:`WorkloadGenerator`, at the workload's
-   rate on the simulated clock, and/or handed to it with :meth:`EngineSimulator.submit` by a
-   router) into a FIFO waiting queue;
-2. admits waiting requests in order while the batch has room and every window's cache can hold
-   them (reusing cached prefixes; evictions, offloads, onboards and priority changes emit their
-   events), runs their context phase and stores the prompt's full blocks (a Stored event);
-3. decodes ``decode_tokens_per_iteration`` tokens per running request; a finished request stores
-   the full blocks of prompt + output (another Stored event) and releases its blocks, which stay
-   cached, unreferenced, until evicted;
-4. publishes a snapshot of its caches when the manager asks for one and
-   ``SimulatorConfig.snapshot_on_request`` is set (:meth:`EngineSimulator.publish_snapshot`);
-5. calls ``flush()`` on the event manager once.
-
-The simulated clock advances ``1 / iterations_per_second`` per iteration; with ``realtime`` the
-loop also sleeps to keep that pace on the wall clock, otherwise it runs as fast as it can.
-
-Ground truth (:meth:`EngineSimulator.ground_truth`) is, at any moment between iterations, the
-exact set of blocks the caches hold — per window size: hash, parent, cache level, priority,
-tokens — i.e. what a consumer that applied every event flushed so far must hold for this worker.
+Per iteration :meth:`EngineSimulator.step` admits arrived requests (reusing cached prefixes),
+decodes, stores and releases finished requests' blocks, publishes a snapshot when asked, and
+flushes the manager once. :meth:`EngineSimulator.ground_truth` is the exact set of blocks the
+caches hold between iterations. The loop in detail: ``docs/SIMULATOR.md``.
 """
 
 from __future__ import annotations

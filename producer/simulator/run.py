@@ -1,32 +1,10 @@
 """Run simulated engine ranks as real processes: ``kvevents simulate``'s engine room.
 
-Every process is one attention-DP rank of one engine instance. It runs an
-:class:`~kvevents.producer.simulator.EngineSimulator` that drives a real
-:class:`~kvevents.producer.KVCacheEventManager`; rank 0 of each instance also runs a
-:class:`~kvevents.producer.KafkaEventSink` to the topic (the other ranks' events reach it
-through the manager's attention-DP gather over MPI).
-
-Topology. Under ``mpiexec -n N`` the world is split into ``instances`` instances of ``ranks``
-ranks each (``N = instances * ranks``; world ranks ``k*ranks .. (k+1)*ranks-1`` form instance
-``k``, named ``f"{instance_prefix}-{first_instance + k}"``); each instance's managers gather
-over a communicator of their own (an ``MPI.Comm.Split`` of the world, handed to the manager
-as ``comm``). Without MPI (no ``mpiexec``, or ``-n 1``) the process is the one rank of one
-instance and the manager has no attention DP (no gather, no MPI import). Several launches can
-run side by side (give each its own ``instance_prefix`` or ``first_instance``).
-
-At the end every rank reports a :class:`RankResult` (its counters and its ground truth) to
-world rank 0 as JSON over MPI, point to point (:func:`~kvevents.producer._mpi.collect_at_root`):
-a rank that died (declared dead by its instance's gather, or silent until the timeout) is
-reported as failed instead of hanging the others; :func:`run` returns them all there (and
-``None`` elsewhere). ``kvevents simulate`` runs each rank behind a guard process
-(:mod:`kvevents.producer.rank_guard`) so that under ``mpiexec -disable-auto-cleanup`` a
-SIGKILLed rank leaves the others running: its instance's rank 0 keeps producing the other
-ranks' events and reports the dead rank's loss in-band (its worker turns degraded).
-
-Shutdown: the simulator stops (duration, request count or :meth:`SimRun.stop`, e.g. from a
-SIGINT handler), the instance's ranks wait for each other
-(:func:`~.shutdown.wait_for_instance`: one rank's close stops the gather on all of them), the
-manager is closed (its last events, the gather's last exchange), then the sink (deliver within ``sink_close_timeout_s``, report what was lost).
+Every process is one attention-DP rank of one engine instance: an ``EngineSimulator`` driving a
+real ``KVCacheEventManager``, and on each instance's rank 0 a ``KafkaEventSink``. Under
+``mpiexec`` the world splits into instances (each gathering over its own communicator); every
+rank's :class:`RankResult` reaches world rank 0, which :func:`run` returns them on. Topology,
+dead ranks and shutdown: ``docs/SIMULATOR.md``.
 """
 
 from __future__ import annotations
@@ -76,7 +54,7 @@ def mpi_world_size() -> int:
 
 @dataclass(frozen=True)
 class SimRunConfig:
-    """What ``kvevents simulate`` runs; see the module docstring for the topology."""
+    """What ``kvevents simulate`` runs; the topology: ``docs/SIMULATOR.md``."""
 
     instances: int = 1
     ranks: int | None = None

@@ -1,22 +1,10 @@
 """A seeded, reproducible stream of LLM requests with realistic prefix sharing.
 
-The mix (all knobs in :class:`WorkloadConfig`):
-
-- a few long **system prompts** shared by every conversation (one is drawn uniformly);
-- **documents** (retrieval context) drawn with a Zipf distribution over their popularity rank
-  (rank ``k`` with probability ∝ ``1 / (k + 1) ** zipf_exponent``), so a few are very hot;
-- **multi-turn conversations**: a follow-up turn's prompt is the previous turn's prompt + its
-  answer + new user text, so it extends a prefix the serving worker has cached;
-- fresh random **user text**, and an **output length** per request;
-- Poisson arrivals at ``request_rate`` requests per simulated second;
-- optionally a **LoRA** adapter per conversation, and TensorRT-LLM-style **retention ranges**
-  (system prompt blocks high priority, an ongoing conversation's history medium).
-
-Two seeds: ``content_seed`` fixes the shared content (system prompts, documents) and must be the
-same on every worker for prefixes to be shared; ``seed`` fixes one request stream (use one per
-rank, see :func:`derive_seed`). A request's answer is a deterministic function of its prompt and
-LoRA id (:func:`answer_tokens`, like greedy decoding), and the request carries it: the engine
-"generates" exactly those tokens, so the generator knows what the next turn extends.
+Shared system prompts, Zipf-popular documents, multi-turn conversations, Poisson arrivals,
+optional LoRA adapters and retention ranges (knobs in :class:`WorkloadConfig`). ``content_seed``
+fixes the shared content (the same on every worker), ``seed`` one request stream (see
+:func:`derive_seed`); a request carries its deterministic answer (:func:`answer_tokens`).
+The mix in detail: ``docs/SIMULATOR.md``.
 """
 
 from __future__ import annotations
