@@ -53,7 +53,7 @@ def test_compose_runs_the_same_kafka_with_a_healthcheck_and_a_host_listener() ->
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())
     kafka = compose["services"]["kafka"]
     assert kafka["image"] == KAFKA_IMAGE
-    assert "9092:9092" in kafka["ports"]
+    assert "${KVEVENTS_BIND_ADDRESS:-127.0.0.1}:9092:9092" in kafka["ports"]  # loopback unless told otherwise
     env = kafka["environment"]
     assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert "HOST://localhost:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
