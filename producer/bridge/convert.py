@@ -24,6 +24,7 @@ from kvevents.schemas import (
     KVCacheUpdatedData,
 )
 
+from .fastwire import fast_parse
 from .hashes import DEFAULT_MEDIUM_LEVELS, WireError, lora_id_for_name
 from .tiers import TierMap
 from .wire import BridgeDecodeError, ParsedBatch, RawRemoved, RawStored, WireCounts, parse_payload
@@ -41,9 +42,13 @@ class ZmqEventConverter:
     ``window_size``: the window of events without a sliding-window group (full attention);
     ``dp_rank``: the rank of events whose batch does not name one. ``counts`` says what was
     skipped (unknown tags/fields, duplicate stores, removes of blocks not held on that medium).
+    ``fast_path``: read the common shapes by typed decoding first (:mod:`.fastwire`); the result
+    is the same either way, ``fast_payloads`` counts the payloads it read.
     """
 
-    def __init__(self, engine: str, *, window_size: int = 0, dp_rank: int = 0) -> None:
+    def __init__(
+        self, engine: str, *, window_size: int = 0, dp_rank: int = 0, fast_path: bool = True
+    ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0:
@@ -61,20 +66,28 @@ class ZmqEventConverter:
         self.wire_counts = WireCounts()
         self.counts: Counter[str] = Counter()
         self.last_batch_ts: float | None = None
+        self.fast_path = fast_path
+        self.fast_payloads = 0
         """The ``ts`` of the last payload converted (the engine's send time, for latency)."""
 
     # -- public ------------------------------------------------------------------------
 
     def convert(self, payload: bytes) -> list[KVCacheEvent]:
         """The kvevents events of one payload (possibly none)."""
-        counts = WireCounts()
-        parsed = parse_payload(payload, take_last=self.take_last, counts=counts)
+        parsed = fast_parse(payload) if self.fast_path else None
+        counts: WireCounts | None = None
+        if parsed is None:
+            counts = WireCounts()
+            parsed = parse_payload(payload, take_last=self.take_last, counts=counts)
+        else:
+            self.fast_payloads += 1
         try:
             events = self._apply(parsed)
         except WireError as exc:
             raise BridgeDecodeError(str(exc)) from None
-        self.wire_counts.unknown_tags.update(counts.unknown_tags)
-        self.wire_counts.unknown_fields.update(counts.unknown_fields)
+        if counts is not None:
+            self.wire_counts.unknown_tags.update(counts.unknown_tags)
+            self.wire_counts.unknown_fields.update(counts.unknown_fields)
         self.counts["payloads"] += 1
         self.last_batch_ts = parsed.ts
         self.counts["events_out"] += len(events)
@@ -116,25 +129,26 @@ class ZmqEventConverter:
     def _apply(self, parsed: ParsedBatch) -> list[KVCacheEvent]:
         rank = self.dp_rank if parsed.dp_rank is None else parsed.dp_rank
         # Validate everything first, so that a bad event leaves the state untouched.
-        prepared = [self._prepare(raw, k) for k, raw in enumerate(parsed.events)]
-        out: list[KVCacheEvent] = []
-        for raw, blocks in prepared:
-            if isinstance(raw, RawStored):
-                assert blocks is not None
-                self._emit_stored(out, rank, raw, blocks)
+        raws = parsed.events
+        blocks_of = [
+            self._blocks(raw, k) if raw.__class__ is RawStored else None for k, raw in enumerate(raws)
+        ]
+        out: list[tuple[Any, int]] = []  # (data, window); ids are given at the end, in order
+        for raw, blocks in zip(raws, blocks_of, strict=True):
+            if blocks is not None:
+                assert isinstance(raw, RawStored)
+                self._emit_stored(out, raw, blocks)
             elif isinstance(raw, RawRemoved):
-                self._emit_removed(out, rank, raw)
+                self._emit_removed(out, raw)
             else:
                 self.counts["cleared"] += 1
-                out.append(self.created(rank))
-        return out
-
-    def _prepare(self, raw: Any, k: int) -> tuple[Any, list[KVCacheStoredBlockData] | None]:
-        if isinstance(raw, RawStored):
-            return raw, self._blocks(raw, f"events[{k}]")
-        if isinstance(raw, RawRemoved):
-            self._level(raw.medium, commit=False)
-        return raw, None
+                self.tiers.clear()
+                out.append((KVCacheCreatedData([]), self.window_size))
+        if not out:
+            return []
+        first = self.next_event_id.get(rank, 0)
+        self.next_event_id[rank] = first + len(out)
+        return [KVCacheEvent(first + i, data, window, rank) for i, (data, window) in enumerate(out)]
 
     def _level(self, medium: str | None, *, commit: bool = True) -> int:
         if medium is None:
@@ -163,13 +177,13 @@ class ZmqEventConverter:
             return self.window_size
         return window
 
-    def _blocks(self, raw: RawStored, where: str) -> list[KVCacheStoredBlockData]:
+    def _blocks(self, raw: RawStored, k: int) -> list[KVCacheStoredBlockData]:
         n = len(raw.block_hashes)
         tokens = raw.token_ids
         size = raw.block_size
         if n == 0:
             if tokens:
-                raise WireError(f"{where}: BlockStored has {len(tokens)} token_ids but no block_hashes")
+                raise WireError(f"events[{k}]: BlockStored has {len(tokens)} token_ids but no block_hashes")
             return []
         if not tokens:
             pieces: list[array[int]] = [array("i") for _ in range(n)]
@@ -178,10 +192,10 @@ class ZmqEventConverter:
             full = (n - 1) * size
             if not full < len(tokens) <= n * size:
                 raise WireError(
-                    f"{where}: {len(tokens)} token_ids do not fill {n} blocks of block_size {size} "
+                    f"events[{k}]: {len(tokens)} token_ids do not fill {n} blocks of block_size {size} "
                     f"(expected {full + 1}..{n * size})"
                 )
-            pieces = [tokens[i * size : (i + 1) * size] for i in range(n)]
+            pieces = [tokens] if n == 1 else [tokens[i * size : (i + 1) * size] for i in range(n)]
             if len(tokens) < n * size:
                 self.counts["partial_blocks"] += 1
         lora_id = raw.lora_id
@@ -192,6 +206,12 @@ class ZmqEventConverter:
         extra = raw.extra_keys
         if extra is not None and len(extra) != n:
             self.counts["extra_keys_length_mismatch"] += 1
+        salt0 = raw.cache_salt
+        if extra is None:  # the common case: one positional construction per block
+            return [
+                KVCacheStoredBlockData(h, p, lora_id, PRIMARY_LEVEL, DEFAULT_PRIORITY, None, (), salt0)
+                for h, p in zip(raw.block_hashes, pieces, strict=True)
+            ]
         blocks = []
         for i, (block_hash, piece) in enumerate(zip(raw.block_hashes, pieces, strict=True)):
             keys = extra[i] if extra is not None and i < len(extra) else None
@@ -202,7 +222,7 @@ class ZmqEventConverter:
                     )
                 )
                 continue
-            mm_keys, salt = self._extra(keys, raw.lora_name, f"{where}.extra_keys[{i}]")
+            mm_keys, salt = self._extra(keys, raw.lora_name, f"events[{k}].extra_keys[{i}]")
             salt = raw.cache_salt if raw.cache_salt is not None else salt
             blocks.append(
                 KVCacheStoredBlockData(
@@ -245,14 +265,23 @@ class ZmqEventConverter:
         return tuple(mm), salt
 
     def _emit_stored(
-        self, out: list[KVCacheEvent], rank: int, raw: RawStored, blocks: list[KVCacheStoredBlockData]
+        self, out: list[tuple[Any, int]], raw: RawStored, blocks: list[KVCacheStoredBlockData]
     ) -> None:
         window = self._window(raw.group_idx, raw)
         level = self._level(raw.medium)
         run: list[KVCacheStoredBlockData] = []
         run_parent = raw.parent
         previous = raw.parent
+        held = self.tiers.held
         for block in blocks:
+            key = (window, block.block_hash)
+            if key not in held:  # the common case, inlined: a block no medium holds yet
+                held[key] = {level}
+                if not run:
+                    run_parent = previous
+                run.append(block if level == 0 else _with_level(block, level))
+                previous = block.block_hash
+                continue
             change = self.tiers.store(window, block.block_hash, level)
             if change.kind == "stored":
                 if not run:
@@ -260,26 +289,31 @@ class ZmqEventConverter:
                 run.append(block if level == 0 else _with_level(block, level))
             else:
                 if run:
-                    out.append(self._event(rank, KVCacheStoredData(run_parent, run), window))
+                    out.append((KVCacheStoredData(run_parent, run), window))
                     run = []
                 if change.kind == "updated":
                     assert change.old_level is not None and change.new_level is not None
                     diff = KVCacheEventDiff(change.old_level, change.new_level)
-                    out.append(
-                        self._event(rank, KVCacheUpdatedData(block.block_hash, cache_level=diff), window)
-                    )
+                    out.append((KVCacheUpdatedData(block.block_hash, cache_level=diff), window))
                 else:
                     self.counts["blocks_already_held"] += 1
             previous = block.block_hash
         if run:
-            out.append(self._event(rank, KVCacheStoredData(run_parent, run), window))
+            out.append((KVCacheStoredData(run_parent, run), window))
 
-    def _emit_removed(self, out: list[KVCacheEvent], rank: int, raw: RawRemoved) -> None:
+    def _emit_removed(self, out: list[tuple[Any, int]], raw: RawRemoved) -> None:
         window = self._window(raw.group_idx)
         level = self._level(raw.medium)
         gone: list[int] = []
+        held = self.tiers.held
         for block_hash in raw.block_hashes:
-            if not self.tiers.knows(window, block_hash):
+            key = (window, block_hash)
+            levels = held.get(key)
+            if levels is not None and len(levels) == 1 and level in levels:
+                del held[key]  # the common case, inlined: the only medium lets it go
+                gone.append(block_hash)
+                continue
+            if levels is None:
                 # Not seen stored (joined mid-stream, or a capture): pass it on, the index decides.
                 self.counts["removed_unknown"] += 1
                 gone.append(block_hash)
@@ -289,15 +323,15 @@ class ZmqEventConverter:
                 gone.append(block_hash)
             elif change.kind == "updated":
                 if gone:
-                    out.append(self._event(rank, KVCacheRemovedData(gone), window))
+                    out.append((KVCacheRemovedData(gone), window))
                     gone = []
                 assert change.old_level is not None and change.new_level is not None
                 diff = KVCacheEventDiff(change.old_level, change.new_level)
-                out.append(self._event(rank, KVCacheUpdatedData(block_hash, cache_level=diff), window))
+                out.append((KVCacheUpdatedData(block_hash, cache_level=diff), window))
             else:
                 self.counts["removed_not_on_medium"] += 1
         if gone:
-            out.append(self._event(rank, KVCacheRemovedData(gone), window))
+            out.append((KVCacheRemovedData(gone), window))
 
     def _event(self, rank: int, data: Any, window: int) -> KVCacheEvent:
         event_id = self.next_event_id.get(rank, 0)

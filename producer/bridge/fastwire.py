@@ -1,0 +1,164 @@
+"""The fast path of :mod:`.wire`: the common vLLM/SGLang shapes decoded straight into typed msgspec
+Structs (tagged maps with ``"type"``, or tag-first arrays, as the engines declare them).
+
+:func:`fast_parse` returns the same :class:`ParsedBatch` as :func:`.wire.parse_payload` would, or
+``None`` on anything it does not take exactly as the tolerant path would (an unknown tag or
+field, a digest hash, a metadata map, a bad value...): the caller then runs the tolerant path,
+which counts, converts or names the error. It never raises and never counts anything.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import msgspec
+
+from .hashes import U64_MASK
+from .wire import ParsedBatch, RawCleared, RawEvent, RawRemoved, RawStored
+
+__all__ = ["fast_parse"]
+
+_CLEARED = RawCleared()
+
+
+# -- maps with a "type" tag (vLLM after #42892, SGLang 0.5.2x) --------------------------------
+
+
+class _MapStored(msgspec.Struct, tag_field="type", tag="BlockStored", forbid_unknown_fields=True):
+    block_hashes: list[int]
+    parent_block_hash: int | None = None
+    token_ids: list[int] | None = None
+    block_size: int | None = None
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    cache_salt: str | None = None
+    session_id: Any = None
+
+
+class _MapRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", forbid_unknown_fields=True):
+    block_hashes: list[int]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _MapCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", forbid_unknown_fields=True):
+    pass
+
+
+class _MapBatch(msgspec.Struct, forbid_unknown_fields=True):
+    events: list[_MapStored | _MapRemoved | _MapCleared]
+    ts: float | None = None
+    data_parallel_rank: int | None = None
+    attn_dp_rank: int | None = None
+    dp_rank: int | None = None
+
+
+# -- arrays, tag first (vLLM before #42892, SGLang 0.4/0.5) -----------------------------------
+
+
+class _ArrayStored(msgspec.Struct, array_like=True, tag="BlockStored", forbid_unknown_fields=True):
+    block_hashes: list[int]
+    parent_block_hash: int | None = None
+    token_ids: list[int] | None = None
+    block_size: int | None = None
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class _ArrayRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved", forbid_unknown_fields=True):
+    block_hashes: list[int]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _ArrayCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", forbid_unknown_fields=True):
+    pass
+
+
+class _ArrayBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    ts: float | None
+    events: list[_ArrayStored | _ArrayRemoved | _ArrayCleared]
+    dp_rank: int | None = None
+
+
+_map_decoder = msgspec.msgpack.Decoder(_MapBatch)
+_array_decoder = msgspec.msgpack.Decoder(_ArrayBatch)
+
+
+class _Mismatch(Exception):
+    """Not a shape the fast path takes as the tolerant path would."""
+
+
+def fast_parse(payload: bytes) -> ParsedBatch | None:
+    """The payload read by typed decoding, or ``None`` when the tolerant path must read it."""
+    if not payload or payload.__class__ is not bytes:
+        return None
+    first = payload[0]
+    try:
+        if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):  # a map
+            batch: Any = _map_decoder.decode(payload)
+            rank = batch.data_parallel_rank
+            if rank is None:
+                rank = batch.attn_dp_rank if batch.attn_dp_rank is not None else batch.dp_rank
+        elif 0x90 <= first <= 0x9F or first in (0xDC, 0xDD):  # an array
+            batch = _array_decoder.decode(payload)
+            rank = batch.dp_rank
+        else:
+            return None
+        if rank is not None and rank < 0:
+            return None
+        events = [_event(e) for e in batch.events]
+    except (msgspec.DecodeError, _Mismatch, TypeError, OverflowError, ValueError):
+        return None
+    return ParsedBatch(batch.ts, rank, events)
+
+
+def _event(e: Any) -> RawEvent:
+    cls = e.__class__
+    if cls is _MapStored or cls is _ArrayStored:
+        return _stored(e, e.cache_salt if cls is _MapStored else None)
+    if cls is _MapRemoved or cls is _ArrayRemoved:
+        return RawRemoved([h & U64_MASK for h in e.block_hashes], e.medium, e.group_idx)
+    return _CLEARED
+
+
+def _stored(e: Any, cache_salt: str | None) -> RawStored:
+    hashes = [h & U64_MASK for h in e.block_hashes]
+    raw_tokens = e.token_ids
+    tokens = array("i", raw_tokens) if raw_tokens else array("i")  # OverflowError: not int32
+    block_size = e.block_size
+    if block_size is None:
+        if hashes and tokens:
+            raise _Mismatch
+        block_size = 1
+    elif block_size < 1:
+        raise _Mismatch
+    window = e.kv_cache_spec_sliding_window
+    if window is not None and window < 0:
+        raise _Mismatch
+    parent = e.parent_block_hash
+    return RawStored(
+        hashes,
+        None if parent is None else parent & U64_MASK,
+        tokens,
+        block_size,
+        e.lora_id,
+        e.medium,
+        e.lora_name,
+        e.extra_keys,
+        e.group_idx,
+        e.kv_cache_spec_kind,
+        window,
+        cache_salt,
+    )
