@@ -24,7 +24,7 @@ from kvevents.schemas import (
     KVCacheUpdatedData,
 )
 
-from .fastwire import fast_parse
+from .fastwire import fast_convert, fast_parse
 from .hashes import DEFAULT_MEDIUM_LEVELS, WireError, lora_id_for_name
 from .tiers import TierMap
 from .wire import BridgeDecodeError, ParsedBatch, RawRemoved, RawStored, WireCounts, parse_payload
@@ -74,6 +74,15 @@ class ZmqEventConverter:
 
     def convert(self, payload: bytes) -> list[KVCacheEvent]:
         """The kvevents events of one payload (possibly none)."""
+        if self.fast_path:
+            fused = fast_convert(self, payload)
+            if fused is not None:
+                events, ts = fused
+                self.fast_payloads += 1
+                self.counts["payloads"] += 1
+                self.last_batch_ts = ts
+                self.counts["events_out"] += len(events)
+                return events
         parsed = fast_parse(payload) if self.fast_path else None
         counts: WireCounts | None = None
         if parsed is None:
@@ -144,6 +153,10 @@ class ZmqEventConverter:
                 self.counts["cleared"] += 1
                 self.tiers.clear()
                 out.append((KVCacheCreatedData([]), self.window_size))
+        return self._numbered(out, rank)
+
+    def _numbered(self, out: list[tuple[Any, int]], rank: int) -> list[KVCacheEvent]:
+        """``out``'s (data, window) pairs as events of ``rank`` with the next ids, in order."""
         if not out:
             return []
         first = self.next_event_id.get(rank, 0)
@@ -268,10 +281,20 @@ class ZmqEventConverter:
         self, out: list[tuple[Any, int]], raw: RawStored, blocks: list[KVCacheStoredBlockData]
     ) -> None:
         window = self._window(raw.group_idx, raw)
-        level = self._level(raw.medium)
+        self._emit_blocks(out, window, self._level(raw.medium), raw.parent, blocks)
+
+    def _emit_blocks(
+        self,
+        out: list[tuple[Any, int]],
+        window: int,
+        level: int,
+        parent: int | None,
+        blocks: list[KVCacheStoredBlockData],
+    ) -> None:
+        """Stored/Updated events for ``blocks`` stored on ``level`` (the tier map decides)."""
         run: list[KVCacheStoredBlockData] = []
-        run_parent = raw.parent
-        previous = raw.parent
+        run_parent = parent
+        previous = parent
         held = self.tiers.held
         for block in blocks:
             key = (window, block.block_hash)
@@ -302,11 +325,13 @@ class ZmqEventConverter:
             out.append((KVCacheStoredData(run_parent, run), window))
 
     def _emit_removed(self, out: list[tuple[Any, int]], raw: RawRemoved) -> None:
-        window = self._window(raw.group_idx)
-        level = self._level(raw.medium)
+        self._emit_gone(out, self._window(raw.group_idx), self._level(raw.medium), raw.block_hashes)
+
+    def _emit_gone(self, out: list[tuple[Any, int]], window: int, level: int, hashes: list[int]) -> None:
+        """Removed/Updated events for ``hashes`` let go on ``level`` (the tier map decides)."""
         gone: list[int] = []
         held = self.tiers.held
-        for block_hash in raw.block_hashes:
+        for block_hash in hashes:
             key = (window, block_hash)
             levels = held.get(key)
             if levels is not None and len(levels) == 1 and level in levels:

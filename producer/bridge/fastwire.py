@@ -10,14 +10,24 @@ which counts, converts or names the error. It never raises and never counts anyt
 from __future__ import annotations
 
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+from kvevents.schemas import (
+    DEFAULT_PRIORITY,
+    PRIMARY_LEVEL,
+    KVCacheCreatedData,
+    KVCacheEvent,
+    KVCacheStoredBlockData,
+)
 
 from .hashes import U64_MASK
 from .wire import ParsedBatch, RawCleared, RawEvent, RawRemoved, RawStored
 
-__all__ = ["fast_parse"]
+if TYPE_CHECKING:
+    from .convert import ZmqEventConverter
+
+__all__ = ["fast_convert", "fast_parse"]
 
 _CLEARED = RawCleared()
 
@@ -100,8 +110,8 @@ class _Mismatch(Exception):
     """Not a shape the fast path takes as the tolerant path would."""
 
 
-def fast_parse(payload: bytes) -> ParsedBatch | None:
-    """The payload read by typed decoding, or ``None`` when the tolerant path must read it."""
+def _decode(payload: bytes) -> tuple[Any, int | None] | None:
+    """The batch struct and its dp rank (None: not named), or None when not of the fast shapes."""
     if not payload or payload.__class__ is not bytes:
         return None
     first = payload[0]
@@ -116,12 +126,100 @@ def fast_parse(payload: bytes) -> ParsedBatch | None:
             rank = batch.dp_rank
         else:
             return None
-        if rank is not None and rank < 0:
-            return None
+    except msgspec.DecodeError:
+        return None
+    if rank is not None and rank < 0:
+        return None
+    return batch, rank
+
+
+def fast_parse(payload: bytes) -> ParsedBatch | None:
+    """The payload read by typed decoding, or ``None`` when the tolerant path must read it."""
+    decoded = _decode(payload)
+    if decoded is None:
+        return None
+    batch, rank = decoded
+    try:
         events = [_event(e) for e in batch.events]
-    except (msgspec.DecodeError, _Mismatch, TypeError, OverflowError, ValueError):
+    except (_Mismatch, TypeError, OverflowError, ValueError):
         return None
     return ParsedBatch(batch.ts, rank, events)
+
+
+def fast_convert(conv: ZmqEventConverter, payload: bytes) -> tuple[list[KVCacheEvent], float | None] | None:
+    """``conv.convert(payload)`` in one pass for the plainest batches (no groups, LoRA, extra
+    keys, new media or blockless tokens), or ``None`` (nothing changed) for the other paths."""
+    decoded = _decode(payload)
+    if decoded is None:
+        return None
+    batch, rank = decoded
+    media = conv.media
+    plan: list[tuple[bool, int, int | None, Any] | None] = []
+    partial = 0
+    # First validate and build every block: nothing of the converter changes before all is read.
+    try:
+        for e in batch.events:
+            cls = e.__class__
+            if cls is _MapCleared or cls is _ArrayCleared:
+                plan.append(None)
+                continue
+            if e.group_idx is not None:
+                return None
+            medium = e.medium
+            level = 0 if medium is None else media.get(medium)
+            if level is None:
+                return None
+            hashes = e.block_hashes
+            if hashes and min(hashes) < 0:
+                hashes = [h & U64_MASK for h in hashes]
+            if cls is _MapRemoved or cls is _ArrayRemoved:
+                plan.append((False, level, None, hashes))
+                continue
+            if (
+                e.extra_keys is not None
+                or e.lora_id is not None
+                or e.lora_name is not None
+                or e.kv_cache_spec_kind is not None
+                or e.kv_cache_spec_sliding_window is not None
+            ):
+                return None
+            n = len(hashes)
+            raw_tokens = e.token_ids
+            size = e.block_size
+            if not raw_tokens:
+                if n or (size is not None and size < 1):
+                    return None  # blocks without tokens (counted), or a bad block_size
+                plan.append((True, level, None, []))
+                continue
+            if size is None or size < 1 or not (n - 1) * size < len(raw_tokens) <= n * size:
+                return None
+            tokens = array("i", raw_tokens)  # OverflowError: not an int32
+            if len(tokens) < n * size:
+                partial += 1
+            pieces = [tokens] if n == 1 else [tokens[i * size : (i + 1) * size] for i in range(n)]
+            salt = e.cache_salt if cls is _MapStored else None
+            blocks = [
+                KVCacheStoredBlockData(h, p, None, PRIMARY_LEVEL, DEFAULT_PRIORITY, None, (), salt)
+                for h, p in zip(hashes, pieces, strict=True)
+            ]
+            parent = e.parent_block_hash
+            plan.append((True, level, None if parent is None else parent & U64_MASK, blocks))
+    except (TypeError, OverflowError, ValueError):
+        return None
+    window = conv.window_size
+    out: list[tuple[Any, int]] = []
+    for step in plan:
+        if step is None:
+            conv.counts["cleared"] += 1
+            conv.tiers.clear()
+            out.append((KVCacheCreatedData([]), window))
+        elif step[0]:
+            conv._emit_blocks(out, window, step[1], step[2], step[3])
+        else:
+            conv._emit_gone(out, window, step[1], step[3])
+    if partial:
+        conv.counts["partial_blocks"] += partial
+    return conv._numbered(out, conv.dp_rank if rank is None else rank), batch.ts
 
 
 def _event(e: Any) -> RawEvent:

@@ -55,7 +55,10 @@ def engine_event(draw: Any, kind: str) -> Any:
     parent = draw(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)))
     lora_id = draw(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)))
     args = [hs, parent, tokens, size, lora_id]
-    if kind.startswith("vllm"):
+    if kind.startswith("vllm") and draw(st.booleans()):  # plain, as most batches are
+        args[4] = None
+        args += [draw(st.sampled_from(["GPU", "CPU", None])), None, None, None, None, None]
+    elif kind.startswith("vllm"):
         args += [draw(media), draw(st.none() | st.text(max_size=4))]
         args += [draw(extra_keys), draw(st.none() | st.integers(0, 3)), draw(st.none() | st.text(max_size=4))]
         args += [draw(st.none() | st.integers(-1, 64))]
