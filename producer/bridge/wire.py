@@ -10,7 +10,8 @@ Decoded generically with msgspec, then interpreted by type rather than position 
   (SGLang: ``cache_salt`` ...), also accepted as ``"metadata"`` in maps.
 
 Unknown event tags and fields are counted in :class:`WireCounts` and skipped; anything that cannot
-be read raises :class:`BridgeDecodeError` naming the field.
+be read raises :class:`BridgeDecodeError` naming the field. This is the tolerant path: the common
+shapes are read first by typed decoding (:mod:`.fastwire`), which falls back here on any mismatch.
 """
 
 from __future__ import annotations
