@@ -62,7 +62,7 @@ from kvevents.schemas import (
     LimitError,
     decode_batch,
 )
-from kvevents.schemas.limits import DEFAULT_LIMITS
+from kvevents.schemas.limits import DEFAULT_LIMITS, index_full
 from kvevents.schemas.codec import SINGLE_OBJECT_HEADER, SINGLE_OBJECT_MAGIC, flat_variants
 
 from . import _reasons
@@ -375,6 +375,7 @@ cdef class IndexCore:
     cdef dict variants
     cdef FlatLimits lim
     cdef readonly object limits
+    cdef size_t max_caches
     # counters
     cdef int64_t c_batches_applied, c_batches_replayed, c_batches_stale, c_events_applied
     cdef int64_t c_events_duplicate, c_blocks_stored, c_blocks_removed, c_orphan_blocks
@@ -397,6 +398,7 @@ cdef class IndexCore:
         self.key_factory = key_factory
         self.limits = DEFAULT_LIMITS if limits is None else limits
         flat_limits(&self.lim, self.limits)
+        self.max_caches = self.limits.max_caches
         self._reset_all()
         self.variants = flat_variants()
 
@@ -856,6 +858,32 @@ cdef class IndexCore:
         self._score_reserve(self.nslots)
         return slot
 
+    cdef int _check_capacity(self, _Instance inst) except -1:
+        """IndexFullError unless every (rank, window) cache the scratch batch's Stored and Created
+        events name exists already or fits under ``max_caches`` (as ``_pycore``); ``inst`` may be
+        None (not yet seen). Called only when the batch has more events than room is left."""
+        cdef size_t k
+        cdef SEvent *e
+        cdef uint32_t slot
+        cdef bint known
+        new = set()
+        for k in range(self.fb.nev):
+            e = &self.fb.ev[k]
+            if e.kind != K_STORED and e.kind != K_CREATED:
+                continue
+            known = False
+            found = None if inst is None else inst.workers.get(e.rank)
+            if found is not None:
+                slot = self.wrk[<uint32_t>found].first_slot
+                while slot != KV_NIL and not known:
+                    known = self.slots[slot].window == e.window
+                    slot = self.slots[slot].next_slot
+            if not known:
+                new.add((e.rank, e.window))
+        if self.nslots + len(new) > self.max_caches:
+            raise index_full(self.nslots, len(new), self.limits)
+        return 0
+
     cdef int _score_reserve(self, size_t n) except -1:
         cdef size_t old = self.score_cap, cap
         if n <= old:
@@ -1237,9 +1265,14 @@ cdef class IndexCore:
             if self.last_inst_bytes is not None and length == len(self.last_inst_bytes) and \
                     memcmp(name, PyBytes_AS_STRING(self.last_inst_bytes), length) == 0:
                 inst = self.last_inst
+                if self.nslots + self.fb.nev > self.max_caches:
+                    self._check_capacity(inst)
             else:
                 name_bytes = PyBytes_FromStringAndSize(<const char *>name, length)
-                inst = self._instance(name_bytes.decode("utf-8"))
+                instance_id = name_bytes.decode("utf-8")
+                if self.nslots + self.fb.nev > self.max_caches:
+                    self._check_capacity(self.inst_by_id.get(instance_id))
+                inst = self._instance(instance_id)
                 self.last_inst_bytes = name_bytes
                 self.last_inst = inst
             for i in range(<Py_ssize_t>self.fb.nblk):
@@ -1379,6 +1412,8 @@ cdef class IndexCore:
         except (OverflowError, UnicodeEncodeError) as exc:
             raise LimitError(f"a value outside the schema's types: {exc}") from None
         flat_validate(&self.fb, &self.lim)
+        if self.nslots + self.fb.nev > self.max_caches:
+            self._check_capacity(self.inst_by_id.get(batch.instance_id))
         self._apply_scratch(self._instance(batch.instance_id), self.fb.producer_id, self.fb.sequence,
                             self.fb.dp_size, self.fb.offset)
 

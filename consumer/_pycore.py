@@ -22,7 +22,7 @@ from kvevents.schemas import (
     KVCacheUpdatedData,
     decode_batch,
 )
-from kvevents.schemas.limits import DEFAULT_LIMITS, BatchLimits, check_batch
+from kvevents.schemas.limits import DEFAULT_LIMITS, BatchLimits, check_batch, index_full
 
 from . import _reasons
 from ._state import (
@@ -291,6 +291,7 @@ class PyIndexCore:
 
     def apply_batch(self, batch: EventBatch) -> None:
         check_batch(batch, self.limits)  # before anything changes: a rejected batch leaves no trace
+        self._check_capacity(batch)
         counters = self._counters
         inst = self._instance(batch.instance_id)
         pid, seq = batch.producer_id, batch.sequence
@@ -334,6 +335,23 @@ class PyIndexCore:
         for k, event in enumerate(batch.events):
             rank = event.attention_dp_rank or 0
             self._apply_event(self._worker(inst, rank), event, offset if k == 0 else 0)
+
+    def _check_capacity(self, batch: EventBatch) -> None:
+        """IndexFullError unless every (rank, window) cache the batch's Stored and Created events
+        name exists already or fits under ``limits.max_caches`` (duplicates count: an upper bound)."""
+        held, top = len(self._slots), self.limits.max_caches
+        if held + len(batch.events) <= top:
+            return
+        inst = self._instances.get(batch.instance_id)
+        new: set[tuple[int, int]] = set()
+        for event in batch.events:
+            if event.data.__class__ is KVCacheStoredData or event.data.__class__ is KVCacheCreatedData:
+                rank = event.attention_dp_rank or 0
+                w = None if inst is None else inst.workers.get(rank)
+                if w is None or event.window_size not in w.slots:
+                    new.add((rank, event.window_size))
+        if held + len(new) > top:
+            raise index_full(held, len(new), self.limits)
 
     def _session_conflict(self, inst: _Instance, pid: int, seq: int) -> None:
         """A retired producer sent a new batch: two live producers share the instance id."""
@@ -677,7 +695,7 @@ class PyIndexCore:
 
     def import_state(self, state: IndexState) -> None:
         """Replace everything with ``state`` (counters start from zero)."""
-        self.__init__(self._key_factory)  # type: ignore[misc]
+        self.__init__(self._key_factory, self.limits)  # type: ignore[misc]
         for i in state.instances:
             inst = self._instance(i.instance_id)
             inst.producer_id, inst.sequence, inst.retired = i.producer_id, i.sequence, retired_of(i)

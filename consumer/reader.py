@@ -3,7 +3,8 @@
 Modes: rebuild (from the beginning until caught up), live tail, resume from offsets, consumer
 group. :meth:`EventReader.messages` yields raw messages, :meth:`EventReader.batches` decoded
 batches, :meth:`EventReader.apply_to` feeds a ``CacheIndex`` through ``apply_encoded``. Malformed
-messages are set aside and counted (:mod:`.dead_letter`); ``codec=`` (a ``RegistryCodec``) reads
+messages, and any whose apply raises something unexpected (not MemoryError), are set aside and
+counted (:mod:`.dead_letter`); ``codec=`` (a ``RegistryCodec``) reads
 Confluent framing too, message by message. Not thread-safe, except :meth:`EventReader.stop`.
 Modes, errors and settings: ``docs/ARCHITECTURE.md`` and ``docs/OPERATIONS.md``.
 """
@@ -434,6 +435,13 @@ class EventReader:
                 except DecodeError as exc:
                     with guard:
                         self._set_aside(message, exc, index)
+                except MemoryError:
+                    raise
+                except Exception as exc:  # a bug must not knock the consumer over: set aside, go on
+                    log.error("applying the message at offset %d failed", message.offset(), exc_info=exc)
+                    with guard:
+                        failed = RuntimeError(f"applying failed unexpectedly: {type(exc).__name__}: {exc}")
+                        self._set_aside(message, failed, index)
                 if on_message is not None:
                     with guard:
                         on_message(message)

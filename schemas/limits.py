@@ -4,7 +4,8 @@ A batch within the Avro schema can still be absurd (an ``attention_dp_size`` of 
 ranks, a million windows): :class:`BatchLimits` bounds what one message may ask of a consumer,
 and :func:`check_batch` raises :class:`LimitError` (a :class:`DecodeError`) naming the first
 field beyond them. Both index cores apply the same rules (the compiled one in C, on the flat
-batch); ``avro/README.md`` documents them.
+batch); ``avro/README.md`` documents them. ``max_caches`` alone bounds an index over time, not
+one message: a batch that would take an index past it raises :class:`IndexFullError`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,25 @@ from dataclasses import dataclass
 from .errors import LimitError
 from .model import EventBatch, KVCacheCreatedData, KVCacheRemovedData, KVCacheStoredData, KVCacheUpdatedData
 
-__all__ = ["DEFAULT_LIMITS", "LEVEL_MAX", "BatchLimits", "LimitError", "check_batch"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "LEVEL_MAX",
+    "MAX_CACHES",
+    "BatchLimits",
+    "IndexFullError",
+    "LimitError",
+    "check_batch",
+    "index_full",
+]
 
 LEVEL_MAX = 15
 """The highest cache level a consumer keeps apart (higher ones count as this one)."""
+MAX_CACHES = 1 << 20
+"""The most (worker, window size) caches an index can number (20 bits, ``consumer/_state.py``)."""
+
+
+class IndexFullError(LimitError):
+    """A valid batch that would take the index past ``BatchLimits.max_caches``; rejected whole."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +61,9 @@ class BatchLimits:
     """UTF-8 bytes of ``instance_id``."""
     max_cache_salt_bytes: int = 1024
     """UTF-8 bytes of a block's ``cache_salt``."""
+    max_caches: int = MAX_CACHES
+    """(worker, window size) caches one index keeps over its life, not per batch: every pair a
+    Stored or Created event ever named takes one. A batch that could add more is rejected whole."""
 
     def __post_init__(self) -> None:
         for name in self.__slots__:
@@ -55,6 +74,8 @@ class BatchLimits:
             raise ValueError(f"BatchLimits.max_cache_levels is at most {LEVEL_MAX + 1}")
         if self.max_attention_dp_size > 1 << 20 or self.max_windows_per_batch > 1 << 16:
             raise ValueError("BatchLimits: max_attention_dp_size <= 2^20 and max_windows_per_batch <= 2^16")
+        if self.max_caches > MAX_CACHES:
+            raise ValueError(f"BatchLimits.max_caches is at most {MAX_CACHES} (2^20)")
 
 
 DEFAULT_LIMITS = BatchLimits()
@@ -173,3 +194,11 @@ def check_batch(batch: EventBatch, limits: BatchLimits = DEFAULT_LIMITS) -> None
             "max_windows_per_batch",
         )
         _check_data(event.data, f"{where}.data", limits)
+
+
+def index_full(held: int, adding: int, limits: BatchLimits) -> IndexFullError:
+    """The error for a batch that would add ``adding`` caches to an index holding ``held``."""
+    return IndexFullError(
+        f"index full: the batch would add {adding} (worker, window size) caches to the {held} held, "
+        f"over the limit {limits.max_caches} (BatchLimits.max_caches); nothing of it was applied"
+    )

@@ -3,7 +3,10 @@
 Run from the repository root: ``.venv/bin/python tests/corpus/hostile/make_corpus.py``. Each case
 is applied after ``prefix.bin`` (a small valid stream) by ``tests/unit/consumer/test_hostile_corpus.py``;
 ``expect`` is the error class both index cores raise ("LimitError", "DecodeError"), or "applied";
-``fastavro``, when present, what the pure-Python core does when the codec is fastavro.
+``fastavro``, when present, what the pure-Python core does when the codec is fastavro;
+``limits``, when present, the ``BatchLimits`` fields of the index the case is applied to (the
+index cap ``max_caches`` cannot be reached by one message at its default); ``says``, when
+present, a phrase the error must contain.
 Cases found by the differential fuzzer are added here with the bytes it printed.
 """
 
@@ -191,6 +194,16 @@ CASES: dict[str, tuple[bytes, str, str]] = {
         "DecodeError",
         "an unknown schema",
     ),
+    "index_full": (
+        encode_batch(batch([stored(2, [12], window=128, rank=0), stored(2, [22], window=128, rank=1)], 2)),
+        "LimitError",
+        "a valid batch that would add 2 caches to an index holding 2 of at most 3",
+    ),
+    "index_filled_exactly": (
+        encode_batch(batch([stored(2, [12], window=128, rank=0), stored(2, [22], rank=1)], 2)),
+        "applied",
+        "a control: 1 new cache and 1 known one, to exactly the 3 the index may hold",
+    ),
     "valid_next_batch": (
         encode_batch(batch([stored(2, [12], parent=11, rank=0)], 2)),
         "applied",
@@ -198,6 +211,11 @@ CASES: dict[str, tuple[bytes, str, str]] = {
     ),
 }
 
+
+LIMITS = {"index_full": {"max_caches": 3}, "index_filled_exactly": {"max_caches": 3}}
+"""The index limits a case is applied under (default: ``BatchLimits()``)."""
+SAYS = {"index_full": "BatchLimits.max_caches"}
+"""A phrase a rejected case's error message must contain."""
 
 FASTAVRO_LENIENT = {"array_block_size_mismatch", "varint_beyond_64_bits"}
 """Bytes fastavro (the pure-Python codec, KVEVENTS_PURE_PYTHON=1) reads without complaint."""
@@ -213,6 +231,10 @@ def main() -> int:
         manifest[name] = {"expect": expect, "about": about}
         if name in FASTAVRO_LENIENT:
             manifest[name]["fastavro"] = "applied"
+        if name in LIMITS:
+            manifest[name]["limits"] = LIMITS[name]
+        if name in SAYS:
+            manifest[name]["says"] = SAYS[name]
     (HERE / "cases.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"wrote {len(manifest)} cases to {HERE}", file=sys.stderr)
     return 0

@@ -15,7 +15,7 @@ from _index_model import TroubledProducer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvevents.consumer import CacheIndex
-from kvevents.schemas import DecodeError, codec, encode_batch
+from kvevents.schemas import BatchLimits, DecodeError, codec, encode_batch
 
 HUGE_VARINTS = [
     b"\xfe\xff\xff\xff\x0f",
@@ -83,12 +83,31 @@ def messages(data: st.DataObject) -> list[tuple[bytes, bool]]:
 )
 @given(st.data())
 def test_both_cores_raise_together_and_end_in_the_same_state(data: st.DataObject) -> None:
-    compiled, python = CacheIndex(core="compiled"), CacheIndex(core="python")
+    compare(data, CacheIndex(core="compiled"), CacheIndex(core="python"))
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(st.data())
+def test_both_cores_agree_when_the_index_fills_up(data: st.DataObject) -> None:
+    """A cache cap the stream reaches: both cores reject the same batches whole (IndexFullError)."""
+    limits = BatchLimits(max_caches=data.draw(st.integers(1, 6), label="max_caches"))
+    compiled, python = CacheIndex(core="compiled", limits=limits), CacheIndex(core="python", limits=limits)
+    compare(data, compiled, python, every=True)
+
+
+def compare(data: st.DataObject, compiled: CacheIndex, python: CacheIndex, every: bool = False) -> None:
+    """Feed both cores the same messages; ``every``: check the state of every rejected one, not
+    only of damaged ones (and the error class too)."""
     for i, (message, damaged) in enumerate(messages(data)):
-        before = compiled.to_bytes() if damaged else b""
+        before = compiled.to_bytes() if damaged or every else b""
         got = outcome(compiled, message)
         want = outcome(python, message)
         assert (got == "applied") == (want == "applied"), (i, got, want, message.hex())
+        if every and not damaged:
+            assert got == want, (i, got, want, message.hex())
         if got != "applied":
             assert compiled.to_bytes() == before, f"message {i} raised but changed the compiled core"
     assert compiled.to_bytes() == python.to_bytes()

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 from kvevents.consumer import CacheIndex
-from kvevents.schemas import DecodeError, LimitError, fast_path_enabled
+from kvevents.schemas import BatchLimits, DecodeError, LimitError, fast_path_enabled
 
 CORPUS = Path(__file__).parents[2] / "corpus" / "hostile"
 CASES = json.loads((CORPUS / "cases.json").read_text())
 
 
-def _prefixed(core: str) -> CacheIndex:
-    index = CacheIndex(core=core)
+def _prefixed(core: str, limits: BatchLimits | None = None) -> CacheIndex:
+    index = CacheIndex(core=core, limits=limits)
     data = (CORPUS / "prefix.bin").read_bytes()
     while data:
         size = int.from_bytes(data[:4], "big")
@@ -35,7 +35,7 @@ def test_hostile_case(core: str, name: str) -> None:
     expect = case["expect"]
     if core == "python" and not fast_path_enabled():
         expect = case.get("fastavro", expect)  # fastavro is laxer than Avro on a few byte forms
-    index = _prefixed(core)
+    index = _prefixed(core, BatchLimits(**case.get("limits", {})))
     before, counters = index.to_bytes(), index.stats().counters
     data = (CORPUS / f"{name}.bin").read_bytes()
     if expect == "applied":
@@ -45,5 +45,6 @@ def test_hostile_case(core: str, name: str) -> None:
     with pytest.raises(DecodeError) as info:
         index.apply_encoded(data)
     assert expect != "LimitError" or isinstance(info.value, LimitError), info.value
+    assert case.get("says", "") in str(info.value)
     assert index.to_bytes() == before
     assert index.stats().counters == counters

@@ -1,0 +1,115 @@
+"""The index's cache cap over time (``BatchLimits.max_caches``): a stream of valid batches that
+would take an index past it gets the offending batch rejected whole (IndexFullError, a
+LimitError), the index unchanged, and batches on caches it has keep applying; both cores and
+both entry points alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from _index_helpers import batch, created, removed, stored
+from kvevents.consumer import CacheIndex
+from kvevents.consumer._state import SLOT_MAX
+from kvevents.schemas import (
+    BatchLimits,
+    EventBatch,
+    KVCacheEvent,
+    KVCacheStoredData,
+    LimitError,
+    encode_batch,
+)
+from kvevents.schemas.limits import DEFAULT_LIMITS, MAX_CACHES, IndexFullError
+
+RANKS = 4
+CAP = 20
+
+
+def _windows_batch(seq: int, windows: list[int], first_id: int, hash_base: int) -> EventBatch:
+    """One Stored event per rank and window (``len(windows) * RANKS`` caches if all new)."""
+    events: list[KVCacheEvent] = []
+    for rank in range(RANKS):
+        for k, window in enumerate(windows):
+            events.append(stored(first_id + k, [hash_base + 100 * rank + k], window=window, rank=rank))
+    return batch(events, seq, dp=RANKS)
+
+
+def _rejected(index: CacheIndex, feed: Callable[[CacheIndex, EventBatch], None], bad: EventBatch) -> str:
+    before, counters = index.to_bytes(), index.stats().counters
+    with pytest.raises(IndexFullError) as info:
+        feed(index, bad)
+    assert isinstance(info.value, LimitError)
+    assert index.to_bytes() == before and index.stats().counters == counters
+    return str(info.value)
+
+
+def test_a_stream_reaching_the_cap_gets_the_batch_beyond_it_rejected_whole(
+    core: str, feed: Callable[[CacheIndex, EventBatch], None]
+) -> None:
+    index = CacheIndex(core=core, limits=BatchLimits(max_caches=CAP))
+    feed(index, _windows_batch(0, [64, 128], 0, 1000))  # 8 caches
+    feed(index, _windows_batch(1, [192, 256], 2, 2000))  # 16
+    error = _rejected(index, feed, _windows_batch(2, [320, 384], 4, 3000))  # would be 24
+    assert "max_caches" in error and "add 8" in error and "16 held" in error and str(CAP) in error
+    # more events than room is left, all on caches the index has: applies
+    feed(index, _windows_batch(2, [64, 256], 4, 4000))
+    assert index.stats().counters["events_applied"] == 24
+    # exactly to the cap: applies; one more: rejected, again with nothing changed
+    feed(index, _windows_batch(3, [320], 6, 5000))
+    _rejected(index, feed, batch([stored(7, [6000], window=448, rank=0)], 4, dp=RANKS))
+    # a Created event retires a worker's caches; re-creating one takes no new cache
+    feed(index, batch([created(7, window=64, rank=0), stored(8, [7000], window=128, rank=0)], 4, dp=RANKS))
+    assert set(index.worker_stats(index.workers()[0]).windows) == {64, 128}
+    # a new instance cannot take caches either, and leaves no trace of itself
+    _rejected(index, feed, batch([stored(0, [8000])], 0, instance="newcomer"))
+    assert len(index.workers()) == RANKS
+    # Removed events name caches but never make them: not counted
+    feed(index, batch([removed(0, [1]), removed(1, [2])], 0, instance="remover"))
+
+
+def test_the_cap_counts_distinct_caches_once(
+    core: str, feed: Callable[[CacheIndex, EventBatch], None]
+) -> None:
+    index = CacheIndex(core=core, limits=BatchLimits(max_caches=2))
+    feed(index, batch([stored(k, [10 + k], window=64 * (1 + k % 2)) for k in range(6)], 0))
+    assert index.stats().counters["events_applied"] == 6
+
+
+def test_limits_survive_a_restore(core: str) -> None:
+    small = BatchLimits(max_caches=1)
+    index = CacheIndex(core=core, limits=small)
+    index.apply(batch([stored(0, [10])], 0))
+    restored = CacheIndex.from_bytes(index.to_bytes(), core=core, limits=small)
+    assert restored.limits == small
+    with pytest.raises(IndexFullError):
+        restored.apply(batch([stored(1, [11], window=128)], 1))
+
+
+def test_the_cap_is_what_the_state_format_can_number() -> None:
+    assert DEFAULT_LIMITS.max_caches == MAX_CACHES == SLOT_MAX + 1
+    with pytest.raises(ValueError, match="max_caches"):
+        BatchLimits(max_caches=MAX_CACHES + 1)
+    with pytest.raises(ValueError, match="max_caches"):
+        BatchLimits(max_caches=0)
+
+
+@pytest.mark.slow
+def test_the_compiled_core_fills_all_2_20_caches_then_rejects_the_next_batch_whole() -> None:
+    """The default cap for real (the pure core, ten times the memory, is held to the same rule at
+    small caps above): 64 valid batches of 1,024 ranks x 16 windows, then one more cache."""
+    dp, windows = 1024, 16
+    index = CacheIndex(core="compiled")
+    for seq in range(MAX_CACHES // (dp * windows)):
+        events = [
+            KVCacheEvent(seq * windows + k, KVCacheStoredData(None, []), seq * windows + k + 1, rank)
+            for rank in range(dp)
+            for k in range(windows)
+        ]
+        index.apply_encoded(encode_batch(EventBatch("big", events, attention_dp_size=dp, sequence=seq)))
+    assert index.stats().counters["events_applied"] == MAX_CACHES
+    before, counters = index.to_bytes(), index.stats().counters
+    last = KVCacheEvent(10**6, KVCacheStoredData(None, []), 10**6, 0)
+    for feed in (index.apply, lambda b: index.apply_encoded(encode_batch(b))):
+        with pytest.raises(IndexFullError, match=f"to the {MAX_CACHES} held"):
+            feed(EventBatch("big", [last], attention_dp_size=dp, sequence=64))
+    assert index.to_bytes() == before and index.stats().counters == counters
