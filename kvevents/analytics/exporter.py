@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvevents.consumer import EventReader
-from kvevents.schemas import DecodeError, decode_batch
+from kvevents.schemas import DecodeError
 
 from .parquet_sink import ParquetSink
 from .rows import RowBuffer, date_of
@@ -61,6 +61,7 @@ def export_parquet(
     progress: Callable[[ExportProgress], None] | None = None,
     progress_interval_s: float = 1.0,
     on_reader: Callable[[EventReader], None] | None = None,
+    codec: Any = None,
 ) -> ExportResult:
     """Export ``topic`` into ``out`` from where the last run stopped; until caught up (default)
     or, with ``follow``, until the reader is stopped (``on_reader`` receives it, e.g. to call
@@ -70,7 +71,7 @@ def export_parquet(
         raise ValueError("rows_per_chunk must be >= 1")
     sink = ParquetSink(out, topic)
     state = sink.state
-    reader = EventReader(bootstrap_servers, topic, start=dict(state.offsets), config=config)
+    reader = EventReader(bootstrap_servers, topic, start=dict(state.offsets), config=config, codec=codec)
     if on_reader is not None:
         on_reader(reader)
     buffers: dict[tuple[str, str], RowBuffer] = {}
@@ -117,7 +118,7 @@ def export_parquet(
             partition, offset = message.partition(), message.offset()
             _kind, timestamp_ms = message.timestamp()
             try:
-                batch = decode_batch(message.value())
+                batch = reader.decode(message.value())
             except DecodeError as exc:
                 log.warning("set aside a malformed message at %s[%d]@%d: %s", topic, partition, offset, exc)
                 malformed.append({"partition": partition, "offset": offset, "error": str(exc)})

@@ -28,7 +28,6 @@ from kvevents.schemas import (
     KVCacheStoredData,
     KVCacheUpdatedData,
     RankDrops,
-    decode_batch,
 )
 
 __all__ = ["Read", "batches_from_table", "read_parquet_dir", "read_topic"]
@@ -148,16 +147,18 @@ def read_topic(
     *,
     config: Mapping[str, Any] | None = None,
     on_malformed: Callable[[int, int, str], None] | None = None,
+    codec: Any = None,
 ) -> Iterator[Read]:
-    """The topic from the beginning until caught up, decoded (malformed messages go to
-    ``on_malformed(partition, offset, error)`` and are skipped)."""
+    """The topic from the beginning until caught up, decoded with ``codec`` (default: single-object
+    framing; a ``RegistryCodec`` reads both framings); malformed messages go to
+    ``on_malformed(partition, offset, error)`` and are skipped."""
     from kvevents.consumer import EventReader
     from kvevents.schemas import DecodeError
 
-    with EventReader(bootstrap_servers, topic, config=config) as reader:
+    with EventReader(bootstrap_servers, topic, config=config, codec=codec) as reader:
         for message in reader.messages(until_caught_up=True):
             try:
-                batch = decode_batch(message.value())
+                batch = reader.decode(message.value())
             except DecodeError as exc:
                 if on_malformed is not None:
                     on_malformed(message.partition(), message.offset(), str(exc))

@@ -15,6 +15,7 @@ from kvevents.commands._common import (
     add_output_flags,
     command,
     kafka_config,
+    reader_codec,
     resolve_bootstrap,
     stop_on_interrupt,
 )
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
                 config=kafka_config(args),
                 progress=progress,
                 on_reader=readers.append,
+                codec=reader_codec(args),
             )
     except (ReaderError, ValueError) as exc:
         raise CommandError(str(exc)) from exc

@@ -15,6 +15,7 @@ from kvevents.commands._common import (
     add_output_flags,
     command,
     kafka_config,
+    reader_codec,
     resolve_bootstrap,
 )
 
@@ -112,7 +113,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         source = f"topic {args.topic}"
         reads = read_topic(
-            resolve_bootstrap(args), args.topic, config=kafka_config(args), on_malformed=set_aside
+            resolve_bootstrap(args),
+            args.topic,
+            config=kafka_config(args),
+            on_malformed=set_aside,
+            codec=reader_codec(args),
         )
     cache = CacheReport()
     try:

@@ -147,6 +147,25 @@ def test_cli_simulate_tail_and_index_through_the_registry(
     blind = _cli("tail", *kafka, "--from-beginning", "--no-follow")  # no registry given
     assert blind.returncode == 0 and "pass --schema-registry-url" in blind.stderr
 
+    # The analytics commands read the same registry-framed topic through the registry too.
+    export = _cli(
+        "export",
+        "parquet",
+        str(tmp_path / "pq"),
+        *kafka,
+        "--schema-registry-url",
+        schema_registry_url,
+        "--json",
+    )
+    assert export.returncode == 0, export.stderr
+    exported = json.loads(export.stdout)
+    assert exported["malformed"] == 0 and exported["rows"] > 0
+    report = _cli("report", *kafka, "--schema-registry-url", schema_registry_url, "--json")
+    assert report.returncode == 0, report.stderr
+    assert "malformed message" not in report.stderr  # each one would be named on stderr
+    blind_export = _cli("export", "parquet", str(tmp_path / "pq-blind"), *kafka, "--json")
+    assert json.loads(blind_export.stdout)["malformed"] == json.loads(sim.stdout)["messages_delivered"]
+
 
 def test_schema_register_and_a_v1_writer_mid_topic(kafka_bootstrap: str, schema_registry_url: str) -> None:
     """``kvevents schema register`` puts v1 then the current schema under FULL_TRANSITIVE; the
