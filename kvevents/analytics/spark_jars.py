@@ -8,14 +8,13 @@ The copy lands under a temporary name and is renamed into place when complete, u
 
 from __future__ import annotations
 
-import fcntl
 import json
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from kvevents.broker.jars import DEPENDENCY_PLUGIN, FetchError, cache_root
+from kvevents.broker.jars import DEPENDENCY_PLUGIN, FetchError, cache_root, file_lock
 
 __all__ = ["SPARK_JARS", "SPARK_VERSION", "ensure_spark_jars"]
 
@@ -54,9 +53,7 @@ def ensure_spark_jars(cache: Path | None = None) -> list[Path]:
     wanted = [home / name for name in _jar_names()]
     if all(p.is_file() for p in wanted):
         return wanted
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".fetch.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(home / ".fetch.lock"):
         if all(p.is_file() for p in wanted):
             return wanted
         mvn = shutil.which("mvn")

@@ -29,6 +29,7 @@ __all__ = [
     "KafkaDistribution",
     "cache_root",
     "ensure_kafka_jars",
+    "file_lock",
     "render_pom",
 ]
 
@@ -117,7 +118,9 @@ def _is_complete(home: Path, version: str) -> bool:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created with its folders): one process at a time fetches into
+    a cache or starts a broker, however many are launched at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -132,7 +135,7 @@ def ensure_kafka_jars(version: str = KAFKA_VERSION, cache: Path | None = None) -
     home = (cache or cache_root()) / f"kafka-{version}"
     if _is_complete(home, version):
         return KafkaDistribution(version, home)
-    with _locked(home / ".fetch.lock"):
+    with file_lock(home / ".fetch.lock"):
         if _is_complete(home, version):  # another process fetched while we waited
             return KafkaDistribution(version, home)
         started = time.monotonic()

@@ -12,7 +12,6 @@ Start-up tuning and the state directory: ``docs/OPERATIONS.md``.
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import hashlib
 import logging
 import os
@@ -21,8 +20,8 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -39,7 +38,7 @@ from .config import (
     render_log4j2_properties,
     render_server_properties,
 )
-from .jars import KAFKA_VERSION, KafkaDistribution, ensure_kafka_jars
+from .jars import KAFKA_VERSION, KafkaDistribution, ensure_kafka_jars, file_lock
 from .probe import BrokerNotAnswering, metadata_answers, wait_for_metadata
 
 __all__ = [
@@ -175,17 +174,6 @@ def _cmdline(pid: int) -> list[str] | None:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 _PR_SET_PDEATHSIG = 1
 _libc: ctypes.CDLL | None = None
 
@@ -302,7 +290,7 @@ class LocalBroker:
         """
         started = time.monotonic()
         self.layout.state_dir.mkdir(parents=True, exist_ok=True)
-        with _locked(self.layout.lock_file):
+        with file_lock(self.layout.lock_file):
             if self._running_pid() is not None:
                 raise BrokerAlreadyRunning(self.status())
             java = find_java()
@@ -333,7 +321,7 @@ class LocalBroker:
         timeout = self.stop_timeout if timeout is None else timeout
         if not self.layout.state_dir.is_dir():
             return StopResult(False, None, False, 0.0)
-        with _locked(self.layout.lock_file):
+        with file_lock(self.layout.lock_file):
             pid = self._running_pid()
             state = BrokerState.load(self.layout)
             if pid is None:

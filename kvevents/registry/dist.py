@@ -11,7 +11,6 @@ parent POM.)
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
@@ -20,11 +19,10 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvevents.broker.jars import cache_root
+from kvevents.broker.jars import cache_root, file_lock
 
 __all__ = [
     "APICURIO_VERSION",
@@ -110,17 +108,6 @@ def find_registry_java() -> str:
     )
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _is_complete(home: Path) -> bool:
     return (home / _COMPLETE).is_file() and (home / "quarkus-run.jar").is_file()
 
@@ -131,7 +118,7 @@ def ensure_registry(version: str = APICURIO_VERSION, cache: Path | None = None) 
     home = root / "app"
     if _is_complete(home):
         return RegistryDistribution(version, home)
-    with _locked(root / ".fetch.lock"):
+    with file_lock(root / ".fetch.lock"):
         if _is_complete(home):
             return RegistryDistribution(version, home)
         started = time.monotonic()
