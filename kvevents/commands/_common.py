@@ -37,6 +37,7 @@ __all__ = [
     "add_client_config_flags",
     "add_kafka_flags",
     "add_output_flags",
+    "add_service_parser",
     "check_kafka",
     "command",
     "config_pair",
@@ -116,6 +117,37 @@ def add_client_config_flags(parser: argparse.ArgumentParser | argparse._Argument
         help="read librdkafka settings from a properties file (KEY=VALUE lines, '#' comments; as kcat -F; default: $KVEVENTS_KAFKA_CONFIG); "
         "schema.registry.* and basic.auth.user.info lines there configure the schema registry",
     )
+
+
+def add_service_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    help_text: str,
+    description: str,
+    epilog: str,
+    data_dir_help: str,
+) -> Callable[[str, str], argparse.ArgumentParser]:
+    """Add the command of a local service (``broker``, ``registry``) and return its action adder.
+
+    The adder makes one sub-command (``start``, ``stop``, ...) with ``--data-dir`` (all but
+    ``fetch``, which only fills the download cache)."""
+    parser = subparsers.add_parser(
+        name,
+        help=help_text,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest=f"{name}_command", metavar="ACTION", required=True)
+
+    def add(action: str, action_help: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(action, help=action_help, description=action_help)
+        if action != "fetch":
+            sub.add_argument("--data-dir", type=Path, default=None, help=data_dir_help)
+        return sub
+
+    return add
 
 
 def add_output_flags(parser: argparse.ArgumentParser, *, json_help: str | None = "print JSON") -> None:

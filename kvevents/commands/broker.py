@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from kvevents.commands._common import add_service_parser
+
 DESCRIPTION = """\
 Run a local Apache Kafka broker (single node, KRaft) without Docker.
 
@@ -37,25 +39,14 @@ examples:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``broker`` and its sub-commands."""
-    parser = subparsers.add_parser(
+    add = add_service_parser(
+        subparsers,
         "broker",
-        help="start, stop or inspect the local Kafka broker",
+        help_text="start, stop or inspect the local Kafka broker",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        data_dir_help="the broker's state directory (default: $KVEVENTS_BROKER_DIR or ./.kvevents/broker)",
     )
-    actions = parser.add_subparsers(dest="broker_command", metavar="ACTION", required=True)
-
-    def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = actions.add_parser(name, help=help_text, description=help_text)
-        if name != "fetch":
-            sub.add_argument(
-                "--data-dir",
-                type=Path,
-                default=None,
-                help="the broker's state directory (default: $KVEVENTS_BROKER_DIR or ./.kvevents/broker)",
-            )
-        return sub
 
     start = add("start", "start the broker in the background; return when it answers metadata requests")
     start.add_argument(

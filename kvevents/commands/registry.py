@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from kvevents.commands._common import CommandError, command
+from kvevents.commands._common import CommandError, add_service_parser, command
 
 DESCRIPTION = """\
 Run a local schema registry: Apicurio Registry with its Confluent-compatible API, from Maven
@@ -31,25 +30,14 @@ examples:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``registry`` and its sub-commands."""
-    parser = subparsers.add_parser(
+    add = add_service_parser(
+        subparsers,
         "registry",
-        help="start, stop or inspect a local schema registry (Apicurio, Confluent-compatible API)",
+        help_text="start, stop or inspect a local schema registry (Apicurio, Confluent-compatible API)",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        data_dir_help="the registry's state directory (default: $KVEVENTS_REGISTRY_DIR or ./.kvevents/registry)",
     )
-    actions = parser.add_subparsers(dest="registry_command", metavar="ACTION", required=True)
-
-    def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = actions.add_parser(name, help=help_text, description=help_text)
-        if name != "fetch":
-            sub.add_argument(
-                "--data-dir",
-                type=Path,
-                default=None,
-                help="the registry's state directory (default: $KVEVENTS_REGISTRY_DIR or ./.kvevents/registry)",
-            )
-        return sub
 
     start = add("start", "start the registry in the background; return when it answers")
     start.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
