@@ -244,7 +244,6 @@ class AttentionDpGather:
         self._in_flight: deque[tuple[Any, bytes]] = deque()
         self._next_sequence = 0
         self._peers: dict[int, _Peer] = {}
-        self._peer_left = False
         target = self._run_collector if attention_dp_rank == 0 else self._run_sender
         self._thread = threading.Thread(
             target=self._guarded, args=(target,), name=f"kvevents-dp-gather-{attention_dp_rank}", daemon=True
@@ -526,14 +525,10 @@ class AttentionDpGather:
                 last_listened = now
             self._test_sends()
             self._send_resyncs()
-            if deadline is None and (self._stop_requested or self._peer_left):
-                reason = (
-                    "closed on this rank"
-                    if self._stop_requested
-                    else (
-                        f"rank {', '.join(str(p.rank) for p in peers.values() if p.state == 'left')} closed"
-                    )
-                )
+            if deadline is None and self._stop_requested:
+                # A rank != 0 that closes only leaves (its BYE): the others keep sending, so
+                # no open rank's later events are stranded. Only rank 0's close stops them all.
+                reason = "closed on this rank"
                 deadline = self._begin_stop(now)
             if deadline is not None:
                 if all(p.state == "dead" or (p.state == "left" and not p.pending) for p in peers.values()):
@@ -649,7 +644,7 @@ class AttentionDpGather:
             self._merge(peer, data)
             if tag == Tag.BYE:
                 peer.state = "left"
-                self._peer_left = True
+                log.info("attention-DP rank %d closed and left the gather", peer.rank)
                 self._isend(b"", Tag.BYE_ACK, peer.rank)
         else:
             counters.messages_rejected += 1

@@ -90,9 +90,9 @@ def wait_for_instance(
     comm: Any, manager: KVCacheEventManager, label: str, timeout: float = FINISH_TIMEOUT_S
 ) -> bool:
     """Wait until every rank of the instance has finished producing, before this rank closes
-    its manager. Closing stops the attention-DP gather on every rank (one rank's BYE makes
-    rank 0 STOP the others), so a rank still producing then would keep its later events in
-    its own buffer, where nobody forwards them nor reports their loss in-band. Gives up when a
+    its manager. Rank 0's close stops the attention-DP gather on every rank, so a rank still
+    producing then would keep its later events in its own buffer, where nobody forwards them
+    nor reports their loss in-band (another rank's close stops only that rank). Gives up when a
     rank is known dead, when the gather already stopped (waiting gains nothing), or after
     ``timeout`` seconds; False then."""
     dead = DeadRankNotice(comm, manager, label)

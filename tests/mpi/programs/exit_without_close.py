@@ -5,6 +5,7 @@ rank 0 gets everything and no process hangs at exit."""
 from __future__ import annotations
 
 import random
+import time
 
 from _common import enqueue_iteration, ids_by_rank, parser, setup_logging, world_rank, write_result
 from kvevents.producer import KVCacheEventManager
@@ -31,8 +32,12 @@ def main() -> None:
         write_result(args.out, rank, {"rank": rank, "enqueued": manager.stats().events_enqueued_total})
         globals()["kept_alive"] = manager
         return
-    # Rank 0 waits for the others' exit hooks to end the gather, then reads everything.
-    stopped = manager.gather.join(timeout=30)
+    # Rank 0 waits until the others' exit hooks made them leave the gather, then reads everything.
+    deadline = time.monotonic() + 30
+    while len(manager.gather.stats().ranks_left) < size - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    all_left = len(manager.gather.stats().ranks_left) == size - 1
+    still_running = manager.gather.running  # leaving ranks do not stop rank 0's gather
     manager.close()
     got = manager.get_events(timeout=0)
     write_result(
@@ -40,7 +45,8 @@ def main() -> None:
         rank,
         {
             "rank": rank,
-            "stopped": stopped,
+            "all_left": all_left,
+            "running_after_they_left": still_running,
             "enqueued": manager.stats().events_enqueued_total,
             "received_ids": {str(r): ids for r, ids in ids_by_rank(got).items()},
             "gather": {"stop_reason": manager.gather.stats().stop_reason},

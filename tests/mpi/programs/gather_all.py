@@ -47,7 +47,7 @@ def main() -> None:
     p.add_argument("--slow-reader-ms", type=float, default=0.0, help="rank 0 reader pause between drains")
     p.add_argument("--pause-every", type=int, default=1, help="sleep 1 ms every this many iterations")
     p.add_argument(
-        "--after-stop", type=int, default=0, help="iterations a rank != 0 runs after its gather stopped"
+        "--after-stop", type=int, default=0, help="iterations a rank != 0 runs after the closer closed"
     )
     args = p.parse_args()
     rank = world_rank()
@@ -91,11 +91,17 @@ def main() -> None:
     enqueued_before_stop = manager.stats().events_enqueued_total
     if rank == args.closer:
         manager.close()
-    elif not manager.gather.join(timeout=30):
-        fail(args.out, rank, "the gather did not stop after another rank closed")
+    elif args.closer == 0:
+        if not manager.gather.join(timeout=30):
+            fail(args.out, rank, "the gather did not stop after rank 0 closed")
+    elif manager.gather.join(timeout=0.5):
+        fail(args.out, rank, f"the gather stopped when rank {args.closer} closed")
     if rank != 0 and rank != args.closer:
-        for _ in range(args.after_stop):  # the gather has stopped: these stay on this rank
+        # After rank 0 closed these stay on this rank; after another rank closed they still go.
+        for _ in range(args.after_stop):
             enqueue_iteration(manager, rng, args.events, rank)
+        manager.close()
+    world.Barrier()  # rank 0 closes last (unless it is the closer): nobody is left behind
     manager.close()
     leftover = manager.get_events(timeout=0) if rank else []  # rank 0's reader takes its own
     result = {
@@ -115,7 +121,9 @@ def main() -> None:
         result["dropped_by_rank"] = {str(r): n for r, n in drops.items()}
         mismatches = {}
         for r in range(size):
-            expected = {e.event_id: e for e in expected_events(r, size, args.iterations, args.events)}
+            ran_after = args.closer != 0 and r not in (0, args.closer)  # and were delivered
+            iterations = args.iterations + (args.after_stop if ran_after else 0)
+            expected = {e.event_id: e for e in expected_events(r, size, iterations, args.events)}
             bad = [e.event_id for e in got if e.attention_dp_rank == r and expected.get(e.event_id) != e]
             if bad:
                 mismatches[str(r)] = bad[:10]
