@@ -1034,7 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sink-pause", type=float, default=2.0, help="seconds of rest for the broker between runs"
     )
-    parser.add_argument("--sink-lingers", type=lambda v: [float(x) for x in v.split(",")], default=[5.0, 10.0, 20.0],
+    parser.add_argument("--sink-lingers", type=lambda v: [float(x) for x in v.split(",")], default=[0.0, 5.0, 20.0],
                         help="linger.ms values of the latency runs (comma-separated)")  # fmt: skip
     parser.add_argument(
         "--latency-seconds", type=float, default=5.0, help="seconds of offered load per latency run"

@@ -48,10 +48,12 @@ DEFAULT_CONSUMER_CONFIG: dict[str, Any] = {
     "max.partition.fetch.bytes": 16 * 1024 * 1024,
     "queued.max.messages.kbytes": 256 * 1024,
     "fetch.wait.max.ms": 100,
+    "socket.nagle.disable": True,
 }
 """Defaults under the caller's config. Big fetches: a rebuild reads gigabytes (see
 ``bench/index.py`` for the measured effect); ``queued.max.messages.kbytes`` bounds the memory
-librdkafka uses for prefetched messages."""
+librdkafka uses for prefetched messages. Freshness (``fetch.min.bytes`` stays 1, so
+``fetch.wait.max.ms`` only bounds an idle fetch; no Nagle): ``docs/OPERATIONS.md``."""
 
 _FORCED: dict[str, Any] = {
     "enable.partition.eof": True,  # "caught up" is also learned from end-of-partition events
