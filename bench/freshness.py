@@ -20,8 +20,8 @@ All share one machine's clocks: the ranks log ``time.monotonic()`` per flush
 (``--flush-log``), the wall-clock stamps are moved onto the monotonic clock with this process's
 offset. Messages are decoded after the step, so the measuring consumer does only what a router
 does. ``--compare`` runs the settings before this issue's change (:data:`BEFORE_PRODUCER`,
-:data:`BEFORE_CONSUMER`) and the current defaults side by side, interleaved per rate, and steps
-both up to their highest drop-free rate. ``measure()`` is the entry point for ``bench/index.py``.
+:data:`BEFORE_CONSUMER`) and the current defaults side by side, interleaved per rate, steps
+both up to their highest drop-free rate and ends with a flat-out run of each. ``measure()`` is the entry point for ``bench/index.py``.
 
     python bench/freshness.py                 # current defaults, a few rates (about 1 min)
     python bench/freshness.py --compare       # before vs after, up to the drop-free rate
@@ -198,8 +198,10 @@ def run_step(
     producer: Mapping[str, str] | None = None,
     consumer: Mapping[str, Any] | None = None,
     sample: int = 4,
+    realtime: bool = True,
 ) -> dict[str, Any]:
-    """One run of the simulators at ``rate`` requests/s per rank; the step's figures."""
+    """One run of the simulators at ``rate`` requests/s per rank (``realtime=False``: as fast as
+    they can, ``--no-realtime``); the step's figures."""
     mpiexec = find_mpiexec()
     if not mpiexec:
         raise SystemExit("mpiexec not found: pip install -e '.[dev]'")
@@ -216,6 +218,8 @@ def run_step(
                 "--flush-log", str(work), "--iterations-per-second", str(engine_speed(rate)),
                 "--duration", str(duration),
             ]  # fmt: skip
+            if not realtime:
+                command.append("--no-realtime")
             for key, value in (producer or {}).items():
                 command += ["-X", f"{key}={value}"]
             proc = subprocess.run(command, capture_output=True, text=True, timeout=duration * 4 + 120)
@@ -236,7 +240,9 @@ def run_step(
         "events_per_second": summary["events_per_second"],
         "drops": summary["drops"],
         "events_lost_unreported": summary["events_lost_unreported"],
-        "kept_pace": min(r["iterations"] for r in per_rank) >= 0.9 * expected,
+        "realtime": realtime,
+        "kept_pace": not realtime or min(r["iterations"] for r in per_rank) >= 0.9 * expected,
+        "pace": round(min(r["iterations"] for r in per_rank) / expected, 3),
         "index_caught_up": caught_up,
         "events_sampled": len(latencies["e2e"]),
         "e2e": quantiles(latencies["e2e"]),
@@ -264,11 +270,13 @@ def measure(
     variants: Mapping[str, tuple[Mapping[str, str], Mapping[str, Any]]] | None = None,
     stop_at_drops: bool = True,
     warm_up: bool = True,
+    flat_out: bool = False,
 ) -> dict[str, Any]:
     """Freshness at each rate for each variant (name -> (producer -X settings, reader config);
     default: only the current defaults), interleaved per rate. A variant stops stepping after
     its first rate with drops or where the simulators could not keep real time (when
-    ``stop_at_drops``, as ``bench/e2e.py`` steps). Returns ``{"variants": {name: {"steps",
+    ``stop_at_drops``, as ``bench/e2e.py`` steps). ``flat_out``: then one run per variant at the
+    last rate as fast as the simulators go (the most this machine's pipeline carries). Returns ``{"variants": {name: {"steps",
     "highest_drop_free"}}, "kafka", "loadavg"}``."""
     variants = dict(variants or {"defaults": ({}, {})})
     steps: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
@@ -294,6 +302,19 @@ def measure(
                 print(f"  {name:>8} {rate:g}/s per rank: {summary_line(step)}", file=sys.stderr)
                 if stop_at_drops and not (drop_free(step) and step["kept_pace"]):
                     stopped.add(name)
+        flat: dict[str, dict[str, Any]] = {}
+        for name, (producer, consumer) in variants.items() if flat_out else ():
+            flat[name] = run_step(
+                servers,
+                rates[-1],
+                ranks=ranks,
+                duration=duration,
+                producer=producer,
+                consumer=consumer,
+                sample=sample,
+                realtime=False,
+            )
+            print(f"  {name:>8} flat out: {summary_line(flat[name])}", file=sys.stderr)
     result: dict[str, Any] = {
         "variants": {},
         "kafka": kafka,
@@ -309,6 +330,7 @@ def measure(
             "steps": steps[name],
             "highest_drop_free": best,
             "worst_drop_free_p99_ms": max((s["e2e"]["p99_ms"] or 0 for s in clean), default=None),
+            "flat_out": flat.get(name),
         }
     return result
 
@@ -332,14 +354,16 @@ def print_table(result: Mapping[str, Any]) -> None:
         f"{'e2e p50':>8} {'e2e p99':>8} {'e2e max':>8}{cols} {'ack p99':>8} {'load':>5}"
     )
     for name, variant in result["variants"].items():
-        for s in variant["steps"]:
+        flat = [variant["flat_out"]] if variant.get("flat_out") else []
+        for s in [*variant["steps"], *flat]:
             e = s["e2e"]
             stages = "".join(
                 f" {fmt(s['stages'][st]['p50_ms']) + '/' + fmt(s['stages'][st]['p99_ms']):>15}"
                 for st in STAGES
             )
             print(
-                f"{name:>8} {s['rate_per_rank']:>9g} {s['events_per_second']:>9,.0f} {s['drops']:>6} "
+                f"{name:>8} {format(s['rate_per_rank'], 'g') + ('' if s['realtime'] else ' flat'):>9} "
+                f"{s['events_per_second']:>9,.0f} {s['drops']:>6} "
                 f"{s['kept_pace']!s:>5} {fmt(e['p50_ms']):>8} {fmt(e['p99_ms']):>8} {fmt(e['max_ms']):>8}"
                 f"{stages} {fmt(s['sink_delivery_ack_ms']['p99']):>8} {s['loadavg_1m']:>5.1f}"
             )
@@ -369,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         "--compare",
         action="store_true",
         help="also run the settings from before the freshness change, interleaved per rate, "
-        "stepping each up to its first rate with drops (default rates 10,160,320,640,960)",
+        "stepping each up to its first rate with drops or lost pace, as bench/e2e.py does, then "
+        "one flat-out run each (--no-realtime; default rates 10,160,320,640,960)",
     )
     parser.add_argument("--repeats", type=int, default=1, help="run everything this many times (default 1)")
     parser.add_argument(
@@ -388,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     runs = [
         measure(args.bootstrap_servers, rates, ranks=args.ranks, duration=args.duration, sample=args.sample,
-                variants=variants, stop_at_drops=args.compare, warm_up=i == 0)
+                variants=variants, stop_at_drops=args.compare, warm_up=i == 0, flat_out=args.compare)
         for i in range(args.repeats)
     ]  # fmt: skip
     for i, run in enumerate(runs):
