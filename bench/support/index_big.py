@@ -1,0 +1,120 @@
+"""kvevents alone at the issue's scale (256 workers x 100k blocks each by default, 25.6M
+worker-blocks), in a child process of its own so its RSS is the index's: the fleet is written
+instance by instance (``index_fleet.py``) and fed as Avro bytes, only the feeding timed; the
+last instances are fed while a second thread runs 64-block lookups; then lookups alone (1, 64,
+512 blocks) and memory (RSS delta after the stream's buffers are freed, and the core's own
+estimate). Dynamo and the naive index would take minutes here: they are measured in the matrix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+import time
+from typing import Any
+
+from index_fleet import Fleet, FleetConfig, make_fleet_queries
+from index_matrix import QUERY_SIZES
+from index_sides import ingest_method, ingest_ours, lookups_during_ingest, lookups_interleaved, make_sides
+from kvevents.consumer import CacheIndex
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _trim() -> None:
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: RSS keeps what malloc holds
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def run_big(
+    workers: int, blocks_per_worker: int, queries: int, repeat: int, concurrent_tail: int
+) -> dict[str, Any]:
+    config = FleetConfig(workers=workers, blocks_per_worker=blocks_per_worker)
+    fleet = Fleet(config)
+    n = config.instances
+    tail = min(max(1, concurrent_tail), n - 1) if n > 1 else 0
+    _trim()
+    base_rss = rss_bytes()
+    index = CacheIndex()
+    paths: list[tuple[list[int], list[int]]] = []
+    apply_s = gen_s = 0.0
+    blocks = events = batches = held = 0
+    for i in range(n - tail):
+        t0 = time.perf_counter()
+        part = fleet.instance(i, sample_paths=max(8, 4096 // n))
+        gen_s += time.perf_counter() - t0
+        gc.collect()
+        t0 = time.perf_counter()
+        ingest_ours(index, part.batches)
+        apply_s += time.perf_counter() - t0
+        blocks, events, batches = (
+            blocks + part.blocks_stored,
+            events + part.events,
+            batches + len(part.batches),
+        )
+        held += part.held_worker_blocks
+        paths += part.paths
+        del part
+    ingest = {
+        "instances": n - tail,
+        "blocks": blocks,
+        "events": events,
+        "batches": batches,
+        "seconds": apply_s,
+        "blocks_per_s": blocks / apply_s if apply_s else None,
+        "events_per_s": events / apply_s if apply_s else None,
+        "batch_apply_us_mean": apply_s / batches * 1e6 if batches else None,
+        "generated_s": gen_s,
+        "method": ingest_method(),
+    }
+    during: dict[str, Any] = {"status": "skipped: one instance only"}
+    if tail:
+        t0 = time.perf_counter()
+        rest = [fleet.instance(i, sample_paths=8) for i in range(n - tail, n)]
+        gen_s += time.perf_counter() - t0
+        items = [b for part in rest for b in part.batches]
+        tail_blocks = sum(p.blocks_stored for p in rest)
+        held += sum(p.held_worker_blocks for p in rest)
+        side = make_sides(None)[0]
+        if side.thread_safe:
+            q64 = make_fleet_queries(paths, 64, queries, seed=64)
+            side.new = lambda: index  # feed the index built so far
+            during = lookups_during_ingest(side, [], items, q64)
+            during["ingest_blocks_per_s"] = tail_blocks / during["ingest_s"]
+            during["ingest_blocks"] = tail_blocks
+            during["lookup_size"] = 64
+        else:
+            ingest_ours(index, items)
+            during = {"status": "skipped: the pure-Python core is not thread-safe"}
+        del rest, items
+    if index.held_blocks() != held:
+        raise SystemExit(f"kvevents holds {index.held_blocks()} worker-blocks, the generator {held}")
+    del fleet
+    _trim()
+    rss_delta = rss_bytes() - base_rss
+    memory = {
+        "held_worker_blocks": held,
+        "distinct_blocks": index.stats().distinct_blocks,
+        "rss_delta_bytes": rss_delta,
+        "rss_bytes_per_worker_block": rss_delta / held,
+        "estimate_bytes_per_worker_block": index.memory_bytes() / held,
+    }
+    side = make_sides(None)[0]
+    lookups = {}
+    for size in QUERY_SIZES:
+        qs = make_fleet_queries(paths, size, queries, seed=size)
+        lookups[str(size)] = lookups_interleaved([(side, index)], qs, repeat)["kvevents"]
+    return {
+        "config": {"workers": workers, "blocks_per_worker": blocks_per_worker, "churn": config.churn},
+        "ingest": ingest,
+        "during_ingest": during,
+        "lookups": lookups,
+        "memory": memory,
+        "loadavg": os.getloadavg(),
+    }

@@ -1,0 +1,176 @@
+"""The three indexes the bench compares, behind one small interface: kvevents' ``CacheIndex``
+(fed Avro bytes), Dynamo's ``RadixTree`` (fed its JSON events) and the naive pure-Python index
+(fed decoded batches); plus the timing helpers they share (lookups, lookups during ingest)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from index_naive import NaiveIndex
+from kvevents.consumer import CacheIndex
+
+
+def load_dynamo() -> Any:
+    """Dynamo's RadixTree class, or None when ai-dynamo-runtime is not installed."""
+    os.environ.setdefault("DYN_LOG", "error")
+    try:
+        from dynamo.llm import RadixTree
+    except ImportError:
+        return None
+    return RadixTree
+
+
+def ingest_method() -> str:
+    """How kvevents is fed: ``apply_encoded_many`` when this ``CacheIndex`` has it, else one
+    ``apply_encoded`` call per batch."""
+    return "apply_encoded_many" if hasattr(CacheIndex, "apply_encoded_many") else "apply_encoded"
+
+
+def ingest_ours(index: CacheIndex, batches: Sequence[bytes]) -> None:
+    many = getattr(index, "apply_encoded_many", None)
+    if many is not None:
+        many(list(batches))
+        return
+    apply = index.apply_encoded
+    for data in batches:
+        apply(data)
+
+
+def ingest_dynamo(tree: Any, events: Sequence[tuple[int, bytes]]) -> None:
+    apply = tree.apply_event
+    for worker, event in events:
+        apply(worker, event)
+    tree.find_matches([0])  # its helper thread has taken every event once this returns
+
+
+@dataclass
+class Side:
+    """One index: how to build it, feed it a slice of its stream, and query it."""
+
+    name: str
+    new: Callable[[], Any]
+    ingest: Callable[[Any, Sequence[Any]], None]
+    lookup: Callable[[Any, Any], Any]
+    query_part: int
+    """Which part of a query tuple it takes: 0 engine hashes, 1 Dynamo tokens hashes."""
+    thread_safe: bool = True
+
+
+def make_sides(radix_tree: Any, *, with_ours: bool = True) -> list[Side]:
+    sides = []
+    if with_ours:
+        index = CacheIndex()
+        sides.append(
+            Side(
+                "kvevents",
+                CacheIndex,
+                ingest_ours,
+                lambda ix, q: ix.find_matches(q),
+                0,
+                # the compiled core's calls hold the GIL (or are made safe by the core); the
+                # pure-Python core is not safe across threads
+                thread_safe=index.compiled,
+            )
+        )
+    if radix_tree is not None:
+        sides.append(Side("dynamo", radix_tree, ingest_dynamo, lambda t, q: t.find_matches(q).scores, 1))
+    sides.append(
+        Side("naive", NaiveIndex, lambda ix, b: ix.apply_all(b), lambda ix, q: ix.find_matches(q), 0)
+    )
+    return sides
+
+
+def percentiles(samples_ns: list[int] | list[float]) -> dict[str, float]:
+    """p50/p99/max/mean in microseconds."""
+    s = sorted(samples_ns)
+    if not s:
+        return {
+            "p50_us": float("nan"),
+            "p99_us": float("nan"),
+            "max_us": float("nan"),
+            "mean_us": float("nan"),
+        }
+    return {
+        "p50_us": s[len(s) // 2] / 1000,
+        "p99_us": s[min(len(s) - 1, int(len(s) * 0.99))] / 1000,
+        "max_us": s[-1] / 1000,
+        "mean_us": statistics.fmean(s) / 1000,
+    }
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the repeats."""
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def timed_ingest(side: Side, parts: Sequence[Sequence[Any]]) -> tuple[Any, list[float]]:
+    """A fresh index fed every part in turn; the seconds of each."""
+    obj = side.new()
+    gc.collect()
+    times = []
+    for part in parts:
+        start = time.perf_counter()
+        side.ingest(obj, part)
+        times.append(time.perf_counter() - start)
+    return obj, times
+
+
+def lookups_interleaved(
+    targets: list[tuple[Side, Any]], queries: Sequence[tuple[Any, ...]], repeat: int
+) -> dict[str, dict[str, Any]]:
+    """Per side: p50/p99/max of every query, median over ``repeat`` passes; sides interleaved
+    query by query so the machine's noise hits them alike."""
+    clock = time.perf_counter_ns
+    runs: dict[str, list[dict[str, float]]] = {side.name: [] for side, _ in targets}
+    for _ in range(repeat):
+        samples: dict[str, list[int]] = {side.name: [] for side, _ in targets}
+        for q in queries:
+            for side, obj in targets:
+                arg = q[side.query_part]
+                lookup = side.lookup
+                t0 = clock()
+                lookup(obj, arg)
+                samples[side.name].append(clock() - t0)
+        for name, s in samples.items():
+            runs[name].append(percentiles(s))
+    return {name: {**median_of(r), "repeats": len(r)} for name, r in runs.items()}
+
+
+def lookups_during_ingest(
+    side: Side, prefill: Sequence[Any], items: Sequence[Any], queries: Sequence[Any]
+) -> dict[str, Any]:
+    """A fresh index fed ``prefill``; then one thread ingests ``items`` while another runs
+    lookups back to back: their latencies during the ingest, and the ingest's seconds."""
+    obj = side.new()
+    side.ingest(obj, prefill)
+    gc.collect()
+    stop, started = threading.Event(), threading.Event()
+    latencies: list[int] = []
+    args = [q[side.query_part] for q in queries]
+    lookup = side.lookup
+
+    def looker() -> None:
+        clock, n, i = time.perf_counter_ns, len(args), 0
+        started.set()
+        while not stop.is_set():
+            t0 = clock()
+            lookup(obj, args[i % n])
+            latencies.append(clock() - t0)
+            i += 1
+
+    thread = threading.Thread(target=looker, name=f"lookups-{side.name}")
+    thread.start()
+    started.wait()
+    start = time.perf_counter()
+    side.ingest(obj, items)
+    elapsed = time.perf_counter() - start
+    stop.set()
+    thread.join()
+    return {"ingest_s": elapsed, "lookups": len(latencies), **percentiles(latencies)}
