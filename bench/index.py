@@ -12,7 +12,8 @@ Parts (``--parts``, all by default):
 - matrix (``support/index_matrix.py``): a synthetic fleet (``support/index_fleet.py``) of 16,
   256 and 1,024 workers with the same total of worker-blocks each, a scale Dynamo and the naive
   index ingest in seconds; ingest alone, lookups alone (1, 64, 512 blocks), and 64-block lookups
-  from a second thread while a thread ingests; cross-checks of the answers;
+  from a second thread while a thread ingests (on a schedule, ``--lookup-rate`` per second, latency
+  from each lookup's scheduled time, so waiting for the GIL behind a batch counts); cross-checks;
 - big (``support/index_big.py``): kvevents alone at 256 workers x ``--big-blocks-per-worker``
   (100k in ``--full``: 25.6M worker-blocks, the issue's scale; Dynamo and the naive index would
   take minutes there), in a child process: ingest, lookups during ingest, lookups, RSS;
@@ -75,24 +76,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--concurrent-repeat", type=int, default=2, help="repetitions of the lookups-during-ingest runs"
     )
+    p.add_argument("--lookup-rate", type=float, default=2000.0, help="lookups/s scheduled during ingest")
     p.add_argument(
         "--cross-check", type=int, default=300, help="queries cross-checked against Dynamo and naive"
     )
     p.add_argument("--matrix-workers", default="16,256,1024", help="worker counts of the matrix")
     p.add_argument(
-        "--matrix-worker-blocks", type=int, default=None, help="worker-blocks per cell (262144; full 1M)"
+        "--matrix-worker-blocks", type=int, default=None, help="worker-blocks per cell (131072; full 1M)"
     )
-    p.add_argument("--matrix-queries", type=int, default=500, help="queries per size per matrix cell")
+    p.add_argument("--matrix-queries", type=int, default=300, help="queries per size per matrix cell")
     p.add_argument("--big-workers", type=int, default=256)
     p.add_argument("--big-blocks-per-worker", type=int, default=None, help="25k (full 100k, quick 4k)")
     p.add_argument("--big-queries", type=int, default=2000, help="queries per size at the big scale")
     p.add_argument("--big-tail-instances", type=int, default=4, help="instances fed while lookups run")
     p.add_argument(
-        "--events", type=int, default=None, help="realistic stream events (150k; full 600k, quick 40k)"
+        "--events", type=int, default=None, help="realistic stream events (60k; full 600k, quick 40k)"
     )
     p.add_argument("--queries", type=int, default=1000, help="realistic stream queries per size")
     p.add_argument(
-        "--rebuild-events", type=int, default=None, help="in-memory rebuild events (2M; full 10M; 0 skips)"
+        "--rebuild-events", type=int, default=None, help="in-memory rebuild events (0: skipped; full 10M)"
     )
     p.add_argument("--topic-events", type=int, default=None, help="Kafka topic rebuild events (0; full 10M)")
     p.add_argument("--topic-repeat", type=int, default=2, help="repetitions of the topic rebuild")
@@ -115,10 +117,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     scale = "full" if args.full else "quick" if args.quick else "default"
     defaults = {
-        "matrix_worker_blocks": {"quick": 1 << 16, "default": 1 << 18, "full": 1 << 20},
+        "matrix_worker_blocks": {"quick": 1 << 16, "default": 1 << 17, "full": 1 << 20},
         "big_blocks_per_worker": {"quick": 4_000, "default": 25_000, "full": 100_000},
-        "events": {"quick": 40_000, "default": 150_000, "full": 600_000},
-        "rebuild_events": {"quick": 300_000, "default": 2_000_000, "full": 10_000_000},
+        "events": {"quick": 40_000, "default": 60_000, "full": 600_000},
+        "rebuild_events": {"quick": 0, "default": 0, "full": 10_000_000},
         "topic_events": {"quick": 0, "default": 0, "full": 10_000_000},
     }
     for key, by_scale in defaults.items():
@@ -145,6 +147,7 @@ def run_child_mode(args: argparse.Namespace) -> dict[str, Any]:
             args.big_queries,
             args.repeat,
             args.big_tail_instances,
+            args.lookup_rate,
         )
     if args.child == "rebuild":
         return realistic.rebuild_child(args.payload, args.rebuild_events)
@@ -229,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                     "big_queries",
                     "repeat",
                     "big_tail_instances",
+                    "lookup_rate",
                 ),
             ]
         )

@@ -7,7 +7,8 @@ Dynamo and the naive index ingest in seconds. Ingest: a fresh index is fed the w
 its two halves timed apart (the second half onto the first, as in the concurrent run); the
 median over the repeats. Lookups alone: on the final state of the last ingest, sides
 interleaved query by query, p50/p99/max per pass, medians over the passes. Concurrent: a fresh
-index fed the first half, then the second half while lookups (64 blocks) run back to back.
+index fed the first half, then the second half while a second thread sends 64-block lookups
+on a schedule (``--lookup-rate`` per second; latency from each lookup's scheduled time).
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def run_cell(workers: int, args: Any, radix_tree: Any) -> dict[str, Any]:
             row["sides"][side.name]["during_ingest"] = {"status": "skipped: this core is not thread-safe"}
             continue
         conc = [
-            lookups_during_ingest(side, *halves[side.name], queries[64])
+            lookups_during_ingest(side, *halves[side.name], queries[64], args.lookup_rate)
             for _ in range(args.concurrent_repeat)
         ]
         gc.collect()
@@ -179,6 +180,7 @@ def run_matrix(args: Any, radix_tree: Any) -> dict[str, Any]:
         "query_sizes": list(QUERY_SIZES),
         "queries_per_size": args.matrix_queries,
         "repeats": args.repeat,
+        "lookup_rate": args.lookup_rate,
         "cells": {},
     }
     for workers in args.matrix_workers:

@@ -197,8 +197,17 @@ def compute_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     if big.get("lookups"):
         c = big["config"]
         at = f"kvevents alone, {c['workers']} workers x {c['blocks_per_worker']:,} blocks"
-        out.append(_target("find_matches 64 blocks p99 us", big["lookups"]["64"]["p99_us"], "<=", 10.0, at))
-        out.append(_target("find_matches 512 blocks p99 us", big["lookups"]["512"]["p99_us"], "<=", 25.0, at))
+        for size, bound in (("64", 10.0), ("512", 25.0)):
+            q = big["lookups"][size]
+            out.append(
+                _target(
+                    f"find_matches {size} blocks p99 us",
+                    q["p99_us"],
+                    "<=",
+                    bound,
+                    f"{at}; each query's best of {q['repeats']} passes: p99 {q['p99_best_us']:.1f} us",
+                )
+            )
         out.append(_target("ingest blocks/s (Avro bytes)", big["ingest"]["blocks_per_s"], ">=", 10e6, at))
         out.append(
             _target(
@@ -292,7 +301,8 @@ def print_matrix(m: dict[str, Any]) -> None:
     print(
         f"\nmatrix: {m['worker_blocks_per_cell']:,} worker-blocks per cell; medians of {m['repeats']} repeats; "
         f"lookups p50/p99 us ({m['queries_per_size']} queries per size); during ingest: 64-block lookups "
-        "from a 2nd thread while the 2nd half is ingested"
+        f"from a 2nd thread, scheduled at {m.get('lookup_rate', 0):,.0f}/s (latency from the scheduled time), "
+        "while the 2nd half is ingested"
     )
     print(
         f"{'workers':>7} {'side':9} {'ingest Mblk/s':>13} {'1 p50/p99':>15} {'64 p50/p99':>15} {'512 p50/p99':>15}"
@@ -335,7 +345,8 @@ def print_big(b: dict[str, Any]) -> None:
     )
     print(
         f"  ingest ({ing['method']}): {ing['blocks'] / 1e6:.1f}M blocks in {ing['seconds']:.2f} s = "
-        f"{ing['blocks_per_s'] / 1e6:.2f}M blocks/s, {ing['events_per_s'] / 1e6:.2f}M events/s, "
+        f"{ing['blocks_per_s'] / 1e6:.2f}M blocks/s ({ing['blocks_per_cpu_s'] / 1e6:.2f}M per CPU-second of the "
+        f"feeding thread), {ing['events_per_s'] / 1e6:.2f}M events/s, "
         f"{ing['batch_apply_us_mean']:.0f} us per batch (generation {ing['generated_s']:.1f} s, not timed)"
     )
     for size, q in b["lookups"].items():
@@ -345,7 +356,8 @@ def print_big(b: dict[str, Any]) -> None:
     if "p99_us" in d:
         print(
             f"  during ingest of the last {d['ingest_blocks'] / 1e6:.1f}M blocks: 64-block lookups p50 {d['p50_us']:.1f} "
-            f"p99 {d['p99_us']:.1f} max {d['max_us']:.0f} us ({d['lookups']:,} lookups); ingest "
+            f"p99 {d['p99_us']:.1f} max {d['max_us']:.0f} us ({d['lookups']:,} lookups scheduled at "
+            f"{d['scheduled_per_s']:,.0f}/s, {d['missed']:,} slots missed); ingest "
             f"{d['ingest_blocks_per_s'] / 1e6:.2f}M blocks/s"
         )
     else:
