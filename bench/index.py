@@ -2,8 +2,8 @@
 with NVIDIA Dynamo's RadixTree from Python (the anchor) and the naive pure-Python index
 (block hash -> set of workers, fed decoded batches: ``support/index_naive.py``).
 
-    python bench/index.py            # default: about 2 minutes on 2 busy cores
-    python bench/index.py --quick    # a smoke test (~30 s)
+    python bench/index.py            # default: ~90 CPU-seconds (2-4 min on the busy 2-core VM)
+    python bench/index.py --quick    # a smoke test (~15 CPU-seconds)
     python bench/index.py --full     # 256 x 100k blocks, 1M worker-blocks per matrix cell,
                                      # 600k-event realistic stream, 10M-event rebuilds (minutes)
 
@@ -173,6 +173,8 @@ def freshness(args: argparse.Namespace) -> dict[str, Any]:
     if "bootstrap" in inspect.signature(module.measure).parameters:
         kwargs["bootstrap"] = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     result: dict[str, Any] = module.measure(**kwargs)
+    if hasattr(module, "print_table"):
+        module.print_table(result)
     return result
 
 
