@@ -240,13 +240,15 @@ def compute_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
                     at,
                 )
             )
+            o, n = ours["lookups"]["64"], naive["lookups"]["64"]
+            best = _ratio(o["p99_best_us"], n["p99_best_us"])
             out.append(
                 _target(
                     "find_matches 64 p99 / naive's",
-                    _ratio(ours["lookups"]["64"]["p99_us"], naive["lookups"]["64"]["p99_us"]),
+                    _ratio(o["p99_us"], n["p99_us"]),
                     "<=",
                     0.02,
-                    at,
+                    f"{at}; each query's best pass: {_fmt(best, '.3f')}",
                 )
             )
     real = r.get("realistic")
