@@ -156,3 +156,25 @@ def test_bench_index_runs_its_matrix_and_big_scale_end_to_end(tmp_path: Path) ->
     assert result["big_scale"]["memory"]["held_worker_blocks"] > 0
     assert {t["verdict"] for t in result["targets"]} <= {"PASS", "FAIL"}
     assert "issue 17 targets" in proc.stdout
+
+
+def test_bench_feeds_apply_encoded_many_only_when_cache_index_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from index_sides import ingest_method, ingest_ours
+
+    stream = generate_fleet(FleetConfig(workers=8, blocks_per_worker=200, seed=4), dynamo=False)
+    assert ingest_method() == (
+        "apply_encoded_many" if hasattr(CacheIndex, "apply_encoded_many") else "apply_encoded"
+    )
+    calls: list[int] = []
+
+    def many(self: CacheIndex, batches: list[bytes]) -> None:
+        calls.append(len(batches))
+        for data in batches:
+            self.apply_encoded(data)
+
+    monkeypatch.setattr(CacheIndex, "apply_encoded_many", many, raising=False)
+    index = CacheIndex()
+    ingest_ours(index, stream.batches)
+    assert ingest_method() == "apply_encoded_many"
+    assert calls == [len(stream.batches)]
+    assert index.held_blocks() == stream.held_worker_blocks
