@@ -268,6 +268,18 @@ def compute_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
                 "find_matches 64 p99 / naive's", real["find_matches"]["64"]["naive_p99_ratio"], "<=", 0.02, at
             )
         )
+    fresh = (r.get("freshness") or {}).get("variants", {})
+    for name, v in fresh.items():
+        best = v.get("highest_drop_free") or {}
+        out.append(
+            _target(
+                f"freshness p99 ms, worst drop-free rate ({name})",
+                v.get("worst_drop_free_p99_ms"),
+                "<=",
+                50.0,
+                f"bench/freshness.py; highest drop-free {best.get('events_per_second', 0):,.0f} events/s",
+            )
+        )
     checks = [c["cross_check"].get("dynamo") for c in cells.values() if c["cross_check"].get("dynamo")]
     queries = sum(c["cross_check"]["queries"] for c in cells.values() if c["cross_check"].get("dynamo"))
     if real:
