@@ -33,8 +33,10 @@ targets: measured, bound, PASS/FAIL, where measured), ``matrix`` (``cells[worker
 ``ingest``, ``lookups[size]``, ``during_ingest``; ``cross_check``; ``stream``), ``big_scale``
 (``ingest``, ``during_ingest``, ``lookups``, ``memory``), ``realistic`` (``ingest``,
 ``find_matches``, ``memory``, ``rebuild_in_memory``, ``state_round_trip``, ``rebuild_from_topic``,
-``rebuild_from_checkpoint``), ``freshness``. Latencies are microseconds (``*_us``), rates per
-second, sizes bytes.
+``rebuild_from_checkpoint``), ``freshness``. Latencies are microseconds (``*_us``): lookups give
+p50/p99/max/mean per pass, the median over passes, and ``p50_best_us`` / ``p99_best_us`` over each
+query's fastest pass (the machine's scheduling noise stripped); ``during_ingest`` counts
+``missed`` schedule slots. Rates are per second, sizes bytes.
 """
 
 from __future__ import annotations
