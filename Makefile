@@ -47,7 +47,8 @@ spark: $(SPARK_STAMP)
 
 # Every check runs, so that one run shows every finding; mypy's settings are in pyproject.toml,
 # and stubtest checks the compiled modules' .pyi stubs against the built extensions.
-COMPILED_MODULES := kvevents.schemas._fastcodec kvevents.producer._fastrecorder kvevents.consumer._indexcore
+COMPILED_MODULES := kvevents.schemas._fastcodec kvevents.producer._fastrecorder kvevents.consumer._indexcore \
+	kvevents.consumer.export._packtokens
 lint: setup
 	@status=0; \
 	echo "== ruff check ."; $(BIN)/ruff check . || status=1; \

@@ -12,6 +12,7 @@ EXTENSIONS = [
     ("kvevents.schemas._fastcodec", "schemas/_fastcodec.pyx"),
     ("kvevents.consumer._indexcore", "consumer/_indexcore.pyx"),
     ("kvevents.producer._fastrecorder", "producer/_fastrecorder.pyx"),
+    ("kvevents.consumer.export._packtokens", "consumer/export/_packtokens.pyx"),
 ]
 
 

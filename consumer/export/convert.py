@@ -16,6 +16,9 @@ Loss is signalled the only way vLLM's wire can: a worker whose events were lost 
 an event-id jump, missing batches, a new producer session not starting at sequence 0) gets an
 ``AllBlocksCleared`` and starts afresh; the producer's snapshot (Created + Stored) refills it.
 Duplicates (Kafka's at-least-once, a producer replaying) are skipped by event id.
+
+Speed: ``token_ids`` go out as ``msgspec.Raw`` bytes packed straight from the blocks'
+``array('i')`` (:mod:`.packed`), not as a list of Python ints to encode.
 """
 
 from __future__ import annotations
@@ -33,15 +36,17 @@ from kvevents.schemas import (
     KVCacheStoredData,
     KVCacheUpdatedData,
 )
+from msgspec import Raw
 
 from ..workers import WorkerKey
+from .packed import extra_keys, pack_tokens
 from .vllm_wire import MEDIUM_BY_LEVEL, VllmWire, medium_for_level
 
 __all__ = ["ConverterCounters", "ConverterState", "VllmConverter"]
 
-# A held block: (level, parent hash, tokens as the event's array('i'), LoRA id). A tuple of
-# untracked objects, so the garbage collector soon stops scanning the (many) held blocks.
-_LEVEL, _PARENT, _TOKENS, _LORA = 0, 1, 2, 3
+# A held block: (level, parent hash, tokens as the event's array('i'), LoRA id, vLLM extra_keys
+# entry or None). Untracked values only, so the garbage collector soon stops scanning them.
+_LEVEL, _PARENT, _TOKENS, _LORA, _EXTRA = 0, 1, 2, 3, 4
 
 
 class _Worker:
@@ -58,8 +63,8 @@ class _SavedWorker(msgspec.Struct, array_like=True):
     rank: int
     cursor: int | None
     created_run: bool
-    windows: dict[int, list[tuple[int, int, int | None, bytes, int | None]]]
-    """window -> (hash, level, parent, tokens as array('i') bytes, LoRA id) per block."""
+    windows: dict[int, list[tuple[int, int, int | None, bytes, int | None, Any]]]
+    """window -> (hash, level, parent, tokens as array('i') bytes, LoRA id, vLLM extra_keys entry)."""
 
 
 class ConverterState(msgspec.Struct):
@@ -128,10 +133,10 @@ class VllmConverter:
             worker.created_run = saved.created_run
             for window, blocks in saved.windows.items():
                 held = worker.windows[window] = {}
-                for block_hash, level, parent, tokens, lora_id in blocks:
+                for block_hash, level, parent, tokens, lora_id, extra in blocks:
                     arr = array("i")
                     arr.frombytes(tokens)
-                    held[block_hash] = (level, parent, arr, lora_id)
+                    held[block_hash] = (level, parent, arr, lora_id, _frozen(extra))
             self._workers[WorkerKey(saved.instance_id, saved.rank)] = worker
         self._sessions = {k: list(v) for k, v in state.sessions.items()}
 
@@ -146,7 +151,7 @@ class VllmConverter:
                     w.created_run,
                     {
                         window: [
-                            (h, b[_LEVEL], b[_PARENT], b[_TOKENS].tobytes(), b[_LORA])
+                            (h, b[_LEVEL], b[_PARENT], b[_TOKENS].tobytes(), b[_LORA], b[_EXTRA])
                             for h, b in blocks.items()
                         ]
                         for window, blocks in w.windows.items()
@@ -247,11 +252,16 @@ class VllmConverter:
         wire = self.wire
         removed_type, stored_type = wire.BlockRemoved, wire.BlockStored
         media = self._media
+        names = self.lora_names
+        pack = pack_tokens
         last_rank: int | None = -1
         key = WorkerKey(instance, 0)
         worker = _Worker()
         events: list[Any] = []
         first = True
+        # the window's blocks of the current worker, looked up again when the window changes
+        window: int | None = None
+        blocks: dict[int, tuple[Any, ...]] | None = None
         for event in batch.events:
             rank = event.attention_dp_rank
             if rank != last_rank:
@@ -260,6 +270,7 @@ class VllmConverter:
                 worker = self._workers.get(key) or self._worker(key)
                 got = out.get(key)
                 events = out[key] = [] if got is None else got
+                window = None
             eid = event.event_id
             cursor = worker.cursor
             if cursor is not None:
@@ -270,12 +281,25 @@ class VllmConverter:
                         continue
                 elif eid != cursor + 1:
                     self._lose(out, key, worker, f"event ids jumped from {cursor} to {eid}")
+                    window = None
             first = False
             worker.cursor = eid
             data = event.data
             kind = type(data)
-            if kind is KVCacheUpdatedData:
+            if kind is KVCacheCreatedData:
+                if not worker.created_run:
+                    events.append(wire.cleared)
+                    worker.windows = {}
+                worker.windows[event.window_size] = {}
+                worker.created_run = True
+                window = None
+                continue
+            if worker.created_run:
                 worker.created_run = False
+            if event.window_size != window:
+                window = event.window_size
+                blocks = worker.windows.get(window)
+            if kind is KVCacheUpdatedData:
                 diff = data.cache_level
                 if diff is None:
                     c.priority_only_updates += 1
@@ -283,29 +307,27 @@ class VllmConverter:
                 old, new = diff.old_value, diff.new_value
                 if old == new:
                     continue
-                blocks = worker.windows.get(event.window_size)
                 h = data.block_hash
                 held = None if blocks is None else blocks.get(h)
                 if held is None or blocks is None:
                     c.unknown_updated += 1
                     continue
-                tokens = held[_TOKENS]
-                blocks[h] = (new, held[_PARENT], tokens, held[_LORA])
+                blocks[h] = (new, *held[1:])
                 events.append(removed_type([h], media[old]))
+                extra = held[_EXTRA]
                 events.append(
                     stored_type(
                         [h],
                         held[_PARENT],
-                        tokens.tolist(),
-                        len(tokens),
+                        Raw(pack((held[_TOKENS],))),
+                        len(held[_TOKENS]),
                         held[_LORA],
                         media[new],
-                        self.lora_names.get(held[_LORA]),
+                        names.get(held[_LORA]),
+                        None if extra is None else [extra],
                     )
                 )
             elif kind is KVCacheRemovedData:
-                worker.created_run = False
-                blocks = worker.windows.get(event.window_size)
                 if blocks is None:
                     c.unknown_removed += len(data.block_hashes)
                     continue
@@ -331,17 +353,9 @@ class VllmConverter:
                 for level, group in by_level.items():
                     events.append(removed_type(group, media[level]))
             elif kind is KVCacheStoredData:
-                worker.created_run = False
-                blocks = worker.windows.get(event.window_size)
                 if blocks is None:
-                    blocks = worker.windows[event.window_size] = {}
+                    blocks = worker.windows[window] = {}
                 self._stored(blocks, data, events)
-            elif kind is KVCacheCreatedData:
-                if not worker.created_run:
-                    events.append(wire.cleared)
-                    worker.windows = {}
-                worker.windows[event.window_size] = {}
-                worker.created_run = True
         result = {k: v for k, v in out.items() if v}
         for v in result.values():
             c.events_out += len(v)
@@ -362,46 +376,71 @@ class VllmConverter:
         if moved:
             for level, hashes in moved.items():
                 events.append(wire.removed(hashes, media[level]))
-        parent = data.parent_hash
         if not stored_blocks:
             return
         stored_type = wire.BlockStored
+        parent = data.parent_hash
         first = stored_blocks[0]
         run_parent = parent
         run_hashes: list[int] = []
-        run_tokens: list[int] = []
+        run_tokens: list[Any] = []
+        run_extra: list[Any] = []
+        has_extra = False
         for block in stored_blocks:
             array_tokens = block.tokens
-            tokens = array_tokens.tolist()
+            lora_id = block.lora_id
             if run_hashes and (
                 block.cache_level != first.cache_level
-                or block.lora_id != first.lora_id
-                or len(tokens) != len(first.tokens)
+                or lora_id != first.lora_id
+                or len(array_tokens) != len(first.tokens)
             ):
                 events.append(
                     stored_type(
                         run_hashes,
                         run_parent,
-                        run_tokens,
+                        Raw(pack_tokens(run_tokens)),
                         len(first.tokens),
                         first.lora_id,
                         media[first.cache_level],
                         names.get(first.lora_id),
+                        run_extra if has_extra else None,
                     )
                 )
-                first, run_parent, run_hashes, run_tokens = block, parent, [], []
-            blocks[block.block_hash] = (block.cache_level, parent, array_tokens, block.lora_id)
+                first, run_parent, run_hashes, run_tokens, run_extra, has_extra = (
+                    block,
+                    parent,
+                    [],
+                    [],
+                    [],
+                    False,
+                )
+            extra = None
+            if block.mm_keys or block.cache_salt is not None or lora_id in names:
+                extra = extra_keys(
+                    names.get(lora_id), block.mm_keys, block.cache_salt if parent is None else None
+                )
+                has_extra = has_extra or extra is not None
+            blocks[block.block_hash] = (block.cache_level, parent, array_tokens, lora_id, extra)
             run_hashes.append(block.block_hash)
-            run_tokens.extend(tokens)
+            run_tokens.append(array_tokens)
+            run_extra.append(extra)
             parent = block.block_hash
         events.append(
             stored_type(
                 run_hashes,
                 run_parent,
-                run_tokens,
+                Raw(pack_tokens(run_tokens)),
                 len(first.tokens),
                 first.lora_id,
                 media[first.cache_level],
                 names.get(first.lora_id),
+                run_extra if has_extra else None,
             )
         )
+
+
+def _frozen(extra: Any) -> Any:
+    """A saved extra_keys entry (lists after msgpack) back as tuples, as built."""
+    if extra is None:
+        return None
+    return tuple(tuple(k) if isinstance(k, list) else k for k in extra)

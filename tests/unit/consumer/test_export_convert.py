@@ -33,8 +33,10 @@ def _ev(eid: int, data: object, rank: int | None = 0) -> KVCacheEvent:
 
 
 def _plain(out: dict[WorkerKey, list[object]]) -> dict[WorkerKey, list[object]]:
-    """Events as plain msgpack-ready values (tag first), for readable comparisons."""
-    return {k: [msgspec.to_builtins(e) for e in v] for k, v in out.items()}
+    """Events as plain values (tag first), for readable comparisons: each encoded and decoded
+    untyped, as a subscriber sees them (``token_ids`` travel as pre-encoded msgpack)."""
+    encode, decode = msgspec.msgpack.encode, msgspec.msgpack.decode
+    return {k: [decode(encode(e)) for e in v] for k, v in out.items()}
 
 
 @pytest.fixture
