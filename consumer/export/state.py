@@ -1,10 +1,10 @@
-"""The ZMQ exporter's restart state: where it is in the topic, each stream's next seq, and the
-converter's memory — plus the *anchor* it started from, which replays re-read the topic from.
+"""The ZMQ exporter's files: the restart state (where it is in the topic, each stream's next
+seq, the converter's memory) and the replay anchors (:mod:`.anchors`).
 
-Saved atomically (temporary file + rename) as ``MAGIC`` + msgpack. A restarted exporter resumes
-at the saved offsets with the saved seqs, so every stream's seq continues without a gap; what it
-published after the last save is published again with the same seqs (the conversion is
-deterministic), which subscribers see as duplicates, never as a gap.
+Both are written atomically (temporary file + rename) as a magic prefix + msgpack. A restarted
+exporter resumes at the saved offsets with the saved seqs, so every stream's seq continues
+without a gap; what it published after the last save is published again with the same seqs (the
+conversion is deterministic), which subscribers see as duplicates, never as a gap.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from pathlib import Path
 
 import msgspec
 
-__all__ = ["Anchor", "ExportState", "load_state", "save_state"]
+__all__ = ["Anchor", "ExportState", "load_anchor", "load_state", "save_anchor", "save_state"]
 
-MAGIC = b"KVXS1"
+MAGIC = b"KVXS2"
+"""State files; ``KVXS1`` (before the anchors moved to their own files) is refused by name."""
+ANCHOR_MAGIC = b"KVXA1"
 
 
 class Anchor(msgspec.Struct):
@@ -35,20 +37,19 @@ class ExportState(msgspec.Struct):
     offsets: dict[int, int]
     seqs: dict[str, int]
     converter: bytes
-    anchor: Anchor
 
 
 _ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder(ExportState)
+_STATE_DECODER = msgspec.msgpack.Decoder(ExportState)
+_ANCHOR_DECODER = msgspec.msgpack.Decoder(Anchor)
 
 
-def save_state(path: Path, state: ExportState) -> None:
-    """Write ``state`` to ``path`` atomically."""
+def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + _ENCODER.encode(state))
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -57,18 +58,44 @@ def save_state(path: Path, state: ExportState) -> None:
         raise
 
 
+def save_state(path: Path, state: ExportState) -> None:
+    """Write ``state`` to ``path`` atomically."""
+    _write(path, MAGIC + _ENCODER.encode(state))
+
+
 def load_state(path: Path, topic: str) -> ExportState | None:
     """The state saved at ``path`` (None if there is no file); ValueError naming what is wrong."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
+    if data.startswith(b"KVXS1"):
+        raise ValueError(
+            f"{path} was written by an older kvevents (export state format 1, before replay "
+            "anchors had their own files); remove it to start the streams' seqs from 0 again"
+        )
     if not data.startswith(MAGIC):
         raise ValueError(f"{path} is not a kvevents export state file (starts with {data[:5]!r})")
     try:
-        state = _DECODER.decode(data[len(MAGIC) :])
+        state = _STATE_DECODER.decode(data[len(MAGIC) :])
     except msgspec.DecodeError as exc:
         raise ValueError(f"{path}: corrupt export state: {exc}") from exc
     if state.topic != topic:
         raise ValueError(f"{path} is the state of topic {state.topic!r}, not {topic!r}")
     return state
+
+
+def save_anchor(path: Path, anchor: Anchor) -> None:
+    """Write one replay anchor atomically."""
+    _write(path, ANCHOR_MAGIC + _ENCODER.encode(anchor))
+
+
+def load_anchor(path: Path) -> Anchor:
+    """A saved replay anchor; ValueError naming the file when it is not one or is corrupt."""
+    data = path.read_bytes()
+    if not data.startswith(ANCHOR_MAGIC):
+        raise ValueError(f"{path} is not a kvevents replay anchor (starts with {data[:5]!r})")
+    try:
+        return _ANCHOR_DECODER.decode(data[len(ANCHOR_MAGIC) :])
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"{path}: corrupt replay anchor: {exc}") from exc

@@ -15,9 +15,10 @@ Replay. A publisher with a replay endpoint answers vLLM's protocol on a ROUTER s
 sends ``[b"", start_seq (8 bytes BE)]`` (optionally a third frame: one ZMQ topic) and receives
 ``[b"", topic, seq, payload]`` per batch of that publisher's streams with ``seq >= start_seq``
 (``replay_frames=2``: ``[b"", seq, payload]``), then ``[b"", (topic,) 0xff*8, b""]``. The batches
-come from Kafka, re-converted from an *anchor*: where the exporter first started (kept across
-restarts in the state), or a later one taken every ``checkpoint_interval_s`` (the latest before
-the requested seq is used), so a subscriber recovers any gap within the topic's retention.
+come from Kafka, re-converted from a replay *anchor* (:mod:`.anchors`: one per checkpoint, kept
+in files beside the state across restarts, thinned to ``replay_anchors``, forgotten when retention
+deletes their data), so every seq whose batch the topic still holds can be answered, from before
+a restart too.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +35,7 @@ from kvevents.schemas import DecodeError, decode_batch
 
 from ..reader import EventReader
 from ..workers import WorkerKey
+from .anchors import AnchorStore
 from .convert import VllmConverter
 from .state import Anchor, ExportState, load_state, save_state
 from .vllm_wire import END_SEQ, VllmWire
@@ -75,11 +76,11 @@ class ZmqExportConfig:
     hwm: int = 100_000
     replay_timeout_s: float = 120.0
     start_delay_s: float = 0.0
+    """Seconds between opening the sockets and the first publish (subscribers connect)."""
     lora_names: Mapping[int, str] = field(default_factory=dict)
     """LoRA id -> adapter name, sent as vLLM's ``lora_name``."""
-    replay_anchors: int = 16
-    """Recent replay starting points kept (one per ``checkpoint_interval_s``), besides the first."""
-    """Seconds between opening the sockets and the first publish (subscribers connect)."""
+    replay_anchors: int = 64
+    """Replay starting points kept at most (one is taken per checkpoint; see :mod:`.anchors`)."""
 
     def __post_init__(self) -> None:
         if self.pub is None and not self.workers:
@@ -192,15 +193,14 @@ class ZmqExporter:
             codec=config.codec,
         )
         self.offsets: dict[int, int] = self._reader.offsets()
-        first = (
-            state.anchor
-            if state is not None
-            else Anchor(dict(self.offsets), dict(self.seqs), self.converter.state_bytes())
+        path = config.state_path
+        self.anchors = AnchorStore(
+            None if path is None else path.with_name(path.name + ".anchors"), config.replay_anchors
         )
-        self.first_anchor = first
-        """Where this exporter first started (kept in the state across restarts)."""
-        self.anchors: deque[Anchor] = deque([first], maxlen=config.replay_anchors)
-        """Recent replay starting points, one per checkpoint (``first_anchor`` is always kept too)."""
+        """Replay starting points (files beside the state, when there is one)."""
+        self._anchors_lock = threading.Lock()
+        if not len(self.anchors):  # the first start: replays reach back to here
+            self.anchors.add(Anchor(dict(self.offsets), dict(self.seqs), self.converter.state_bytes()))
         self._last_save = time.monotonic()
         self._replay: _ReplayServer | None = None
         try:
@@ -319,8 +319,8 @@ class ZmqExporter:
         """Every ``checkpoint_interval_s``: a new replay anchor here, and the state saved."""
         offsets, seqs = self.live_position()
         converter = self.converter.state_bytes()
-        if offsets != self.anchors[-1].offsets:
-            self.anchors.append(Anchor(offsets, seqs, converter))
+        with self._anchors_lock:
+            self.anchors.add(Anchor(offsets, seqs, converter))
         self._save(offsets, seqs, converter)
 
     def save(self) -> None:
@@ -331,15 +331,21 @@ class ZmqExporter:
     def _save(self, offsets: dict[int, int], seqs: dict[str, int], converter: bytes) -> None:
         self._last_save = time.monotonic()
         path = self.config.state_path
-        if path is not None:  # the first anchor: replays after a restart reach as far back
-            save_state(path, ExportState(self.config.topic, offsets, seqs, converter, self.first_anchor))
+        if path is not None:
+            save_state(path, ExportState(self.config.topic, offsets, seqs, converter))
 
-    def anchor_for(self, keys: list[str], start_seq: int) -> Anchor:
-        """The latest anchor before ``start_seq`` of every stream in ``keys`` (else the first)."""
-        for anchor in reversed(self.anchors):
-            if all(anchor.seqs.get(k, 0) <= start_seq for k in keys):
-                return anchor
-        return self.first_anchor
+    def anchor_for(self, streams: list[str], start_seq: int) -> Anchor | None:
+        """Where a replay of ``streams`` from ``start_seq`` re-reads the topic from: the newest
+        anchor at or before it whose data is retained (else the oldest retained one; None if
+        retention deleted the data of every anchor). Anchors whose data is gone are forgotten."""
+        cfg = self.config
+        with EventReader(cfg.bootstrap_servers, cfg.topic, config=cfg.reader_config) as probe:
+            log_start = probe.offsets()  # read from the beginning: the low watermarks
+        with self._anchors_lock:
+            gone = self.anchors.prune(log_start)
+            if gone:
+                log.info("retention deleted the data of %d replay anchors: forgotten", gone)
+            return self.anchors.choose(streams, start_seq, log_start)
 
     def stop(self) -> None:
         """Make :meth:`run` return soon (thread-safe)."""
@@ -429,13 +435,23 @@ class _ReplayServer(threading.Thread):
         wanted = [
             k for k in live_seqs if k.startswith(prefix) and (only is None or k == stream_key(index, only))
         ]
+        out: list[tuple[bytes, bytes, bytes]] = []
         anchor = exporter.anchor_for(wanted, start_seq)
+        if anchor is None:
+            log.warning("cannot replay from seq %d: retention deleted the data of every anchor", start_seq)
+            return out
+        if any(anchor.seqs.get(k, 0) > start_seq for k in wanted):
+            log.warning(
+                "replay from seq %d: the topic no longer holds the batches before the oldest anchor "
+                "(seqs %s); answering from there",
+                start_seq,
+                {k: anchor.seqs.get(k, 0) for k in wanted},
+            )
         converter = VllmConverter(
             exporter.wire, VllmConverter.state_from_bytes(anchor.converter), lora_names=cfg.lora_names
         )
         pipeline = _Pipeline(converter, cfg.codec)
         seqs = dict(anchor.seqs)
-        out: list[tuple[bytes, bytes, bytes]] = []
         if all(target.get(p, 0) <= o for p, o in anchor.offsets.items()):
             return out
         topics: dict[WorkerKey, tuple[bytes, int | None]] = {}
@@ -446,13 +462,8 @@ class _ReplayServer(threading.Thread):
         try:
             starts = reader.offsets()
             if any(starts.get(p, o) > o for p, o in anchor.offsets.items()):
-                log.warning(
-                    "cannot replay: retention deleted batches after the exporter's anchor %s (now from %s); "
-                    "the seqs before the live position cannot be rebuilt",
-                    anchor.offsets,
-                    starts,
-                )
-                return out
+                log.warning("cannot replay: retention deleted batches after the anchor %s", anchor.offsets)
+                return out  # deleted between choosing the anchor and opening the reader
             positions = dict(anchor.offsets)
             while any(positions.get(p, 0) < t for p, t in target.items()):
                 if time.monotonic() > deadline or self._stopping.is_set():

@@ -32,7 +32,10 @@ KV-cache indexer (or any vLLM KV-event subscriber) consumes it:
                   encoding); --positional sends the older arrays [ts, events, rank] and
                   ["BlockStored", ...], which llm-d-kv-cache's Go decoder reads
   BlockStored     block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-                  medium (cache level 0 GPU, 1 CPU, 2 DISK), lora_name (--lora-name, else null)
+                  medium (cache level 0 GPU, 1 CPU, 2 DISK), lora_name (--lora-name, else null),
+                  extra_keys per block as vLLM orders them: the LoRA name (with --lora-name),
+                  (multimodal hash as hex, offset) per item, the cache salt on a request's
+                  first block; group_idx is not sent (a window size does not give it)
   BlockRemoved    block_hashes, medium;  AllBlocksCleared for a Created event
 
 Every worker (instance, attention-DP rank) gets its own topic (--topic-template, default
@@ -46,7 +49,10 @@ Replay (--replay, or a second endpoint in --worker): a ROUTER socket answering v
 from Kafka: send [b'', start_seq (8 bytes BE)] from a DEALER (a third frame may name one
 topic); the answer is [topic, seq, payload] per batch from start_seq on (--replay-frames 2:
 [seq, payload]), then seq 0xffffffffffffffff with an empty payload. Batches are re-read from the
-topic, so any gap within its retention can be recovered, not only the last 10,000 batches.
+topic, re-converted from a replay anchor (one per checkpoint; with --state kept in FILE.anchors/
+across restarts, at most --replay-anchors, forgotten once retention deleted their data), so a
+gap within the topic's retention can be recovered, not only the last 10,000 batches; a seq older
+than every retained anchor is answered from the oldest one.
 
 --state FILE makes seqs survive restarts: offsets, seqs and the converter's memory are saved
 every --checkpoint-interval seconds and on exit, and a restart resumes there (batches published
@@ -141,7 +147,18 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     read.add_argument("--state", type=Path, default=None, metavar="FILE", help="restart state (see above)")
     read.add_argument(
-        "--checkpoint-interval", type=float, default=5.0, metavar="S", help="seconds between state saves"
+        "--checkpoint-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between state saves (and replay anchors)",
+    )
+    read.add_argument(
+        "--replay-anchors",
+        type=int,
+        default=64,
+        metavar="N",
+        help="replay anchors kept at most (default 64; more: shorter replay scans, more disk)",
     )
     pub = parser.add_argument_group("where to publish")
     pub.add_argument("--pub", type=_endpoint, default=None, metavar="ENDPOINT", help="the shared PUB socket")
@@ -219,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
             start=start_position(args),
             state_path=args.state,
             checkpoint_interval_s=args.checkpoint_interval,
+            replay_anchors=args.replay_anchors,
             reader_config=kafka_config(args),
             codec=reader_codec(args),
             hwm=args.hwm,

@@ -260,6 +260,7 @@ def test_per_worker_publishers_and_the_older_two_frame_replay(kafka_bootstrap: s
         topic_template="",  # vLLM's default: an empty topic per rank
         replay_frames=2,
         checkpoint_interval_s=0.0,  # a replay anchor after every message (16 kept)
+        replay_anchors=16,
     )
     ctx = zmq.Context()
     try:

@@ -1,0 +1,124 @@
+"""Replay anchors of ``kvevents export zmq``: positions a replay can re-read the topic from.
+
+An anchor is (Kafka offsets, every stream's next seq there, the converter's state there); one is
+taken at every checkpoint. Re-converting the topic from an anchor yields the very batches, seqs
+and bytes published live. With a directory (``<state>.anchors/``), anchors are files kept
+across restarts, so seqs published by earlier runs stay answerable; the exporter's first start
+is the first anchor.
+
+Which are kept: every anchor whose data is still retained (its offsets at or above the topic's
+log start, so a replay from it reads no deleted batch), at most ``max_anchors``: above that the
+anchor whose neighbours are closest together goes (the oldest and newest always stay), so
+recent seqs are near an anchor and old ones still reachable, by a longer scan. A replay starts
+from the newest retained anchor at or before the requested seq; a seq older than every retained
+anchor is answered from the oldest one (as vLLM answers from what its buffer still has).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .state import Anchor, load_anchor, save_anchor
+
+__all__ = ["AnchorStore"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Entry:
+    offsets: dict[int, int]
+    seqs: dict[str, int]
+    number: int
+    converter: bytes | None  # in memory (no directory), else read from the file when used
+
+
+class AnchorStore:
+    """Anchors oldest first, in memory or in ``directory`` (module docstring)."""
+
+    def __init__(self, directory: Path | None, max_anchors: int = 64) -> None:
+        if max_anchors < 2:
+            raise ValueError(f"max_anchors must be at least 2, got {max_anchors}")
+        self.directory = directory
+        self.max_anchors = max_anchors
+        self._entries: list[_Entry] = []
+        if directory is not None and directory.is_dir():
+            for path in sorted(directory.glob("anchor-*.bin")):
+                try:
+                    anchor = load_anchor(path)
+                except ValueError as exc:
+                    log.warning("skipped a replay anchor: %s", exc)
+                    continue
+                number = int(path.stem.removeprefix("anchor-"))
+                self._entries.append(_Entry(anchor.offsets, anchor.seqs, number, None))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def positions(self) -> list[dict[int, int]]:
+        """Each kept anchor's offsets, oldest first."""
+        return [dict(e.offsets) for e in self._entries]
+
+    def _path(self, number: int) -> Path:
+        assert self.directory is not None
+        return self.directory / f"anchor-{number:012d}.bin"
+
+    def add(self, anchor: Anchor) -> bool:
+        """Keep ``anchor`` (not when it is where the newest one already is); thin to the limit."""
+        if self._entries and self._entries[-1].offsets == anchor.offsets:
+            return False
+        number = self._entries[-1].number + 1 if self._entries else 0
+        if self.directory is not None:
+            save_anchor(self._path(number), anchor)
+            self._entries.append(_Entry(dict(anchor.offsets), dict(anchor.seqs), number, None))
+        else:
+            self._entries.append(_Entry(dict(anchor.offsets), dict(anchor.seqs), number, anchor.converter))
+        while len(self._entries) > self.max_anchors:
+            self._drop(self._thinnest())
+        return True
+
+    def _thinnest(self) -> int:
+        """The inner anchor whose neighbours are closest together (by messages between them)."""
+
+        def spread(i: int) -> int:
+            before, after = self._entries[i - 1].offsets, self._entries[i + 1].offsets
+            return sum(after.get(p, 0) - before.get(p, 0) for p in after)
+
+        return min(range(1, len(self._entries) - 1), key=spread)
+
+    def _drop(self, index: int) -> None:
+        entry = self._entries.pop(index)
+        if self.directory is not None:
+            self._path(entry.number).unlink(missing_ok=True)
+
+    def prune(self, log_start: Mapping[int, int]) -> int:
+        """Forget the anchors whose data retention deleted (offsets below ``log_start``, the
+        topic's low watermarks); how many went."""
+        gone = [i for i, e in enumerate(self._entries) if not _retained(e.offsets, log_start)]
+        for index in reversed(gone):
+            self._drop(index)
+        return len(gone)
+
+    def choose(self, streams: Iterable[str], start_seq: int, log_start: Mapping[int, int]) -> Anchor | None:
+        """The anchor to replay ``streams`` from ``start_seq``: the newest retained one at or
+        before it, else the oldest retained one; None when none is retained."""
+        keys = list(streams)
+        retained = [e for e in self._entries if _retained(e.offsets, log_start)]
+        if not retained:
+            return None
+        chosen = retained[0]
+        for entry in reversed(retained):
+            if all(entry.seqs.get(k, 0) <= start_seq for k in keys):
+                chosen = entry
+                break
+        converter = chosen.converter
+        if converter is None:
+            converter = load_anchor(self._path(chosen.number)).converter
+        return Anchor(dict(chosen.offsets), dict(chosen.seqs), converter)
+
+
+def _retained(offsets: Mapping[int, int], log_start: Mapping[int, int]) -> bool:
+    return all(offset >= log_start.get(p, 0) for p, offset in offsets.items())

@@ -1,0 +1,62 @@
+"""The ZMQ exporter's replay anchors (no broker): thinning keeps the oldest and newest and
+spreads the rest, retention forgets anchors whose data went, the choice of anchor for a seq,
+files kept across restarts, and the refusal of an older state file by name."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from kvevents.consumer.export.anchors import AnchorStore
+from kvevents.consumer.export.state import Anchor, load_state
+
+S = "0:kv@a@m"
+
+
+def _anchor(offset: int, seq: int) -> Anchor:
+    return Anchor({0: offset}, {S: seq}, f"state@{offset}".encode())
+
+
+def test_thinning_keeps_the_ends_and_spreads_the_rest() -> None:
+    store = AnchorStore(None, max_anchors=4)
+    for offset in range(0, 100, 10):
+        assert store.add(_anchor(offset, offset // 2))
+    assert not store.add(_anchor(90, 45))  # where the newest already is
+    kept = [p[0] for p in store.positions()]
+    assert len(kept) == 4 and kept[0] == 0 and kept[-1] == 90
+    assert max(b - a for a, b in pairwise(kept)) <= 40
+
+
+def test_choice_and_retention() -> None:
+    store = AnchorStore(None, max_anchors=10)
+    for offset, seq in ((0, 0), (10, 4), (20, 9), (30, 15)):
+        store.add(_anchor(offset, seq))
+    chosen = store.choose([S], 10, {0: 0})
+    assert chosen is not None and chosen.offsets == {0: 20} and chosen.converter == b"state@20"
+    assert store.choose([S], 3, {0: 0}).offsets == {0: 0}  # type: ignore[union-attr]
+    # retention deleted offsets 0..14: the first two anchors cannot be replayed from any more
+    chosen = store.choose([S], 3, {0: 15})
+    assert chosen is not None and chosen.offsets == {0: 20}  # the oldest retained answers
+    assert store.prune({0: 15}) == 2 and [p[0] for p in store.positions()] == [20, 30]
+    assert store.choose([S], 3, {0: 31}) is None
+
+
+def test_files_survive_a_restart(tmp_path: Path) -> None:
+    directory = tmp_path / "export.state.anchors"
+    store = AnchorStore(directory, max_anchors=3)
+    for offset in (0, 10, 20, 30):
+        store.add(_anchor(offset, offset))
+    assert len(list(directory.glob("anchor-*.bin"))) == 3
+    again = AnchorStore(directory, max_anchors=3)
+    assert again.positions() == store.positions()
+    assert again.choose([S], 25, {0: 0}).converter == b"state@20"  # type: ignore[union-attr]
+    (directory / "anchor-999999999999.bin").write_bytes(b"junk")
+    assert len(AnchorStore(directory, max_anchors=3)) == 3  # a bad file is skipped (logged)
+
+
+def test_an_older_state_file_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "export.state"
+    path.write_bytes(b"KVXS1" + b"\x80")
+    with pytest.raises(ValueError, match="older kvevents"):
+        load_state(path, "t")
