@@ -80,7 +80,8 @@ class ZmqExportConfig:
     lora_names: Mapping[int, str] = field(default_factory=dict)
     """LoRA id -> adapter name, sent as vLLM's ``lora_name``."""
     replay_anchors: int = 64
-    """Replay starting points kept at most (one is taken per checkpoint; see :mod:`.anchors`)."""
+    """Replay starting points kept at most (one is taken per checkpoint; see :mod:`.anchors`);
+    without ``state_path`` they are kept in memory, 16 at most."""
 
     def __post_init__(self) -> None:
         if self.pub is None and not self.workers:
@@ -194,8 +195,10 @@ class ZmqExporter:
         )
         self.offsets: dict[int, int] = self._reader.offsets()
         path = config.state_path
-        self.anchors = AnchorStore(
-            None if path is None else path.with_name(path.name + ".anchors"), config.replay_anchors
+        self.anchors = (  # in memory without a state file: as many as before files (16)
+            AnchorStore(None, min(config.replay_anchors, 16))
+            if path is None
+            else AnchorStore(path.with_name(path.name + ".anchors"), config.replay_anchors)
         )
         """Replay starting points (files beside the state, when there is one)."""
         self._anchors_lock = threading.Lock()

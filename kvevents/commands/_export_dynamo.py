@@ -22,7 +22,13 @@ from kvevents.commands._common import (
     reader_codec,
     stop_on_interrupt,
 )
-from kvevents.commands._export_zmq import _checked_bootstrap, start_position
+from kvevents.commands._export_common import (
+    add_lora_flag,
+    add_start_flags,
+    add_wait_flag,
+    checked_bootstrap,
+    start_position,
+)
 
 DESCRIPTION = """\
 Read a kvevents topic and write NVIDIA Dynamo RouterEvent JSON, one object per line:
@@ -58,13 +64,6 @@ def _worker_id(text: str) -> tuple[str, int]:
     return name, int(value)
 
 
-def _lora_name(text: str) -> tuple[int, str]:
-    key, value = config_pair(text)
-    if not key.isdigit() or not value:
-        raise argparse.ArgumentTypeError(f"expected LORA_ID=NAME, got {text!r}")
-    return int(key), value
-
-
 def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``export dynamo``."""
     parser = formats.add_parser(
@@ -75,22 +74,7 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_kafka_flags(parser)
-    read = parser.add_argument_group("what to read")
-    read.add_argument("--from", dest="start", choices=["beginning", "end"], default="beginning")
-    read.add_argument(
-        "--from-checkpoint",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="start at the offsets of an index checkpoint file (kvevents index --save-checkpoint): "
-        "publish what came after it",
-    )
-    read.add_argument(
-        "--follow",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="keep writing new events (default); --no-follow exits once caught up",
-    )
+    read = add_start_flags(parser, "events")
     read.add_argument("--window-size", type=int, default=None, help="only this window size's events")
     out = parser.add_argument_group("where to write")
     out.add_argument(
@@ -98,21 +82,8 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     out.add_argument("--zmq", default=None, metavar="ENDPOINT", help="also publish on a ZMQ PUB (binds)")
     out.add_argument("--zmq-topic", default="kv-events", help="the PUB topic (default: Dynamo's kv-events)")
-    out.add_argument(
-        "--wait",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="seconds to wait after binding --zmq before publishing, so that subscribers connect",
-    )
-    out.add_argument(
-        "--lora-name",
-        type=_lora_name,
-        action="append",
-        default=[],
-        metavar="ID=NAME",
-        help="a LoRA id's name",
-    )
+    add_wait_flag(out, "--zmq")
+    add_lora_flag(out, "a LoRA id's adapter name, hashed into tokens_hash as Dynamo does (repeatable)")
     out.add_argument(
         "--worker-id", type=_worker_id, action="append", default=[], metavar="INSTANCE=ID", help="a worker id"
     )
@@ -156,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         reader = EventReader(
-            _checked_bootstrap(args),
+            checked_bootstrap(args),
             args.topic,
             start=start_position(args),
             config=kafka_config(args),

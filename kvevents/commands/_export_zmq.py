@@ -15,12 +15,17 @@ from kvevents.commands._common import (
     Progress,
     add_kafka_flags,
     add_output_flags,
-    check_kafka,
     command,
     kafka_config,
     reader_codec,
-    resolve_bootstrap,
     stop_on_interrupt,
+)
+from kvevents.commands._export_common import (
+    add_lora_flag,
+    add_start_flags,
+    add_wait_flag,
+    checked_bootstrap,
+    start_position,
 )
 
 DESCRIPTION = """\
@@ -80,13 +85,6 @@ def _endpoint(text: str) -> str:
     return text.replace("tcp://*:", "tcp://0.0.0.0:")
 
 
-def _lora_name(text: str) -> tuple[int, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip().isdigit() or not value:
-        raise argparse.ArgumentTypeError(f"expected LORA_ID=NAME, got {text!r}")
-    return int(key), value
-
-
 def _worker(text: str) -> tuple[str, int, str, str | None]:
     """``INSTANCE[:RANK]=PUB[,REPLAY]``."""
     who, sep, where = text.partition("=")
@@ -99,19 +97,6 @@ def _worker(text: str) -> tuple[str, int, str, str | None]:
     return instance, int(rank), _endpoint(pub), _endpoint(replay) if replay else None
 
 
-def start_position(args: argparse.Namespace) -> Any:
-    """``--from`` or, with ``--from-checkpoint``, that checkpoint's offsets (CommandError naming
-    the file when it cannot be read or is another topic's)."""
-    if args.from_checkpoint is None:
-        return args.start
-    from kvevents.consumer import CheckpointError, load_checkpoint
-
-    try:
-        return dict(load_checkpoint(args.from_checkpoint, topic=args.topic).offsets)
-    except CheckpointError as exc:
-        raise CommandError(str(exc)) from exc
-
-
 def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``export zmq``."""
     parser = formats.add_parser(
@@ -122,30 +107,14 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_kafka_flags(parser)
-    read = parser.add_argument_group("what to read")
+    read = add_start_flags(parser, "batches")
     read.add_argument(
-        "--from",
-        dest="start",
-        choices=["beginning", "end"],
-        default="beginning",
-        help="where a first start reads from: the oldest retained batch (default) or new ones only "
-        "(a --state file, when present, decides instead)",
-    )
-    read.add_argument(
-        "--from-checkpoint",
+        "--state",
         type=Path,
         default=None,
         metavar="FILE",
-        help="start at the offsets of an index checkpoint file (kvevents index --save-checkpoint): "
-        "publish what came after it",
+        help="restart state (see above); once it exists it decides where to read from, not --from",
     )
-    read.add_argument(
-        "--follow",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="keep publishing new batches (default); --no-follow exits once caught up",
-    )
-    read.add_argument("--state", type=Path, default=None, metavar="FILE", help="restart state (see above)")
     read.add_argument(
         "--checkpoint-interval",
         type=float,
@@ -184,24 +153,12 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
         "%(default)s); 'kv@{instance}@{model}' puts every rank of an instance on one topic and seq, as "
         "vLLM's data-parallel ranks share a topic (the batch's data_parallel_rank tells them apart)",
     )
-    pub.add_argument(
-        "--lora-name",
-        type=_lora_name,
-        action="append",
-        default=[],
-        metavar="ID=NAME",
-        help="a LoRA id's adapter name, sent as lora_name (repeatable; default null: kvevents carries ids)",
+    add_lora_flag(
+        pub, "a LoRA id's adapter name, sent as lora_name (repeatable; default null: kvevents carries ids)"
     )
     pub.add_argument("--positional", action="store_true", help="the older array encoding (llm-d's decoder)")
     pub.add_argument("--replay-frames", type=int, choices=[2, 3], default=3, help="replay reply frames")
-    pub.add_argument(
-        "--wait",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="seconds to wait after opening the sockets before publishing, so that subscribers "
-        "connect and subscribe (a PUB drops what it sends before; they can replay it)",
-    )
+    add_wait_flag(pub, "the sockets")
     pub.add_argument("--hwm", type=int, default=100_000, help="PUB high-water mark in messages")
     add_output_flags(parser, json_help="print the final counters as JSON")
     parser.set_defaults(func=run)
@@ -224,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     }
     try:
         config = ZmqExportConfig(
-            _checked_bootstrap(args),
+            checked_bootstrap(args),
             args.topic,
             pub=None if args.pub is None else Endpoint(args.pub, bind),
             replay=None if args.replay is None else Endpoint(args.replay),
@@ -274,10 +231,3 @@ def run(args: argparse.Namespace) -> int:
             print(f"{key:24} {value}")
     sys.stdout.flush()
     return EXIT_INTERRUPTED if interrupted else 0
-
-
-def _checked_bootstrap(args: argparse.Namespace) -> str:
-    """The broker's address once it answered with the topic's metadata (CommandError otherwise)."""
-    bootstrap = resolve_bootstrap(args)
-    check_kafka(args, bootstrap, topic=args.topic)
-    return bootstrap
