@@ -37,7 +37,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -49,27 +48,13 @@ from kvevents.consumer import EventReader
 from kvevents.consumer.export import relaxed_gc
 from kvevents.schemas import EventBatch, decode_batch, encode_batch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e import kafka_broker, run_step
+
 RESULTS = Path(__file__).resolve().parent / "results"
 E2E_RATES = (320.0, 640.0, 960.0, 1280.0)
 """Requests/s per rank of the drop-free search (e2e's own run steps 10..1280 by doubling)."""
 DONE = b"__bench_done__"
-
-
-@contextlib.contextmanager
-def kafka_broker() -> Iterator[tuple[str, str]]:
-    """``KAFKA_BOOTSTRAP_SERVERS`` if set, else a local broker for the run (stopped at the end)."""
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], "KAFKA_BOOTSTRAP_SERVERS"
-        return
-    from kvevents.broker import LocalBroker
-
-    with tempfile.TemporaryDirectory(prefix="bench-export-broker-") as state:
-        broker = LocalBroker(Path(state) / "state", stop_with_parent=True)
-        broker.start()
-        try:
-            yield broker.bootstrap_servers, "local broker (kvevents.broker defaults)"
-        finally:
-            broker.stop()
 
 
 def simulated_batches(
@@ -370,9 +355,6 @@ def latency(bootstrap: str, batches: list[EventBatch], rate: float, seconds: flo
 def e2e_drop_free(bootstrap: str, rates: list[float], seconds: float) -> dict[str, Any]:
     """The e2e benchmark's drop-free search, in this run: its ``run_step`` per rate (4 ranks),
     stopping as it does; the highest clean step (no drops, none lost, index equal to the truth)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from e2e import run_step
-
     steps = []
     for rate in rates:
         step = run_step(bootstrap, 4, rate, seconds)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import msgspec
@@ -312,7 +313,7 @@ class VllmConverter:
                 if held is None or blocks is None:
                     c.unknown_updated += 1
                     continue
-                blocks[h] = (new, *held[1:])
+                blocks[h] = (new, held[_PARENT], held[_TOKENS], held[_LORA], held[_EXTRA])
                 events.append(removed_type([h], media[old]))
                 extra = held[_EXTRA]
                 events.append(
@@ -378,65 +379,48 @@ class VllmConverter:
                 events.append(wire.removed(hashes, media[level]))
         if not stored_blocks:
             return
-        stored_type = wire.BlockStored
         parent = data.parent_hash
-        first = stored_blocks[0]
-        run_parent = parent
-        run_hashes: list[int] = []
-        run_tokens: list[Any] = []
-        run_extra: list[Any] = []
-        has_extra = False
-        for block in stored_blocks:
-            array_tokens = block.tokens
+        extras: list[Any] = []
+        cuts = [0]  # where a run of blocks of one medium, LoRA id and size starts: one BlockStored each
+        previous = None
+        for i, block in enumerate(stored_blocks):
+            tokens = block.tokens
             lora_id = block.lora_id
-            if run_hashes and (
-                block.cache_level != first.cache_level
-                or lora_id != first.lora_id
-                or len(array_tokens) != len(first.tokens)
+            if previous is not None and (
+                block.cache_level != previous.cache_level
+                or lora_id != previous.lora_id
+                or len(tokens) != len(previous.tokens)
             ):
-                events.append(
-                    stored_type(
-                        run_hashes,
-                        run_parent,
-                        Raw(pack_tokens(run_tokens)),
-                        len(first.tokens),
-                        first.lora_id,
-                        media[first.cache_level],
-                        names.get(first.lora_id),
-                        run_extra if has_extra else None,
-                    )
-                )
-                first, run_parent, run_hashes, run_tokens, run_extra, has_extra = (
-                    block,
-                    parent,
-                    [],
-                    [],
-                    [],
-                    False,
-                )
+                cuts.append(i)
             extra = None
             if block.mm_keys or block.cache_salt is not None or lora_id in names:
                 extra = extra_keys(
                     names.get(lora_id), block.mm_keys, block.cache_salt if parent is None else None
                 )
-                has_extra = has_extra or extra is not None
-            blocks[block.block_hash] = (block.cache_level, parent, array_tokens, lora_id, extra)
-            run_hashes.append(block.block_hash)
-            run_tokens.append(array_tokens)
-            run_extra.append(extra)
+            blocks[block.block_hash] = (block.cache_level, parent, tokens, lora_id, extra)
+            extras.append(extra)
             parent = block.block_hash
-        events.append(
-            stored_type(
-                run_hashes,
-                run_parent,
-                Raw(pack_tokens(run_tokens)),
-                len(first.tokens),
-                first.lora_id,
-                media[first.cache_level],
-                names.get(first.lora_id),
-                run_extra if has_extra else None,
+            previous = block
+        cuts.append(len(stored_blocks))
+        stored_type = wire.BlockStored
+        parent = data.parent_hash
+        for start, end in pairwise(cuts):
+            run = stored_blocks[start:end]
+            first = run[0]
+            run_extra = extras[start:end]
+            events.append(
+                stored_type(
+                    [b.block_hash for b in run],
+                    parent,
+                    Raw(pack_tokens([b.tokens for b in run])),
+                    len(first.tokens),
+                    first.lora_id,
+                    media[first.cache_level],
+                    names.get(first.lora_id),
+                    run_extra if any(e is not None for e in run_extra) else None,
+                )
             )
-        )
+            parent = run[-1].block_hash
 
 
 def _frozen(extra: Any) -> Any:
