@@ -94,6 +94,11 @@ class AnchorStore:
         if self.directory is not None:
             self._path(entry.number).unlink(missing_ok=True)
 
+    def clear(self) -> None:
+        """Forget every anchor (and remove its file)."""
+        while self._entries:
+            self._drop(len(self._entries) - 1)
+
     def prune(self, log_start: Mapping[int, int]) -> int:
         """Forget the anchors whose data retention deleted (offsets below ``log_start``, the
         topic's low watermarks); how many went."""

@@ -202,6 +202,11 @@ class ZmqExporter:
         )
         """Replay starting points (files beside the state, when there is one)."""
         self._anchors_lock = threading.Lock()
+        if state is None and len(self.anchors):  # seqs start from 0 again: old anchors would lie
+            log.warning(
+                "no export state: forgetting %d replay anchors of an earlier numbering", len(self.anchors)
+            )
+            self.anchors.clear()
         if not len(self.anchors):  # the first start: replays reach back to here
             self.anchors.add(Anchor(dict(self.offsets), dict(self.seqs), self.converter.state_bytes()))
         self._last_save = time.monotonic()

@@ -53,6 +53,8 @@ def test_files_survive_a_restart(tmp_path: Path) -> None:
     assert again.choose([S], 25, {0: 0}).converter == b"state@20"  # type: ignore[union-attr]
     (directory / "anchor-999999999999.bin").write_bytes(b"junk")
     assert len(AnchorStore(directory, max_anchors=3)) == 3  # a bad file is skipped (logged)
+    again.clear()
+    assert not list(directory.glob("anchor-0*.bin")) and not len(AnchorStore(directory, max_anchors=3))
 
 
 def test_an_older_state_file_is_refused_by_name(tmp_path: Path) -> None:
