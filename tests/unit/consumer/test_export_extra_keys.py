@@ -159,3 +159,26 @@ def test_compiled_and_python_token_packing_agree() -> None:
         assert pack_tokens(parts) == py_pack_tokens(parts) == expected
     with pytest.raises(TypeError, match="array"):
         pack_tokens([[1, 2]])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("positional", [False, True])
+def test_the_bridge_reads_back_what_the_exporter_sent(positional: bool) -> None:
+    """kvevents' own vLLM bridge, fed the exporter's payload, recovers each block's tokens,
+    multimodal keys and cache salt (and the LoRA id): the mapping is faithful both ways."""
+    from kvevents.producer.bridge import ZmqEventConverter
+
+    wire = VllmWire(positional)
+    out = VllmConverter(wire, lora_names={7: "sql-adapter"}).convert(_stored_batch())
+    payload = wire.encode(1.5, out[WorkerKey("a", 0)], 0)
+    events = ZmqEventConverter("vllm", window_size=64).convert(payload)
+    stored = [b for e in events if isinstance(e.data, KVCacheStoredData) for b in e.data.blocks]
+    original = [b for e in _stored_batch().events[:2] for b in e.data.blocks]  # type: ignore[union-attr]
+    by_hash = {b.block_hash: b for b in stored}
+    for block in original:
+        back = by_hash[block.block_hash]
+        assert back.tokens == block.tokens and back.lora_id == block.lora_id
+        # (the bridge clamps an item that starts before the block to offset 0)
+        assert back.mm_keys == tuple((digest, max(0, offset)) for digest, offset in block.mm_keys)
+        # the salt travels on a request's first block only, as vLLM sends it (the later blocks'
+        # hashes depend on it through the chain), so only that block has it back
+        assert back.cache_salt == ("salt-1" if block.block_hash == 1 else None)
