@@ -129,6 +129,7 @@ def test_export_zmq_cli_publishes_every_stream_and_keeps_seqs(
     for numbers in seqs.values():
         assert numbers == list(range(len(numbers)))
     assert state.exists()
+    assert list((tmp_path / "zmq.state.anchors").glob("anchor-*.bin"))  # replay anchors beside it
 
 
 def test_export_dynamo_from_an_index_checkpoint(
