@@ -13,6 +13,7 @@ EXTENSIONS = [
     ("kvevents.consumer._indexcore", "consumer/_indexcore.pyx"),
     ("kvevents.producer._fastrecorder", "producer/_fastrecorder.pyx"),
     ("kvevents.consumer.export._packtokens", "consumer/export/_packtokens.pyx"),
+    ("kvevents.commands._route_fast", "kvevents/commands/_route_fast.pyx"),
 ]
 
 

@@ -1,6 +1,6 @@
 """Benchmark of ``kvevents route --serve``: requests/s and latency of ``POST /match`` under load.
 
-    python bench/route_serve.py                     # about a minute on 2 cores
+    python bench/route_serve.py                     # stdlib, old-2w, uvicorn-2w: ~90 s on 2 cores
     python bench/route_serve.py --quick             # a smoke test
     python bench/route_serve.py --servers stdlib    # the old server alone
 
@@ -14,8 +14,10 @@ Servers, side by side in one run, each in a child process serving the same index
 
 - **stdlib**: the threaded ``http.server`` this project served with before (the baseline,
   ``bench/support/stdlib_route_server.py``; tokens only, no batch form);
+- **old-2w**: that server with the handlers it had before their fast path
+  (``bench/support/route_old_app.py``), 2 worker processes;
 - **uvicorn-1w / uvicorn-2w**: ``kvevents route --serve``'s server (uvicorn, httptools, uvloop,
-  a bare ASGI app, msgspec) with 1 and 2 worker processes.
+  a bare ASGI app, the compiled fast path of ``_route_fast``) with 1 and 2 worker processes.
 
 Load: ``wrk`` (Debian's package) on the same 2 cores, keep-alive connections. *max*: closed
 loop, as fast as answers come; *half*: each connection paced (wrk's ``delay()``) to about half
@@ -58,21 +60,25 @@ def _serve_stdlib(index: CacheIndex, port_queue: Any) -> None:
     server.server_close()
 
 
-def _serve_uvicorn(index: CacheIndex, port_queue: Any, workers: int) -> None:
+def _serve_uvicorn(index: CacheIndex, port_queue: Any, workers: int, old: bool = False) -> None:
+    from support.route_old_app import OldRouteApp
+
+    from kvevents.commands._route_app import RouteApp
     from kvevents.commands._route_http import ServeOptions, bind, serve_static
 
     sock = bind("127.0.0.1", 0)
     port_queue.put(sock.getsockname()[1])
-    serve_static(
-        index, sock, ServeOptions(workers=workers, block_size=route_index.BLOCK_SIZE, access_log=False)
-    )
+    options = ServeOptions(workers=workers, block_size=route_index.BLOCK_SIZE, access_log=False)
+    serve_static(index, sock, options, OldRouteApp if old else RouteApp)
 
 
 SERVERS = {
     "stdlib": (_serve_stdlib, {}),
+    "old-2w": (_serve_uvicorn, {"workers": 2, "old": True}),
     "uvicorn-1w": (_serve_uvicorn, {"workers": 1}),
     "uvicorn-2w": (_serve_uvicorn, {"workers": 2}),
 }
+DEFAULT = "stdlib,old-2w,uvicorn-2w"
 
 
 def _tree_pss_mb(pid: int) -> dict[str, float]:
@@ -92,20 +98,27 @@ def _tree_pss_mb(pid: int) -> dict[str, float]:
     return out
 
 
-def _in_process(work: route_index.Workload) -> dict[str, float]:
-    """What the new server's handler costs per request without HTTP (decode, score, encode)."""
+def _in_process(work: route_index.Workload) -> dict[str, dict[str, float]]:
+    """What the handlers cost per request without HTTP (decode, score, encode): the median over
+    the queries of the least CPU time of 5 passes, old (before the fast path) and new."""
+    from support.route_old_app import OldRouteApp
+
     from kvevents.commands._route_app import AppOptions, RouteApp, StaticSource
 
-    app = RouteApp(StaticSource(work.index), AppOptions(block_size=route_index.BLOCK_SIZE))
-    out: dict[str, float] = {}
-    for form, handler, bodies in (("single", app._match_tokens, work.single), ("hashes", app._match_hashes, work.hashes),
-                                  ("batch", app._match_tokens, work.batch)):  # fmt: skip
-        samples = []
-        for body in bodies[:200]:
-            t0 = time.perf_counter()
-            handler(body)
-            samples.append(time.perf_counter() - t0)
-        out[form] = round(sorted(samples)[len(samples) // 2] * 1e6, 1)
+    options = AppOptions(block_size=route_index.BLOCK_SIZE)
+    out: dict[str, dict[str, float]] = {}
+    for name, app in (("old", OldRouteApp(StaticSource(work.index), options)),
+                      ("new", RouteApp(StaticSource(work.index), options))):  # fmt: skip
+        out[name] = {}
+        for form, handler, bodies in (("single", app._match_tokens, work.single), ("hashes", app._match_hashes, work.hashes),
+                                      ("batch", app._match_tokens, work.batch)):  # fmt: skip
+            best = [float("inf")] * min(len(bodies), 100)
+            for _ in range(5):
+                for i, body in enumerate(bodies[: len(best)]):
+                    t0 = time.process_time()
+                    handler(body)
+                    best[i] = min(best[i], time.process_time() - t0)
+            out[name][form] = round(sorted(best)[len(best) // 2] * 1e6, 1)
     return out
 
 
@@ -160,7 +173,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="small index, 1 s per run, no JSON written")
-    parser.add_argument("--servers", default=",".join(SERVERS), help=f"subset of {','.join(SERVERS)}")
+    parser.add_argument(
+        "--servers", default=DEFAULT, help=f"subset of {','.join(SERVERS)} (default: {DEFAULT})"
+    )
     parser.add_argument("--seconds", type=float, default=4.0, help="per wrk run (default: 4)")
     parser.add_argument("--connections", type=int, default=64, help="keep-alive connections at max load")
     parser.add_argument("--workers", type=int, default=256, help="index workers (default: 256)")
@@ -172,6 +187,7 @@ def main() -> None:
     unknown = sorted(set(names) - set(SERVERS))
     if unknown:
         parser.error(f"unknown server(s) {unknown}")
+    load_start = os.getloadavg()
     work = route_index.build(workers=args.workers)
     print(f"index: {args.workers} workers, {work.index.held_blocks():,} held blocks; queries of "
           f"{work.blocks_per_prompt} blocks; load: wrk {args.connections} connections", file=sys.stderr)  # fmt: skip
@@ -208,6 +224,15 @@ def main() -> None:
     }
     if ratios:
         print(f"single /match requests/s over stdlib: {ratios}")
+    old = results.get("old-2w")
+    over_old = {
+        name: {form: round(r[form]["max"]["requests_per_s"] / old[form]["max"]["requests_per_s"], 2)
+               for form in ("single", "hashes", "batch")}
+        for name, r in results.items() if old and name.startswith("uvicorn")
+    }  # fmt: skip
+    if over_old:
+        print(f"max requests/s over the old handlers (old-2w): {over_old}")
+    print(f"load average: at start {load_start}, at end {os.getloadavg()}")
     if args.quick:
         return
     merged: dict[str, Any] = {}
@@ -220,7 +245,9 @@ def main() -> None:
                   "blocks_per_prompt": work.blocks_per_prompt, "batch_size": work.batch_size},
         "settings": {"seconds": args.seconds, "connections": args.connections, "paced_connections": 16},
         "in_process_handler_p50_us": in_process,
+        "load_average_at_start": load_start,
         "load_average_at_end": os.getloadavg(),
+        "max_over_old_handlers": over_old,
         "servers": merged,
         "single_max_over_stdlib": ratios,
     }  # fmt: skip

@@ -176,13 +176,15 @@ class CacheIndex:
     ) -> dict[WorkerKey, Match]:
         """Per worker, its best contiguous run (blocks, of which at level 0)."""
         best: dict[WorkerKey, Match] = {}
+        slot_workers: list[WorkerKey] = self.__dict__.get("_slot_workers", [])
+        known = len(slot_workers)
         for slot, run, primary in self._core.match(
             hashes, by_content, window_size, _max_level(max_cache_level)
         ):
-            key = self._slot_worker(slot)
-            match = Match(run, primary)
-            if key not in best or match > best[key]:
-                best[key] = match
+            key = slot_workers[slot] if slot < known else self._slot_worker(slot)
+            old = best.get(key)
+            if old is None or (run, primary) > old:
+                best[key] = Match(run, primary)
         return best
 
     def weighted_matches(
@@ -222,8 +224,13 @@ class CacheIndex:
         return self._core.content_hashes(tokens, block_size, lora_id, cache_salt, token_extra_ids, mm_keys)
 
     def _slot_worker(self, slot: int) -> WorkerKey:
-        instance_id, rank, _ = self._core.slot_key(slot)
-        return WorkerKey(instance_id, rank)
+        """The worker of a cache slot, from a table kept on the instance: both cores only
+        append slots and a slot keeps its worker (``import_state`` runs on a fresh index only)."""
+        slot_workers: list[WorkerKey] = self.__dict__.setdefault("_slot_workers", [])
+        for known in range(len(slot_workers), slot + 1):
+            instance_id, rank, _ = self._core.slot_key(known)
+            slot_workers.append(WorkerKey(instance_id, rank))
+        return slot_workers[slot]
 
     # ------------------------------------------------------------------ introspection
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from kvevents.commands._route_answer import FastAnswers
 from kvevents.commands._route_metrics import RequestMetrics, render
 from kvevents.commands._route_requests import HASH_MAX, MAX_BATCH, HashesBody, MatchBody, score_query
 
@@ -101,7 +102,8 @@ class RouteApp:
         self.options = options or AppOptions()
         self.requests = RequestMetrics()
         self.started = time.time()
-        self._exclusions: tuple[float, dict[Any, str], frozenset[Any]] = (0.0, {}, frozenset())
+        self._exclusions: tuple[float, dict[Any, str], frozenset[Any]] = (-1e9, {}, frozenset())
+        self._fast = FastAnswers(source.index, self.options.block_size)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -219,13 +221,32 @@ class RouteApp:
         """Stale/closed and degraded workers, refreshed at most every 0.2 s (under the lock)."""
         at, left_out, degraded = self._exclusions
         now = time.monotonic()
-        if now - at >= _EXCLUSIONS_TTL_S:
+        if now - at >= _EXCLUSIONS_TTL_S or self._fast.index is not self.source.index:
             left_out = self.source.not_routable()
             degraded = frozenset(self.source.index.degraded_workers())
             self._exclusions = (now, left_out, degraded)
+            if self._fast.index is not self.source.index:
+                self._fast = FastAnswers(self.source.index, self.options.block_size)
+            self._fast.refresh(left_out, degraded)
         return left_out, degraded
 
     def _match_tokens(self, raw: bytes) -> bytes:
+        plain = self._fast.plain(raw)
+        if plain is not None:
+            with self.source.lock:
+                self._exclusions_now()
+                return self._fast.match(plain[0], True, plain[1], 1.0)
+        fast = self._fast.decode(raw)
+        if fast is not None:
+            with self.source.lock:
+                self._exclusions_now()
+                answer = self._fast.answer(fast)
+            if answer is not None:
+                return answer
+        return self._match_tokens_general(raw)
+
+    def _match_tokens_general(self, raw: bytes) -> bytes:
+        """Every body the fast path leaves: unusual forms, and errors with msgspec's messages."""
         try:
             body = msgspec.json.decode(raw, type=MatchBody)
         except msgspec.DecodeError as exc:
@@ -271,15 +292,12 @@ class RouteApp:
                 raise HttpError(
                     400, f"bad /match/hashes body: {where} holds {max(hashes)}, more than 64 bits"
                 )
-        index = self.source.index
         with self.source.lock:
-            left_out, degraded = self._exclusions_now()
-            answers = [
-                score_query(index, hashes, by_content=False, secondary_weight=body.secondary_weight,
-                            window_size=body.window_size, left_out=left_out, degraded=degraded)
-                for hashes in queries
-            ]  # fmt: skip
-        return _encode(answers[0] if body.block_hashes is not None else {"results": answers})
+            self._exclusions_now()
+            parts = [
+                self._fast.match(hashes, False, body.window_size, body.secondary_weight) for hashes in queries
+            ]
+        return parts[0] if body.block_hashes is not None else b'{"results":[' + b",".join(parts) + b"]}"
 
     # ------------------------------------------------------------------ state
 

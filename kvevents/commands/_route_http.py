@@ -151,14 +151,19 @@ def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return sock
 
 
+AppFactory = Callable[[IndexSource, AppOptions], RouteApp]
+
+
 def make_server(
-    sock: socket.socket, source: IndexSource, options: ServeOptions, process: int = 0
-) -> uvicorn.Server:
+    sock: socket.socket, source: IndexSource, options: ServeOptions, process: int = 0,
+    app_factory: AppFactory = RouteApp,
+) -> uvicorn.Server:  # fmt: skip
     """The uvicorn server of one process (``server.run(sockets=[sock])`` serves until
-    ``server.should_exit`` is set or, in the main thread, SIGTERM/SIGINT)."""
+    ``server.should_exit`` is set or, in the main thread, SIGTERM/SIGINT). ``app_factory``:
+    another app (the benchmark's baseline)."""
     protocol = type("Guarded", (GuardedProtocol,), {"header_timeout_s": options.header_timeout_s,
                                                      "max_connections": options.max_connections})  # fmt: skip
-    app = RouteApp(
+    app = app_factory(
         source, AppOptions(options.block_size, options.max_body_bytes, options.body_timeout_s, process)
     )
     config = uvicorn.Config(
@@ -179,9 +184,11 @@ def make_server(
     return _Server(config)
 
 
-def _run_one(sock: socket.socket, source: IndexSource, options: ServeOptions, process: int) -> int | None:
+def _run_one(
+    sock: socket.socket, source: IndexSource, options: ServeOptions, process: int, app_factory: AppFactory
+) -> int | None:
     """Serve until SIGTERM/SIGINT in this process; the signal that stopped it, if any."""
-    server = make_server(sock, source, options, process)
+    server = make_server(sock, source, options, process, app_factory)
     server.run(sockets=[sock])
     return server.signalled if isinstance(server, _Server) else None
 
@@ -191,13 +198,14 @@ def serve(
     make_source: Callable[[int], IndexSource],
     options: ServeOptions,
     on_exit: Callable[[int, IndexSource, int | None], None] | None = None,
+    app_factory: AppFactory = RouteApp,
 ) -> int | None:
     """Serve ``sock`` with ``options.workers`` processes. Each process calls ``make_source(i)``
     (after the fork, so each follows the topic itself), serves, then ``on_exit(i, source,
     signal)``. With one worker everything runs in this process. Returns the stopping signal."""
     if options.workers <= 1:
         source = make_source(0)
-        signalled = _run_one(sock, source, options, 0)
+        signalled = _run_one(sock, source, options, 0, app_factory)
         if on_exit is not None:
             on_exit(0, source, signalled)
         return signalled
@@ -208,7 +216,7 @@ def serve(
             code = 0
             try:
                 source = make_source(i)
-                signalled = _run_one(sock, source, options, i)
+                signalled = _run_one(sock, source, options, i, app_factory)
                 if on_exit is not None:
                     on_exit(i, source, signalled)
             except BaseException:
@@ -251,6 +259,8 @@ def _supervise(children: list[int]) -> int | None:
     return stop[0] if stop else None
 
 
-def serve_static(index: Any, sock: socket.socket, options: ServeOptions) -> None:
+def serve_static(
+    index: Any, sock: socket.socket, options: ServeOptions, app_factory: AppFactory = RouteApp
+) -> None:
     """Serve a fixed index (benchmarks, tests): every process shares the parent's copy."""
-    serve(sock, lambda i: StaticSource(index), options)
+    serve(sock, lambda i: StaticSource(index), options, app_factory=app_factory)
