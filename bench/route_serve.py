@@ -54,6 +54,7 @@ def _serve_stdlib(index: CacheIndex, port_queue: Any) -> None:
     from support.stdlib_route_server import MatchServer
 
     server = MatchServer(("127.0.0.1", 0), index, threading.Lock(), None, route_index.BLOCK_SIZE)
+    server.handle_error = lambda request, address: None  # type: ignore[method-assign]  # wrk's resets
     port_queue.put(server.server_address[1])
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     server.serve_forever(poll_interval=0.1)

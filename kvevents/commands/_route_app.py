@@ -197,23 +197,23 @@ class RouteApp:
             )
         parts: list[bytes] = []
         size = 0
-        deadline = time.monotonic() + self.options.body_timeout_s
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                raise HttpError(
-                    408, f"the body did not arrive within {self.options.body_timeout_s:g} s", close=True
-                ) from None
-            if message["type"] == "http.disconnect":
-                raise HttpError(400, "the client went away before sending the whole body", close=True)
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise HttpError(413, f"body larger than the limit of {limit} bytes", close=True)
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                return parts[0] if len(parts) == 1 else b"".join(parts)
+        try:  # one deadline for the whole body (a timer, not a task per receive as wait_for)
+            async with asyncio.timeout(self.options.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise HttpError(400, "the client went away before sending the whole body", close=True)
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise HttpError(413, f"body larger than the limit of {limit} bytes", close=True)
+                    parts.append(chunk)
+                    if not message.get("more_body", False):
+                        return parts[0] if len(parts) == 1 else b"".join(parts)
+        except TimeoutError:
+            raise HttpError(
+                408, f"the body did not arrive within {self.options.body_timeout_s:g} s", close=True
+            ) from None
 
     # ------------------------------------------------------------------ matching
 
