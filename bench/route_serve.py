@@ -73,11 +73,35 @@ def _serve_uvicorn(index: CacheIndex, port_queue: Any, workers: int, old: bool =
     serve_static(index, sock, options, OldRouteApp if old else RouteApp)
 
 
+def _serve_granian(index: CacheIndex, port_queue: Any, workers: int) -> None:
+    import socket
+    import tempfile
+
+    from granian import Granian  # a measurement-only prototype (see support/route_granian.py)
+
+    with tempfile.NamedTemporaryFile(suffix=".index", delete=False) as f:
+        f.write(index.to_bytes())
+    os.environ["KVEVENTS_BENCH_INDEX"] = f.name
+    os.environ["KVEVENTS_BENCH_BLOCK_SIZE"] = str(route_index.BLOCK_SIZE)
+    with socket.socket() as probe:  # a free port (granian binds by number)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    port_queue.put(port)
+    server = Granian("support.route_granian:app", address="127.0.0.1", port=port, interface="rsgi",
+                     workers=workers, log_enabled=False, backlog=2048,
+                     working_dir=Path(__file__).resolve().parent)  # fmt: skip
+    try:
+        server.serve()
+    finally:
+        os.unlink(f.name)
+
+
 SERVERS = {
     "stdlib": (_serve_stdlib, {}),
     "old-2w": (_serve_uvicorn, {"workers": 2, "old": True}),
     "uvicorn-1w": (_serve_uvicorn, {"workers": 1}),
     "uvicorn-2w": (_serve_uvicorn, {"workers": 2}),
+    "granian-2w": (_serve_granian, {"workers": 2}),
 }
 DEFAULT = "stdlib,old-2w,uvicorn-2w"
 
