@@ -17,7 +17,9 @@ Servers, side by side in one run, each in a child process serving the same index
 - **old-2w**: that server with the handlers it had before their fast path
   (``bench/support/route_old_app.py``), 2 worker processes;
 - **uvicorn-1w / uvicorn-2w**: ``kvevents route --serve``'s server (uvicorn, httptools, uvloop,
-  a bare ASGI app, the compiled fast path of ``_route_fast``) with 1 and 2 worker processes.
+  a bare ASGI app, the compiled fast path of ``_route_fast``) with 1 and 2 worker processes;
+- **granian-2w**: the same handlers under granian's RSGI interface, 2 workers: a measurement-only
+  prototype (``bench/support/route_granian.py``) to compare server stacks; not in the default run.
 
 Load: ``wrk`` (Debian's package) on the same 2 cores, keep-alive connections. *max*: closed
 loop, as fast as answers come; *half*: each connection paced (wrk's ``delay()``) to about half
@@ -253,7 +255,7 @@ def main() -> None:
     over_old = {
         name: {form: round(r[form]["max"]["requests_per_s"] / old[form]["max"]["requests_per_s"], 2)
                for form in ("single", "hashes", "batch")}
-        for name, r in results.items() if old and name.startswith("uvicorn")
+        for name, r in results.items() if old and name not in ("stdlib", "old-2w")
     }  # fmt: skip
     if over_old:
         print(f"max requests/s over the old handlers (old-2w): {over_old}")

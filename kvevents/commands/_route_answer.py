@@ -70,15 +70,24 @@ def _left(key: WorkerKey, state: str) -> bytes:
 
 
 def build_table(
-    index: CacheIndex, slots: int, left_out: Mapping[WorkerKey, str], degraded: frozenset[WorkerKey]
+    index: CacheIndex,
+    slots: int,
+    left_out: Mapping[WorkerKey, str],
+    degraded: frozenset[WorkerKey],
+    heads: dict[WorkerKey, bytes] | None = None,
 ) -> AnswerTable:
-    """The table of ``index``'s first ``slots`` cache slots and its workers, now."""
+    """The table of ``index``'s first ``slots`` cache slots and their workers (only a worker
+    with a slot can match), now; ``heads``: JSON pieces kept from earlier tables (added to)."""
+    heads = {} if heads is None else heads
     slot_keys = [index._slot_worker(s) for s in range(slots)]  # cached by the index
-    keys = sorted(set(index.workers()).union(slot_keys))
+    keys = sorted(set(slot_keys))
     number = {key: i for i, key in enumerate(keys)}
+    for key in keys:
+        if key not in heads:
+            heads[key] = _head(key)
     return AnswerTable(
         [number[k] for k in slot_keys],
-        [_head(k) for k in keys],
+        [heads[k] for k in keys],
         [None if k not in left_out else _left(k, left_out[k]) for k in keys],
         [k in degraded for k in keys],
     )
@@ -90,13 +99,16 @@ class FastAnswers:
     def __init__(self, index: CacheIndex, default_block_size: int) -> None:
         self.index = index
         self.block_size = default_block_size
-        self.table = build_table(index, 0, {}, frozenset())
+        self._heads: dict[WorkerKey, bytes] = {}
+        self.table = build_table(index, 0, {}, frozenset(), self._heads)
         self._exclusions: tuple[Mapping[Any, str], frozenset[Any]] = ({}, frozenset())
 
     def refresh(self, left_out: Mapping[WorkerKey, str], degraded: frozenset[WorkerKey]) -> None:
-        """Rebuild the table with these exclusions (keeping the slots it knows)."""
+        """Rebuild the table with these exclusions (keeping the slots it knows), if they changed."""
+        if (left_out, degraded) == self._exclusions:
+            return
         self._exclusions = (left_out, degraded)
-        self.table = build_table(self.index, self.table.slots, left_out, degraded)
+        self.table = build_table(self.index, self.table.slots, left_out, degraded, self._heads)
 
     def plain(self, raw: bytes) -> tuple[Sequence[int], int | None] | None:
         """A body of one prompt in its plain form, parsed in one pass: its content hashes and
@@ -141,7 +153,7 @@ class FastAnswers:
         answer = self.table.render(matches, len(hashes), weight)
         if answer is None:  # a cache slot newer than the table
             slots = max(slot for slot, _, _ in matches) + 1
-            self.table = build_table(self.index, slots, *self._exclusions)
+            self.table = build_table(self.index, slots, *self._exclusions, self._heads)
             answer = self.table.render(matches, len(hashes), weight)
             assert answer is not None
         return answer

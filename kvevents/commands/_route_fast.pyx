@@ -55,7 +55,7 @@ cdef Py_ssize_t parse_uint(const uint8_t *p, Py_ssize_t n, Py_ssize_t i, uint64_
     while i < n and 48 <= p[i] <= 57:
         value = value * 10 + (p[i] - 48)
         i += 1
-        if i - start > 18:
+        if i - start > 19:  # 19 digits fit in 64 bits
             return -1
     if i == start or (i - start > 1 and p[start] == 48) or value > top:
         return -1

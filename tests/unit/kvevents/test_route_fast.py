@@ -77,6 +77,12 @@ def test_bodies_that_are_not_plain_give_none(raw: bytes) -> None:
     assert pure.parse_match_body(raw, 4) is None
 
 
+def test_nineteen_digit_lora_ids_parse() -> None:
+    want = (array("Q", content_hashes_for_tokens([1, 2], 2, 10**18)), None)
+    for twin in (compiled, pure):
+        assert twin.parse_match_body(b'{"token_ids": [1, 2], "lora_id": 1000000000000000000}', 2) == want
+
+
 def test_escaped_or_repeated_keys_are_left_to_msgspec() -> None:
     """The compiled parser does not unescape keys nor resolve repeats: None, the general path."""
     for raw in (b'{"token\\u005fids": [1, 2]}', b'{"token_ids": [1], "token_ids": [2]}'):
