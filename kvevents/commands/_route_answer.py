@@ -1,12 +1,13 @@
 """The fast path of ``route --serve``'s ``/match`` answers: the request decoded with the token
 array left as JSON text (hashed in compiled code, no Python int per token), the index core's
 per-slot match, and the answer rendered from an :class:`AnswerTable` of per-worker JSON pieces
-(rebuilt with the exclusions, and when a new cache slot appears). A single prompt in the plain
+(rebuilt with the exclusions, and when a new cache slot appears). A body in the plain
 form is parsed in one pass; anything unusual (an error, a field of an unusual form) returns None
 and the general path answers, with its messages."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -110,10 +111,16 @@ class FastAnswers:
         self._exclusions = (left_out, degraded)
         self.table = build_table(self.index, self.table.slots, left_out, degraded, self._heads)
 
-    def plain(self, raw: bytes) -> tuple[Sequence[int], int | None] | None:
-        """A body of one prompt in its plain form, parsed in one pass: its content hashes and
-        window size; None for any other body."""
+    def plain(self, raw: bytes) -> tuple[list[array[int]], int | None, bool] | None:
+        """A body in its plain form, parsed in one pass: content hashes per prompt, window size,
+        whether it is the batch form; None for any other body."""
         return parse_match_body(raw, self.block_size)
+
+    def plain_answer(self, plain: tuple[list[array[int]], int | None, bool]) -> bytes:
+        """The answer to a body :meth:`plain` parsed."""
+        prompts, window, batch = plain
+        parts = [self.match(hashes, True, window, 1.0) for hashes in prompts]
+        return b'{"results":[' + b",".join(parts) + b"]}" if batch else parts[0]
 
     def decode(self, raw: bytes) -> _RawMatchBody | None:
         """The body, or None to leave it (and its error message) to the general path."""

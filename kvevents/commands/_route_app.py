@@ -235,7 +235,7 @@ class RouteApp:
         if plain is not None:
             with self.source.lock:
                 self._exclusions_now()
-                return self._fast.match(plain[0], True, plain[1], 1.0)
+                return self._fast.plain_answer(plain)
         fast = self._fast.decode(raw)
         if fast is not None:
             with self.source.lock:

@@ -142,16 +142,84 @@ cdef inline bint key_is(const uint8_t *p, Py_ssize_t start, Py_ssize_t end, cons
     return end - start == size and memcmp(p + start, name, size) == 0
 
 
+cdef enum:
+    MAX_PROMPTS = 256
+
+
+cdef struct Prompt:
+    Py_ssize_t offset
+    Py_ssize_t count
+    bint has_lora
+    uint64_t lora
+
+
+cdef inline Py_ssize_t parse_key(const uint8_t *p, Py_ssize_t n, Py_ssize_t i, Py_ssize_t *start) noexcept nogil:
+    """A key without escapes and its colon at ``p[i]``: the index of its value (the key at
+    ``start[0]`` up to the returned index's quote), or -1."""
+    if i >= n or p[i] != 34:  # '"'
+        return -1
+    start[0] = i + 1
+    i += 1
+    while i < n and p[i] != 34 and p[i] != 92 and p[i] >= 32:
+        i += 1
+    if i >= n or p[i] != 34:
+        return -1
+    return i
+
+
+cdef Py_ssize_t parse_prompt(const uint8_t *p, Py_ssize_t n, Py_ssize_t i, uint32_t *tokens, Py_ssize_t *used, Prompt *out) noexcept nogil:
+    """``{"token_ids": [...], "lora_id": N}`` (lora optional) at ``p[i]``: the index after it, or -1."""
+    cdef Py_ssize_t start, end, count = -1
+    cdef bint has_lora = False
+    cdef uint64_t lora = 0
+    if i >= n or p[i] != 123:  # '{'
+        return -1
+    i = skip_space(p, n, i + 1)
+    while True:
+        end = parse_key(p, n, i, &start)
+        if end < 0:
+            return -1
+        i = skip_space(p, n, end + 1)
+        if i >= n or p[i] != 58:  # ':'
+            return -1
+        i = skip_space(p, n, i + 1)
+        if key_is(p, start, end, "token_ids", 9) and count < 0:
+            out.offset = used[0]
+            i = parse_array(p, n, i, tokens + used[0], &count)
+            if i >= 0:
+                used[0] += count
+        elif key_is(p, start, end, "lora_id", 7) and not has_lora:
+            i = parse_uint(p, n, i, 1 << 62, &lora)
+            has_lora = True
+        else:
+            return -1
+        if i < 0:
+            return -1
+        i = skip_space(p, n, i)
+        if i < n and p[i] == 44:  # ','
+            i = skip_space(p, n, i + 1)
+            continue
+        if i < n and p[i] == 125 and count >= 0:  # '}'
+            out.count = count
+            out.has_lora = has_lora
+            out.lora = lora
+            return i + 1
+        return -1
+
+
 def parse_match_body(raw, Py_ssize_t default_block_size):
-    """A ``POST /match`` body of one prompt in its plain form, in one pass: an object of
-    ``token_ids`` (integers in 0..2**31-1) and optionally ``block_size`` (1..2**20), ``lora_id``
-    (0..2**62) and ``window_size`` (1..2**31-1), each an integer, keys without escapes, each
-    once. ``(array('Q') of its content hashes, window_size or None)``, or None for any other
-    body (the general path decodes it, and names what is wrong)."""
+    """A ``POST /match`` body in its plain form, in one pass: an object of ``token_ids``
+    (integers in 0..2**31-1) or ``prompts`` (up to 256 objects of ``token_ids`` and optionally
+    ``lora_id``), and optionally ``block_size`` (1..2**20), ``lora_id`` (0..2**62) and
+    ``window_size`` (1..2**31-1), each an integer, keys without escapes, each once.
+    ``(list of array('Q') of content hashes, one per prompt; window_size or None; whether it
+    is the batch form)``, or None for any other body (the general path decodes it, and names
+    what is wrong)."""
     cdef Py_buffer view
     cdef const uint8_t *p
     cdef uint32_t *tokens
-    cdef Py_ssize_t n, i, start, end, ntok = -1
+    cdef Prompt *prompts
+    cdef Py_ssize_t n, i, k, start, end, ntok = -1, nprompts = -1, used = 0
     cdef uint64_t block_size = 0, lora = 0, window = 0
     cdef bint has_block = False, has_lora = False, has_window = False
     PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE)
@@ -159,7 +227,10 @@ def parse_match_body(raw, Py_ssize_t default_block_size):
         p = <const uint8_t *>view.buf
         n = view.len
         tokens = <uint32_t *>PyMem_Malloc((n // 2 + 1) * sizeof(uint32_t))
-        if tokens == NULL:
+        prompts = <Prompt *>PyMem_Malloc((MAX_PROMPTS + 1) * sizeof(Prompt))
+        if tokens == NULL or prompts == NULL:
+            PyMem_Free(tokens)
+            PyMem_Free(prompts)
             raise MemoryError()
         try:
             i = skip_space(p, n, 0)
@@ -167,21 +238,40 @@ def parse_match_body(raw, Py_ssize_t default_block_size):
                 return None
             i = skip_space(p, n, i + 1)
             while True:
-                if i >= n or p[i] != 34:  # '"'
+                end = parse_key(p, n, i, &start)
+                if end < 0:
                     return None
-                start = i + 1
-                i = start
-                while i < n and p[i] != 34 and p[i] != 92 and p[i] >= 32:
-                    i += 1
-                if i >= n or p[i] != 34:
-                    return None
-                end = i
-                i = skip_space(p, n, i + 1)
+                i = skip_space(p, n, end + 1)
                 if i >= n or p[i] != 58:  # ':'
                     return None
                 i = skip_space(p, n, i + 1)
-                if key_is(p, start, end, "token_ids", 9) and ntok < 0:
+                if key_is(p, start, end, "token_ids", 9) and ntok < 0 and nprompts < 0:
                     i = parse_array(p, n, i, tokens, &ntok)
+                    prompts[0].offset = 0
+                    prompts[0].count = ntok
+                elif key_is(p, start, end, "prompts", 7) and ntok < 0 and nprompts < 0:
+                    if i >= n or p[i] != 91:  # '['
+                        return None
+                    nprompts = 0
+                    i = skip_space(p, n, i + 1)
+                    if i < n and p[i] == 93:  # ']'
+                        i += 1
+                    else:
+                        while True:
+                            if nprompts == MAX_PROMPTS:
+                                return None
+                            i = parse_prompt(p, n, i, tokens, &used, &prompts[nprompts])
+                            if i < 0:
+                                return None
+                            nprompts += 1
+                            i = skip_space(p, n, i)
+                            if i < n and p[i] == 44:  # ','
+                                i = skip_space(p, n, i + 1)
+                                continue
+                            if i < n and p[i] == 93:
+                                i += 1
+                                break
+                            return None
                 elif key_is(p, start, end, "block_size", 10) and not has_block:
                     i = parse_uint(p, n, i, 1 << 20, &block_size)
                     has_block = True
@@ -206,16 +296,27 @@ def parse_match_body(raw, Py_ssize_t default_block_size):
                 if i < n and p[i] == 125:  # '}'
                     break
                 return None
-            if ntok < 0 or skip_space(p, n, i + 1) != n:
+            if (ntok < 0 and nprompts < 0) or skip_space(p, n, i + 1) != n:
                 return None
             if not has_block:
                 if default_block_size <= 0:
                     raise ValueError(f"block_size must be positive, got {default_block_size}")
                 block_size = <uint64_t>default_block_size
-            hashes = hash_blocks(tokens, ntok, <Py_ssize_t>block_size, has_lora, lora)
-            return hashes, (<Py_ssize_t>window if has_window else None)
+            if nprompts < 0:
+                hashes = [hash_blocks(tokens, ntok, <Py_ssize_t>block_size, has_lora, lora)]
+            else:
+                hashes = []
+                for k in range(nprompts):
+                    if prompts[k].has_lora:
+                        hashes.append(hash_blocks(tokens + prompts[k].offset, prompts[k].count,
+                                                  <Py_ssize_t>block_size, True, prompts[k].lora))
+                    else:
+                        hashes.append(hash_blocks(tokens + prompts[k].offset, prompts[k].count,
+                                                  <Py_ssize_t>block_size, has_lora, lora))
+            return hashes, (<Py_ssize_t>window if has_window else None), nprompts >= 0
         finally:
             PyMem_Free(tokens)
+            PyMem_Free(prompts)
     finally:
         PyBuffer_Release(&view)
 

@@ -33,38 +33,63 @@ def hash_token_json(raw: bytes | memoryview | msgspec.Raw, block_size: int, lora
     return array("Q", content_hashes_for_tokens(tokens, block_size, lora_id))
 
 
-_PLAIN_LIMITS = {"token_ids": None, "block_size": (1, 1 << 20), "lora_id": (0, 1 << 62), "window_size": (1, (1 << 31) - 1)}  # fmt: skip
+_TOKEN_MAX = (1 << 31) - 1
+_PLAIN_LIMITS = {"block_size": (1, 1 << 20), "lora_id": (0, 1 << 62), "window_size": (1, _TOKEN_MAX)}
+_MAX_PROMPTS = 256
+
+
+def _plain_int(body: dict[str, object], name: str, low: int, high: int) -> bool:
+    value = body.get(name, low)
+    return type(value) is int and low <= value <= high
+
+
+def _plain_tokens(value: object) -> bool:
+    return type(value) is list and all(type(t) is int and 0 <= t <= _TOKEN_MAX for t in value)
 
 
 def parse_match_body(
     raw: bytes | memoryview, default_block_size: int
-) -> tuple[array[int], int | None] | None:
-    """A ``POST /match`` body of one prompt in its plain form: an object of ``token_ids``
-    (integers in 0..2**31-1) and optionally ``block_size`` (1..2**20), ``lora_id`` (0..2**62) and
-    ``window_size`` (1..2**31-1), each an integer. ``(array('Q') of its content hashes,
-    window_size or None)``, or None for any other body (the general path decodes it, and names
-    what is wrong). The compiled twin may also return None for a body of this form written
-    unusually (escaped or repeated keys)."""
+) -> tuple[list[array[int]], int | None, bool] | None:
+    """A ``POST /match`` body in its plain form: an object of ``token_ids`` (integers in
+    0..2**31-1) or ``prompts`` (up to 256 objects of ``token_ids`` and optionally ``lora_id``),
+    and optionally ``block_size`` (1..2**20), ``lora_id`` (0..2**62) and ``window_size``
+    (1..2**31-1), each an integer. ``(list of array('Q') of content hashes, one per prompt;
+    window_size or None; whether it is the batch form)``, or None for any other body (the
+    general path decodes it, and names what is wrong). The compiled twin may also return None
+    for a body of this form written unusually (escaped or repeated keys)."""
     try:
         body = msgspec.json.decode(bytes(raw))
     except msgspec.DecodeError:
         return None
-    if not isinstance(body, dict) or "token_ids" not in body or not set(body) <= set(_PLAIN_LIMITS):
+    if not isinstance(body, dict) or ("token_ids" in body) == ("prompts" in body):
         return None
-    for name, limits in _PLAIN_LIMITS.items():
-        if limits is not None and name in body:
-            value = body[name]
-            if type(value) is not int or not limits[0] <= value <= limits[1]:
+    if not set(body) <= {"token_ids", "prompts", *_PLAIN_LIMITS}:
+        return None
+    if not all(_plain_int(body, name, *limits) for name, limits in _PLAIN_LIMITS.items()):
+        return None
+    if "token_ids" in body:
+        queries = [(body["token_ids"], body.get("lora_id"))]
+    else:
+        prompts = body["prompts"]
+        if type(prompts) is not list or len(prompts) > _MAX_PROMPTS:
+            return None
+        for prompt in prompts:
+            if (
+                type(prompt) is not dict
+                or "token_ids" not in prompt
+                or not set(prompt) <= {"token_ids", "lora_id"}
+            ):
                 return None
-    tokens = body["token_ids"]
-    if type(tokens) is not list or not all(type(t) is int and 0 <= t <= (1 << 31) - 1 for t in tokens):
+            if not _plain_int(prompt, "lora_id", *_PLAIN_LIMITS["lora_id"]):
+                return None
+        queries = [(p["token_ids"], p.get("lora_id", body.get("lora_id"))) for p in prompts]
+    if not all(_plain_tokens(tokens) for tokens, _ in queries):
         return None
     if default_block_size <= 0 and "block_size" not in body:
         raise ValueError(f"block_size must be positive, got {default_block_size}")
-    hashes = content_hashes_for_tokens(
-        tokens, body.get("block_size", default_block_size), body.get("lora_id")
-    )
-    return array("Q", hashes), body.get("window_size")
+    block_size = body.get("block_size", default_block_size)
+    hashes = [array("Q", content_hashes_for_tokens(tokens, block_size, lora)) for tokens, lora in queries]
+    return hashes, body.get("window_size"), "prompts" in body
 
 
 def _plain_integers(text: bytes) -> bool:

@@ -36,8 +36,8 @@ def test_token_hashes_equal_the_reference(tokens: list[int], block_size: int, lo
     assert pure.hash_token_json(raw, block_size, lora) == want
     body = {"token_ids": tokens} | ({} if lora is None else {"lora_id": lora})
     raw_body = json.dumps(body, indent=1 if spaces else None).encode()
-    assert compiled.parse_match_body(raw_body, block_size) == (want, None)
-    assert pure.parse_match_body(raw_body, block_size) == (want, None)
+    assert compiled.parse_match_body(raw_body, block_size) == ([want], None, False)
+    assert pure.parse_match_body(raw_body, block_size) == ([want], None, False)
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,13 @@ def test_token_arrays_that_are_not_plain_give_none(raw: bytes) -> None:
 @pytest.mark.parametrize(
     "raw",
     [
-        b'{"token_ids": [1], "prompts": []}',  # the batch form: the msgspec path
+        b'{"token_ids": [1], "prompts": []}',  # both forms
+        b'{"prompts": [{"token_ids": [1], "lora_id": null}]}',
+        b'{"prompts": [{"token_ids": [1], "x": 1}]}',
+        b'{"prompts": [{"lora_id": 1}]}',
+        b'{"prompts": [[1]]}',
+        b'{"prompts": {}}',
+        b'{"prompts": [' + b",".join([b'{"token_ids": [1]}'] * 257) + b"]}",  # the general path says why
         b'{"token_ids": [1], "secondary_weight": 0.5}',
         b'{"token_ids": [1], "tokens": [1]}',  # an unknown field: the general path names it
         b'{"token_ids": [1], "block_size": null}',
@@ -77,8 +83,28 @@ def test_bodies_that_are_not_plain_give_none(raw: bytes) -> None:
     assert pure.parse_match_body(raw, 4) is None
 
 
+@settings(max_examples=150, deadline=None)
+@given(prompts=st.lists(st.tuples(tokens_st, st.none() | st.integers(0, 1 << 62)), max_size=6),
+       top_lora=st.none() | st.integers(0, 1000), block_size=st.integers(1, 5),
+       window=st.none() | st.integers(1, 4096))  # fmt: skip
+def test_batches_equal_the_reference(prompts: list[tuple[list[int], int | None]], top_lora: int | None, block_size: int, window: int | None) -> None:  # fmt: skip
+    items = [{"token_ids": t} | ({} if lora is None else {"lora_id": lora}) for t, lora in prompts]
+    body: dict[str, object] = {"prompts": items, "block_size": block_size}
+    if top_lora is not None:
+        body["lora_id"] = top_lora
+    if window is not None:
+        body["window_size"] = window
+    want = [
+        array("Q", content_hashes_for_tokens(t, block_size, lora if lora is not None else top_lora))
+        for t, lora in prompts
+    ]
+    raw = json.dumps(body).encode()
+    assert compiled.parse_match_body(raw, 99) == (want, window, True)
+    assert pure.parse_match_body(raw, 99) == (want, window, True)
+
+
 def test_nineteen_digit_lora_ids_parse() -> None:
-    want = (array("Q", content_hashes_for_tokens([1, 2], 2, 10**18)), None)
+    want = ([array("Q", content_hashes_for_tokens([1, 2], 2, 10**18))], None, False)
     for twin in (compiled, pure):
         assert twin.parse_match_body(b'{"token_ids": [1, 2], "lora_id": 1000000000000000000}', 2) == want
 
@@ -95,10 +121,15 @@ def test_arbitrary_bytes_either_none_or_the_reference(data: bytes) -> None:
     for fast in (compiled.parse_match_body(data, 3), pure.parse_match_body(data, 3)):
         if fast is not None:
             body = msgspec.json.decode(data)
-            want = content_hashes_for_tokens(
-                body["token_ids"], body.get("block_size", 3), body.get("lora_id")
+            queries = [
+                (p["token_ids"], p.get("lora_id", body.get("lora_id"))) for p in body.get("prompts", [body])
+            ]
+            want = [content_hashes_for_tokens(t, body.get("block_size", 3), lora) for t, lora in queries]
+            assert ([list(h) for h in fast[0]], fast[1], fast[2]) == (
+                want,
+                body.get("window_size"),
+                "prompts" in body,
             )
-            assert (list(fast[0]), fast[1]) == (want, body.get("window_size"))
     got = compiled.hash_token_json(data, 2, None)
     assert got == pure.hash_token_json(data, 2, None)
 
