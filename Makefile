@@ -18,7 +18,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 setup: $(STAMP)
 
 # Reinstalled when the packaging or a compiled extension's source changes.
-$(STAMP): pyproject.toml setup.py $(wildcard schemas/*.pyx schemas/*.pxd producer/*.pyx consumer/*.pyx consumer/export/*.pyx kvevents/commands/*.pyx)
+$(STAMP): pyproject.toml setup.py $(wildcard schemas/*.pyx schemas/*.pxd producer/*.pyx producer/bridge/*.pyx consumer/*.pyx consumer/export/*.pyx kvevents/commands/*.pyx)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
@@ -48,7 +48,7 @@ spark: $(SPARK_STAMP)
 # Every check runs, so that one run shows every finding; mypy's settings are in pyproject.toml,
 # and stubtest checks the compiled modules' .pyi stubs against the built extensions.
 COMPILED_MODULES := kvevents.schemas._fastcodec kvevents.producer._fastrecorder kvevents.consumer._indexcore \
-	kvevents.consumer.export._packtokens kvevents.commands._route_fast
+	kvevents.consumer.export._packtokens kvevents.commands._route_fast kvevents.producer.bridge._fastconvert
 lint: setup
 	@status=0; \
 	echo "== ruff check ."; $(BIN)/ruff check . || status=1; \

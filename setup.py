@@ -14,6 +14,7 @@ EXTENSIONS = [
     ("kvevents.producer._fastrecorder", "producer/_fastrecorder.pyx"),
     ("kvevents.consumer.export._packtokens", "consumer/export/_packtokens.pyx"),
     ("kvevents.commands._route_fast", "kvevents/commands/_route_fast.pyx"),
+    ("kvevents.producer.bridge._fastconvert", "producer/bridge/_fastconvert.pyx"),
 ]
 
 

@@ -7,21 +7,26 @@
 - Throughput, same stream, side by side in one run:
   ``bare``: a SUB that receives and msgpack-decodes only (the ceiling of any bridge);
   ``bridge``: ``ZmqBridge`` + ``KafkaEventSink`` (convert, Avro-encode, produce, acknowledged),
-  events/s from the first receive to the last Kafka acknowledgement.
+  events/s from the first receive to the last Kafka acknowledgement, with the compiled
+  converter (``_fastconvert``) and, as the baseline (``--baseline``, on by default), with the
+  Python paths it replaced (``ZmqEventConverter(compiled=False)``).
   Goals: bridge >= 100k events/s and >= 50% of bare.
 - Latency: the engine sends at a steady ``--latency-rate`` events/s; for sampled batches,
   engine send (batch ts) -> Kafka acknowledgement of the batch's last event, p50/p99.
 
-Needs a broker: ``$KAFKA_BOOTSTRAP_SERVERS``, else a local one for the run. Results:
-``results/bridge.json``. Default run well under a minute on 2 cores.
+``--repeat N`` runs every case N times, interleaved, and reports medians. Needs a broker:
+``$KAFKA_BOOTSTRAP_SERVERS``, else a local one for the run. Results: ``results/bridge.json``
+(with the load average). Default run well under a minute on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -120,6 +125,9 @@ def engine_main(pub_port: int, replay_port: int, batches: int, per_batch: int, r
             due = start + (seq + 1) * per_batch / rate
             while time.perf_counter() < due:
                 time.sleep(max(0.0, min(0.001, due - time.perf_counter())))
+    print(
+        f"engine: {batches * per_batch / (time.perf_counter() - start):,.0f} events/s sent", file=sys.stderr
+    )
     deadline = time.monotonic() + 3.0  # serve late replay requests
     while time.monotonic() < deadline:
         if router.poll(100):
@@ -188,7 +196,9 @@ def bare(batches: int, per_batch: int) -> dict[str, Any]:
     }
 
 
-def bridged(bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int) -> dict[str, Any]:
+def bridged(
+    bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int, compiled: bool
+) -> dict[str, Any]:
     from kvevents.consumer.topics import TopicSpec, create_topic
     from kvevents.producer import KafkaEventSink
     from kvevents.producer.bridge.live import ZmqBridge
@@ -200,6 +210,7 @@ def bridged(bootstrap: str, batches: int, per_batch: int, rate: float, sample_ev
         "vllm", f"tcp://127.0.0.1:{pub}", replay_endpoint=f"tcp://127.0.0.1:{replay}", idle_probe=3600
     )
     conv = bridge.converters[0]
+    conv.compiled = compiled and conv.compiled  # before the engine's first batch (1 s away)
     samples: list[tuple[int, float]] = []  # (last event id of a batch, its engine send ts)
     latencies: list[float] = []
     convert = conv.convert
@@ -255,6 +266,7 @@ def bridged(bootstrap: str, batches: int, per_batch: int, rate: float, sample_ev
         "replayed_batches": stats["replayed_batches"],
         "batches_lost": stats["batches_lost"],
         "queue_dropped": sum(stats["queue_dropped_by_rank"].values()),
+        "compiled_payloads": conv.compiled_payloads,
     }
 
 
@@ -274,42 +286,83 @@ def main() -> int:
     parser.add_argument("--events-per-batch", type=int, default=16)
     parser.add_argument("--latency-rate", type=float, default=20_000, help="events/s of the latency run")
     parser.add_argument("--latency-seconds", type=float, default=4.0)
+    parser.add_argument(
+        "--baseline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the bridge with the Python converter (the path before the compiled one)",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs of every case (medians reported)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from export import kafka_broker
+    from kvevents.producer.bridge.convert import compiled_convert
 
+    if compiled_convert is None:
+        print("the compiled converter is not built (make setup): both paths are Python", file=sys.stderr)
+    paths = ["python", "compiled"] if args.baseline else ["compiled"]
+    lat_batches = int(args.latency_rate * args.latency_seconds / args.events_per_batch)
+    runs: dict[str, list[dict[str, Any]]] = {"bare": []}
+    for path in paths:
+        runs[f"{path}_throughput"] = []
+        runs[f"{path}_latency"] = []
+    load = [os.getloadavg()]
     with kafka_broker() as (bootstrap, where):
         print(f"broker: {where} ({bootstrap})", file=sys.stderr)
-        base = bare(args.batches, args.events_per_batch)
-        print(f"bare SUB decode: {base['events_per_s']:,.0f} events/s", file=sys.stderr)
-        through = _timed_bridge(bootstrap, args.batches, args.events_per_batch, 0, 50)
-        print(f"bridge -> Kafka: {through['events_per_s']:,.0f} events/s", file=sys.stderr)
-        lat_batches = int(args.latency_rate * args.latency_seconds / args.events_per_batch)
-        latency = _timed_bridge(bootstrap, lat_batches, args.events_per_batch, args.latency_rate, 5)
-    ratio = through["events_per_s"] / base["events_per_s"] if base["events_per_s"] else 0.0
-    rows = [
-        ("bare SUB + msgpack decode", f"{base['events_per_s']:,.0f}", "", ""),
-        ("bridge -> Kafka (acked)", f"{through['events_per_s']:,.0f}", f"{ratio:.0%} of bare", ""),
-        (
-            f"latency @ {args.latency_rate:,.0f} ev/s",
-            "",
-            f"p50 {latency['latency_ms_p50']:.1f} ms",
-            f"p99 {latency['latency_ms_p99']:.1f} ms",
-        ),
-    ]
-    print(f"{'case':32} {'events/s':>12} {'':>16} {'':>14}")
+        for k in range(args.repeat):
+            base = bare(args.batches, args.events_per_batch)
+            runs["bare"].append(base)
+            print(f"[{k + 1}] bare SUB decode: {base['events_per_s']:,.0f} events/s", file=sys.stderr)
+            for path in paths:
+                through = _timed_bridge(
+                    bootstrap, args.batches, args.events_per_batch, 0, 50, path == "compiled"
+                )
+                through["ratio_to_bare"] = through["events_per_s"] / max(base["events_per_s"], 1e-9)
+                runs[f"{path}_throughput"].append(through)
+                print(
+                    f"[{k + 1}] bridge ({path}) -> Kafka: {through['events_per_s']:,.0f} events/s "
+                    f"({through['ratio_to_bare']:.0%} of bare)",
+                    file=sys.stderr,
+                )
+            for path in paths:
+                latency = _timed_bridge(
+                    bootstrap, lat_batches, args.events_per_batch, args.latency_rate, 5, path == "compiled"
+                )
+                runs[f"{path}_latency"].append(latency)
+            load.append(os.getloadavg())
+    summary = {name: _medians(rows) for name, rows in runs.items()}
+    rows = [("bare SUB + msgpack decode", _fmt(summary["bare"]["events_per_s"]), "", "", "")]
+    for path in paths:
+        t, lat = summary[f"{path}_throughput"], summary[f"{path}_latency"]
+        rows.append(
+            (
+                f"bridge ({path}) -> Kafka",
+                _fmt(t["events_per_s"]),
+                f"{t['ratio_to_bare']:.0%} of bare",
+                f"p50 {_ms(lat['latency_ms_p50'])}",
+                f"p99 {_ms(lat['latency_ms_p99'])}",
+            )
+        )
+    print(f"{'case':32} {'events/s':>12} {'':>14} {'@ ' + _fmt(args.latency_rate) + ' ev/s':>14} {'':>14}")
     for row in rows:
-        print(f"{row[0]:32} {row[1]:>12} {row[2]:>16} {row[3]:>14}")
-    goals = {"events_per_s >= 100k": through["events_per_s"] >= 100_000, "ratio >= 0.5": ratio >= 0.5}
+        print(f"{row[0]:32} {row[1]:>12} {row[2]:>14} {row[3]:>14} {row[4]:>14}")
+    new = summary["compiled_throughput"]
+    if args.baseline:
+        old = summary["python_throughput"]
+        print(f"compiled / python: {new['events_per_s'] / max(old['events_per_s'], 1e-9):.2f}x")
+    goals = {
+        "events_per_s >= 100k": new["events_per_s"] >= 100_000,
+        "ratio >= 0.5": new["ratio_to_bare"] >= 0.5,
+    }
     print("goals: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in goals.items()))
+    print(f"load average (1 min) during the run: {', '.join(f'{x[0]:.1f}' for x in load)}")
     RESULTS.mkdir(exist_ok=True)
     out = {
         "args": vars(args),
-        "bare": base,
-        "bridge": through,
-        "latency": latency,
-        "ratio_to_bare": ratio,
+        "medians": summary,
+        "runs": runs,
         "goals": goals,
+        "load_average": load,
         "broker": where,
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -317,8 +370,26 @@ def main() -> int:
     return 0
 
 
+def _medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per numeric field, the median over the runs."""
+    out: dict[str, Any] = {}
+    for key in rows[0]:
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        if values:
+            out[key] = statistics.median(values)
+    return out
+
+
+def _fmt(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
 def _timed_bridge(
-    bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int
+    bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int, compiled: bool
 ) -> dict[str, Any]:
     """``bridged`` with the clock started at the bridge's first received message."""
     import kvevents.producer.bridge.receiver as receiver
@@ -340,7 +411,7 @@ def _timed_bridge(
     bridge_first.clear()
     receiver.ZmqReceiver._run = timed_run  # type: ignore[method-assign]
     try:
-        return bridged(bootstrap, batches, per_batch, rate, sample_every)
+        return bridged(bootstrap, batches, per_batch, rate, sample_every, compiled)
     finally:
         receiver.ZmqReceiver._run = original  # type: ignore[method-assign]
 

@@ -7,9 +7,11 @@ cannot be read raises :class:`BridgeDecodeError` and leaves the state as it was.
 
 from __future__ import annotations
 
+import logging
 import re
 from array import array
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from kvevents.schemas import (
@@ -29,6 +31,26 @@ from .hashes import DEFAULT_MEDIUM_LEVELS, WireError, lora_id_for_name
 from .tiers import TierMap
 from .wire import BridgeDecodeError, ParsedBatch, RawRemoved, RawStored, WireCounts, parse_payload
 
+log = logging.getLogger(__name__)
+
+FastConvert = Callable[["ZmqEventConverter", bytes], "tuple[list[KVCacheEvent], float | None] | None"]
+"""A one-pass conversion of the common shapes: events and ``ts``, or None (nothing changed)."""
+
+
+def _load_compiled() -> FastConvert | None:
+    try:
+        from ._fastconvert import convert
+    except ImportError:
+        log.debug("kvevents.producer.bridge._fastconvert is not built; using the Python paths")
+        return None
+    return convert
+
+
+compiled_convert = _load_compiled()
+"""The compiled reader (:mod:`._fastconvert`), or None when not built; its pure-Python twin is
+:func:`.fastwire.fast_convert` (same contract, fewer shapes taken)."""
+_TWIN: FastConvert = fast_convert
+
 __all__ = ["ENGINES", "ZmqEventConverter"]
 
 ENGINES = ("vllm", "sglang")
@@ -43,11 +65,19 @@ class ZmqEventConverter:
     ``dp_rank``: the rank of events whose batch does not name one. ``counts`` says what was
     skipped (unknown tags/fields, duplicate stores, removes of blocks not held on that medium).
     ``fast_path``: read the common shapes by typed decoding first (:mod:`.fastwire`); the result
-    is the same either way, ``fast_payloads`` counts the payloads it read.
+    is the same either way, ``fast_payloads`` counts the payloads it read. ``compiled``: try the
+    compiled reader (:mod:`._fastconvert`, when built) before that; ``compiled_payloads`` counts
+    the payloads it read.
     """
 
     def __init__(
-        self, engine: str, *, window_size: int = 0, dp_rank: int = 0, fast_path: bool = True
+        self,
+        engine: str,
+        *,
+        window_size: int = 0,
+        dp_rank: int = 0,
+        fast_path: bool = True,
+        compiled: bool = True,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -66,16 +96,22 @@ class ZmqEventConverter:
         self.wire_counts = WireCounts()
         self.counts: Counter[str] = Counter()
         self.last_batch_ts: float | None = None
+        """The ``ts`` of the last payload converted (the engine's send time, for latency)."""
         self.fast_path = fast_path
         self.fast_payloads = 0
-        """The ``ts`` of the last payload converted (the engine's send time, for latency)."""
+        self.compiled = compiled and compiled_convert is not None
+        self.compiled_payloads = 0
 
     # -- public ------------------------------------------------------------------------
 
     def convert(self, payload: bytes) -> list[KVCacheEvent]:
         """The kvevents events of one payload (possibly none)."""
         if self.fast_path:
-            fused = fast_convert(self, payload)
+            fused = compiled_convert(self, payload) if compiled_convert and self.compiled else None
+            if fused is not None:
+                self.compiled_payloads += 1
+            else:
+                fused = fast_convert(self, payload)
             if fused is not None:
                 events, ts = fused
                 self.fast_payloads += 1
@@ -299,7 +335,7 @@ class ZmqEventConverter:
         for block in blocks:
             key = (window, block.block_hash)
             if key not in held:  # the common case, inlined: a block no medium holds yet
-                held[key] = {level}
+                held[key] = 1 << level
                 if not run:
                     run_parent = previous
                 run.append(block if level == 0 else _with_level(block, level))
@@ -334,7 +370,7 @@ class ZmqEventConverter:
         for block_hash in hashes:
             key = (window, block_hash)
             levels = held.get(key)
-            if levels is not None and len(levels) == 1 and level in levels:
+            if levels == 1 << level:
                 del held[key]  # the common case, inlined: the only medium lets it go
                 gone.append(block_hash)
                 continue

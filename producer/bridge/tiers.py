@@ -30,42 +30,52 @@ class TierChange:
 _NONE = TierChange("none")
 
 
+def _lowest(mask: int) -> int:
+    """The lowest level in a level mask (bit ``i``: level ``i`` holds the block)."""
+    return (mask & -mask).bit_length() - 1
+
+
 @dataclass(slots=True)
 class TierMap:
-    """Per (window, block hash): the set of levels (media) holding it."""
+    """Per (window, block hash): the levels (media) holding it, as a bit mask (bit ``i``: level
+    ``i``). An int, not a set: no allocation for the common single-level block, and nothing for
+    the garbage collector to walk in a map of a whole cache."""
 
-    held: dict[BlockKey, set[int]] = field(default_factory=dict)
+    held: dict[BlockKey, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.held)
 
     def level(self, window: int, block_hash: int) -> int | None:
-        levels = self.held.get((window, block_hash))
-        return min(levels) if levels else None
+        mask = self.held.get((window, block_hash))
+        return _lowest(mask) if mask else None
 
     def store(self, window: int, block_hash: int, level: int) -> TierChange:
         key = (window, block_hash)
-        levels = self.held.get(key)
-        if not levels:
-            self.held[key] = {level}
+        mask = self.held.get(key)
+        bit = 1 << level
+        if not mask:
+            self.held[key] = bit
             return TierChange("stored", None, level)
-        if level in levels:
+        if mask & bit:
             return _NONE
-        old = min(levels)
-        levels.add(level)
+        old = _lowest(mask)
+        self.held[key] = mask | bit
         return TierChange("updated", old, level) if level < old else _NONE
 
     def remove(self, window: int, block_hash: int, level: int) -> TierChange:
         key = (window, block_hash)
-        levels = self.held.get(key)
-        if not levels or level not in levels:
+        mask = self.held.get(key)
+        bit = 1 << level
+        if not mask or not mask & bit:
             return _NONE
-        old = min(levels)
-        levels.discard(level)
-        if not levels:
+        old = _lowest(mask)
+        mask &= ~bit
+        if not mask:
             del self.held[key]
             return TierChange("removed", old, None)
-        new = min(levels)
+        self.held[key] = mask
+        new = _lowest(mask)
         return TierChange("updated", old, new) if new != old else _NONE
 
     def knows(self, window: int, block_hash: int) -> bool:
@@ -76,8 +86,22 @@ class TierMap:
 
     def to_state(self) -> list[list[int]]:
         """Rows ``[window, hash, level, level, ...]`` (for the bridge's state file)."""
-        return [[w, h, *sorted(levels)] for (w, h), levels in self.held.items()]
+        return [[w, h, *_levels(mask)] for (w, h), mask in self.held.items()]
 
     @classmethod
     def from_state(cls, rows: Iterable[list[int]]) -> TierMap:
-        return cls({(int(r[0]), int(r[1])): {int(x) for x in r[2:]} for r in rows if len(r) > 2})
+        held: dict[BlockKey, int] = {}
+        for r in rows:
+            if len(r) > 2:
+                held[(int(r[0]), int(r[1]))] = sum({1 << int(x) for x in r[2:]})
+        return cls(held)
+
+
+def _levels(mask: int) -> list[int]:
+    """The levels of a mask, lowest first."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
