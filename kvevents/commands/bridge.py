@@ -201,14 +201,14 @@ def _run_zmq(args: argparse.Namespace) -> int:
         raise CommandError(f"--dp-size must be >= 1, got {args.dp_size}", 2)
     config = {"bootstrap.servers": resolve_bootstrap(args), **kafka_config(args)}
     stop = _stop_event()
-    in_kafka = None
+    in_kafka = in_kafka_blocks = None
     if args.state is not None and args.state.exists():
-        from kvevents.producer.bridge.kafka_tail import last_event_ids
+        from kvevents.producer.bridge.kafka_tail import last_events
         from kvevents.schemas import decode_batch
 
         try:
             reader = reader_codec(args)
-            in_kafka = last_event_ids(
+            tail = last_events(
                 config["bootstrap.servers"],
                 args.topic,
                 args.instance_id,
@@ -216,6 +216,8 @@ def _run_zmq(args: argparse.Namespace) -> int:
                 config=kafka_config(args),
                 decode=reader.decode_batch if reader is not None else decode_batch,
             )
+            in_kafka = {r: e.event_id for r, e in tail.items()}
+            in_kafka_blocks = {r: e.blocks for r, e in tail.items() if e.blocks is not None}
         except RuntimeError as exc:
             raise CommandError(
                 f"restarting from {args.state} needs the topic's last event ids: {exc}"
@@ -238,6 +240,7 @@ def _run_zmq(args: argparse.Namespace) -> int:
             replay_timeout=args.replay_timeout,
             checkpoint_interval=args.checkpoint_interval,
             in_kafka=in_kafka,
+            in_kafka_blocks=in_kafka_blocks,
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
@@ -250,6 +253,7 @@ def _run_zmq(args: argparse.Namespace) -> int:
         codec=writer_codec(args, args.topic),
         on_delivery=bridge.on_delivery,
     )
+    bridge.watch(sink)
     print(
         f"kvevents bridge {args.engine}: {args.endpoint} x{args.dp_size} -> {args.topic} as {args.instance_id}",
         file=sys.stderr,

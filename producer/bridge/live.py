@@ -22,10 +22,11 @@ import queue
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvevents.schemas import KVCacheEvent, RankDrops
+from kvevents.schemas import KVCacheEvent, KVCacheStoredData, RankDrops
 
 from ..buffer import EventDrain
 from ..sink_stats import DeliveryReport
@@ -61,7 +62,12 @@ class ZmqBridge:
     batches; pass it to ``KafkaEventSink`` as the manager and ``on_delivery=bridge.on_delivery``.
 
     ``in_kafka``: per rank the last event id the topic already holds for this instance
-    (:func:`.kafka_tail.last_event_ids`); events regenerated from replay up to it are skipped.
+    (:func:`.kafka_tail.last_events`); events regenerated from replay up to it are skipped.
+    ``in_kafka_blocks``: per rank, when that last event is a Stored one, how many of its blocks
+    the topic holds: if its regenerated event has more, the sink was killed between the
+    fragments of a split event, and the missing tail is reported in-band as lost (a new
+    producer session cannot continue a split event). Call :meth:`watch` with the sink so that
+    checkpoints are taken only when it has nothing queued or in flight (no event half sent).
     """
 
     def __init__(
@@ -81,6 +87,7 @@ class ZmqBridge:
         checkpoint_interval: float = 2.0,
         idle_probe: float = 1.0,
         in_kafka: dict[int, int] | None = None,
+        in_kafka_blocks: dict[int, int] | None = None,
         ctx: Any = None,
     ) -> None:
         import zmq
@@ -105,6 +112,8 @@ class ZmqBridge:
         self._skip_through: dict[int, int] = {}
         self._replayed: dict[int, dict[int, int]] = {r: {} for r in range(dp_size)}  # seq -> hash(payload)
         self._acks: AckFile | None = None
+        self._tail_blocks: dict[int, int] = {}  # rank -> blocks of its last (Stored) event in Kafka
+        self._sink_idle: Callable[[], bool] | None = None
         if state_path is not None:
             saved = load_state(state_path, engine)
             self._acks = AckFile(state_path.with_name(state_path.name + ".acked"))
@@ -117,6 +126,9 @@ class ZmqBridge:
                 for rank, event_id in (in_kafka or {}).items():
                     # what the topic holds (read back by the caller) wins over the acknowledgement file
                     self._skip_through[rank] = max(event_id, self._skip_through.get(rank, -1))
+                    held = (in_kafka_blocks or {}).get(rank)
+                    if held is not None and self._skip_through[rank] == event_id:
+                        self._tail_blocks[rank] = held
                 log.info(
                     "bridge state loaded from %s: last seqs %s, ids in Kafka %s",
                     state_path,
@@ -177,6 +189,16 @@ class ZmqBridge:
                 log.error("cannot write %s: %s", self._acks.path, exc)
 
     # -- public -------------------------------------------------------------------------
+
+    def watch(self, sink: Any) -> None:
+        """Take checkpoints only when ``sink`` (the ``KafkaEventSink`` draining this bridge) has
+        nothing queued or in flight: every fragment of a split event is then acknowledged."""
+
+        def idle() -> bool:
+            stats = sink.stats()
+            return bool(stats.queued_messages == 0 and stats.in_flight_messages == 0)
+
+        self._sink_idle = idle
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -354,11 +376,30 @@ class ZmqBridge:
             return
         skip = self._skip_through.get(rank)
         if skip is not None:
+            if rank in self._tail_blocks:
+                self._check_tail(rank, skip, events)
             kept = [e for e in events if e.event_id > skip]
             self.counts["events_already_in_kafka"] += len(events) - len(kept)
             events = kept
         if events:
             self._emit(rank, events)
+
+    def _check_tail(self, rank: int, last_in_kafka: int, events: list[KVCacheEvent]) -> None:
+        """The topic's last event of ``rank`` regenerated: lost blocks if Kafka holds fewer."""
+        for event in events:
+            if event.event_id != last_in_kafka:
+                continue
+            held = self._tail_blocks.pop(rank)
+            data = event.data
+            if isinstance(data, KVCacheStoredData) and len(data.blocks) > held:
+                self.counts["split_tails_lost"] += 1
+                self._lose(
+                    rank,
+                    1,
+                    f"event {event.event_id}: Kafka holds {held} of its {len(data.blocks)} blocks "
+                    "(the bridge stopped between the fragments of a split event)",
+                )
+            return
 
     def _emit(self, rank: int, events: list[KVCacheEvent]) -> None:
         with self._lock:
@@ -373,8 +414,8 @@ class ZmqBridge:
         assert self._state_path is not None
         targets = {r: c.next_event_id.get(r, 0) - 1 for r, c in self.converters.items()}
         deadline = time.monotonic() + wait
-        with self._lock:
-            while True:
+        while True:
+            with self._lock:
                 settled = (
                     not self._pending
                     and not self._dropped
@@ -385,9 +426,14 @@ class ZmqBridge:
                         if t >= 0
                     )
                 )
-                remaining = deadline - time.monotonic()
-                if settled or remaining <= 0:
-                    break
+            # Nothing pending and this thread the only one adding: the sink idle from now on
+            # means all was sent. Asked outside the bridge's lock (the sink takes its own).
+            if settled and self._sink_idle is not None:
+                settled = self._sink_idle()
+            remaining = deadline - time.monotonic()
+            if settled or remaining <= 0:
+                break
+            with self._lock:
                 self._lock.wait(min(remaining, 0.05))
         if not settled:
             self.counts["checkpoints_deferred"] += 1
