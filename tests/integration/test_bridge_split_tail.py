@@ -6,6 +6,7 @@ instead of being skipped with the rest of the event."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -126,6 +127,46 @@ def test_restart_reports_the_missing_tail_of_a_split_event(
         assert sum(d.dropped_events for d in drops) == lost
         assert bridge.stats().get("split_tails_lost", 0) == lost
         _ack(bridge, {0: 1}, drops)
+    finally:
+        bridge.close()
+        engine.close()
+        ctx.term()
+
+
+class _Sink:
+    """The part of ``KafkaEventSink.stats()`` the bridge's checkpoints look at."""
+
+    def __init__(self) -> None:
+        self.queued_messages = 0
+        self.in_flight_messages = 1  # a fragment still on its way
+
+    def stats(self) -> _Sink:
+        return self
+
+
+def test_checkpoints_wait_until_the_sink_has_sent_everything(tmp_path: Path) -> None:
+    s = engine_structs("vllm")
+    ctx = zmq.Context()
+    pub = free_ports(1)
+    engine = FakeEnginePublisher(ctx, f"tcp://127.0.0.1:{pub}", None)
+    state = tmp_path / "bridge.state"
+    bridge = ZmqBridge("vllm", f"tcp://127.0.0.1:{pub}", state_path=state, checkpoint_interval=0.05, ctx=ctx)
+    sink = _Sink()
+    bridge.watch(sink)
+    try:
+        payload = encode(s["Batch"](1.0, [s["BlockStored"]([1, 2], None, [1, 2], 1, None, "GPU", None)]))
+        assert wait_for(
+            lambda: engine.send(payload) is not None and bridge.last_seq[0] is not None, timeout=10
+        )
+        time.sleep(0.3)  # the sends still on their way (a SUB joins late)
+        while bridge.drain(0.05).events:
+            pass
+        _ack(bridge, {0: bridge.converters[0].next_event_id[0] - 1}, [])
+        assert wait_for(lambda: bridge.counts["checkpoints_deferred"] >= 2)
+        assert bridge.counts["checkpoints"] == 0 and not state.exists()  # acknowledged, not all sent
+        sink.in_flight_messages = 0
+        assert wait_for(lambda: bridge.counts["checkpoints"] >= 1)
+        assert state.exists()
     finally:
         bridge.close()
         engine.close()
