@@ -254,7 +254,8 @@ def bridged(
         sink.wait_delivered(60)
         cpu = time.process_time() - cpu
         stats = bridge.stats()
-        delivered = sink.stats().events_delivered_total
+        sink_stats = sink.stats()
+        delivered = sink_stats.events_delivered_total
     finally:
         bridge.close()
         sink.close(30)
@@ -266,6 +267,7 @@ def bridged(
         "seconds": seconds,
         "events_per_s": delivered / seconds if seconds == seconds and seconds > 0 else 0.0,
         "cpu_us_per_event": 1e6 * cpu / max(delivered, 1),
+        "kafka_messages": sink_stats.messages_produced_total,
         "latency_ms_p50": 1000 * lat[len(lat) // 2] if lat else None,
         "latency_ms_p99": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
         "latency_samples": len(lat),

@@ -15,7 +15,7 @@ payload was read.
 from cpython.array cimport array, clone
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
-from cpython.long cimport PyLong_FromLongLong, PyLong_FromUnsignedLongLong
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong, PyLong_FromUnsignedLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
@@ -39,6 +39,9 @@ cdef extern from "Python.h":
         Py_ssize_t offset
     ctypedef struct PyMemberDescrObject:
         PyMemberDef* d_member
+
+cdef extern from *:
+    int __builtin_ctzll(unsigned long long) nogil
 
 cdef object _Block = KVCacheStoredBlockData
 cdef object _Stored = KVCacheStoredData
@@ -755,20 +758,53 @@ cdef object _block(Buf *b, Ev *e, Py_ssize_t i, object h, object level, object s
     return block
 
 
+cdef inline long long _small(object value) except? -2:
+    """``value`` (an int) if in 0..2^62, else -1: tier masks and levels the C paths handle."""
+    cdef int overflow = 0
+    cdef long long v = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow or v < 0 or v > (1LL << 62):
+        return -1
+    return v
+
+
 cdef int _emit_stored(_Out out, Buf *b, Ev *e, object tiers, dict held, object window, object level,
                       object bit, object salt) except -1:
     cdef list run = []
     cdef Py_ssize_t i
-    cdef object run_parent, previous
+    cdef object run_parent, previous, mask
+    cdef long long lvl = _small(level), m, old
+    cdef long long bc = (1LL << lvl) if 0 <= lvl < 62 else -1
     run_parent = previous = PyLong_FromUnsignedLongLong(e.parent) if e.has_parent else None
     for i in range(e.nh):
         h = PyLong_FromUnsignedLongLong(b.h[e.h0 + i])
         key = (window, h)
-        if key not in held:
+        mask = held.get(key)
+        if mask is None:
             held[key] = bit
             if not run:
                 run_parent = previous
             run.append(_block(b, e, i, h, level, salt))
+            previous = h
+            continue
+        m = _small(mask) if bc > 0 else -1
+        if m > 0:  # TierMap.store on a held block, in C
+            if m & bc:
+                kind = "none"
+            else:
+                old = __builtin_ctzll(<unsigned long long>m)
+                held[key] = PyLong_FromLongLong(m | bc)
+                if lvl < old:
+                    if run:
+                        out.data.append(_Stored(run_parent, run))
+                        run = []
+                    out.data.append(_Updated(h, _Diff(old, level)))
+                    previous = h
+                    continue
+                kind = "none"
+            if run:
+                out.data.append(_Stored(run_parent, run))
+                run = []
+            out.already_held += 1
             previous = h
             continue
         change = tiers.store(window, h, level)
@@ -796,6 +832,8 @@ cdef int _emit_removed(_Out out, Buf *b, Ev *e, object tiers, dict held, object 
     cdef list gone = []
     cdef Py_ssize_t i
     cdef object levels
+    cdef long long lvl = _small(level), m, old, new
+    cdef long long bc = (1LL << lvl) if 0 <= lvl < 62 else -1
     for i in range(e.nh):
         h = PyLong_FromUnsignedLongLong(b.h[e.h0 + i])
         key = (window, h)
@@ -807,6 +845,23 @@ cdef int _emit_removed(_Out out, Buf *b, Ev *e, object tiers, dict held, object 
         if levels is bit or levels == bit:  # held on this medium only
             del held[key]
             gone.append(h)
+            continue
+        m = _small(levels) if bc > 0 else -1
+        if m > 0:  # TierMap.remove of a block held on other media too, in C
+            if not (m & bc):
+                out.not_on_medium += 1
+                continue
+            old = __builtin_ctzll(<unsigned long long>m)
+            m &= ~bc
+            held[key] = PyLong_FromLongLong(m)
+            new = __builtin_ctzll(<unsigned long long>m)
+            if new == old:
+                out.not_on_medium += 1
+                continue
+            if gone:
+                out.data.append(_Removed(gone))
+                gone = []
+            out.data.append(_Updated(h, _Diff(old, new)))
             continue
         change = tiers.remove(window, h, level)
         kind = change.kind
