@@ -10,14 +10,52 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
-__all__ = ["Received", "ZmqReceiver", "rank_endpoint"]
+__all__ = ["Inbox", "Received", "ZmqReceiver", "rank_endpoint"]
 
 log = logging.getLogger(__name__)
 
 Received = tuple[int, int, bytes, float]  # (rank, seq, payload, receive time.monotonic())
+
+
+class Inbox:
+    """The bounded FIFO from the socket thread to the worker, with ``queue.Queue``'s
+    ``put_nowait`` (raises ``queue.Full``) and ``get(timeout)`` (raises ``queue.Empty``) but no
+    lock per message: a deque's append and popleft are atomic, and the worker sleeps on an event
+    only when it found nothing. (A contended queue lock hands the GIL back and forth between the
+    two threads at every message.)"""
+
+    def __init__(self, maxsize: int) -> None:
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
+        self.maxsize = maxsize
+        self._items: deque[Received] = deque()
+        self._ready = threading.Event()
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def put_nowait(self, item: Received) -> None:
+        if len(self._items) >= self.maxsize:
+            raise queue.Full
+        self._items.append(item)
+        if not self._ready.is_set():  # the worker may be asleep (it clears before it sleeps)
+            self._ready.set()
+
+    def get(self, timeout: float | None = None) -> Received:
+        items = self._items
+        while True:
+            if items:
+                return items.popleft()
+            self._ready.clear()
+            if items:  # appended between the check and the clear
+                continue
+            if not self._ready.wait(timeout):
+                if items:
+                    return items.popleft()
+                raise queue.Empty
 
 
 def rank_endpoint(endpoint: str, rank: int) -> str:
@@ -46,7 +84,7 @@ class ZmqReceiver:
     ) -> None:
         import zmq
 
-        self.queue: queue.Queue[Received] = queue.Queue(max_queued)
+        self.queue = Inbox(max_queued)
         self.dropped: Counter[int] = Counter()
         self.received: Counter[int] = Counter()
         self.malformed: Counter[int] = Counter()
