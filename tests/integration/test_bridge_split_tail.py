@@ -6,7 +6,6 @@ instead of being skipped with the rest of the event."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -158,10 +157,15 @@ def test_checkpoints_wait_until_the_sink_has_sent_everything(tmp_path: Path) -> 
         assert wait_for(
             lambda: engine.send(payload) is not None and bridge.last_seq[0] is not None, timeout=10
         )
-        time.sleep(0.3)  # the sends still on their way (a SUB joins late)
-        while bridge.drain(0.05).events:
-            pass
-        _ack(bridge, {0: bridge.converters[0].next_event_id[0] - 1}, [])
+        # every send received (those before the SUB joined are reported lost), all drained
+        assert wait_for(lambda: bridge.last_seq[0] == engine.seq - 1)
+        drops: list[RankDrops] = []
+        while True:
+            got = bridge.drain(0.05)
+            drops.extend(got.dropped)
+            if not got.events and not got.dropped:
+                break
+        _ack(bridge, {0: bridge.converters[0].next_event_id[0] - 1}, drops)
         assert wait_for(lambda: bridge.counts["checkpoints_deferred"] >= 2)
         assert bridge.counts["checkpoints"] == 0 and not state.exists()  # acknowledged, not all sent
         sink.in_flight_messages = 0
