@@ -304,7 +304,12 @@ class ZmqEventConverter:
                 value, offset = key
             digest = _mm_digest(value)
             if digest is not None:
-                mm.append((digest, max(0, offset)))
+                # As sent (an item that began in an earlier block has a negative offset):
+                # the content hash absorbs it, so clamping would merge distinct blocks.
+                if -(2**31) <= offset < 2**31:
+                    mm.append((digest, offset))
+                else:
+                    self.counts["extra_keys_skipped"] += 1
             elif isinstance(value, str) and value == lora_name:
                 continue
             elif isinstance(value, str) and salt is None:

@@ -330,3 +330,23 @@ def test_constructor_checks() -> None:
         ZmqEventConverter("trtllm")
     with pytest.raises(ValueError, match="window_size"):
         ZmqEventConverter("vllm", window_size=-1)
+
+
+def test_mm_offsets_are_kept_as_sent_negative_included_and_out_of_range_ones_counted() -> None:
+    s = engine_structs("vllm")
+    mm = hashlib.sha256(b"image").digest()
+    stored = s["BlockStored"](
+        [1, 2, 3],
+        None,
+        [1, 2, 3, 4, 5, 6],
+        2,
+        None,
+        "GPU",
+        None,
+        [[[mm.hex(), 0]], [[mm.hex(), -2]], [[mm.hex(), 2**31]]],
+    )
+    conv = ZmqEventConverter("vllm")
+    blocks = conv.convert(encode(s["Batch"](0.0, [stored])))[0].data.blocks
+    # An item that began two tokens before the second block: a different block than offset 0.
+    assert [b.mm_keys for b in blocks] == [((mm, 0),), ((mm, -2),), ()]
+    assert conv.stats()["extra_keys_skipped"] == 1
