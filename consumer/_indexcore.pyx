@@ -1,9 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The compiled index core: compact C tables behind ``CacheIndex`` (same results as ``_pycore``).
 
-Layout (about 40 bytes per unshared held block, 4-8 bytes per further holder of a shared one):
+Layout (about 55-85 bytes per unshared held block: a 40-byte node and two 8-byte table entries at
+load 0.35-0.7; 4-8 bytes per further holder of a shared one):
 
-- nodes: one 32-byte record per engine block hash held by anyone, in chunks of 2**14 (so no
+- nodes: one 40-byte record per engine block hash held by anyone, in chunks of 2**14 (so no
   big reallocation ever moves them): engine hash, content hash, holders, the links of its
   content-hash chain, and the holder count with two flag bits;
 - two open-addressing tables of u32 node ids (linear probing, backward-shift deletion, load
@@ -20,7 +21,9 @@ Layout (about 40 bytes per unshared held block, 4-8 bytes per further holder of 
 applies the batch; ``apply_batch`` fills the same arrays from model objects. A malformed body
 raises ``DecodeError`` before anything is applied. Bodies of a schema version the flat reader
 does not read (``kvevents.schemas.codec.flat_variants``) go through ``decode_batch`` (schema
-resolution) and ``apply_batch``. The kvh64 constants come from ``hashing``.
+resolution) and ``apply_batch``. The kvh64 constants come from ``hashing``. Threads (one
+writer that yields the GIL between events, any number of readers) and the query path's
+prefetching and result templates: ``docs/INDEX.md``.
 """
 
 from cpython cimport array as carray
@@ -33,7 +36,14 @@ from libc.string cimport memcmp, memcpy, memset
 
 
 cdef extern from "Python.h":
+    ctypedef struct PyObject
     dict _PyDict_NewPresized(Py_ssize_t minused)
+    int _PyDict_SetItem_KnownHash(object mp, object key, object item, Py_hash_t hash) except -1
+    dict PyDict_Copy(object mp)
+    ctypedef struct PyThreadState
+    PyThreadState *PyEval_SaveThread()
+    void PyEval_RestoreThread(PyThreadState *tstate)
+    PyObject *_PyDict_GetItem_KnownHash(object mp, object key, Py_hash_t hash)
 
 from kvevents.schemas._fastcodec cimport (
     FLAT_CREATED,
@@ -100,6 +110,7 @@ cdef extern from *:
     const uint32_t KV_SLOT_MASK
 
 cdef enum:
+    YIELD_BLOCKS = 64    # a batch being applied lets other threads run after about this many blocks
     LEVELS = 16
     LEVEL_MAX = 15
     PRIORITY_MAX = 255
@@ -146,6 +157,7 @@ ctypedef struct Table:
 ctypedef struct Slot:
     int64_t levels[LEVELS]
     int64_t total
+    Py_hash_t khash      # hash() of the worker key (the result dict is built without rehashing)
     uint32_t worker
     uint32_t next_slot
     int32_t window
@@ -370,6 +382,13 @@ cdef class IndexCore:
     cdef size_t qkeys_cap
     cdef list qlist
     cdef Py_ssize_t qready
+    cdef uint32_t *hist
+    cdef size_t hist_cap
+    cdef dict templates      # result templates (see match_counts)
+    cdef uint32_t *ctok      # content_hashes' token scratch (a reader's; fb is the writer's)
+    cdef size_t ctok_cap
+    cdef bint applying       # a batch is being applied (it yields the GIL between events)
+    cdef size_t template_keys
     # batch scratch: the flat batch the codec reads into (or _fill_event fills)
     cdef FlatBatch fb
     cdef dict variants
@@ -392,6 +411,10 @@ cdef class IndexCore:
         self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
         self.slvl = NULL
         self.qkeys = NULL
+        self.hist = NULL
+        self.ctok = NULL
+        self.ctok_cap = 0
+        self.applying = False
         flat_init(&self.fb)
 
     def __init__(self, key_factory=tuple, limits=None):
@@ -434,6 +457,11 @@ cdef class IndexCore:
         self.slvl = NULL
         PyMem_Free(self.qkeys)
         self.qkeys = NULL
+        PyMem_Free(self.hist)
+        self.hist = NULL
+        PyMem_Free(self.ctok)
+        self.ctok = NULL
+        self.ctok_cap = 0
         flat_free(&self.fb)
 
     cdef int _reset_all(self) except -1:
@@ -461,6 +489,9 @@ cdef class IndexCore:
         self.score_cap = 0
         self.epoch = 0
         self.qkeys_cap = 0
+        self.hist_cap = 0
+        self.templates = {}
+        self.template_keys = 0
         self.c_batches_applied = self.c_batches_replayed = self.c_batches_stale = 0
         self.c_events_applied = self.c_events_duplicate = self.c_blocks_stored = 0
         self.c_blocks_removed = self.c_orphan_blocks = self.c_unknown_removed = 0
@@ -848,6 +879,7 @@ cdef class IndexCore:
         memset(s, 0, sizeof(Slot))
         s.worker = widx
         s.window = window
+        s.khash = hash(self.w_keys[widx])
         s.active = 1
         s.next_slot = self.wrk[widx].first_slot
         self.wrk[widx].first_slot = slot
@@ -1021,6 +1053,7 @@ cdef class IndexCore:
         cdef SEvent *e
         cdef uint32_t widx = 0
         cdef int32_t cached_rank = -1
+        cdef size_t since = 0
         if inst.producer_id is None:
             inst.producer_id = pid
             inst.sequence = seq
@@ -1055,6 +1088,11 @@ cdef class IndexCore:
                                   _reasons.events_dropped(self.fb.drops[2 * k + 1], seq))
         self.c_batches_applied += 1
         for k in range(self.fb.nev):
+            if since >= YIELD_BLOCKS:
+                # between two events the index is whole: let a waiting reader thread run
+                PyEval_RestoreThread(PyEval_SaveThread())
+                since = 0
+            since += 1 + self.fb.ev[k].count
             if k + 3 < self.fb.nev:
                 self._prefetch_keys(&self.fb.ev[k + 3], 0)
             if k + 1 < self.fb.nev:
@@ -1065,6 +1103,20 @@ cdef class IndexCore:
                 cached_rank = e.rank
             self._apply_event(widx, e, offset if k == 0 else 0)
         return 0
+
+    cdef inline void _prefetch_node(self, const Table *t, uint64_t key) noexcept nogil:
+        """Pull in the node ``key``'s fingerprint points to (its table entry already cached)."""
+        cdef uint32_t fp = fingerprint(key)
+        cdef uint64_t i = self._home(t, fp)
+        cdef const Entry *entry
+        while True:
+            entry = &t.ids[i]
+            if entry.id == KV_NIL:
+                return
+            if entry.fp == fp:
+                prefetch(self.N(entry.id))
+                return
+            i = (i + 1) & t.mask
 
     cdef void _prefetch_keys(self, const SEvent *e, int stage) noexcept nogil:
         """Stage 0: pull the table entries of an event's first keys into the cache; stage 1
@@ -1238,8 +1290,21 @@ cdef class IndexCore:
     cdef void _scratch_clear(self) noexcept:
         flat_clear(&self.fb)
 
+    cdef int _begin_write(self) except -1:
+        if self.applying:
+            raise RuntimeError("CacheIndex: another thread is applying a batch (one writer at a time)")
+        return 0
+
     def apply_encoded(self, data):
         """Decode a single-object encoded batch straight into the index (see module doc)."""
+        self._begin_write()
+        self.applying = True
+        try:
+            self._apply_encoded(data)
+        finally:
+            self.applying = False
+
+    cdef _apply_encoded(self, data):
         cdef Py_buffer view
         cdef const uint8_t *base
         cdef const uint8_t *name
@@ -1256,7 +1321,7 @@ cdef class IndexCore:
             if size >= _HEADER and memcmp(base, PyBytes_AS_STRING(_MAGIC), 2) == 0:
                 variant = self.variants.get(PyBytes_FromStringAndSize(<const char *>base + 2, _HEADER - 2))
             if variant is None:
-                self.apply_batch(decode_batch(data))
+                self._apply_batch(decode_batch(data))
                 return
             flat_read(&self.fb, base + _HEADER, size - _HEADER, variant)
             flat_validate(&self.fb, &self.lim)
@@ -1393,6 +1458,14 @@ cdef class IndexCore:
     def apply_batch(self, batch):
         """Apply one ``EventBatch`` (model objects); LimitError, and nothing applied, when it
         breaks the limits."""
+        self._begin_write()
+        self.applying = True
+        try:
+            self._apply_batch(batch)
+        finally:
+            self.applying = False
+
+    cdef _apply_batch(self, batch):
         self._scratch_clear()
         try:
             name = batch.instance_id.encode("utf-8")
@@ -1477,16 +1550,27 @@ cdef class IndexCore:
         cdef uint32_t *alive = self.alive
         cdef uint8_t *slvl = self.slvl
         cdef uint32_t epoch
+        cdef const Table *tab = &self.ctab if by_content else &self.etab
         self.epoch += 1
         if self.epoch == 0:
             memset(self.stamp, 0, self.score_cap * sizeof(uint32_t))
             self.epoch = 1
         epoch = self.epoch
+        # Software pipeline: the table entry of key i + 16 and the node of key i + 8 are fetched
+        # while key i is matched (a step that takes the shortcut below is a few ns, a memory
+        # fetch ~100 ns), so a long query's fetches overlap instead of waiting one by one.
+        self._keys_upto(17)
+        for i in range(16 if n > 16 else n):
+            self._prefetch(tab, self.qkeys[i])
+        for i in range(8 if n > 8 else n):
+            self._prefetch_node(tab, self.qkeys[i])
         for i in range(n):
             step = <uint32_t>i + 1
-            self._keys_upto(i + 3)
-            if i + 2 < n:
-                self._prefetch(&self.ctab if by_content else &self.etab, self.qkeys[i + 2])
+            self._keys_upto(i + 17)
+            if i + 16 < n:
+                self._prefetch(tab, self.qkeys[i + 16])
+            if i + 8 < n:
+                self._prefetch_node(tab, self.qkeys[i + 8])
             if by_content:
                 id = self._find(&self.ctab, self.qkeys[i], True)
             else:
@@ -1574,24 +1658,103 @@ cdef class IndexCore:
         return out
 
     def match_counts(self, hashes, bint by_content, window, int max_level):
-        """{worker key: best run over its window caches} (the hot path of find_matches)."""
+        """{worker key: best run over its window caches} (the hot path of find_matches).
+
+        A result with many workers is mostly one value (every worker holding a shared system
+        prompt and nothing after it has the prompt's length), and copying a dict costs a tenth
+        of filling one. So the result is a copy of a cached *template* (the same workers, all
+        with the most common run) with the other workers' values set. A template is used only
+        when its slots are exactly this query's (equal count, every one of them matched now):
+        answers stay exact."""
         cdef Py_ssize_t n = self._load_keys(hashes)
         cdef size_t t = self._match(n, by_content, window is not None, 0 if window is None else window,
                                     max_level)
         cdef size_t k
+        cdef uint32_t slot, v = 0, best = 0, r
+        cdef uint64_t setsig = 0
+        cdef bint multi = False
+        cdef Slot *s
+        cdef dict out, tmpl
+        cdef const uint32_t *ts
+        if t >= 32:
+            if <size_t>n + 1 > self.hist_cap:
+                grow(<void **>&self.hist, &self.hist_cap, <size_t>n + 1, sizeof(uint32_t))
+            for k in range(t):
+                slot = self.touched[k]
+                self.hist[self.run[slot]] = 0
+                if self.wrk[self.slots[slot].worker].nactive != 1:
+                    multi = True
+            if not multi:
+                for k in range(t):
+                    slot = self.touched[k]
+                    setsig ^= holder_sig(slot)
+                    r = self.run[slot]
+                    self.hist[r] += 1
+                    if self.hist[r] > best:
+                        best = self.hist[r]
+                        v = r
+                return self._from_template(t, setsig ^ (<uint64_t>v * KV_K1), v)
+        return self._build_counts(t)
+
+    cdef dict _build_counts(self, size_t t):
+        cdef size_t k
         cdef uint32_t slot
         cdef dict out = _PyDict_NewPresized(t)
         cdef list keys = self.s_keys
+        cdef Slot *s
+        cdef PyObject *old
         for k in range(t):
             slot = self.touched[k]
+            s = &self.slots[slot]
             key = keys[slot]
             value = self.run[slot]
-            if self.wrk[self.slots[slot].worker].nactive == 1:
-                out[key] = value
-                continue
-            old = out.get(key)
-            if old is None or old < value:
-                out[key] = value
+            if self.wrk[s.worker].nactive != 1:
+                old = _PyDict_GetItem_KnownHash(out, key, s.khash)
+                if old != NULL and <object>old >= value:
+                    continue
+            _PyDict_SetItem_KnownHash(out, key, value, s.khash)
+        return out
+
+    cdef dict _from_template(self, size_t t, uint64_t ckey, uint32_t v):
+        """The result of ``touched[:t]`` (one window cache per worker) from a template."""
+        cdef size_t k, m
+        cdef uint32_t slot
+        cdef uint32_t epoch = self.epoch
+        cdef list keys = self.s_keys
+        cdef dict tmpl = None, out
+        cdef bytes tslots
+        cdef const uint32_t *ts
+        cdef bint hit = False
+        entry = self.templates.get(ckey)
+        if entry is not None:
+            tmpl, tslots = entry
+            m = len(tslots) // 4
+            if m == t:
+                ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
+                hit = True
+                for k in range(m):
+                    slot = ts[k]
+                    if self.stamp[slot] != epoch:
+                        hit = False
+                        break
+        if not hit:
+            tmpl = _PyDict_NewPresized(t)
+            tslots = PyBytes_FromStringAndSize(NULL, t * 4)
+            memcpy(PyBytes_AS_STRING(tslots), self.touched, t * 4)
+            value = v
+            for k in range(t):
+                slot = self.touched[k]
+                _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
+            if self.template_keys + t > (1 << 18):
+                self.templates.clear()
+                self.template_keys = 0
+            self.templates[ckey] = (tmpl, tslots)
+            self.template_keys += t
+        out = PyDict_Copy(tmpl)
+        for k in range(t):
+            slot = self.touched[k]
+            if self.run[slot] != v:
+                _PyDict_SetItem_KnownHash(out, keys[slot], self.run[slot], self.slots[slot].khash)
         return out
 
     def content_hashes(self, tokens, Py_ssize_t block_size, lora_id, cache_salt, token_extra_ids, mm_keys):
@@ -1606,14 +1769,14 @@ cdef class IndexCore:
             return content_hashes_for_tokens(tokens, block_size, lora_id, cache_salt=cache_salt,
                                              token_extra_ids=token_extra_ids, mm_keys=mm_keys)
         n = len(tokens)
-        self._need_tokens(n if n else 1)
+        grow(<void **>&self.ctok, &self.ctok_cap, n if n else 1, sizeof(uint32_t))
         if isinstance(tokens, carray.array) and tokens.typecode == 'i':
             if n:
-                memcpy(self.fb.tok, (<carray.array>tokens).data.as_ints, n * sizeof(uint32_t))
+                memcpy(self.ctok, (<carray.array>tokens).data.as_ints, n * sizeof(uint32_t))
         else:
             i = 0
             for t in tokens:
-                self.fb.tok[i] = <uint32_t><int64_t>t  # the low 32 bits, as the hash takes them
+                self.ctok[i] = <uint32_t><int64_t>t  # the low 32 bits, as the hash takes them
                 i += 1
         memset(&blk, 0, sizeof(SBlock))
         blk.ntok = <uint32_t>block_size
@@ -1628,7 +1791,7 @@ cdef class IndexCore:
         out = []
         for b in range(nblocks):
             blk.tok = <uint32_t>(b * block_size)
-            h = block_content(h, b == 0, &blk, self.fb.tok, NULL, NULL)
+            h = block_content(h, b == 0, &blk, self.ctok, NULL, NULL)
             out.append(h)
         return out
 
@@ -1735,6 +1898,7 @@ cdef class IndexCore:
     # ------------------------------------------------------------------ seams for snapshots
 
     def reset_worker(self, str instance_id, int32_t rank, bint clear_degraded):
+        self._begin_write()
         cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
         self._drop_worker_windows(widx)
         self.wrk[widx].split_blocks = 0
@@ -1744,9 +1908,11 @@ cdef class IndexCore:
             self.wrk[widx].gaps = 0
 
     def mark_degraded(self, str instance_id, int32_t rank, str reason):
+        self._begin_write()
         self._degrade(self._worker(self._instance(instance_id), rank), reason)
 
     def load_window(self, str instance_id, int32_t rank, int32_t window, capacity, stored):
+        self._begin_write()
         cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
         cdef uint32_t slot = self._slot(widx, window, True)
         if capacity is not None:
@@ -1759,6 +1925,7 @@ cdef class IndexCore:
                         0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.fb.nblk)
 
     def set_cursor(self, str instance_id, int32_t rank, event_id):
+        self._begin_write()
         cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
         cdef Worker *w = &self.wrk[widx]
         w.has_cursor = event_id is not None
@@ -1859,6 +2026,7 @@ cdef class IndexCore:
 
     def import_state(self, state):
         """Replace everything with ``state`` (counters start from zero)."""
+        self._begin_write()
         cdef const uint8_t[::1] engine = state.engine
         cdef const uint8_t[::1] content = state.content
         cdef const uint8_t[::1] flags = state.has_content

@@ -2,7 +2,8 @@
 
 :class:`CacheIndex` applies batches (sessions, replays, gaps, Created generations, snapshots,
 Stored/Removed/Updated) and answers ``find_matches``: per worker, how many leading blocks of a
-query it holds. The rules, matching and the two cores: ``docs/INDEX.md``. Not thread-safe.
+query it holds. The rules, matching, the two cores and threads: ``docs/INDEX.md`` (compiled core:
+one writer thread and any number of reader threads; the pure core: not thread-safe).
 """
 
 from __future__ import annotations
