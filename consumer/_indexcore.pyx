@@ -150,6 +150,7 @@ ctypedef struct Entry:
 
 ctypedef struct Table:
     Entry *ids
+    void *raw            # the allocation ids lives in (ids is aligned to 2 MiB in a big table)
     uint64_t mask
     uint64_t count
     int bits
@@ -191,6 +192,30 @@ cdef extern from *:
     #endif
     """
     void prefetch "KV_PREFETCH"(const void *p) noexcept nogil
+
+
+cdef extern from "sys/mman.h":
+    int madvise(void *addr, size_t length, int advice) nogil
+    int MADV_HUGEPAGE
+
+cdef enum:
+    HUGE_PAGE = 1 << 21
+
+
+cdef Entry *table_alloc(size_t nbytes, void **raw) noexcept:
+    """``nbytes`` for a table; a big one (>= 8 MiB) 2 MiB-aligned and advised to use huge pages:
+    its lookups are random, and a page-table walk per lookup (two-dimensional in a VM) costs as
+    much as the lookup. The unaligned head is never touched, so it takes no memory."""
+    cdef size_t addr
+    if nbytes < (<size_t>4) * HUGE_PAGE:
+        raw[0] = PyMem_Malloc(nbytes)
+        return <Entry *>raw[0]
+    raw[0] = PyMem_Malloc(nbytes + HUGE_PAGE)
+    if raw[0] == NULL:
+        return NULL
+    addr = (<size_t>raw[0] + HUGE_PAGE - 1) & ~(<size_t>HUGE_PAGE - 1)
+    madvise(<void *>addr, nbytes & ~(<size_t>HUGE_PAGE - 1), MADV_HUGEPAGE)
+    return <Entry *>addr
 
 
 cdef inline uint32_t fingerprint(uint64_t key) noexcept nogil:
@@ -408,6 +433,8 @@ cdef class IndexCore:
         self.wrk = NULL
         self.etab.ids = NULL
         self.ctab.ids = NULL
+        self.etab.raw = NULL
+        self.ctab.raw = NULL
         self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
         self.slvl = NULL
         self.qkeys = NULL
@@ -436,10 +463,10 @@ cdef class IndexCore:
             PyMem_Free(self.chunks)
             self.chunks = NULL
         self.nchunks = 0
-        PyMem_Free(self.etab.ids)
-        self.etab.ids = NULL
-        PyMem_Free(self.ctab.ids)
-        self.ctab.ids = NULL
+        PyMem_Free(self.etab.raw)
+        self.etab.ids = self.etab.raw = NULL
+        PyMem_Free(self.ctab.raw)
+        self.ctab.ids = self.ctab.raw = NULL
         PyMem_Free(self.pool)
         self.pool = NULL
         PyMem_Free(self.slots)
@@ -548,8 +575,9 @@ cdef class IndexCore:
         cdef size_t cap = (<size_t>1) << bits
         if bits > 32:
             raise OverflowError("a hash table of more than 2**32 entries")
-        PyMem_Free(t.ids)
-        t.ids = <Entry *>PyMem_Malloc(cap * sizeof(Entry))
+        PyMem_Free(t.raw)
+        t.raw = NULL
+        t.ids = table_alloc(cap * sizeof(Entry), &t.raw)
         if t.ids == NULL:
             raise MemoryError()
         memset(t.ids, 0xFF, cap * sizeof(Entry))
@@ -600,13 +628,16 @@ cdef class IndexCore:
         if bits == t.bits:
             return 0
         cdef Entry *old = t.ids
+        cdef void *old_raw = t.raw
         cdef uint64_t old_cap = t.mask + 1, j, i
         cdef uint64_t n = t.count
         t.ids = NULL
+        t.raw = NULL
         try:
             self._table_init(t, bits)
         except MemoryError:
             t.ids = old
+            t.raw = old_raw
             raise
         for j in range(old_cap):
             if old[j].id != KV_NIL:
@@ -615,7 +646,7 @@ cdef class IndexCore:
                     i = (i + 1) & t.mask
                 t.ids[i] = old[j]
         t.count = n
-        PyMem_Free(old)
+        PyMem_Free(old_raw)
         return 0
 
     cdef int _insert(self, Table *t, uint32_t id, uint64_t key) except -1:
@@ -1304,6 +1335,24 @@ cdef class IndexCore:
         finally:
             self.applying = False
 
+    def apply_encoded_many(self, batches):
+        """``apply_encoded`` on each batch in order; stops at the first that raises. Returns
+        how many were applied."""
+        cdef Py_ssize_t done = 0
+        self._begin_write()
+        self.applying = True
+        try:
+            for data in batches:
+                try:
+                    self._apply_encoded(data)
+                except Exception as exc:
+                    exc.add_note(f"apply_encoded_many: batch {done} (the {done} before it are applied)")
+                    raise
+                done += 1
+        finally:
+            self.applying = False
+        return done
+
     cdef _apply_encoded(self, data):
         cdef Py_buffer view
         cdef const uint8_t *base
@@ -1551,26 +1600,26 @@ cdef class IndexCore:
         cdef uint8_t *slvl = self.slvl
         cdef uint32_t epoch
         cdef const Table *tab = &self.ctab if by_content else &self.etab
+        cdef Py_ssize_t group_end = 0, g
         self.epoch += 1
         if self.epoch == 0:
             memset(self.stamp, 0, self.score_cap * sizeof(uint32_t))
             self.epoch = 1
         epoch = self.epoch
-        # Software pipeline: the table entry of key i + 16 and the node of key i + 8 are fetched
-        # while key i is matched (a step that takes the shortcut below is a few ns, a memory
-        # fetch ~100 ns), so a long query's fetches overlap instead of waiting one by one.
-        self._keys_upto(17)
-        for i in range(16 if n > 16 else n):
-            self._prefetch(tab, self.qkeys[i])
-        for i in range(8 if n > 8 else n):
-            self._prefetch_node(tab, self.qkeys[i])
+        # Group prefetching: keys are looked up in groups (16, then 32): first every key's table
+        # entry is fetched, then every key's node (through its fingerprint's entry), then the
+        # group is matched; the fetches of a group overlap instead of waiting one by one.
         for i in range(n):
+            if i == group_end:
+                group_end = i + (16 if i == 0 else 32)
+                if group_end > n:
+                    group_end = n
+                self._keys_upto(group_end)
+                for g in range(i, group_end):
+                    self._prefetch(tab, self.qkeys[g])
+                for g in range(i, group_end):
+                    self._prefetch_node(tab, self.qkeys[g])
             step = <uint32_t>i + 1
-            self._keys_upto(i + 17)
-            if i + 16 < n:
-                self._prefetch(tab, self.qkeys[i + 16])
-            if i + 8 < n:
-                self._prefetch_node(tab, self.qkeys[i + 8])
             if by_content:
                 id = self._find(&self.ctab, self.qkeys[i], True)
             else:

@@ -111,6 +111,13 @@ class CacheIndex:
         :class:`kvevents.schemas.DecodeError` and change nothing."""
         self._core.apply_encoded(data)
 
+    def apply_encoded_many(self, batches: Sequence[bytes | bytearray | memoryview]) -> int:
+        """:meth:`apply_encoded` on each of ``batches`` in order, in one call (no Python call per
+        batch). Stops at the first that raises (its note names the batch): the ones before it
+        stay applied, the rest are not, so a caller that sets bad batches aside resumes after
+        it. Returns how many were applied."""
+        return int(self._core.apply_encoded_many(batches))
+
     # ------------------------------------------------------------------ matching
 
     def find_matches(
