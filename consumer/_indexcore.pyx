@@ -200,6 +200,7 @@ cdef extern from "sys/mman.h":
 
 cdef enum:
     HUGE_PAGE = 1 << 21
+    SLAB_CHUNKS = 16
 
 
 cdef Entry *table_alloc(size_t nbytes, void **raw) noexcept:
@@ -366,6 +367,7 @@ cdef class IndexCore:
 
     # nodes and tables
     cdef Node **chunks
+    cdef void **chunk_raw    # per chunk, the allocation to free (NULL: inside an earlier slab)
     cdef size_t nchunks
     cdef uint32_t node_top
     cdef uint32_t free_node
@@ -428,6 +430,7 @@ cdef class IndexCore:
 
     def __cinit__(self):
         self.chunks = NULL
+        self.chunk_raw = NULL
         self.pool = NULL
         self.slots = NULL
         self.wrk = NULL
@@ -459,9 +462,11 @@ cdef class IndexCore:
         cdef size_t i
         if self.chunks != NULL:
             for i in range(self.nchunks):
-                PyMem_Free(self.chunks[i])
+                PyMem_Free(self.chunk_raw[i])
             PyMem_Free(self.chunks)
+            PyMem_Free(self.chunk_raw)
             self.chunks = NULL
+            self.chunk_raw = NULL
         self.nchunks = 0
         PyMem_Free(self.etab.raw)
         self.etab.ids = self.etab.raw = NULL
@@ -541,14 +546,7 @@ cdef class IndexCore:
             if self.node_top >= 0xFFFFFFF0u:
                 raise OverflowError("more than 2**32 - 16 distinct blocks in one index")
             if (self.node_top >> KV_CHUNK_BITS) >= self.nchunks:
-                chunks = <Node **>PyMem_Realloc(self.chunks, (self.nchunks + 1) * sizeof(Node *))
-                if chunks == NULL:
-                    raise MemoryError()
-                self.chunks = chunks
-                self.chunks[self.nchunks] = <Node *>PyMem_Malloc(KV_CHUNK * sizeof(Node))
-                if self.chunks[self.nchunks] == NULL:
-                    raise MemoryError()
-                self.nchunks += 1
+                self._chunk_add()
             id = self.node_top
             self.node_top += 1
         cdef Node *node = self.N(id)
@@ -561,6 +559,43 @@ cdef class IndexCore:
         node.sig = 0
         self.nodes_used += 1
         return id
+
+    cdef int _chunk_add(self) except -1:
+        """One more chunk of nodes. Past the first SLAB_CHUNKS, chunks come SLAB_CHUNKS at a
+        time in one 2 MiB-aligned slab advised for huge pages (node lookups are random: see
+        ``table_alloc``); a slab's chunks not yet used are not touched, so take no memory."""
+        cdef size_t k = self.nchunks, addr
+        cdef Node **chunks
+        cdef void **raws
+        cdef void *raw
+        chunks = <Node **>PyMem_Realloc(self.chunks, (k + 1) * sizeof(Node *))
+        if chunks == NULL:
+            raise MemoryError()
+        self.chunks = chunks
+        raws = <void **>PyMem_Realloc(self.chunk_raw, (k + 1) * sizeof(void *))
+        if raws == NULL:
+            raise MemoryError()
+        self.chunk_raw = raws
+        if k < SLAB_CHUNKS:
+            raw = PyMem_Malloc(KV_CHUNK * sizeof(Node))
+            if raw == NULL:
+                raise MemoryError()
+            chunks[k] = <Node *>raw
+            raws[k] = raw
+        elif k % SLAB_CHUNKS == 0:
+            raw = PyMem_Malloc(SLAB_CHUNKS * KV_CHUNK * sizeof(Node) + HUGE_PAGE)
+            if raw == NULL:
+                raise MemoryError()
+            addr = (<size_t>raw + HUGE_PAGE - 1) & ~(<size_t>HUGE_PAGE - 1)
+            madvise(<void *>addr, (SLAB_CHUNKS * KV_CHUNK * sizeof(Node)) & ~(<size_t>HUGE_PAGE - 1),
+                    MADV_HUGEPAGE)
+            chunks[k] = <Node *>addr
+            raws[k] = raw
+        else:
+            chunks[k] = chunks[k - 1] + KV_CHUNK
+            raws[k] = NULL
+        self.nchunks += 1
+        return 0
 
     cdef void _node_free(self, uint32_t id) noexcept:
         cdef Node *node = self.N(id)
