@@ -203,12 +203,19 @@ cdef enum:
     SLAB_CHUNKS = 16
 
 
+import os as _os
+
+# KVEVENTS_INDEX_HUGEPAGES=0 turns the huge-page layout off (see docs/INDEX.md: it makes big
+# indexes' lookups faster and their ingest slower).
+cdef bint use_huge = _os.environ.get("KVEVENTS_INDEX_HUGEPAGES", "1") != "0"
+
+
 cdef Entry *table_alloc(size_t nbytes, void **raw) noexcept:
     """``nbytes`` for a table; a big one (>= 8 MiB) 2 MiB-aligned and advised to use huge pages:
     its lookups are random, and a page-table walk per lookup (two-dimensional in a VM) costs as
     much as the lookup. The unaligned head is never touched, so it takes no memory."""
     cdef size_t addr
-    if nbytes < (<size_t>4) * HUGE_PAGE:
+    if nbytes < (<size_t>4) * HUGE_PAGE or not use_huge:
         raw[0] = PyMem_Malloc(nbytes)
         return <Entry *>raw[0]
     raw[0] = PyMem_Malloc(nbytes + HUGE_PAGE)
@@ -576,7 +583,7 @@ cdef class IndexCore:
         if raws == NULL:
             raise MemoryError()
         self.chunk_raw = raws
-        if k < SLAB_CHUNKS:
+        if k < SLAB_CHUNKS or not use_huge:
             raw = PyMem_Malloc(KV_CHUNK * sizeof(Node))
             if raw == NULL:
                 raise MemoryError()
