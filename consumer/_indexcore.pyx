@@ -1,9 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The compiled index core: compact C tables behind ``CacheIndex`` (same results as ``_pycore``).
 
-Layout (about 40 bytes per unshared held block, 4-8 bytes per further holder of a shared one):
+Layout (about 55-85 bytes per unshared held block: a 40-byte node and two 8-byte table entries at
+load 0.35-0.7; 4-8 bytes per further holder of a shared one):
 
-- nodes: one 32-byte record per engine block hash held by anyone, in chunks of 2**14 (so no
+- nodes: one 40-byte record per engine block hash held by anyone, in chunks of 2**14 (so no
   big reallocation ever moves them): engine hash, content hash, holders, the links of its
   content-hash chain, and the holder count with two flag bits;
 - two open-addressing tables of u32 node ids (linear probing, backward-shift deletion, load
@@ -20,7 +21,9 @@ Layout (about 40 bytes per unshared held block, 4-8 bytes per further holder of 
 applies the batch; ``apply_batch`` fills the same arrays from model objects. A malformed body
 raises ``DecodeError`` before anything is applied. Bodies of a schema version the flat reader
 does not read (``kvevents.schemas.codec.flat_variants``) go through ``decode_batch`` (schema
-resolution) and ``apply_batch``. The kvh64 constants come from ``hashing``.
+resolution) and ``apply_batch``. The kvh64 constants come from ``hashing``. Threads (one
+writer that yields the GIL between events, any number of readers) and the query path's
+prefetching and result templates: ``docs/INDEX.md``.
 """
 
 from cpython cimport array as carray
@@ -33,7 +36,14 @@ from libc.string cimport memcmp, memcpy, memset
 
 
 cdef extern from "Python.h":
+    ctypedef struct PyObject
     dict _PyDict_NewPresized(Py_ssize_t minused)
+    int _PyDict_SetItem_KnownHash(object mp, object key, object item, Py_hash_t hash) except -1
+    dict PyDict_Copy(object mp)
+    ctypedef struct PyThreadState
+    PyThreadState *PyEval_SaveThread()
+    void PyEval_RestoreThread(PyThreadState *tstate)
+    PyObject *_PyDict_GetItem_KnownHash(object mp, object key, Py_hash_t hash)
 
 from kvevents.schemas._fastcodec cimport (
     FLAT_CREATED,
@@ -100,6 +110,7 @@ cdef extern from *:
     const uint32_t KV_SLOT_MASK
 
 cdef enum:
+    YIELD_BLOCKS = 64    # a batch being applied lets other threads run after about this many blocks
     LEVELS = 16
     LEVEL_MAX = 15
     PRIORITY_MAX = 255
@@ -139,6 +150,7 @@ ctypedef struct Entry:
 
 ctypedef struct Table:
     Entry *ids
+    void *raw            # the allocation ids lives in (ids is aligned to 2 MiB in a big table)
     uint64_t mask
     uint64_t count
     int bits
@@ -146,6 +158,7 @@ ctypedef struct Table:
 ctypedef struct Slot:
     int64_t levels[LEVELS]
     int64_t total
+    Py_hash_t khash      # hash() of the worker key (the result dict is built without rehashing)
     uint32_t worker
     uint32_t next_slot
     int32_t window
@@ -179,6 +192,38 @@ cdef extern from *:
     #endif
     """
     void prefetch "KV_PREFETCH"(const void *p) noexcept nogil
+
+
+cdef extern from "sys/mman.h":
+    int madvise(void *addr, size_t length, int advice) nogil
+    int MADV_HUGEPAGE
+
+cdef enum:
+    HUGE_PAGE = 1 << 21
+    SLAB_CHUNKS = 16
+
+
+import os as _os
+
+# KVEVENTS_INDEX_HUGEPAGES=0 turns the huge-page layout off (see docs/INDEX.md: it makes big
+# indexes' lookups faster and their ingest slower).
+cdef bint use_huge = _os.environ.get("KVEVENTS_INDEX_HUGEPAGES", "1") != "0"
+
+
+cdef Entry *table_alloc(size_t nbytes, void **raw) noexcept:
+    """``nbytes`` for a table; a big one (>= 8 MiB) 2 MiB-aligned and advised to use huge pages:
+    its lookups are random, and a page-table walk per lookup (two-dimensional in a VM) costs as
+    much as the lookup. The unaligned head is never touched, so it takes no memory."""
+    cdef size_t addr
+    if nbytes < (<size_t>4) * HUGE_PAGE or not use_huge:
+        raw[0] = PyMem_Malloc(nbytes)
+        return <Entry *>raw[0]
+    raw[0] = PyMem_Malloc(nbytes + HUGE_PAGE)
+    if raw[0] == NULL:
+        return NULL
+    addr = (<size_t>raw[0] + HUGE_PAGE - 1) & ~(<size_t>HUGE_PAGE - 1)
+    madvise(<void *>addr, nbytes & ~(<size_t>HUGE_PAGE - 1), MADV_HUGEPAGE)
+    return <Entry *>addr
 
 
 cdef inline uint32_t fingerprint(uint64_t key) noexcept nogil:
@@ -329,6 +374,7 @@ cdef class IndexCore:
 
     # nodes and tables
     cdef Node **chunks
+    cdef void **chunk_raw    # per chunk, the allocation to free (NULL: inside an earlier slab)
     cdef size_t nchunks
     cdef uint32_t node_top
     cdef uint32_t free_node
@@ -370,6 +416,13 @@ cdef class IndexCore:
     cdef size_t qkeys_cap
     cdef list qlist
     cdef Py_ssize_t qready
+    cdef uint32_t *hist
+    cdef size_t hist_cap
+    cdef dict templates      # result templates (see match_counts)
+    cdef uint32_t *ctok      # content_hashes' token scratch (a reader's; fb is the writer's)
+    cdef size_t ctok_cap
+    cdef bint applying       # a batch is being applied (it yields the GIL between events)
+    cdef size_t template_keys
     # batch scratch: the flat batch the codec reads into (or _fill_event fills)
     cdef FlatBatch fb
     cdef dict variants
@@ -384,14 +437,21 @@ cdef class IndexCore:
 
     def __cinit__(self):
         self.chunks = NULL
+        self.chunk_raw = NULL
         self.pool = NULL
         self.slots = NULL
         self.wrk = NULL
         self.etab.ids = NULL
         self.ctab.ids = NULL
+        self.etab.raw = NULL
+        self.ctab.raw = NULL
         self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
         self.slvl = NULL
         self.qkeys = NULL
+        self.hist = NULL
+        self.ctok = NULL
+        self.ctok_cap = 0
+        self.applying = False
         flat_init(&self.fb)
 
     def __init__(self, key_factory=tuple, limits=None):
@@ -409,14 +469,16 @@ cdef class IndexCore:
         cdef size_t i
         if self.chunks != NULL:
             for i in range(self.nchunks):
-                PyMem_Free(self.chunks[i])
+                PyMem_Free(self.chunk_raw[i])
             PyMem_Free(self.chunks)
+            PyMem_Free(self.chunk_raw)
             self.chunks = NULL
+            self.chunk_raw = NULL
         self.nchunks = 0
-        PyMem_Free(self.etab.ids)
-        self.etab.ids = NULL
-        PyMem_Free(self.ctab.ids)
-        self.ctab.ids = NULL
+        PyMem_Free(self.etab.raw)
+        self.etab.ids = self.etab.raw = NULL
+        PyMem_Free(self.ctab.raw)
+        self.ctab.ids = self.ctab.raw = NULL
         PyMem_Free(self.pool)
         self.pool = NULL
         PyMem_Free(self.slots)
@@ -434,6 +496,11 @@ cdef class IndexCore:
         self.slvl = NULL
         PyMem_Free(self.qkeys)
         self.qkeys = NULL
+        PyMem_Free(self.hist)
+        self.hist = NULL
+        PyMem_Free(self.ctok)
+        self.ctok = NULL
+        self.ctok_cap = 0
         flat_free(&self.fb)
 
     cdef int _reset_all(self) except -1:
@@ -461,6 +528,9 @@ cdef class IndexCore:
         self.score_cap = 0
         self.epoch = 0
         self.qkeys_cap = 0
+        self.hist_cap = 0
+        self.templates = {}
+        self.template_keys = 0
         self.c_batches_applied = self.c_batches_replayed = self.c_batches_stale = 0
         self.c_events_applied = self.c_events_duplicate = self.c_blocks_stored = 0
         self.c_blocks_removed = self.c_orphan_blocks = self.c_unknown_removed = 0
@@ -483,14 +553,7 @@ cdef class IndexCore:
             if self.node_top >= 0xFFFFFFF0u:
                 raise OverflowError("more than 2**32 - 16 distinct blocks in one index")
             if (self.node_top >> KV_CHUNK_BITS) >= self.nchunks:
-                chunks = <Node **>PyMem_Realloc(self.chunks, (self.nchunks + 1) * sizeof(Node *))
-                if chunks == NULL:
-                    raise MemoryError()
-                self.chunks = chunks
-                self.chunks[self.nchunks] = <Node *>PyMem_Malloc(KV_CHUNK * sizeof(Node))
-                if self.chunks[self.nchunks] == NULL:
-                    raise MemoryError()
-                self.nchunks += 1
+                self._chunk_add()
             id = self.node_top
             self.node_top += 1
         cdef Node *node = self.N(id)
@@ -503,6 +566,43 @@ cdef class IndexCore:
         node.sig = 0
         self.nodes_used += 1
         return id
+
+    cdef int _chunk_add(self) except -1:
+        """One more chunk of nodes. Past the first SLAB_CHUNKS, chunks come SLAB_CHUNKS at a
+        time in one 2 MiB-aligned slab advised for huge pages (node lookups are random: see
+        ``table_alloc``); a slab's chunks not yet used are not touched, so take no memory."""
+        cdef size_t k = self.nchunks, addr
+        cdef Node **chunks
+        cdef void **raws
+        cdef void *raw
+        chunks = <Node **>PyMem_Realloc(self.chunks, (k + 1) * sizeof(Node *))
+        if chunks == NULL:
+            raise MemoryError()
+        self.chunks = chunks
+        raws = <void **>PyMem_Realloc(self.chunk_raw, (k + 1) * sizeof(void *))
+        if raws == NULL:
+            raise MemoryError()
+        self.chunk_raw = raws
+        if k < SLAB_CHUNKS or not use_huge:
+            raw = PyMem_Malloc(KV_CHUNK * sizeof(Node))
+            if raw == NULL:
+                raise MemoryError()
+            chunks[k] = <Node *>raw
+            raws[k] = raw
+        elif k % SLAB_CHUNKS == 0:
+            raw = PyMem_Malloc(SLAB_CHUNKS * KV_CHUNK * sizeof(Node) + HUGE_PAGE)
+            if raw == NULL:
+                raise MemoryError()
+            addr = (<size_t>raw + HUGE_PAGE - 1) & ~(<size_t>HUGE_PAGE - 1)
+            madvise(<void *>addr, (SLAB_CHUNKS * KV_CHUNK * sizeof(Node)) & ~(<size_t>HUGE_PAGE - 1),
+                    MADV_HUGEPAGE)
+            chunks[k] = <Node *>addr
+            raws[k] = raw
+        else:
+            chunks[k] = chunks[k - 1] + KV_CHUNK
+            raws[k] = NULL
+        self.nchunks += 1
+        return 0
 
     cdef void _node_free(self, uint32_t id) noexcept:
         cdef Node *node = self.N(id)
@@ -517,8 +617,9 @@ cdef class IndexCore:
         cdef size_t cap = (<size_t>1) << bits
         if bits > 32:
             raise OverflowError("a hash table of more than 2**32 entries")
-        PyMem_Free(t.ids)
-        t.ids = <Entry *>PyMem_Malloc(cap * sizeof(Entry))
+        PyMem_Free(t.raw)
+        t.raw = NULL
+        t.ids = table_alloc(cap * sizeof(Entry), &t.raw)
         if t.ids == NULL:
             raise MemoryError()
         memset(t.ids, 0xFF, cap * sizeof(Entry))
@@ -569,13 +670,16 @@ cdef class IndexCore:
         if bits == t.bits:
             return 0
         cdef Entry *old = t.ids
+        cdef void *old_raw = t.raw
         cdef uint64_t old_cap = t.mask + 1, j, i
         cdef uint64_t n = t.count
         t.ids = NULL
+        t.raw = NULL
         try:
             self._table_init(t, bits)
         except MemoryError:
             t.ids = old
+            t.raw = old_raw
             raise
         for j in range(old_cap):
             if old[j].id != KV_NIL:
@@ -584,7 +688,7 @@ cdef class IndexCore:
                     i = (i + 1) & t.mask
                 t.ids[i] = old[j]
         t.count = n
-        PyMem_Free(old)
+        PyMem_Free(old_raw)
         return 0
 
     cdef int _insert(self, Table *t, uint32_t id, uint64_t key) except -1:
@@ -848,6 +952,7 @@ cdef class IndexCore:
         memset(s, 0, sizeof(Slot))
         s.worker = widx
         s.window = window
+        s.khash = hash(self.w_keys[widx])
         s.active = 1
         s.next_slot = self.wrk[widx].first_slot
         self.wrk[widx].first_slot = slot
@@ -1021,6 +1126,7 @@ cdef class IndexCore:
         cdef SEvent *e
         cdef uint32_t widx = 0
         cdef int32_t cached_rank = -1
+        cdef size_t since = 0
         if inst.producer_id is None:
             inst.producer_id = pid
             inst.sequence = seq
@@ -1055,6 +1161,11 @@ cdef class IndexCore:
                                   _reasons.events_dropped(self.fb.drops[2 * k + 1], seq))
         self.c_batches_applied += 1
         for k in range(self.fb.nev):
+            if since >= YIELD_BLOCKS:
+                # between two events the index is whole: let a waiting reader thread run
+                PyEval_RestoreThread(PyEval_SaveThread())
+                since = 0
+            since += 1 + self.fb.ev[k].count
             if k + 3 < self.fb.nev:
                 self._prefetch_keys(&self.fb.ev[k + 3], 0)
             if k + 1 < self.fb.nev:
@@ -1065,6 +1176,20 @@ cdef class IndexCore:
                 cached_rank = e.rank
             self._apply_event(widx, e, offset if k == 0 else 0)
         return 0
+
+    cdef inline void _prefetch_node(self, const Table *t, uint64_t key) noexcept nogil:
+        """Pull in the node ``key``'s fingerprint points to (its table entry already cached)."""
+        cdef uint32_t fp = fingerprint(key)
+        cdef uint64_t i = self._home(t, fp)
+        cdef const Entry *entry
+        while True:
+            entry = &t.ids[i]
+            if entry.id == KV_NIL:
+                return
+            if entry.fp == fp:
+                prefetch(self.N(entry.id))
+                return
+            i = (i + 1) & t.mask
 
     cdef void _prefetch_keys(self, const SEvent *e, int stage) noexcept nogil:
         """Stage 0: pull the table entries of an event's first keys into the cache; stage 1
@@ -1238,8 +1363,39 @@ cdef class IndexCore:
     cdef void _scratch_clear(self) noexcept:
         flat_clear(&self.fb)
 
+    cdef int _begin_write(self) except -1:
+        if self.applying:
+            raise RuntimeError("CacheIndex: another thread is applying a batch (one writer at a time)")
+        return 0
+
     def apply_encoded(self, data):
         """Decode a single-object encoded batch straight into the index (see module doc)."""
+        self._begin_write()
+        self.applying = True
+        try:
+            self._apply_encoded(data)
+        finally:
+            self.applying = False
+
+    def apply_encoded_many(self, batches):
+        """``apply_encoded`` on each batch in order; stops at the first that raises. Returns
+        how many were applied."""
+        cdef Py_ssize_t done = 0
+        self._begin_write()
+        self.applying = True
+        try:
+            for data in batches:
+                try:
+                    self._apply_encoded(data)
+                except Exception as exc:
+                    exc.add_note(f"apply_encoded_many: batch {done} (the {done} before it are applied)")
+                    raise
+                done += 1
+        finally:
+            self.applying = False
+        return done
+
+    cdef _apply_encoded(self, data):
         cdef Py_buffer view
         cdef const uint8_t *base
         cdef const uint8_t *name
@@ -1256,7 +1412,7 @@ cdef class IndexCore:
             if size >= _HEADER and memcmp(base, PyBytes_AS_STRING(_MAGIC), 2) == 0:
                 variant = self.variants.get(PyBytes_FromStringAndSize(<const char *>base + 2, _HEADER - 2))
             if variant is None:
-                self.apply_batch(decode_batch(data))
+                self._apply_batch(decode_batch(data))
                 return
             flat_read(&self.fb, base + _HEADER, size - _HEADER, variant)
             flat_validate(&self.fb, &self.lim)
@@ -1393,6 +1549,14 @@ cdef class IndexCore:
     def apply_batch(self, batch):
         """Apply one ``EventBatch`` (model objects); LimitError, and nothing applied, when it
         breaks the limits."""
+        self._begin_write()
+        self.applying = True
+        try:
+            self._apply_batch(batch)
+        finally:
+            self.applying = False
+
+    cdef _apply_batch(self, batch):
         self._scratch_clear()
         try:
             name = batch.instance_id.encode("utf-8")
@@ -1477,16 +1641,27 @@ cdef class IndexCore:
         cdef uint32_t *alive = self.alive
         cdef uint8_t *slvl = self.slvl
         cdef uint32_t epoch
+        cdef const Table *tab = &self.ctab if by_content else &self.etab
+        cdef Py_ssize_t group_end = 0, g
         self.epoch += 1
         if self.epoch == 0:
             memset(self.stamp, 0, self.score_cap * sizeof(uint32_t))
             self.epoch = 1
         epoch = self.epoch
+        # Group prefetching: keys are looked up in groups (16, then 32): first every key's table
+        # entry is fetched, then every key's node (through its fingerprint's entry), then the
+        # group is matched; the fetches of a group overlap instead of waiting one by one.
         for i in range(n):
+            if i == group_end:
+                group_end = i + (16 if i == 0 else 32)
+                if group_end > n:
+                    group_end = n
+                self._keys_upto(group_end)
+                for g in range(i, group_end):
+                    self._prefetch(tab, self.qkeys[g])
+                for g in range(i, group_end):
+                    self._prefetch_node(tab, self.qkeys[g])
             step = <uint32_t>i + 1
-            self._keys_upto(i + 3)
-            if i + 2 < n:
-                self._prefetch(&self.ctab if by_content else &self.etab, self.qkeys[i + 2])
             if by_content:
                 id = self._find(&self.ctab, self.qkeys[i], True)
             else:
@@ -1574,24 +1749,103 @@ cdef class IndexCore:
         return out
 
     def match_counts(self, hashes, bint by_content, window, int max_level):
-        """{worker key: best run over its window caches} (the hot path of find_matches)."""
+        """{worker key: best run over its window caches} (the hot path of find_matches).
+
+        A result with many workers is mostly one value (every worker holding a shared system
+        prompt and nothing after it has the prompt's length), and copying a dict costs a tenth
+        of filling one. So the result is a copy of a cached *template* (the same workers, all
+        with the most common run) with the other workers' values set. A template is used only
+        when its slots are exactly this query's (equal count, every one of them matched now):
+        answers stay exact."""
         cdef Py_ssize_t n = self._load_keys(hashes)
         cdef size_t t = self._match(n, by_content, window is not None, 0 if window is None else window,
                                     max_level)
         cdef size_t k
+        cdef uint32_t slot, v = 0, best = 0, r
+        cdef uint64_t setsig = 0
+        cdef bint multi = False
+        cdef Slot *s
+        cdef dict out, tmpl
+        cdef const uint32_t *ts
+        if t >= 32:
+            if <size_t>n + 1 > self.hist_cap:
+                grow(<void **>&self.hist, &self.hist_cap, <size_t>n + 1, sizeof(uint32_t))
+            for k in range(t):
+                slot = self.touched[k]
+                self.hist[self.run[slot]] = 0
+                if self.wrk[self.slots[slot].worker].nactive != 1:
+                    multi = True
+            if not multi:
+                for k in range(t):
+                    slot = self.touched[k]
+                    setsig ^= holder_sig(slot)
+                    r = self.run[slot]
+                    self.hist[r] += 1
+                    if self.hist[r] > best:
+                        best = self.hist[r]
+                        v = r
+                return self._from_template(t, setsig ^ (<uint64_t>v * KV_K1), v)
+        return self._build_counts(t)
+
+    cdef dict _build_counts(self, size_t t):
+        cdef size_t k
         cdef uint32_t slot
         cdef dict out = _PyDict_NewPresized(t)
         cdef list keys = self.s_keys
+        cdef Slot *s
+        cdef PyObject *old
         for k in range(t):
             slot = self.touched[k]
+            s = &self.slots[slot]
             key = keys[slot]
             value = self.run[slot]
-            if self.wrk[self.slots[slot].worker].nactive == 1:
-                out[key] = value
-                continue
-            old = out.get(key)
-            if old is None or old < value:
-                out[key] = value
+            if self.wrk[s.worker].nactive != 1:
+                old = _PyDict_GetItem_KnownHash(out, key, s.khash)
+                if old != NULL and <object>old >= value:
+                    continue
+            _PyDict_SetItem_KnownHash(out, key, value, s.khash)
+        return out
+
+    cdef dict _from_template(self, size_t t, uint64_t ckey, uint32_t v):
+        """The result of ``touched[:t]`` (one window cache per worker) from a template."""
+        cdef size_t k, m
+        cdef uint32_t slot
+        cdef uint32_t epoch = self.epoch
+        cdef list keys = self.s_keys
+        cdef dict tmpl = None, out
+        cdef bytes tslots
+        cdef const uint32_t *ts
+        cdef bint hit = False
+        entry = self.templates.get(ckey)
+        if entry is not None:
+            tmpl, tslots = entry
+            m = len(tslots) // 4
+            if m == t:
+                ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
+                hit = True
+                for k in range(m):
+                    slot = ts[k]
+                    if self.stamp[slot] != epoch:
+                        hit = False
+                        break
+        if not hit:
+            tmpl = _PyDict_NewPresized(t)
+            tslots = PyBytes_FromStringAndSize(NULL, t * 4)
+            memcpy(PyBytes_AS_STRING(tslots), self.touched, t * 4)
+            value = v
+            for k in range(t):
+                slot = self.touched[k]
+                _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
+            if self.template_keys + t > (1 << 18):
+                self.templates.clear()
+                self.template_keys = 0
+            self.templates[ckey] = (tmpl, tslots)
+            self.template_keys += t
+        out = PyDict_Copy(tmpl)
+        for k in range(t):
+            slot = self.touched[k]
+            if self.run[slot] != v:
+                _PyDict_SetItem_KnownHash(out, keys[slot], self.run[slot], self.slots[slot].khash)
         return out
 
     def content_hashes(self, tokens, Py_ssize_t block_size, lora_id, cache_salt, token_extra_ids, mm_keys):
@@ -1606,14 +1860,14 @@ cdef class IndexCore:
             return content_hashes_for_tokens(tokens, block_size, lora_id, cache_salt=cache_salt,
                                              token_extra_ids=token_extra_ids, mm_keys=mm_keys)
         n = len(tokens)
-        self._need_tokens(n if n else 1)
+        grow(<void **>&self.ctok, &self.ctok_cap, n if n else 1, sizeof(uint32_t))
         if isinstance(tokens, carray.array) and tokens.typecode == 'i':
             if n:
-                memcpy(self.fb.tok, (<carray.array>tokens).data.as_ints, n * sizeof(uint32_t))
+                memcpy(self.ctok, (<carray.array>tokens).data.as_ints, n * sizeof(uint32_t))
         else:
             i = 0
             for t in tokens:
-                self.fb.tok[i] = <uint32_t><int64_t>t  # the low 32 bits, as the hash takes them
+                self.ctok[i] = <uint32_t><int64_t>t  # the low 32 bits, as the hash takes them
                 i += 1
         memset(&blk, 0, sizeof(SBlock))
         blk.ntok = <uint32_t>block_size
@@ -1628,7 +1882,7 @@ cdef class IndexCore:
         out = []
         for b in range(nblocks):
             blk.tok = <uint32_t>(b * block_size)
-            h = block_content(h, b == 0, &blk, self.fb.tok, NULL, NULL)
+            h = block_content(h, b == 0, &blk, self.ctok, NULL, NULL)
             out.append(h)
         return out
 
@@ -1735,6 +1989,7 @@ cdef class IndexCore:
     # ------------------------------------------------------------------ seams for snapshots
 
     def reset_worker(self, str instance_id, int32_t rank, bint clear_degraded):
+        self._begin_write()
         cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
         self._drop_worker_windows(widx)
         self.wrk[widx].split_blocks = 0
@@ -1744,9 +1999,11 @@ cdef class IndexCore:
             self.wrk[widx].gaps = 0
 
     def mark_degraded(self, str instance_id, int32_t rank, str reason):
+        self._begin_write()
         self._degrade(self._worker(self._instance(instance_id), rank), reason)
 
     def load_window(self, str instance_id, int32_t rank, int32_t window, capacity, stored):
+        self._begin_write()
         cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
         cdef uint32_t slot = self._slot(widx, window, True)
         if capacity is not None:
@@ -1759,6 +2016,7 @@ cdef class IndexCore:
                         0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.fb.nblk)
 
     def set_cursor(self, str instance_id, int32_t rank, event_id):
+        self._begin_write()
         cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
         cdef Worker *w = &self.wrk[widx]
         w.has_cursor = event_id is not None
@@ -1859,6 +2117,7 @@ cdef class IndexCore:
 
     def import_state(self, state):
         """Replace everything with ``state`` (counters start from zero)."""
+        self._begin_write()
         cdef const uint8_t[::1] engine = state.engine
         cdef const uint8_t[::1] content = state.content
         cdef const uint8_t[::1] flags = state.has_content

@@ -289,6 +289,15 @@ class PyIndexCore:
     def apply_encoded(self, data: bytes | bytearray | memoryview) -> None:
         self.apply_batch(decode_batch(data))
 
+    def apply_encoded_many(self, batches: Sequence[bytes | bytearray | memoryview]) -> int:
+        for done, data in enumerate(batches):
+            try:
+                self.apply_encoded(data)
+            except Exception as exc:
+                exc.add_note(f"apply_encoded_many: batch {done} (the {done} before it are applied)")
+                raise
+        return len(batches)
+
     def apply_batch(self, batch: EventBatch) -> None:
         check_batch(batch, self.limits)  # before anything changes: a rejected batch leaves no trace
         self._check_capacity(batch)

@@ -2,7 +2,8 @@
 
 :class:`CacheIndex` applies batches (sessions, replays, gaps, Created generations, snapshots,
 Stored/Removed/Updated) and answers ``find_matches``: per worker, how many leading blocks of a
-query it holds. The rules, matching and the two cores: ``docs/INDEX.md``. Not thread-safe.
+query it holds. The rules, matching, the two cores and threads: ``docs/INDEX.md`` (compiled core:
+one writer thread and any number of reader threads; the pure core: not thread-safe).
 """
 
 from __future__ import annotations
@@ -109,6 +110,13 @@ class CacheIndex:
         Avro body directly into the index. Malformed bytes, and batches beyond the limits, raise
         :class:`kvevents.schemas.DecodeError` and change nothing."""
         self._core.apply_encoded(data)
+
+    def apply_encoded_many(self, batches: Sequence[bytes | bytearray | memoryview]) -> int:
+        """:meth:`apply_encoded` on each of ``batches`` in order, in one call (no Python call per
+        batch). Stops at the first that raises (its note names the batch): the ones before it
+        stay applied, the rest are not, so a caller that sets bad batches aside resumes after
+        it. Returns how many were applied."""
+        return int(self._core.apply_encoded_many(batches))
 
     # ------------------------------------------------------------------ matching
 

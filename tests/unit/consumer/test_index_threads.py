@@ -1,0 +1,99 @@
+"""Threads: lookups from other threads while one thread applies batches (compiled core).
+
+The compiled core yields the GIL between the events of a batch, so a reader thread's
+lookups run while a long batch is applied; they see the index between two events. One
+writer at a time: a second mutation while a batch is being applied raises RuntimeError.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+from _index_helpers import batch, created, stored
+from kvevents.consumer._indexcore import IndexCore
+from kvevents.consumer.index import CacheIndex
+from kvevents.schemas import encode_batch
+
+
+@pytest.fixture
+def fast_switching() -> Iterator[None]:
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(old)
+
+
+def _batches(n: int) -> list[bytes]:
+    """Batches of 8 ranks each storing 24 events of 40 blocks on one shared 32-block prefix."""
+    prefix = list(range(1, 33))
+    out = [encode_batch(batch([created(0, rank=r) for r in range(8)], 0, dp=8))]
+    for s in range(1, n + 1):
+        events = []
+        for r in range(8):
+            for k in range(3):
+                eid = 3 * (s - 1) + k + 1
+                tail = [10**6 * (r + 1) + 1000 * eid + j for j in range(8)]
+                events.append(stored(eid, prefix + tail, rank=r))
+        out.append(encode_batch(batch(events, s, dp=8)))
+    return out
+
+
+def test_lookups_run_during_ingest_and_see_whole_events(fast_switching: None) -> None:
+    data = _batches(150)
+    index = CacheIndex(core="compiled")
+    done = threading.Event()
+    seen: list[dict[object, int]] = []
+    errors: list[Exception] = []
+
+    def reader() -> None:
+        query = list(range(1, 33)) + [10**6 + 1000 + j for j in range(8)]
+        try:
+            while not done.is_set():
+                seen.append(index.find_matches(query))
+                index.find_matches_for_tokens(list(range(64)), 4)
+        except Exception as exc:  # noqa: BLE001 - the assert below reports it
+            errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for body in data:
+            index.apply_encoded(body)
+    finally:
+        done.set()
+        thread.join()
+    assert not errors
+    alone = CacheIndex(core="compiled")
+    for body in data:
+        alone.apply_encoded(body)
+    assert index.same_state(alone)  # a reader (its own scratch) never disturbs the writer
+    # whole events only: a worker's run over the shared prefix is 0 or all 32 (+ its tail)
+    assert len(seen) > 10
+    for answer in seen:
+        assert all(v in (32, 40) for v in answer.values()), answer
+
+
+def test_a_second_writer_while_a_batch_is_applied_is_refused() -> None:
+    core: IndexCore
+    refused: list[str] = []
+
+    def key(instance_id: str, rank: int) -> tuple[str, int]:
+        # called while the batch that introduces the worker is being applied
+        for call in (
+            lambda: core.apply_batch(batch([created(0)], 0, "other")),
+            lambda: core.reset_worker("i0", 0, True),
+            lambda: core.mark_degraded("i0", 0, "x"),
+        ):
+            with pytest.raises(RuntimeError, match="one writer at a time") as info:
+                call()
+            refused.append(str(info.value))
+        return (instance_id, rank)
+
+    core = IndexCore(key)
+    core.apply_batch(batch([created(0), stored(1, [1, 2, 3])], 0))
+    assert len(refused) == 3
+    assert core.match_counts([1, 2, 3], False, None, 15) == {("i0", 0): 3}
+    core.apply_batch(batch([stored(2, [4], parent=3)], 1))  # the writer flag was cleared
