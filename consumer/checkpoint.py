@@ -22,6 +22,7 @@ import msgspec
 import xxhash
 
 from .index import CacheIndex
+from .liveness import Heard, Liveness
 
 if TYPE_CHECKING:
     from .reader import EventReader
@@ -56,6 +57,7 @@ class _Header(msgspec.Struct, frozen=True):
     created_at_us: int
     index_bytes: int
     kvevents_version: str = ""
+    liveness: dict[str, Heard] | None = None  # absent in checkpoints older than liveness
 
 
 def _package_version() -> str:
@@ -68,19 +70,22 @@ def _package_version() -> str:
 @dataclass(frozen=True)
 class Checkpoint:
     """An index state and the offsets it reflects: per partition of ``topic``, the next
-    offset to read (every message before it is in the state)."""
+    offset to read (every message before it is in the state). ``liveness``: per instance, when
+    it was last heard and whether it closed, as of the same moment (None: not kept)."""
 
     topic: str
     offsets: dict[int, int]
     index_state: bytes = field(repr=False)
     created_at_us: int = 0
     kvevents_version: str = ""
+    liveness: dict[str, Heard] | None = None
 
     @classmethod
-    def capture(cls, index: CacheIndex, reader: EventReader) -> Checkpoint:
-        """The state of ``index`` and the offsets ``reader`` has applied to it. Call it between
-        reads, from the thread that applies (the two must describe the same moment). The reader
-        must assign every partition (not a consumer group, whose members hold only some)."""
+    def capture(cls, index: CacheIndex, reader: EventReader, liveness: Liveness | None = None) -> Checkpoint:
+        """The state of ``index`` (and ``liveness``, tracked from the same messages) and the
+        offsets ``reader`` has applied to it. Call it between reads, from the thread that applies
+        (they must describe the same moment). The reader must assign every partition (not a
+        consumer group, whose members hold only some)."""
         if reader.group_id is not None:
             raise ValueError(
                 "a checkpoint needs a reader of every partition, not a consumer group member "
@@ -92,6 +97,7 @@ class Checkpoint:
             index_state=index.to_bytes(),
             created_at_us=time.time_ns() // 1000,
             kvevents_version=_package_version(),
+            liveness=None if liveness is None else liveness.saved(),
         )
 
     def index(self, *, core: str = "auto") -> CacheIndex:
@@ -116,6 +122,7 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
             checkpoint.created_at_us,
             len(checkpoint.index_state),
             checkpoint.kvevents_version,
+            checkpoint.liveness,
         )
     )
     head = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header
@@ -165,6 +172,7 @@ def decode_checkpoint(
         index_state=bytes(view[body_start : expected - _DIGEST_SIZE]),
         created_at_us=header.created_at_us,
         kvevents_version=header.kvevents_version,
+        liveness=header.liveness,
     )
 
 

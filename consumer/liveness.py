@@ -6,19 +6,27 @@ Every message counts as a sign of life, heartbeats (batches with no events) incl
 the message's Kafka timestamp (the producer's clock; the receive time when a message has none),
 so replicas reading the same topic agree and a rebuild sees old instances as stale at once.
 Stale is not degraded: a degraded worker's view may be incomplete (lost events), a stale one's
-may be out of date. Kept beside the index, not in it: checkpoints do not carry liveness; an
-instance restored from a checkpoint counts as heard when tracking started.
+may be out of date. Kept beside the index, not in it; a checkpoint carries it (:meth:`Liveness.saved`,
+:meth:`Liveness.restore`), so a restart keeps closed instances closed and the original clock. An
+instance never heard (e.g. from an older checkpoint without it) counts as heard when tracking started.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["CONTROL_CLOSE", "CONTROL_HEADER", "DEFAULT_STALE_AFTER_S", "InstanceLiveness", "Liveness"]
+__all__ = [
+    "CONTROL_CLOSE",
+    "CONTROL_HEADER",
+    "DEFAULT_STALE_AFTER_S",
+    "Heard",
+    "InstanceLiveness",
+    "Liveness",
+]
 
 CONTROL_HEADER = "kvevents-control"
 """Kafka header of control signals (the producer's ``KafkaEventSink`` writes the same name)."""
@@ -37,6 +45,14 @@ class InstanceLiveness(msgspec.Struct, frozen=True):
     last_heard_s: float
     messages: int
     state: State
+
+
+class Heard(msgspec.Struct, frozen=True, array_like=True):
+    """What a checkpoint keeps of one instance: when it was last heard (the message timestamp,
+    seconds since the epoch) and whether it closed."""
+
+    last_heard_s: float
+    closed: bool
 
 
 def control_value(headers: Iterable[tuple[str, bytes | None]] | None) -> bytes | None:
@@ -89,6 +105,15 @@ class Liveness:
         closing = control_value(message.headers()) == CONTROL_CLOSE
         self.observe(instance, stamp_ms / 1000.0 if kind and stamp_ms > 0 else None, closing=closing)
         return instance if closing else None
+
+    def saved(self) -> dict[str, Heard]:
+        """Every instance heard: last heard and closed flag (what a checkpoint keeps)."""
+        return {i: Heard(at, i in self._closed) for i, at in self._last.items()}
+
+    def restore(self, saved: Mapping[str, Heard]) -> None:
+        """Take :meth:`saved`'s state (before observing anything: it replaces what is known)."""
+        self._last = {i: h.last_heard_s for i, h in saved.items()}
+        self._closed = {i for i, h in saved.items() if h.closed}
 
     def state(self, instance_id: str, now: float | None = None) -> State:
         if instance_id in self._closed:
