@@ -17,18 +17,29 @@ from confluent_kafka import KafkaException
 
 from .checkpoint import Checkpoint
 from .index import CacheIndex
-from .liveness import DEFAULT_STALE_AFTER_S, Liveness
+from .liveness import DEFAULT_STALE_AFTER_S, Heard, Liveness
 from .reader import EventReader, ReaderError
 from .reader_metrics import ReaderMetrics, ReaderProgress
 from .workers import WorkerKey
 
-__all__ = ["DEFAULT_READY_MAX_LAG", "FollowerHealth", "LiveIndex"]
+__all__ = ["DEFAULT_READY_MAX_LAG", "FollowerHealth", "LiveIndex", "observe_liveness"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_READY_MAX_LAG = 1000
 """Messages behind the broker's high watermark a ready follower may be (at the producers' usual
 rate, well under a second of events)."""
+
+
+def observe_liveness(liveness: Liveness, index: CacheIndex, message: Any) -> str | None:
+    """Track ``message`` in ``liveness`` (an ``on_message`` of ``EventReader.apply_to``, under the
+    index's lock); if its instance closes, its workers leave ``index``: returns that instance."""
+    closing = liveness.observe_message(message)
+    if closing is not None:
+        for key in index.workers():
+            if key.instance_id == closing:
+                index.reset_worker(key, clear_degraded=True)
+    return closing
 
 
 class FollowerHealth(msgspec.Struct, frozen=True):
@@ -52,8 +63,9 @@ class LiveIndex:
     offsets, or from the beginning) then follows in a thread; query ``index`` while holding
     ``lock``; ``stop()`` ends the thread; ``checkpoint()`` captures state and offsets.
 
-    Start from ``checkpoint``, or from ``index`` and the ``offsets`` it reflects (e.g. a copy
-    shared by a parent process), or from an empty index and the beginning of the topic.
+    Start from ``checkpoint`` (its liveness too, when it carries it), or from ``index`` and the
+    ``offsets`` (and ``liveness``, :meth:`Liveness.saved`) it reflects (e.g. a copy shared by a
+    parent process), or from an empty index and the beginning of the topic.
     ``config``: librdkafka settings of the reader. ``stale_after_s``: silence after which an instance's workers are stale (routing leaves them
     out); ``max_ready_lag``: messages of lag :meth:`health` still calls ready.
     """
@@ -66,6 +78,7 @@ class LiveIndex:
         checkpoint: Checkpoint | None = None,
         index: CacheIndex | None = None,
         offsets: Mapping[int, int] | None = None,
+        liveness: Mapping[str, Heard] | None = None,
         core: str = "auto",
         config: Mapping[str, Any] | None = None,
         stale_after_s: float = DEFAULT_STALE_AFTER_S,
@@ -77,8 +90,10 @@ class LiveIndex:
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
-        if checkpoint is not None and index is not None:
-            raise ValueError("give a checkpoint, or an index with the offsets it reflects, not both")
+        if checkpoint is not None and (index is not None or liveness is not None):
+            raise ValueError(
+                "give a checkpoint, or an index with the offsets (and liveness) it reflects, not both"
+            )
         if index is not None:
             self.index = index
             self._start: str | Mapping[int, int] = dict(offsets) if offsets is not None else "beginning"
@@ -88,6 +103,9 @@ class LiveIndex:
         self._config = dict(config or {})
         self.lock = threading.Lock()
         self.liveness = Liveness(stale_after_s)
+        heard = checkpoint.liveness if checkpoint is not None else liveness
+        if heard is not None:
+            self.liveness.restore(heard)
         self.max_ready_lag = max_ready_lag
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
@@ -152,12 +170,8 @@ class LiveIndex:
     # ------------------------------------------------------------------ the thread
 
     def _on_message(self, message: Any) -> None:
-        closing = self.liveness.observe_message(message)
-        if closing is not None:  # a clean stop: its workers leave the index (under the lock)
+        if observe_liveness(self.liveness, self.index, message) is not None:
             self.closed_instances += 1
-            for key in self.index.workers():
-                if key.instance_id == closing:
-                    self.index.reset_worker(key, clear_degraded=True)
 
     def _run(self) -> None:
         """Follow until stopped; after a failure (``error`` says which), wait ``restart_after_s``
@@ -265,7 +279,7 @@ class LiveIndex:
         return {k: states[k.instance_id] for k in workers if k.instance_id in states}
 
     def checkpoint(self) -> Checkpoint:
-        """State and offsets now (under ``lock``; a message applied but not yet counted in the
-        offsets is replayed on restore, which changes nothing)."""
+        """State, liveness and offsets now (under ``lock``; a message applied but not yet
+        counted in the offsets is replayed on restore, which changes nothing)."""
         with self.lock:
-            return Checkpoint.capture(self.index, self.reader)
+            return Checkpoint.capture(self.index, self.reader, self.liveness)

@@ -1,6 +1,6 @@
 """Building a :class:`~kvevents.consumer.CacheIndex` from the topic, for ``index`` and ``route``:
 flags, the start (fresh, a checkpoint file, or the Kafka checkpoint store), the rebuild with
-progress on stderr, and saving checkpoints."""
+progress on stderr, worker liveness tracked as ``LiveIndex`` does, and saving checkpoints."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from kvevents.commands._common import (
 )
 
 if TYPE_CHECKING:
-    from kvevents.consumer import CacheIndex, Checkpoint, EventReader, ReaderProgress, ReadResult
+    from kvevents.consumer import CacheIndex, Checkpoint, EventReader, Liveness, ReaderProgress, ReadResult
 
 __all__ = [
     "Built",
@@ -75,13 +75,25 @@ def add_index_flags(parser: argparse.ArgumentParser, *, saves: bool = True) -> N
 @dataclass
 class Built:
     """An index caught up with the topic, the reader positioned after what it applied (open),
-    where the state came from, and what the rebuild read."""
+    where the state came from, what the rebuild read, and the instances' liveness (restored
+    from the checkpoint when it carries it, then tracked by :meth:`apply`: closed instances'
+    workers leave the index, as in a ``LiveIndex``)."""
 
     index: CacheIndex
     reader: EventReader
     source: str
     result: ReadResult | None
     bootstrap: str
+    liveness: Liveness
+
+    def apply(self, **options: Any) -> ReadResult:
+        """``reader.apply_to(index, **options)``, tracking liveness."""
+        from kvevents.consumer.follower import observe_liveness
+
+        def observe(message: Any) -> None:
+            observe_liveness(self.liveness, self.index, message)
+
+        return self.reader.apply_to(self.index, on_message=observe, **options)
 
     def close(self) -> None:
         self.reader.close()
@@ -133,7 +145,7 @@ def build_index(
 ) -> Built:
     """The index from the checkpoint (if any) caught up with the topic (``catch_up``); raises
     :class:`CommandError` for a missing topic, a bad checkpoint, no broker."""
-    from kvevents.consumer import CacheIndex, CheckpointError, EventReader, ReaderError
+    from kvevents.consumer import CacheIndex, CheckpointError, EventReader, Liveness, ReaderError
 
     bootstrap = resolve_bootstrap(args)
     check_kafka(args, bootstrap, topic=args.topic)
@@ -152,7 +164,10 @@ def build_index(
         )
     except (ReaderError, ValueError) as exc:
         raise CommandError(str(exc)) from exc
-    built = Built(index, reader, source, None, bootstrap)
+    liveness = Liveness()
+    if checkpoint is not None and checkpoint.liveness is not None:
+        liveness.restore(checkpoint.liveness)
+    built = Built(index, reader, source, None, bootstrap, liveness)
     if catch_up:
         try:
             catch_up_with_topic(built, progress)
@@ -169,8 +184,7 @@ def catch_up_with_topic(built: Built, progress: Progress | None = None) -> None:
 
     show = progress or Progress(enabled=False)
     try:
-        built.result = built.reader.apply_to(
-            built.index,
+        built.result = built.apply(
             progress=lambda p: show.update(describe_progress(p)),
             progress_interval_s=min(1.0, show.interval),
         )
@@ -185,7 +199,9 @@ def capture_and_save(args: argparse.Namespace, built: Built) -> list[str]:
 
     if getattr(args, "save_checkpoint", None) is None and not args.checkpoint_topic:
         return []
-    return save_checkpoint_to(args, Checkpoint.capture(built.index, built.reader), built.bootstrap)
+    return save_checkpoint_to(
+        args, Checkpoint.capture(built.index, built.reader, built.liveness), built.bootstrap
+    )
 
 
 def save_checkpoint_to(args: argparse.Namespace, checkpoint: Checkpoint, bootstrap: str) -> list[str]:

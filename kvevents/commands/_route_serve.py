@@ -1,6 +1,6 @@
 """``route --serve``: the index built by ``route`` (caught up with the topic) served over HTTP by
 ``--workers`` processes, each a :class:`~kvevents.consumer.LiveIndex` replica that resumes from
-the shared index and its offsets and keeps following the topic; on SIGTERM/SIGINT the servers
+the shared index, its offsets and liveness and keeps following the topic; on SIGTERM/SIGINT the servers
 drain, and process 0 saves the checkpoint."""
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def serve_live(args: argparse.Namespace, built: Built) -> int:
             args.topic,
             index=built.index,
             offsets=offsets,
+            liveness=built.liveness.saved(),
             config=kafka_config(args),
             stale_after_s=args.stale_after,
             max_ready_lag=args.ready_max_lag,

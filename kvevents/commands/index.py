@@ -141,7 +141,7 @@ def _follow(args: argparse.Namespace, built: Built, show: Progress, interrupted:
             wait = min(wait, started + args.duration - time.monotonic())
             if wait <= 0:
                 return saved
-        built.reader.apply_to(built.index, until_caught_up=False, timeout=wait)
+        built.apply(until_caught_up=False, timeout=wait)
         if table is not None:
             table.draw(_table_lines(built))
         else:
