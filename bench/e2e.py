@@ -59,14 +59,18 @@ RESULTS = Path(__file__).resolve().parent / "results" / "e2e.json"
 
 
 @contextlib.contextmanager
-def kafka_broker() -> Iterator[tuple[str, str]]:
-    """``KAFKA_BOOTSTRAP_SERVERS`` if set, else a local broker for the run (stopped at the end)."""
+def kafka_broker(bootstrap: str | None = None) -> Iterator[tuple[str, str]]:
+    """``bootstrap``, else ``KAFKA_BOOTSTRAP_SERVERS``, else a local broker for the run (stopped
+    at the end); yields (servers, where they came from). Every bench that needs Kafka uses it."""
+    if bootstrap:
+        yield bootstrap, bootstrap
+        return
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], "KAFKA_BOOTSTRAP_SERVERS"
         return
     from kvevents.broker import LocalBroker
 
-    with tempfile.TemporaryDirectory(prefix="bench-e2e-broker-") as state:
+    with tempfile.TemporaryDirectory(prefix="bench-broker-") as state:
         broker = LocalBroker(Path(state) / "state", stop_with_parent=True)
         broker.start()
         try:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import contextlib
 import json
 import os
 import platform
@@ -41,7 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,9 @@ from kvevents.consumer import CacheIndex, EventReader
 from kvevents.consumer.topics import TopicSpec, create_topic
 from kvevents.producer import find_mpiexec
 from kvevents.schemas import decode_batch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e import kafka_broker
 
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
 STAGES = ("sink", "gather_sink", "produce", "fetch", "apply")
@@ -61,24 +63,6 @@ BEFORE_PRODUCER: dict[str, str] = {"linger.ms": "5", "socket.nagle.disable": "fa
 """The sink's librdkafka defaults before the freshness change (``docs/OPERATIONS.md``)."""
 BEFORE_CONSUMER: dict[str, Any] = {"socket.nagle.disable": False}
 """The reader's librdkafka defaults before the freshness change."""
-
-
-@contextlib.contextmanager
-def kafka_broker(bootstrap: str | None = None) -> Iterator[tuple[str, str]]:
-    """``bootstrap``, else ``KAFKA_BOOTSTRAP_SERVERS``, else a local broker for the run."""
-    bootstrap = bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if bootstrap:
-        yield bootstrap, bootstrap
-        return
-    from kvevents.broker import LocalBroker
-
-    with tempfile.TemporaryDirectory(prefix="bench-freshness-broker-") as state:
-        broker = LocalBroker(Path(state) / "state", stop_with_parent=True)
-        broker.start()
-        try:
-            yield broker.bootstrap_servers, "local broker (kvevents.broker defaults)"
-        finally:
-            broker.stop()
 
 
 def wall_minus_monotonic() -> float:
