@@ -15,7 +15,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka import Producer as RawProducer
-from kvevents.consumer import CacheIndex, EventReader, load_checkpoint
+from kvevents.consumer import CacheIndex, load_checkpoint
 from kvevents.consumer.topics import TopicSpec, create_topic
 from kvevents.producer import find_mpiexec
 from kvevents.producer.rank_guard import guarded_rank_pids
@@ -166,9 +166,15 @@ def consumer_sigkill(work: Path, quick: bool) -> FaultResult:
         if second.returncode != 0:
             raise RuntimeError(f"the restarted consumer exited {second.returncode}: {second.stderr[-2000:]}")
         after = load_checkpoint(work / "after.ckpt")
-        full = CacheIndex()
-        with EventReader(bootstrap, topic) as reader:
-            reader.apply_to(full)
+        # The full replay by the same command, from the topic's start: it applies the same rules
+        # (a producer's clean close makes its workers leave the index), so the two must be equal.
+        replay = subprocess.run(
+            [*base, "--save-checkpoint", str(work / "full.ckpt")],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if replay.returncode != 0:
+            raise RuntimeError(f"the full replay exited {replay.returncode}: {replay.stderr[-2000:]}")
+        full = CacheIndex.from_bytes(load_checkpoint(work / "full.ckpt").index_state)
         audit = audit_topic(bootstrap, topic)
     finally:
         broker.stop(timeout=10)
