@@ -90,10 +90,10 @@ class Tail:
     """Applies the topic's messages to an index as they arrive (``apply_encoded``, the fast path a
     router uses) and, for one message in ``sample``, decodes it to note when each of its events
     was applied (decoding every message in Python would make the measuring consumer the
-    bottleneck)."""
+    bottleneck). Subclasses keep other samples by overriding :meth:`observe`."""
 
-    def __init__(self, bootstrap: str, topic: str, poll_timeout_s: float, sample: int) -> None:
-        self.reader = EventReader(bootstrap, topic, poll_timeout_s=poll_timeout_s)
+    def __init__(self, reader: EventReader, sample: int) -> None:
+        self.reader = reader
         self.index = CacheIndex()
         self.sample = sample
         self.applied: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
@@ -105,22 +105,25 @@ class Tail:
 
     def _run(self) -> None:
         apply = self.index.apply_encoded
+        monotonic = time.monotonic
         while not self._stop.is_set():
             for message in self.reader.messages(until_caught_up=False, timeout=0.2):
+                handed = monotonic()
                 value = message.value()
                 apply(value)
-                now = time.monotonic()
-                wall = time.time()
+                applied = monotonic()
                 self.messages += 1
-                if self.messages % self.sample:
-                    continue
-                batch = decode_batch(value)
-                if batch.created_at_us and batch.events:
-                    self.envelope.append((wall - batch.created_at_us / 1e6, len(batch.events)))
-                for event in batch.events:
-                    self.applied[(batch.instance_id, event.attention_dp_rank or 0)].append(
-                        (event.event_id, now)
-                    )
+                if self.messages % self.sample == 0:
+                    self.observe(message, value, handed, applied)
+
+    def observe(self, message: Any, value: bytes, handed: float, applied: float) -> None:
+        """One sampled message, applied at ``applied`` (monotonic): when each event was applied."""
+        wall = time.time()
+        batch = decode_batch(value)
+        if batch.created_at_us and batch.events:
+            self.envelope.append((wall - batch.created_at_us / 1e6, len(batch.events)))
+        for event in batch.events:
+            self.applied[(batch.instance_id, event.attention_dp_rank or 0)].append((event.event_id, applied))
 
     def wait_for(self, messages: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -186,7 +189,7 @@ def run_step(
     create_topic(bootstrap, TopicSpec(topic))
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         work = Path(tmp)
-        tail = Tail(bootstrap, topic, poll_timeout_s, sample)
+        tail = Tail(EventReader(bootstrap, topic, poll_timeout_s=poll_timeout_s), sample)
         try:
             command = [
                 mpiexec(),

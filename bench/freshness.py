@@ -37,7 +37,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -45,13 +44,14 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
-from kvevents.consumer import CacheIndex, EventReader
+from kvevents.consumer import EventReader
 from kvevents.consumer.topics import TopicSpec, create_topic
 from kvevents.producer import find_mpiexec
 from kvevents.schemas import decode_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import kafka_broker
+import e2e
+from e2e import kafka_broker, quantiles
 
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
 STAGES = ("sink", "gather_sink", "produce", "fetch", "apply")
@@ -79,60 +79,17 @@ def wall_minus_monotonic() -> float:
     return best[1]
 
 
-class Tail:
+class Tail(e2e.Tail):
     """Applies every message to an index as it arrives; keeps one in ``sample`` (bytes, append
     time, handed-over and applied times) to decode after the step."""
 
     def __init__(self, bootstrap: str, topic: str, config: Mapping[str, Any], sample: int) -> None:
-        self.reader = EventReader(bootstrap, topic, config=dict(config))
-        self.index = CacheIndex()
-        self.sample = sample
         self.samples: list[tuple[bytes, int, float, float]] = []  # value, append ms, handed, applied
-        self.messages = 0
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        super().__init__(EventReader(bootstrap, topic, config=dict(config)), sample)
 
-    def _run(self) -> None:
-        apply = self.index.apply_encoded
-        monotonic = time.monotonic
-        while not self._stop.is_set():
-            for message in self.reader.messages(until_caught_up=False, timeout=0.2):
-                handed = monotonic()
-                value = message.value()
-                apply(value)
-                applied = monotonic()
-                self.messages += 1
-                if self.messages % self.sample == 0:
-                    kind, stamp = message.timestamp()
-                    self.samples.append(
-                        (value, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else -1, handed, applied)
-                    )
-
-    def wait_for(self, messages: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.messages < messages and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.messages >= messages
-
-    def close(self) -> None:
-        self._stop.set()
-        self.reader.stop()
-        self.thread.join(30)
-        self.reader.close()
-
-
-def quantiles(values: Sequence[float]) -> dict[str, float | None]:
-    """p50/p99/max in milliseconds."""
-    if not values:
-        return {"p50_ms": None, "p99_ms": None, "max_ms": None}
-    ordered = sorted(values)
-    n = len(ordered)
-    return {
-        "p50_ms": round(ordered[n // 2] * 1000, 2),
-        "p99_ms": round(ordered[min(n - 1, int(n * 0.99))] * 1000, 2),
-        "max_ms": round(ordered[-1] * 1000, 2),
-    }
+    def observe(self, message: Any, value: bytes, handed: float, applied: float) -> None:
+        kind, stamp = message.timestamp()
+        self.samples.append((value, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else -1, handed, applied))
 
 
 def stage_latencies(tail: Tail, flush_dir: Path, offset: float) -> dict[str, list[float]]:
