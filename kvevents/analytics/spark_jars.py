@@ -9,12 +9,10 @@ The copy lands under a temporary name and is renamed into place when complete, u
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
-from kvevents.broker.jars import DEPENDENCY_PLUGIN, FetchError, cache_root, file_lock
+from kvevents.broker.jars import DEPENDENCY_PLUGIN, FetchError, cache_root, file_lock, find_maven, run_maven
 
 __all__ = ["SPARK_JARS", "SPARK_VERSION", "ensure_spark_jars"]
 
@@ -56,9 +54,7 @@ def ensure_spark_jars(cache: Path | None = None) -> list[Path]:
     with file_lock(home / ".fetch.lock"):
         if all(p.is_file() for p in wanted):
             return wanted
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise FetchError("Maven ('mvn') is not on PATH: it is needed once to fetch the Spark job's jars")
+        mvn = find_maven("fetch the Spark job's jars")
         with tempfile.TemporaryDirectory(prefix="fetch-", dir=home) as work:
             work_dir = Path(work)
             (work_dir / "pom.xml").write_text(_pom())
@@ -68,21 +64,7 @@ def ensure_spark_jars(cache: Path | None = None) -> list[Path]:
                 f"{DEPENDENCY_PLUGIN}:copy-dependencies", f"-DoutputDirectory={staged}",
                 "-DexcludeTransitive=true",
             ]  # fmt: skip
-            try:
-                result = subprocess.run(
-                    command,
-                    capture_output=True,
-                    text=True,
-                    timeout=_MAVEN_TIMEOUT_S,
-                    stdin=subprocess.DEVNULL,
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise FetchError(
-                    f"Maven did not fetch the Spark jars within {_MAVEN_TIMEOUT_S:.0f} s"
-                ) from exc
-            if result.returncode != 0:
-                tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-25:])
-                raise FetchError(f"Maven failed (exit {result.returncode}) to fetch the Spark jars:\n{tail}")
+            run_maven(command, "the Spark jars", timeout_s=_MAVEN_TIMEOUT_S)
             missing = [name for name in _jar_names() if not (staged / name).is_file()]
             if missing:
                 raise FetchError(f"Maven ran but {missing} are missing")

@@ -30,7 +30,9 @@ __all__ = [
     "cache_root",
     "ensure_kafka_jars",
     "file_lock",
+    "find_maven",
     "render_pom",
+    "run_maven",
 ]
 
 KAFKA_VERSION = "4.1.1"
@@ -130,6 +132,35 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def find_maven(why: str, error: type[Exception] = FetchError) -> str:
+    """The ``mvn`` on PATH; ``error`` saying it is needed once to ``why`` when there is none."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise error(f"Maven ('mvn') is not on PATH: it is needed once to {why}")
+    return mvn
+
+
+def run_maven(
+    command: list[str],
+    what: str,
+    *,
+    error: type[Exception] = FetchError,
+    timeout_s: float = _MAVEN_TIMEOUT_S,
+    cwd: Path | None = None,
+) -> None:
+    """Run ``command`` (``mvn`` and its arguments) quietly; ``error`` naming ``what`` if it does not
+    finish within ``timeout_s`` or fails (with the last 25 lines of its output)."""
+    try:
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, cwd=cwd
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise error(f"Maven did not fetch {what} within {timeout_s:.0f} s") from exc
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-25:])
+        raise error(f"Maven failed (exit {result.returncode}) to fetch {what}:\n{tail}")
+
+
 def ensure_kafka_jars(version: str = KAFKA_VERSION, cache: Path | None = None) -> KafkaDistribution:
     """Return the Kafka jars of ``version``, fetching them with Maven the first time."""
     home = (cache or cache_root()) / f"kafka-{version}"
@@ -144,13 +175,10 @@ def ensure_kafka_jars(version: str = KAFKA_VERSION, cache: Path | None = None) -
 
 
 def _fetch(home: Path, version: str) -> None:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise FetchError(
-            "Maven ('mvn') is not on PATH: it is needed once to fetch Apache Kafka's jars from Maven "
-            "Central (install it, e.g. 'apt-get install maven'), or set KAFKA_BOOTSTRAP_SERVERS to use "
-            "another broker"
-        )
+    mvn = find_maven(
+        "fetch Apache Kafka's jars from Maven Central (install it, e.g. 'apt-get install maven'), "
+        "or set KAFKA_BOOTSTRAP_SERVERS to use another broker"
+    )
     with tempfile.TemporaryDirectory(prefix="fetch-", dir=home) as work:
         work_dir = Path(work)
         (work_dir / "pom.xml").write_text(render_pom(version))
@@ -160,19 +188,7 @@ def _fetch(home: Path, version: str) -> None:
             f"{DEPENDENCY_PLUGIN}:copy-dependencies", f"-DoutputDirectory={staged}",
             "-DincludeScope=runtime",
         ]  # fmt: skip
-        try:
-            result = subprocess.run(
-                command, capture_output=True, text=True, timeout=_MAVEN_TIMEOUT_S, stdin=subprocess.DEVNULL
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise FetchError(
-                f"Maven did not fetch Kafka {version}'s jars within {_MAVEN_TIMEOUT_S:.0f} s"
-            ) from exc
-        if result.returncode != 0:
-            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-25:])
-            raise FetchError(
-                f"Maven failed (exit {result.returncode}) to fetch Kafka {version}'s jars:\n{tail}"
-            )
+        run_maven(command, f"Kafka {version}'s jars")
         jars = sorted(p.name for p in staged.glob("*.jar"))
         if f"kafka_2.13-{version}.jar" not in jars:
             raise FetchError(f"Maven ran but kafka_2.13-{version}.jar is missing from {sorted(jars)}")

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvevents.broker.jars import cache_root, file_lock
+from kvevents.broker.jars import cache_root, file_lock, find_maven, run_maven
 
 __all__ = [
     "APICURIO_VERSION",
@@ -127,11 +127,7 @@ def ensure_registry(version: str = APICURIO_VERSION, cache: Path | None = None) 
 
 
 def _fetch(root: Path, home: Path, version: str) -> None:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise RegistryFetchError(
-            "Maven ('mvn') is not on PATH: it is needed once to fetch Apicurio Registry from Maven Central"
-        )
+    mvn = find_maven("fetch Apicurio Registry from Maven Central", RegistryFetchError)
     with tempfile.TemporaryDirectory(prefix="fetch-", dir=root) as work:
         work_dir = Path(work)
         artifact = f"io.apicurio:apicurio-registry-app:{version}:tar.gz:all"
@@ -139,22 +135,7 @@ def _fetch(root: Path, home: Path, version: str) -> None:
             mvn, "-q", "-B", "-Dstyle.color=never", f"{_DEPENDENCY_PLUGIN}:copy",
             f"-Dartifact={artifact}", f"-DoutputDirectory={work_dir}",
         ]  # fmt: skip
-        try:
-            result = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                timeout=_MAVEN_TIMEOUT_S,
-                stdin=subprocess.DEVNULL,
-                cwd=work_dir,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise RegistryFetchError(
-                f"Maven did not fetch {artifact} within {_MAVEN_TIMEOUT_S:.0f} s"
-            ) from exc
-        if result.returncode != 0:
-            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
-            raise RegistryFetchError(f"Maven failed (exit {result.returncode}) to fetch {artifact}:\n{tail}")
+        run_maven(command, artifact, error=RegistryFetchError, timeout_s=_MAVEN_TIMEOUT_S, cwd=work_dir)
         archives = list(work_dir.glob("apicurio-registry-app-*.tar.gz"))
         if not archives:
             raise RegistryFetchError(f"Maven ran but left no archive of {artifact} in {work_dir}")

@@ -1,4 +1,5 @@
-"""Fetching Kafka's jars: the generated pom, the cache layout, Maven failures (a stand-in mvn)."""
+"""Fetching Kafka's jars: the generated pom, the cache layout, Maven failures (a stand-in mvn);
+the Spark job's jars and Apicurio Registry, fetched through the same Maven helpers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kvevents.analytics.spark_jars import SPARK_JARS, ensure_spark_jars
 from kvevents.broker.jars import KAFKA_VERSION, FetchError, cache_root, ensure_kafka_jars, render_pom
+from kvevents.registry.dist import RegistryFetchError, ensure_registry
 
 POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
@@ -124,3 +127,48 @@ def test_missing_maven_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FetchError, match=r"Maven \('mvn'\) is not on PATH"):
         ensure_kafka_jars(cache=tmp_path / "cache")
+
+
+def test_the_spark_jars_are_fetched_once_then_reused(
+    fake_mvn: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = sorted(f"{artifact}-{version}.jar" for _, artifact, version in SPARK_JARS)
+    monkeypatch.setenv("FAKE_JARS", " ".join(names))
+    jars = ensure_spark_jars(cache=tmp_path)
+    assert sorted(p.name for p in jars) == names and all(p.is_file() for p in jars)
+    assert ensure_spark_jars(cache=tmp_path) == jars and runs(fake_mvn) == 1
+
+
+def test_a_spark_jar_maven_did_not_copy_is_an_error(
+    fake_mvn: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_JARS", "something-else.jar")
+    with pytest.raises(FetchError, match=r"Maven ran but .* are missing"):
+        ensure_spark_jars(cache=tmp_path)
+
+
+def test_maven_failing_to_fetch_the_spark_jars_quotes_its_output(
+    fake_mvn: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_MVN_FAIL", "org.apache.spark:spark-avro")
+    with pytest.raises(FetchError, match=r"to fetch the Spark jars:\n.*Could not resolve dependencies"):
+        ensure_spark_jars(cache=tmp_path)
+
+
+def test_maven_failing_to_fetch_the_registry_is_a_registry_error_quoting_its_output(
+    fake_mvn: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_MVN_FAIL", "io.apicurio:apicurio-registry-app")
+    with pytest.raises(RegistryFetchError, match=r"exit 1\) to fetch io\.apicurio:[\s\S]*Could not resolve"):
+        ensure_registry(cache=tmp_path)
+    assert runs(fake_mvn) == 1 and not (tmp_path / "apicurio-registry-3.3.3" / "app").exists()
+
+
+def test_missing_maven_is_a_clear_error_for_the_registry_and_spark_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RegistryFetchError, match=r"Maven \('mvn'\) is not on PATH: .*Apicurio Registry"):
+        ensure_registry(cache=tmp_path / "cache")
+    with pytest.raises(FetchError, match=r"Maven \('mvn'\) is not on PATH: .*Spark job's jars"):
+        ensure_spark_jars(cache=tmp_path / "cache")
