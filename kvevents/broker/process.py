@@ -11,7 +11,6 @@ Start-up tuning and the state directory: ``docs/OPERATIONS.md``.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import os
@@ -25,6 +24,8 @@ from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from kvevents._spawn import pid_alive, spawn
 
 from .config import (
     DEFAULT_HOST,
@@ -148,39 +149,12 @@ def find_java() -> str:
     return found
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    state = stat.rpartition(")")[2].split()[0]
-    return state not in ("Z", "X")
-
-
 def _cmdline(pid: int) -> list[str] | None:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
-_PR_SET_PDEATHSIG = 1
-_libc: ctypes.CDLL | None = None
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _tail(path: Path, offset: int = 0, lines: int = _TAIL_LINES) -> str:
@@ -389,7 +363,7 @@ class LocalBroker:
             return None
         if self._process is not None and self._process.pid == pid and self._process.poll() is not None:
             return None
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return None
         argv = _cmdline(pid)
         if argv is not None and ("kafka.Kafka" not in argv or str(self.layout.server_properties) not in argv):
@@ -404,7 +378,7 @@ class LocalBroker:
                 return False
             return True
         deadline = time.monotonic() + timeout
-        while _pid_alive(pid):
+        while pid_alive(pid):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
@@ -503,20 +477,9 @@ class LocalBroker:
         )
         command = self._java_command(java, dist, state)
         log_offset = layout.log_file.stat().st_size if layout.log_file.exists() else 0
-        global _libc
-        if self.stop_with_parent and _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
         phase = time.monotonic()
         with open(layout.out_file, "wb") as out:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=layout.state_dir,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if self.stop_with_parent else None,
-            )
+            process = spawn(command, out, layout.state_dir, die_with_parent=self.stop_with_parent)
         self._process = process
         layout.write_pid(process.pid)
         state.save(layout)

@@ -11,7 +11,6 @@ another process can ask for :meth:`~LocalRegistry.status` or :meth:`~LocalRegist
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -23,6 +22,8 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
+
+from kvevents._spawn import pid_alive, spawn
 
 from .dist import APICURIO_VERSION, RegistryFetchError, ensure_registry, find_registry_java
 
@@ -38,7 +39,6 @@ __all__ = [
 CCOMPAT_PATH = "/apis/ccompat/v7"
 """Where Apicurio serves the Confluent schema registry API (clients' URL ends with it)."""
 DEFAULT_HOST = "127.0.0.1"
-_PR_SET_PDEATHSIG = 1
 
 
 class RegistryError(RuntimeError):
@@ -87,28 +87,12 @@ def registry_answers(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
 def _is_ours(pid: int, runner_marker: str) -> bool:
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
     return any(runner_marker.encode() in part for part in argv)
-
-
-_libc: ctypes.CDLL | None = None
-
-
-def _die_with_parent() -> None:  # in the child, between fork and exec
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class LocalRegistry:
@@ -169,7 +153,7 @@ class LocalRegistry:
             return None
         if self._process is not None and self._process.pid == pid and self._process.poll() is not None:
             return None
-        return pid if _pid_alive(pid) and _is_ours(pid, self._marker()) else None
+        return pid if pid_alive(pid) and _is_ours(pid, self._marker()) else None
 
     def status(self, probe: bool = False) -> RegistryStatus:
         """Running or stopped; with ``probe``, whether it answers."""
@@ -201,19 +185,8 @@ class LocalRegistry:
             f"-Dquarkus.management.host={self.host}", f"-Dquarkus.management.port={management}",
             self._marker(), "-jar", str(dist.runner),
         ]  # fmt: skip
-        global _libc
-        if self.stop_with_parent and _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
         with open(self.log_file, "ab") as log:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.state_dir,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if self.stop_with_parent else None,
-            )
+            process = spawn(command, log, self.state_dir, die_with_parent=self.stop_with_parent)
         self._process = process
         self.pid_file.write_text(f"{process.pid}\n")
         info = {"url": url, "port": port, "management_port": management, "host": self.host}
@@ -259,7 +232,7 @@ class LocalRegistry:
     def _alive(self, pid: int) -> bool:
         if self._process is not None and self._process.pid == pid:
             return self._process.poll() is None
-        return _pid_alive(pid)
+        return pid_alive(pid)
 
     def _tail(self, lines: int = 30) -> str:
         try:

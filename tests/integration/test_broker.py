@@ -15,9 +15,10 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 from kvevents.consumer.topics import TopicMismatch, TopicSpec, create_topic, describe_topic
 
+from kvevents._spawn import pid_alive
 from kvevents.broker.config import BrokerLayout, BrokerPorts, BrokerState, free_port
 from kvevents.broker.probe import metadata_answers
-from kvevents.broker.process import BrokerStartError, LocalBroker, _pid_alive
+from kvevents.broker.process import BrokerStartError, LocalBroker
 from kvevents.cli import main
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -46,7 +47,7 @@ def test_start_status_stop_and_a_fast_restart_that_keeps_the_data(tmp_path: Path
     try:
         status = broker.start()
         assert status.running and status.answers
-        assert status.pid is not None and _pid_alive(status.pid)
+        assert status.pid is not None and pid_alive(status.pid)
         assert layout.read_pid() == status.pid
         bootstrap = broker.bootstrap_servers
         assert bootstrap == status.bootstrap_servers and bootstrap.startswith("127.0.0.1:")
@@ -61,7 +62,7 @@ def test_start_status_stop_and_a_fast_restart_that_keeps_the_data(tmp_path: Path
 
         stopped = broker.stop()
         assert stopped.was_running and not stopped.killed and stopped.pid == status.pid
-        assert not _pid_alive(status.pid)
+        assert not pid_alive(status.pid)
         assert not broker.status().running and layout.read_pid() is None
 
         restarted_at = time.monotonic()
@@ -110,7 +111,7 @@ def test_the_cli_starts_reports_and_stops_a_broker(tmp_path: Path) -> None:
     finally:
         stopped = run("broker", "stop")
     assert stopped.returncode == 0 and "stopped cleanly" in stopped.stdout, stopped.stdout + stopped.stderr
-    assert not _pid_alive(report["pid"])
+    assert not pid_alive(report["pid"])
     assert run("broker", "status").returncode == 3
 
 
