@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import xxhash
 
+from ._files import write_atomically
 from .index import CacheIndex
 from .liveness import Heard, Liveness
 
@@ -179,23 +179,8 @@ def decode_checkpoint(
 def save_checkpoint(path: str | os.PathLike[str], checkpoint: Checkpoint) -> int:
     """Write ``checkpoint`` to ``path`` atomically (temporary file, fsync, rename, fsync of the
     directory); returns the bytes written."""
-    target = Path(path)
     data = encode_checkpoint(checkpoint)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    directory = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    write_atomically(Path(path), data)
     return len(data)
 
 

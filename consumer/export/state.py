@@ -9,11 +9,11 @@ conversion is deterministic), which subscribers see as duplicates, never as a ga
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import msgspec
+
+from .._files import write_atomically
 
 __all__ = ["Anchor", "ExportState", "load_anchor", "load_state", "save_anchor", "save_state"]
 
@@ -46,16 +46,7 @@ _ANCHOR_DECODER = msgspec.msgpack.Decoder(Anchor)
 
 def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, data)
 
 
 def save_state(path: Path, state: ExportState) -> None:
