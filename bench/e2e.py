@@ -256,6 +256,28 @@ def run_step(
     }
 
 
+def drop_free_steps(
+    bootstrap: str, ranks: int, rates: list[float], duration: float, label: str, **step: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """``run_step`` per rate, rising, until a step drops, loses events or falls behind real time;
+    the steps, and the highest clean one (no drops, none lost, index equal to the truth)."""
+    steps: list[dict[str, Any]] = []
+    for rate in rates:
+        result = run_step(bootstrap, ranks, rate, duration, **step)
+        steps.append(result)
+        print(
+            f"  {label} {rate:g}/s per rank: {result['events_per_second']:,.0f} events/s, drops {result['drops']}, "
+            f"kept pace {result['kept_pace']}, equal {result['index_equals_truth']}",
+            file=sys.stderr,
+        )
+        if result["drops"] or result["events_lost_unreported"] or not result["kept_pace"]:
+            break
+    clean = [
+        s for s in steps if not s["drops"] and not s["events_lost_unreported"] and s["index_equals_truth"]
+    ]
+    return steps, max(clean, key=lambda s: s["events_per_second"], default=None)
+
+
 def fmt(v: Any, spec: str = "") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -299,27 +321,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.rates
         else ([10, 40, 160] if args.quick else [10, 20, 40, 80, 160, 320, 640, 1280])
     )
-    steps: list[dict[str, Any]] = []
     started = time.monotonic()
     with kafka_broker() as (bootstrap, kafka):
         run_step(bootstrap, args.ranks, rates[0], 2.0)  # warm-up (broker JIT, page cache): discarded
-        for rate in rates:
-            step = run_step(bootstrap, args.ranks, rate, duration, poll_timeout_s=args.poll_timeout)
-            steps.append(step)
-            print(
-                f"  step {rate:g}/s per rank: {step['events_per_second']:,.0f} events/s, drops {step['drops']}, "
-                f"kept pace {step['kept_pace']}, equal {step['index_equals_truth']}",
-                file=sys.stderr,
-            )
-            if step["drops"] or step["events_lost_unreported"] or not step["kept_pace"]:
-                break
+        steps, best = drop_free_steps(
+            bootstrap, args.ranks, rates, duration, "step", poll_timeout_s=args.poll_timeout
+        )
         flat = run_step(
             bootstrap, args.ranks, rates[-1], duration, realtime=False, poll_timeout_s=args.poll_timeout
         )
-    clean = [
-        s for s in steps if not s["drops"] and not s["events_lost_unreported"] and s["index_equals_truth"]
-    ]
-    best = max(clean, key=lambda s: s["events_per_second"], default=None)
     print()
     print_table([*steps, flat])
     if best is not None:

@@ -49,7 +49,7 @@ from kvevents.consumer.export import relaxed_gc
 from kvevents.schemas import EventBatch, decode_batch, encode_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import kafka_broker, run_step
+from e2e import drop_free_steps, kafka_broker
 
 RESULTS = Path(__file__).resolve().parent / "results"
 E2E_RATES = (320.0, 640.0, 960.0, 1280.0)
@@ -355,36 +355,18 @@ def latency(bootstrap: str, batches: list[EventBatch], rate: float, seconds: flo
 def e2e_drop_free(bootstrap: str, rates: list[float], seconds: float) -> dict[str, Any]:
     """The e2e benchmark's drop-free search, in this run: its ``run_step`` per rate (4 ranks),
     stopping as it does; the highest clean step (no drops, none lost, index equal to the truth)."""
-    steps = []
-    for rate in rates:
-        step = run_step(bootstrap, 4, rate, seconds)
-        steps.append(
-            {
-                key: step[key]
-                for key in (
-                    "rate_per_rank",
-                    "events_per_second",
-                    "drops",
-                    "events_lost_unreported",
-                    "kept_pace",
-                    "index_equals_truth",
-                )
-            }
-        )
-        print(
-            f"  e2e step {rate:g}/s per rank: {step['events_per_second']:,.0f} events/s, drops {step['drops']}, "
-            f"kept pace {step['kept_pace']}, equal {step['index_equals_truth']}",
-            file=sys.stderr,
-        )
-        if step["drops"] or step["events_lost_unreported"] or not step["kept_pace"]:
-            break
-    clean = [
-        s for s in steps if not s["drops"] and not s["events_lost_unreported"] and s["index_equals_truth"]
-    ]
-    best = max(clean, key=lambda s: s["events_per_second"], default=None)
+    full, best = drop_free_steps(bootstrap, 4, rates, seconds, "e2e step")
+    keys = (
+        "rate_per_rank",
+        "events_per_second",
+        "drops",
+        "events_lost_unreported",
+        "kept_pace",
+        "index_equals_truth",
+    )
     return {
         "seconds_per_step": seconds,
-        "steps": steps,
+        "steps": [{key: step[key] for key in keys} for step in full],
         "highest_drop_free_events_per_s": None if best is None else best["events_per_second"],
         "highest_drop_free_rate_per_rank": None if best is None else best["rate_per_rank"],
     }
