@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvevents.broker.jars import cache_root, file_lock, find_maven, run_maven
+from kvevents.broker.jars import DEPENDENCY_PLUGIN, cache_root, file_lock, find_maven, run_maven
 
 __all__ = [
     "APICURIO_VERSION",
@@ -38,7 +38,6 @@ APICURIO_VERSION = "3.3.3"
 """The pinned Apicurio Registry release (``io.apicurio:apicurio-registry-app``)."""
 MIN_JAVA = 21
 JAVA_ENV = "KVEVENTS_REGISTRY_JAVA"
-_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 _MAVEN_TIMEOUT_S = 900.0
 _COMPLETE = ".kvevents-complete"
 
@@ -132,7 +131,7 @@ def _fetch(root: Path, home: Path, version: str) -> None:
         work_dir = Path(work)
         artifact = f"io.apicurio:apicurio-registry-app:{version}:tar.gz:all"
         command = [
-            mvn, "-q", "-B", "-Dstyle.color=never", f"{_DEPENDENCY_PLUGIN}:copy",
+            mvn, "-q", "-B", "-Dstyle.color=never", f"{DEPENDENCY_PLUGIN}:copy",
             f"-Dartifact={artifact}", f"-DoutputDirectory={work_dir}",
         ]  # fmt: skip
         run_maven(command, artifact, error=RegistryFetchError, timeout_s=_MAVEN_TIMEOUT_S, cwd=work_dir)
