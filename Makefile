@@ -100,7 +100,7 @@ registry-stop:
 clean: broker-stop registry-stop
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis .kvevents
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
-	rm -f schemas/_fastcodec.c producer/_*.c consumer/_*.c $(STAMP)
+	rm -f schemas/_*.c producer/_*.c consumer/_*.c $(STAMP)
 	find schemas producer consumer -name '*.so' -delete
 
 distclean: clean

@@ -9,6 +9,10 @@ from pathlib import Path
 from setuptools import Extension, setup
 
 EXTENSIONS = [
+    # the codec's modules before the one that cimports them (_fastcodec.pyx)
+    ("kvevents.schemas._encode", "schemas/_encode.pyx"),
+    ("kvevents.schemas._decode", "schemas/_decode.pyx"),
+    ("kvevents.schemas._flat", "schemas/_flat.pyx"),
     ("kvevents.schemas._fastcodec", "schemas/_fastcodec.pyx"),
     ("kvevents.consumer._indexcore", "consumer/_indexcore.pyx"),
     ("kvevents.producer._fastrecorder", "producer/_fastrecorder.pyx"),

@@ -1,0 +1,401 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The flat batch reader: an ``EventBatch`` body straight into C arrays, for the index core.
+
+Declared in ``_flat.pxd`` (and named again in ``_fastcodec.pxd``, which the index core cimports);
+the wire primitives are in ``_wire.pxd``. ``flat_validate`` is
+``kvevents.schemas.limits.check_batch`` on the flat batch (the same rules; messages may differ).
+"""
+
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memset
+
+from kvevents.schemas._wire cimport (
+    W_BLOCK_SIZE,
+    W_BOOLEAN,
+    W_COUNT,
+    W_EXTRA_IDS,
+    W_INT_RANGE,
+    W_LENGTH,
+    W_OK,
+    W_TRUNCATED,
+    W_UNION,
+    W_UTF8,
+    W_VARINT,
+    WireReader,
+    utf8_valid,
+    wire_block_done,
+    wire_boolean,
+    wire_count,
+    wire_int,
+    wire_len,
+    wire_long,
+    wire_union,
+)
+
+from .errors import DecodeError, LimitError
+
+cdef object _DecodeError = DecodeError
+cdef object _LimitError = LimitError
+
+
+_WIRE_ERRORS = {
+    W_TRUNCATED: "truncated Avro body",
+    W_VARINT: "a varint longer than 10 bytes or beyond 64 bits",
+    W_UNION: "an invalid union branch index",
+    W_COUNT: "an array count larger than the bytes left",
+    W_LENGTH: "a negative or too large string/bytes length",
+    W_INT_RANGE: "an int outside the 32-bit range",
+    W_BOOLEAN: "a boolean byte other than 0 or 1",
+    W_UTF8: "invalid UTF-8 in a string field",
+    W_EXTRA_IDS: "a token_extra_ids count other than the token count",
+    W_BLOCK_SIZE: "an array block whose byte size does not match its items",
+}
+
+
+cdef int flat_grow(void **ptr, size_t *cap, size_t need, size_t item) except -1:
+    """Make ``*ptr`` hold at least ``need`` items (growing by half again)."""
+    if need <= cap[0]:
+        return 0
+    cdef size_t new_cap = cap[0] + cap[0] // 2 + 16
+    if new_cap < need:
+        new_cap = need
+    cdef void *p = PyMem_Realloc(ptr[0], new_cap * item)
+    if p == NULL:
+        raise MemoryError()
+    ptr[0] = p
+    cap[0] = new_cap
+    return 0
+
+
+cdef void flat_init(FlatBatch *fb) noexcept:
+    memset(fb, 0, sizeof(FlatBatch))
+
+
+cdef void flat_clear(FlatBatch *fb) noexcept:
+    fb.nev = fb.nblk = fb.ntok = fb.next_ = fb.nmm = fb.nvals = fb.ndrops = 0
+
+
+cdef void flat_free(FlatBatch *fb) noexcept:
+    PyMem_Free(fb.ev)
+    PyMem_Free(fb.blk)
+    PyMem_Free(fb.tok)
+    PyMem_Free(fb.ext)
+    PyMem_Free(fb.mm)
+    PyMem_Free(fb.vals)
+    PyMem_Free(fb.drops)
+    flat_init(fb)
+
+
+cdef int _flat_block(FlatBatch *fb, WireReader *r, const uint8_t *body) except -1:
+    """One KVCacheStoredBlockData (r.err set on bad bytes)."""
+    cdef int64_t n, i, branch
+    cdef const uint8_t *block_end
+    cdef uint32_t *tok
+    cdef Py_ssize_t length
+    cdef FlatBlock *b
+    flat_grow(<void **>&fb.blk, &fb.blk_cap, fb.nblk + 1, sizeof(FlatBlock))
+    b = &fb.blk[fb.nblk]
+    memset(b, 0, sizeof(FlatBlock))
+    b.engine = <uint64_t>wire_long(r)
+    b.tok = <uint32_t>fb.ntok
+    while True:
+        n = wire_count(r, &block_end)
+        if r.err or n == 0:
+            break
+        flat_grow(<void **>&fb.tok, &fb.tok_cap, fb.ntok + n, sizeof(uint32_t))
+        tok = fb.tok + fb.ntok
+        for i in range(n):
+            tok[i] = <uint32_t>wire_int(r)
+        fb.ntok += n
+        wire_block_done(r, block_end)
+        if r.err:
+            return 0
+    b.ntok = <uint32_t>(fb.ntok - b.tok)
+    branch = wire_union(r, 2)
+    if branch == 1:
+        b.has_lora = 1
+        b.lora = <uint64_t>wire_long(r)
+    b.level = wire_int(r)
+    b.prio = wire_int(r)
+    branch = wire_union(r, 2)
+    if branch == 1 and not r.err:
+        b.has_extra = 1
+        b.ext = <uint32_t>fb.next_
+        while True:
+            n = wire_count(r, &block_end)
+            if r.err or n == 0:
+                break
+            flat_grow(<void **>&fb.ext, &fb.ext_cap, fb.next_ + n, sizeof(uint64_t))
+            for i in range(n):
+                fb.ext[fb.next_] = <uint64_t>wire_long(r)
+                fb.next_ += 1
+            wire_block_done(r, block_end)
+        b.next = <uint32_t>(fb.next_ - b.ext)
+        if b.next != b.ntok and not r.err:
+            r.err = W_EXTRA_IDS
+            return 0
+    b.mm = <uint32_t>fb.nmm
+    while not r.err:
+        n = wire_count(r, &block_end)
+        if r.err or n == 0:
+            break
+        flat_grow(<void **>&fb.mm, &fb.mm_cap, fb.nmm + 5 * n, sizeof(uint64_t))
+        for i in range(n):
+            if r.end - r.p < 32:
+                r.err = W_TRUNCATED
+                return 0
+            memcpy(&fb.mm[fb.nmm], r.p, 32)  # four little-endian words
+            r.p += 32
+            fb.mm[fb.nmm + 4] = <uint32_t>wire_int(r)
+            fb.nmm += 5
+            b.nmm += 1
+        wire_block_done(r, block_end)
+    branch = wire_union(r, 2)
+    if branch == 1 and not r.err:
+        length = wire_len(r)
+        if not r.err:
+            if not utf8_valid(r.p, length):
+                r.err = W_UTF8
+                return 0
+            b.has_salt = 1
+            b.salt_at = <uint32_t>(r.p - body)
+            b.salt_len = <uint32_t>length
+            r.p += length
+    fb.nblk += 1
+    return 0
+
+
+cdef int _flat_event(FlatBatch *fb, WireReader *r, const uint8_t *body, int variant) except -1:
+    cdef int64_t n, i, branch
+    cdef const uint8_t *block_end
+    cdef FlatEvent *e
+    flat_grow(<void **>&fb.ev, &fb.ev_cap, fb.nev + 1, sizeof(FlatEvent))
+    e = &fb.ev[fb.nev]
+    memset(e, 0, sizeof(FlatEvent))
+    e.event_id = wire_long(r)
+    branch = wire_union(r, 4)
+    if r.err:
+        return 0
+    e.kind = <uint8_t>branch
+    if branch == FLAT_CREATED:
+        e.first = <uint32_t>fb.nvals
+        while True:
+            n = wire_count(r, &block_end)
+            if r.err or n == 0:
+                break
+            flat_grow(<void **>&fb.vals, &fb.vals_cap, fb.nvals + n, sizeof(int64_t))
+            for i in range(n):
+                fb.vals[fb.nvals] = wire_int(r)
+                fb.nvals += 1
+            wire_block_done(r, block_end)
+        e.count = <uint32_t>(fb.nvals - e.first)
+        if variant & FLAT_HAS_SNAPSHOT and not r.err:
+            e.snapshot = wire_boolean(r)
+    elif branch == FLAT_STORED:
+        if wire_union(r, 2) == 1:
+            e.has_parent = 1
+            e.parent = <uint64_t>wire_long(r)
+        e.first = <uint32_t>fb.nblk
+        while not r.err:
+            n = wire_count(r, &block_end)
+            if r.err or n == 0:
+                break
+            for i in range(n):
+                _flat_block(fb, r, body)
+                if r.err:
+                    return 0
+            wire_block_done(r, block_end)
+        e = &fb.ev[fb.nev]
+        e.count = <uint32_t>(fb.nblk - e.first)
+    elif branch == FLAT_REMOVED:
+        e.first = <uint32_t>fb.nvals
+        while True:
+            n = wire_count(r, &block_end)
+            if r.err or n == 0:
+                break
+            flat_grow(<void **>&fb.vals, &fb.vals_cap, fb.nvals + n, sizeof(int64_t))
+            for i in range(n):
+                fb.vals[fb.nvals] = wire_long(r)
+                fb.nvals += 1
+            wire_block_done(r, block_end)
+        e.count = <uint32_t>(fb.nvals - e.first)
+    else:
+        e.parent = <uint64_t>wire_long(r)
+        if wire_union(r, 2) == 1:
+            e.has_level = 1
+            wire_int(r)
+            e.new_level = wire_int(r)
+        if wire_union(r, 2) == 1:
+            e.has_prio = 1
+            wire_int(r)
+            e.new_prio = wire_int(r)
+    e.window = wire_int(r)
+    if wire_union(r, 2) == 1:
+        e.has_rank = 1
+        e.rank = wire_int(r)
+    fb.nev += 1
+    return 0
+
+
+cdef int flat_read(FlatBatch *fb, const uint8_t *body, Py_ssize_t size, int variant) except -1:
+    """Read the ``EventBatch`` body ``body[:size]`` into ``fb`` (cleared first); DecodeError
+    (and ``fb`` in an unspecified state) when the bytes are not a valid body."""
+    cdef WireReader r
+    cdef const uint8_t *block_end
+    cdef int64_t n, i
+    cdef Py_ssize_t length
+    if size > 0xFFFFFFFF:
+        raise _DecodeError(f"a body of {size} bytes is larger than this reader takes (4 GiB)")
+    flat_clear(fb)
+    r.p = body
+    r.end = body + size
+    r.err = W_OK
+    length = wire_len(&r)
+    if not r.err and not utf8_valid(r.p, length):
+        r.err = W_UTF8
+    if r.err:
+        raise _DecodeError(f"malformed Avro body: {_WIRE_ERRORS[r.err]} in instance_id")
+    fb.instance_at = <uint32_t>(r.p - body)
+    fb.instance_len = <uint32_t>length
+    r.p += length
+    fb.dp_size = wire_int(&r)
+    fb.producer_id = wire_long(&r)
+    fb.sequence = wire_long(&r)
+    fb.created_at_us = wire_long(&r)
+    while not r.err:
+        n = wire_count(&r, &block_end)
+        if r.err or n == 0:
+            break
+        flat_grow(<void **>&fb.drops, &fb.drops_cap, 2 * (fb.ndrops + n), sizeof(int64_t))
+        for i in range(n):
+            fb.drops[2 * fb.ndrops] = wire_int(&r)
+            fb.drops[2 * fb.ndrops + 1] = wire_long(&r)
+            fb.ndrops += 1
+        wire_block_done(&r, block_end)
+    fb.offset = wire_int(&r)
+    while not r.err:
+        n = wire_count(&r, &block_end)
+        if r.err or n == 0:
+            break
+        for i in range(n):
+            _flat_event(fb, &r, body, variant)
+            if r.err:
+                raise _DecodeError(f"malformed Avro body: {_WIRE_ERRORS[r.err]} in event {fb.nev}")
+        wire_block_done(&r, block_end)
+    if r.err:
+        raise _DecodeError(f"malformed Avro body: {_WIRE_ERRORS[r.err]} in the batch envelope")
+    if r.p != r.end:
+        raise _DecodeError(f"{r.end - r.p} trailing bytes after the Avro body")
+    return 0
+
+
+# ------------------------------------------------------------------------------ limits
+# kvevents.schemas.limits.check_batch, on the flat batch (the same rules; messages may differ).
+
+cdef int flat_limits(FlatLimits *lim, object limits) except -1:
+    """Fill ``lim`` from a ``BatchLimits``."""
+    lim.max_attention_dp_size = limits.max_attention_dp_size
+    lim.max_events = limits.max_events
+    lim.max_blocks_per_event = limits.max_blocks_per_event
+    lim.max_tokens_per_block = limits.max_tokens_per_block
+    lim.max_window_size = limits.max_window_size
+    lim.max_windows_per_batch = limits.max_windows_per_batch
+    lim.max_cache_levels = limits.max_cache_levels
+    lim.max_mm_keys_per_block = limits.max_mm_keys_per_block
+    lim.max_instance_id_bytes = limits.max_instance_id_bytes
+    lim.max_cache_salt_bytes = limits.max_cache_salt_bytes
+    return 0
+
+
+cdef int _over(str what, int64_t value, int64_t top, str name) except -1:
+    raise _LimitError(f"{what}: {value} is over the limit {top} (BatchLimits.{name})")
+
+
+cdef int _negative(str what, int64_t value) except -1:
+    raise _LimitError(f"{what}: {value} is negative")
+
+
+cdef int flat_validate(const FlatBatch *fb, const FlatLimits *lim) except -1:
+    """Raise LimitError when ``fb`` breaks ``lim`` or the fixed rules (as ``check_batch``)."""
+    cdef int64_t dp = fb.dp_size, v
+    cdef size_t k, i, j
+    cdef const FlatEvent *e
+    cdef const FlatBlock *b
+    cdef int32_t windows[64]
+    cdef int64_t nwin = 0, w
+    cdef set more_windows = None
+    if fb.instance_len > lim.max_instance_id_bytes:
+        _over("instance_id bytes", fb.instance_len, lim.max_instance_id_bytes, "max_instance_id_bytes")
+    if dp < 1:
+        raise _LimitError(f"attention_dp_size: {dp} is below 1")
+    if dp > lim.max_attention_dp_size:
+        _over("attention_dp_size", dp, lim.max_attention_dp_size, "max_attention_dp_size")
+    if fb.sequence < 0:
+        _negative("sequence", fb.sequence)
+    if fb.offset < 0:
+        _negative("first_event_block_offset", fb.offset)
+    if <int64_t>fb.ndrops > dp:
+        _over("dropped (entries)", fb.ndrops, dp, "max_attention_dp_size (one per rank)")
+    for k in range(fb.ndrops):
+        if fb.drops[2 * k] < 0 or fb.drops[2 * k] >= dp:
+            raise _LimitError(f"dropped[{k}].attention_dp_rank: {fb.drops[2 * k]} is not in 0..{dp - 1}")
+        if fb.drops[2 * k + 1] < 0:
+            _negative(f"dropped[{k}].dropped_events", fb.drops[2 * k + 1])
+    if <int64_t>fb.nev > lim.max_events:
+        _over("events", fb.nev, lim.max_events, "max_events")
+    for k in range(fb.nev):
+        e = &fb.ev[k]
+        if e.event_id < 0:
+            _negative(f"events[{k}].event_id", e.event_id)
+        if e.has_rank and (e.rank < 0 or e.rank >= dp):
+            raise _LimitError(f"events[{k}].attention_dp_rank: {e.rank} is not in 0..{dp - 1}")
+        if e.window < 0:  # 0: the engine did not say (vLLM/SGLang full attention, the bridge's default)
+            raise _LimitError(f"events[{k}].window_size: {e.window} is negative")
+        if e.window > lim.max_window_size:
+            _over(f"events[{k}].window_size", e.window, lim.max_window_size, "max_window_size")
+        for j in range(<size_t>nwin):
+            if windows[j] == e.window:
+                break
+        else:
+            if nwin < 64:
+                windows[nwin] = e.window
+                nwin += 1
+            else:
+                if more_windows is None:
+                    more_windows = set()
+                more_windows.add(e.window)
+            if nwin + (0 if more_windows is None else len(more_windows)) > lim.max_windows_per_batch:
+                _over(f"events[{k}]: distinct window sizes", nwin + (0 if more_windows is None else len(more_windows)),
+                      lim.max_windows_per_batch, "max_windows_per_batch")
+        if e.kind == FLAT_STORED:
+            if e.count > lim.max_blocks_per_event:
+                _over(f"events[{k}].data.blocks", e.count, lim.max_blocks_per_event, "max_blocks_per_event")
+            for i in range(e.first, e.first + e.count):
+                b = &fb.blk[i]
+                j = i - e.first
+                if b.ntok > lim.max_tokens_per_block:
+                    _over(f"events[{k}].data.blocks[{j}].tokens", b.ntok, lim.max_tokens_per_block,
+                          "max_tokens_per_block")
+                if b.has_extra and b.next != b.ntok:
+                    raise _LimitError(
+                        f"events[{k}].data.blocks[{j}].token_extra_ids: {b.next} ids for {b.ntok} tokens"
+                    )
+                if b.nmm > lim.max_mm_keys_per_block:
+                    _over(f"events[{k}].data.blocks[{j}].mm_keys", b.nmm, lim.max_mm_keys_per_block,
+                          "max_mm_keys_per_block")
+                if b.has_salt and b.salt_len > lim.max_cache_salt_bytes:
+                    _over(f"events[{k}].data.blocks[{j}].cache_salt bytes", b.salt_len,
+                          lim.max_cache_salt_bytes, "max_cache_salt_bytes")
+        elif e.kind == FLAT_REMOVED:
+            if e.count > lim.max_blocks_per_event:
+                _over(f"events[{k}].data.block_hashes", e.count, lim.max_blocks_per_event,
+                      "max_blocks_per_event")
+        elif e.kind == FLAT_CREATED:
+            if e.count > lim.max_cache_levels:
+                _over(f"events[{k}].data.num_blocks_per_cache_level", e.count, lim.max_cache_levels,
+                      "max_cache_levels")
+            for i in range(e.first, e.first + e.count):
+                if fb.vals[i] < 0:
+                    _negative(f"events[{k}].data.num_blocks_per_cache_level[{i - e.first}]", fb.vals[i])
+    return 0
