@@ -53,13 +53,14 @@ def run_case(protocol: str, args: argparse.Namespace, world: Any, rank: int, siz
 
     world.Barrier()
     capacity = 2 * args.throughput_events  # no drop by construction (drops are reported anyway)
+    manager: Any  # a LockstepManager or a KVCacheEventManager: the same interface here
     if protocol == "lockstep":
         manager = LockstepManager(capacity, rank, size, args.period_ms, drop_warning_interval_s=3600)
     else:  # "none": the same manager without any exchange, the floor of the engine's cost
-        gather = protocol != "none"
+        gathering = protocol != "none"
         manager_class = PurePythonManager if protocol == "kvevents-py" else KVCacheEventManager
         manager = manager_class(
-            capacity, rank, size, args.period_ms, drop_warning_interval_s=3600, attention_dp_gather=gather
+            capacity, rank, size, args.period_ms, drop_warning_interval_s=3600, attention_dp_gather=gathering
         )
     exchanging = protocol != "none"
     arrivals: list[tuple[float, int, int, int, int]] = []  # (time, rank, first id, last id, count)
