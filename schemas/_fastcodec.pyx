@@ -10,15 +10,17 @@ up to 10 bytes) and raises :class:`DecodeError` naming the field for anything el
 checked against the bytes left before anything is allocated, so a forged count cannot make it
 allocate more than a few times the input's size.
 
-The schema is hand-coded here and nowhere else: ``kvevents.schemas.codec`` checks at import that
-this module writes and reads exactly what fastavro does for the ``.avsc`` files (a probe batch
-using every field), and steps aside for fastavro when it does not. ``flat_read`` (declared in
-``_fastcodec.pxd``) is the same reader into C arrays, for the compiled index core.
-
 This module keeps the public entry points; the work is in cimported modules with one job each:
 ``_writer.pxd`` (the output buffer and its varint primitives, inline), ``_encode.pyx`` (the record
 writers), ``_decode.pyx`` (the record readers), ``_wire.pxd`` (the flat reader's inline wire
-primitives) and ``_flat.pyx`` (the flat batch reader and its limits check).
+primitives) and ``_flat.pyx`` (the flat batch reader and its limits check). Each call crosses a
+module once (``_put_batch``, ``_decode``, ``flat_read``), never per field.
+
+The schema is hand-coded in those modules and nowhere else: ``kvevents.schemas.codec`` checks at
+import that this module writes and reads exactly what fastavro does for the ``.avsc`` files (a
+probe batch using every field), and steps aside for fastavro when it does not. ``flat_read``
+(``_flat.pyx``, named in ``_fastcodec.pxd``) is the same reader into C arrays, for the compiled
+index core.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
