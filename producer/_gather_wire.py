@@ -51,6 +51,9 @@ class ProtocolError(ValueError):
     """A decoded message breaks the gather's rules (wrong rank, order, size ...)."""
 
 
+_FILL = 0.9
+"""Byte-bounded messages aim at this share of ``max_bytes``, so that most fit at the first try."""
+
 RESYNC_FORMAT = struct.Struct("<qq")
 """A RESYNC payload: events lost, and the newest lost event id (-1: not known)."""
 
@@ -78,24 +81,39 @@ def chunk_batches(
     attention_dp_size: int,
     first_sequence: int,
     max_events: int,
+    max_bytes: int | None = None,
 ) -> list[bytes]:
     """Encode ``events`` (oldest first) as consecutive ``EventBatch`` messages of at most
-    ``max_events`` events, numbered from ``first_sequence``; the drops go with the first.
-    Always at least one message (an empty batch when there are neither events nor drops)."""
+    ``max_events`` events and, unless one event alone is larger, at most ``max_bytes`` bytes
+    (None: no bound), numbered from ``first_sequence``; the drops go with the first. Always at
+    least one message (an empty batch when there are neither events nor drops)."""
     created_at_us = time.time_ns() // 1000
-    messages = []
+    messages: list[bytes] = []
     count = len(events)
-    starts = range(0, count, max_events) if count else range(1)
-    for i, start in enumerate(starts):
-        batch = EventBatch(
-            instance_id,
-            list(events[start : start + max_events]),
-            attention_dp_size=attention_dp_size,
-            sequence=first_sequence + i,
-            created_at_us=created_at_us,
-            dropped=dropped if i == 0 else [],
-        )
-        messages.append(encode_batch(batch))
+    start = 0
+    per_message = max_events
+    while start < count or not messages:
+        n = min(per_message, count - start)
+        while True:
+            data = encode_batch(
+                EventBatch(
+                    instance_id,
+                    list(events[start : start + n]),
+                    attention_dp_size=attention_dp_size,
+                    sequence=first_sequence + len(messages),
+                    created_at_us=created_at_us,
+                    dropped=[] if messages else dropped,
+                )
+            )
+            if max_bytes is None or len(data) <= max_bytes or n <= 1:
+                break
+            # Too large: fewer events, in proportion to the overshoot (with a margin).
+            n = max(1, min(n - 1, int(n * max_bytes * _FILL / len(data))))
+        messages.append(data)
+        start += n
+        if max_bytes is not None and n:
+            # The next message aims at what this one's events weighed (never above max_events).
+            per_message = max(1, min(max_events, int(max_bytes * _FILL * n / len(data))))
     return messages
 
 

@@ -23,6 +23,8 @@ from kvevents.schemas import (
     EventBatch,
     KVCacheEvent,
     KVCacheRemovedData,
+    KVCacheStoredBlockData,
+    KVCacheStoredData,
     KVCacheUpdatedData,
     RankDrops,
     decode_batch,
@@ -55,6 +57,59 @@ def test_nothing_to_send_is_still_one_message_carrying_the_drops() -> None:
     )
     assert decode_batch(only).events == []
     assert decode_batch(only).dropped == [RankDrops(1, 2)]
+
+
+def stored(rank: int, ids: range, blocks: int) -> list[KVCacheEvent]:
+    """Stored events of ``blocks`` blocks of 16 tokens each: about 50 bytes per block."""
+    return [
+        KVCacheEvent(
+            i,
+            KVCacheStoredData(
+                None, [KVCacheStoredBlockData(i * 1000 + b, list(range(16))) for b in range(blocks)]
+            ),
+            32,
+            rank,
+        )
+        for i in ids
+    ]
+
+
+@pytest.mark.parametrize("max_bytes", [600, 2000, 8000])
+def test_chunks_stay_within_the_byte_bound_in_order(max_bytes: int) -> None:
+    sent = stored(2, range(0, 300), 1) + events(2, range(300, 700)) + stored(2, range(700, 760), 5)
+    messages = chunk_batches(
+        sent, [RankDrops(2, 4)], instance_id="r2", attention_dp_size=4, first_sequence=9, max_events=1024,
+        max_bytes=max_bytes,
+    )  # fmt: skip
+    batches = [decode_batch(m) for m in messages]
+    assert max(len(m) for m in messages) <= max_bytes
+    assert [e for b in batches for e in b.events] == sent
+    assert [b.sequence for b in batches] == list(range(9, 9 + len(batches)))
+    assert batches[0].dropped == [RankDrops(2, 4)] and all(not b.dropped for b in batches[1:])
+    # filled, not cut needlessly small: on average the messages hold most of the bound
+    assert sum(len(m) for m in messages) / len(messages) > max_bytes * 0.6
+    unbounded = chunk_batches(
+        sent, [], instance_id="r2", attention_dp_size=4, first_sequence=0, max_events=1024
+    )
+    assert len(unbounded) == 1 and len(unbounded[0]) > max_bytes
+
+
+def test_an_event_larger_than_the_byte_bound_goes_alone() -> None:
+    sent = events(1, range(0, 3)) + stored(1, range(3, 4), 40) + events(1, range(4, 6))
+    messages = chunk_batches(
+        sent, [], instance_id="r1", attention_dp_size=2, first_sequence=0, max_events=64, max_bytes=500
+    )
+    batches = [decode_batch(m) for m in messages]
+    assert [e for b in batches for e in b.events] == sent
+    big = [b for b in batches if any(e.event_id == 3 for e in b.events)]
+    assert len(big) == 1 and [e.event_id for e in big[0].events] == [3]
+    assert all(len(m) <= 500 for m, b in zip(messages, batches, strict=True) if b is not big[0])
+
+
+def test_the_default_byte_bound_fits_mpichs_shared_memory_eager_limit() -> None:
+    # MPICH 5's ch4 shared memory sends a message of up to 8,112 bytes eagerly (8 KiB cells,
+    # measured with the mpich wheel); larger ones take a rendezvous (docs/GATHER_PROTOCOL.md).
+    assert GatherConfig().max_message_bytes <= 8112
 
 
 def batch(evts: list[KVCacheEvent], **kw: object) -> EventBatch:
@@ -111,6 +166,7 @@ def test_tags_are_distinct_and_documented() -> None:
         ({"poll_interval_s": True}, "poll_interval_s"),
         ({"max_in_flight": 0}, "max_in_flight"),
         ({"max_events_per_message": 1.5}, "max_events_per_message"),
+        ({"max_message_bytes": 0}, "max_message_bytes"),
         ({"heartbeat_interval_s": 1.0, "heartbeat_timeout_s": 2.0}, "more than twice"),
     ],
 )
