@@ -163,11 +163,17 @@ class CollectorRole(GatherCore):
             if peer.state == "dead":
                 peer.state = "live"
                 log.warning("attention-DP rank %d, declared dead, is sending again: taken back", peer.rank)
+        # One Testsome for every pending receive (each MPI call releases the GIL, and on a busy
+        # rank 0 getting it back can take a switch interval): what completed becomes
+        # REQUEST_NULL, which is false.
+        waiting = [request for peer in peers.values() for _, _, request in peer.pending if request]
+        if waiting:
+            mpi.Request.Testsome(waiting)
         for peer in peers.values():
             pending = peer.pending
             while pending:
                 tag, buffer, request = pending[0]
-                if request is not None and not request.Test():
+                if request:
                     break
                 pending.popleft()
                 self._handle(peer, tag, buffer)

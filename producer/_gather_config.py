@@ -32,8 +32,9 @@ class GatherConfig:
     - ``shutdown_timeout_s``: the longest a final exchange waits (rank r for BYE_ACK, rank 0
       for the BYEs).
     - ``max_in_flight``: a rank != 0 drains its buffer only while fewer messages than this are
-      in flight (a batch of n events is ``ceil(n / max_events_per_message)`` messages, so at
-      most ``max_in_flight - 1 + ceil(capacity / max_events_per_message)`` are in flight).
+      in flight (a batch is cut into messages by ``max_events_per_message`` and
+      ``max_message_bytes``, so at most ``max_in_flight - 1`` plus one batch's messages are in
+      flight). 64 messages of at most 8000 bytes hold about what 8 of 1024 events did.
     - ``max_events_per_message``: events per MPI message (bounds the time rank 0 holds the GIL
       decoding one message: about 0.5 us per event).
     - ``max_message_bytes``: bytes per MPI message (one event larger than this still goes
@@ -47,7 +48,7 @@ class GatherConfig:
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 5.0
     shutdown_timeout_s: float = 5.0
-    max_in_flight: int = 8
+    max_in_flight: int = 64
     max_events_per_message: int = 1024
     max_message_bytes: int = 8000
     poll_interval_s: float = 0.001

@@ -53,8 +53,11 @@ class GatherCore:
         self._in_flight.append((request, data))  # keeps the bytes alive until sent
 
     def _test_sends(self) -> None:
+        """Drop the sends that completed (one ``Testsome`` for all: each MPI call releases the
+        GIL; a completed request becomes REQUEST_NULL, which is false)."""
         if self._in_flight:
-            self._in_flight = deque(item for item in self._in_flight if not item[0].Test())
+            self._mpi.Request.Testsome([request for request, _ in self._in_flight])
+            self._in_flight = deque(item for item in self._in_flight if item[0])
 
     def _finish(self, reason: str) -> None:
         # Free the communicator only if nothing is pending on it (a dead peer can leave a
