@@ -34,13 +34,14 @@ class GatherConfig:
     - ``max_in_flight``: a rank != 0 drains its buffer only while fewer messages than this are
       in flight (a batch is cut into messages by ``max_events_per_message`` and
       ``max_message_bytes``, so at most ``max_in_flight - 1`` plus one batch's messages are in
-      flight). 64 messages of at most 8000 bytes hold about what 8 of 1024 events did.
+      flight).
     - ``max_events_per_message``: events per MPI message (bounds the time rank 0 holds the GIL
       decoding one message: about 0.5 us per event).
     - ``max_message_bytes``: bytes per MPI message (one event larger than this still goes
-      alone): keep it within the MPI library's eager limit (MPICH's shared memory: 8,112 bytes
-      with its default 8 KiB cells), so that every send completes at once, without the
-      rendezvous that needs both ranks' gather threads to come back to MPI several times.
+      alone; a backlog of more than 8 such messages goes in 8 larger ones): keep it within the
+      MPI library's eager limit (MPICH's shared memory: 8,112 bytes with its default 8 KiB
+      cells), so that every send completes at once, without the rendezvous that needs both
+      ranks' gather threads to come back to MPI several times.
     - ``poll_interval_s``: how often rank 0 looks for messages while events flow (at most a
       quarter period; every 50 ms after a second without events).
     """
@@ -48,7 +49,7 @@ class GatherConfig:
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 5.0
     shutdown_timeout_s: float = 5.0
-    max_in_flight: int = 64
+    max_in_flight: int = 8
     max_events_per_message: int = 1024
     max_message_bytes: int = 8000
     poll_interval_s: float = 0.001

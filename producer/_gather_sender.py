@@ -11,6 +11,10 @@ from .buffer import EventDrain
 
 __all__ = ["SenderRole"]
 
+_EAGER_MESSAGES_PER_DRAIN = 8
+"""A drain that needs more messages of ``max_message_bytes`` than this (a backlog: about 64 KB)
+goes in this many larger ones: every ``Isend`` releases the GIL, which a rank whose engine
+keeps it busy waits to get back, so 80 small sends fell behind where 8 large ones did not."""
 _IDLE_WAIT_S = 0.1
 """A rank != 0 with nothing to send waits on its buffer this long at a time (then checks MPI)."""
 
@@ -65,6 +69,7 @@ class SenderRole(GatherCore):
             first_sequence=self._next_sequence,
             max_events=self._config.max_events_per_message,
             max_bytes=self._config.max_message_bytes,
+            max_messages=_EAGER_MESSAGES_PER_DRAIN,
         )
         self._next_sequence += len(messages)
         last = len(messages) - 1

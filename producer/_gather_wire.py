@@ -82,11 +82,16 @@ def chunk_batches(
     first_sequence: int,
     max_events: int,
     max_bytes: int | None = None,
+    max_messages: int | None = None,
 ) -> list[bytes]:
     """Encode ``events`` (oldest first) as consecutive ``EventBatch`` messages of at most
     ``max_events`` events and, unless one event alone is larger, at most ``max_bytes`` bytes
     (None: no bound), numbered from ``first_sequence``; the drops go with the first. Always at
-    least one message (an empty batch when there are neither events nor drops)."""
+    least one message (an empty batch when there are neither events nor drops).
+
+    ``max_messages``: when the events would need more messages than this at ``max_bytes``, the
+    byte bound grows to fit them in about that many (a backlog goes in fewer, larger messages:
+    each send costs its thread a GIL round trip)."""
     created_at_us = time.time_ns() // 1000
     messages: list[bytes] = []
     count = len(events)
@@ -105,6 +110,9 @@ def chunk_batches(
                     dropped=[] if messages else dropped,
                 )
             )
+            if not messages and max_bytes is not None and max_messages is not None and n:
+                # A backlog: the byte bound grows so that it goes in about max_messages messages.
+                max_bytes = max(max_bytes, len(data) * count // (n * max_messages) + 1)
             if max_bytes is None or len(data) <= max_bytes or n <= 1:
                 break
             # Too large: fewer events, in proportion to the overshoot (with a margin).

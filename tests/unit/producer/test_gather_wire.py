@@ -94,6 +94,26 @@ def test_chunks_stay_within_the_byte_bound_in_order(max_bytes: int) -> None:
     assert len(unbounded) == 1 and len(unbounded[0]) > max_bytes
 
 
+def test_a_backlog_goes_in_about_max_messages_larger_messages() -> None:
+    sent = stored(3, range(0, 1000), 4)  # about 130 KB: 16+ messages of 8000 bytes
+
+    def cut(max_messages: int | None) -> list[bytes]:
+        return chunk_batches(
+            sent, [], instance_id="r3", attention_dp_size=4, first_sequence=0, max_events=1024,
+            max_bytes=8000, max_messages=max_messages,
+        )  # fmt: skip
+
+    small, few = cut(None), cut(8)
+    assert len(small) > 15 and max(len(m) for m in small) <= 8000
+    assert 8 <= len(few) <= 9 and max(len(m) for m in few) > 8000
+    assert [e for m in few for e in decode_batch(m).events] == sent
+    # a drain that fits in max_messages keeps the byte bound
+    assert all(len(m) <= 8000 for m in chunk_batches(
+        sent[:500], [], instance_id="r3", attention_dp_size=4, first_sequence=0, max_events=1024,
+        max_bytes=8000, max_messages=8,
+    ))  # fmt: skip
+
+
 def test_an_event_larger_than_the_byte_bound_goes_alone() -> None:
     sent = events(1, range(0, 3)) + stored(1, range(3, 4), 40) + events(1, range(4, 6))
     messages = chunk_batches(
