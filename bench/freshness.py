@@ -25,6 +25,8 @@ both up to their highest drop-free rate and ends with a flat-out run of each. ``
 
     python bench/freshness.py                 # current defaults, a few rates (about 1 min)
     python bench/freshness.py --compare       # before vs after, up to the drop-free rate
+    python bench/freshness.py --baseline-python ../main/.venv/bin/python --repeats 3
+                                              # this checkout's code vs another's, interleaved
 """
 
 from __future__ import annotations
@@ -140,10 +142,14 @@ def run_step(
     consumer: Mapping[str, Any] | None = None,
     sample: int = 4,
     realtime: bool = True,
+    python: str | None = None,
 ) -> dict[str, Any]:
     """One run of the simulators at ``rate`` requests/s per rank (``realtime=False``: as fast as
-    they can, ``--no-realtime``); the step's figures."""
-    mpiexec = find_mpiexec()
+    they can, ``--no-realtime``); the step's figures. ``python``: the interpreter of the ranks
+    (another checkout's venv runs that checkout's kvevents, with the ``mpiexec`` beside it)."""
+    python = python or sys.executable
+    beside = Path(python).parent / "mpiexec"
+    mpiexec = str(beside) if beside.exists() else find_mpiexec()
     if not mpiexec:
         raise SystemExit("mpiexec not found: pip install -e '.[dev]'")
     topic = f"bench-fresh-{uuid.uuid4().hex[:10]}"
@@ -154,7 +160,7 @@ def run_step(
         tail = Tail(bootstrap, topic, consumer or {}, sample)
         try:
             command = [
-                mpiexec, "-n", str(ranks), sys.executable, "-m", "kvevents.cli", "simulate",
+                mpiexec, "-n", str(ranks), python, "-m", "kvevents.cli", "simulate",
                 "--rate", str(rate), "-b", bootstrap, "--topic", topic, "--json", "-q",
                 "--flush-log", str(work), "--iterations-per-second", str(engine_speed(rate)),
                 "--duration", str(duration),
@@ -219,12 +225,14 @@ def measure(
     stop_at_drops: bool = True,
     warm_up: bool = True,
     flat_out: bool = False,
+    pythons: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Freshness at each rate for each variant (name -> (producer -X settings, reader config);
     default: only the current defaults), interleaved per rate. A variant stops stepping after
     its first rate with drops or where the simulators could not keep real time (when
     ``stop_at_drops``, as ``bench/e2e.py`` steps). ``flat_out``: then one run per variant at the
-    last rate as fast as the simulators go (the most this machine's pipeline carries). Returns ``{"variants": {name: {"steps",
+    last rate as fast as the simulators go (the most this machine's pipeline carries). ``pythons``:
+    the ranks' interpreter per variant (default this one). Returns ``{"variants": {name: {"steps",
     "highest_drop_free"}}, "kafka", "loadavg"}``."""
     variants = dict(variants or {"defaults": ({}, {})})
     steps: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
@@ -245,6 +253,7 @@ def measure(
                     producer=producer,
                     consumer=consumer,
                     sample=sample,
+                    python=(pythons or {}).get(name),
                 )
                 steps[name].append(step)
                 print(f"  {name:>8} {rate:g}/s per rank: {summary_line(step)}", file=sys.stderr)
@@ -261,6 +270,7 @@ def measure(
                 consumer=consumer,
                 sample=sample,
                 realtime=False,
+                python=(pythons or {}).get(name),
             )
             print(f"  {name:>8} flat out: {summary_line(flat[name])}", file=sys.stderr)
     result: dict[str, Any] = {
@@ -361,6 +371,13 @@ def main(argv: list[str] | None = None) -> int:
         "stepping each up to its first rate with drops or lost pace, as bench/e2e.py does, then "
         "one flat-out run each (--no-realtime; default rates 10,160,320,640,960)",
     )
+    parser.add_argument(
+        "--baseline-python",
+        default=None,
+        help="also run every step with this interpreter (another checkout's venv: its kvevents code, "
+        "default settings) as variant 'baseline', interleaved per rate: a change side by side with "
+        "the code before it",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="run everything this many times (default 1)")
     parser.add_argument(
         "-b", "--bootstrap-servers", default=None, help="default: $KAFKA_BOOTSTRAP_SERVERS or a local broker"
@@ -375,10 +392,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         variants["before"] = (BEFORE_PRODUCER, BEFORE_CONSUMER)
     variants["after" if args.compare else "defaults"] = ({}, {})
+    pythons: dict[str, str] = {}
+    if args.baseline_python:
+        variants["baseline"] = ({}, {})
+        pythons["baseline"] = args.baseline_python
     started = time.monotonic()
     runs = [
         measure(args.bootstrap_servers, rates, ranks=args.ranks, duration=args.duration, sample=args.sample,
-                variants=variants, stop_at_drops=args.compare, warm_up=i == 0, flat_out=args.compare)
+                variants=variants, stop_at_drops=args.compare, warm_up=i == 0, flat_out=args.compare,
+                pythons=pythons)
         for i in range(args.repeats)
     ]  # fmt: skip
     for i, run in enumerate(runs):
