@@ -7,9 +7,11 @@
 - Throughput, same stream, side by side in one run:
   ``bare``: a SUB that receives and msgpack-decodes only (the ceiling of any bridge);
   ``bridge``: ``ZmqBridge`` + ``KafkaEventSink`` (convert, Avro-encode, produce, acknowledged),
-  events/s from the first receive to the last Kafka acknowledgement, with the compiled
-  converter (``_fastconvert``) and, as the baseline (``--baseline``, on by default), with the
-  Python paths it replaced (``ZmqEventConverter(compiled=False)``).
+  events/s from the first receive to the last Kafka acknowledgement: ``compiled``, the compiled
+  converter writing Avro bytes that the sink splices (the default); and as baselines
+  (``--baseline``, on by default) ``objects``, the compiled converter building event objects
+  that the sink encodes (``preencoded=False``, the path before), and ``python``, the Python
+  paths (``ZmqEventConverter(compiled=False)``, objects).
   Goals: bridge >= 100k events/s and >= 50% of bare.
   Also the CPU per event of the measuring process (steadier than events/s on a busy machine).
   The engine cycles through 2000 prebuilt batches, so later Stored blocks are often already
@@ -203,7 +205,7 @@ def bare(batches: int, per_batch: int) -> dict[str, Any]:
 
 
 def bridged(
-    bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int, compiled: bool
+    bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int, path: str
 ) -> dict[str, Any]:
     from kvevents.consumer.topics import TopicSpec, create_topic
     from kvevents.producer import KafkaEventSink
@@ -213,10 +215,14 @@ def bridged(
     create_topic(bootstrap, TopicSpec(topic))
     proc, pub, replay = spawn_engine(batches, per_batch, rate)
     bridge = ZmqBridge(
-        "vllm", f"tcp://127.0.0.1:{pub}", replay_endpoint=f"tcp://127.0.0.1:{replay}", idle_probe=3600
+        "vllm",
+        f"tcp://127.0.0.1:{pub}",
+        replay_endpoint=f"tcp://127.0.0.1:{replay}",
+        idle_probe=3600,
+        preencoded=path == "compiled",
     )
     conv = bridge.converters[0]
-    conv.compiled = compiled and conv.compiled  # before the engine's first batch (1 s away)
+    conv.compiled = path != "python" and conv.compiled  # before the engine's first batch (1 s away)
     samples: list[tuple[int, float]] = []  # (last event id of a batch, its engine send ts)
     latencies: list[float] = []
     convert = conv.convert
@@ -230,7 +236,19 @@ def bridged(
             samples.append((out[-1].event_id, conv.last_batch_ts))
         return out
 
+    convert_encoded = conv.convert_encoded
+
+    def sampled_convert_encoded(payload: bytes, out: Any) -> bool:
+        nonlocal n
+        before = len(out)
+        taken = convert_encoded(payload, out)
+        n += 1
+        if taken and len(out) > before and n % sample_every == 0 and conv.last_batch_ts is not None:
+            samples.append((out.event_id(len(out) - 1), conv.last_batch_ts))
+        return taken
+
     conv.convert = sampled_convert  # type: ignore[method-assign]
+    conv.convert_encoded = sampled_convert_encoded  # type: ignore[method-assign]
     acked: list[float] = []
 
     def on_delivery(report: Any) -> None:
@@ -302,7 +320,7 @@ def main() -> int:
         "--baseline",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also run the bridge with the Python converter (the path before the compiled one)",
+        help="also run the bridge with event objects (compiled converter, then the Python paths)",
     )
     parser.add_argument("--repeat", type=int, default=1, help="runs of every case (medians reported)")
     args = parser.parse_args()
@@ -312,7 +330,7 @@ def main() -> int:
 
     if compiled_convert is None:
         print("the compiled converter is not built (make setup): both paths are Python", file=sys.stderr)
-    paths = ["python", "compiled"] if args.baseline else ["compiled"]
+    paths = ["python", "objects", "compiled"] if args.baseline else ["compiled"]
     lat_batches = int(args.latency_rate * args.latency_seconds / args.events_per_batch)
     runs: dict[str, list[dict[str, Any]]] = {"bare": []}
     for path in paths:
@@ -326,9 +344,7 @@ def main() -> int:
             runs["bare"].append(base)
             print(f"[{k + 1}] bare SUB decode: {base['events_per_s']:,.0f} events/s", file=sys.stderr)
             for path in paths:
-                through = _timed_bridge(
-                    bootstrap, args.batches, args.events_per_batch, 0, 50, path == "compiled"
-                )
+                through = _timed_bridge(bootstrap, args.batches, args.events_per_batch, 0, 50, path)
                 through["ratio_to_bare"] = through["events_per_s"] / max(base["events_per_s"], 1e-9)
                 runs[f"{path}_throughput"].append(through)
                 print(
@@ -338,7 +354,7 @@ def main() -> int:
                 )
             for path in paths:
                 latency = _timed_bridge(
-                    bootstrap, lat_batches, args.events_per_batch, args.latency_rate, 5, path == "compiled"
+                    bootstrap, lat_batches, args.events_per_batch, args.latency_rate, 5, path
                 )
                 runs[f"{path}_latency"].append(latency)
             load.append(os.getloadavg())
@@ -371,11 +387,12 @@ def main() -> int:
         print(f"{row[0]:30} {row[1]:>10} {row[2]:>12} {row[3]:>10} {row[4]:>14} {row[5]:>14}")
     new = summary["compiled_throughput"]
     if args.baseline:
-        old = summary["python_throughput"]
-        print(
-            f"compiled / python: {new['events_per_s'] / max(old['events_per_s'], 1e-9):.2f}x events/s, "
-            f"{old['cpu_us_per_event'] / max(new['cpu_us_per_event'], 1e-9):.2f}x less CPU per event"
-        )
+        for base in ("objects", "python"):
+            old = summary[f"{base}_throughput"]
+            print(
+                f"compiled / {base}: {new['events_per_s'] / max(old['events_per_s'], 1e-9):.2f}x events/s, "
+                f"{old['cpu_us_per_event'] / max(new['cpu_us_per_event'], 1e-9):.2f}x less CPU per event"
+            )
     goals = {
         "events_per_s >= 100k": new["events_per_s"] >= 100_000,
         "ratio >= 0.5": new["ratio_to_bare"] >= 0.5,
@@ -415,7 +432,7 @@ def _ms(value: float | None) -> str:
 
 
 def _timed_bridge(
-    bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int, compiled: bool
+    bootstrap: str, batches: int, per_batch: int, rate: float, sample_every: int, path: str
 ) -> dict[str, Any]:
     """``bridged`` with the clock started at the bridge's first received message."""
     import kvevents.producer.bridge.receiver as receiver
@@ -437,7 +454,7 @@ def _timed_bridge(
     bridge_first.clear()
     receiver.ZmqReceiver._run = timed_run  # type: ignore[method-assign]
     try:
-        return bridged(bootstrap, batches, per_batch, rate, sample_every, compiled)
+        return bridged(bootstrap, batches, per_batch, rate, sample_every, path)
     finally:
         receiver.ZmqReceiver._run = original  # type: ignore[method-assign]
 

@@ -44,6 +44,7 @@ from .sink_config import (
     message_limit,
     producer_config,
 )
+from .sink_encoded import EncodedChunker, EncodedDrain, EncodedEvents
 from .sink_queue import ChunkQueue, LossLedger
 from .sink_stats import DeliveryReport, LatencyHistogram, SinkCloseReport, SinkStats
 
@@ -228,6 +229,13 @@ class KafkaEventSink:
         if isinstance(per_message, bool) or not isinstance(per_message, int) or per_message < 1:
             raise ValueError(f"max_events_per_message must be an int >= 1, got {per_message!r}")
         self._chunker = Chunker(self._writer, manager_dp_size in (None, 1), max_events_per_message)
+        # a source that has its events as Avro already (EncodedEvents) hands them over as such
+        self._drain: Callable[[float | None], EventDrain | EncodedDrain] = getattr(
+            manager, "drain_encoded", manager.drain
+        )
+        self._encoded_chunker = EncodedChunker(
+            self._writer, manager_dp_size in (None, 1), max_events_per_message
+        )
         self._writer.speculative = self._speculate
         self._queue = ChunkQueue(max_queued_events, max_queued_bytes)
         self._ledger = LossLedger()
@@ -537,7 +545,7 @@ class KafkaEventSink:
             self._iterations += 1
             stopping = self._stop_requested
             if stopping:
-                self._accept(manager.drain(timeout=0))
+                self._accept(self._drain(0))
             self._resolve_topic_limit()
             stuck = self._hand_off()
             if stopping and (not stuck or time.monotonic() >= self._stop_deadline):
@@ -549,11 +557,11 @@ class KafkaEventSink:
                     if self._stop_requested == stopping:
                         self._room.wait(_STUCK_WAIT_S if stuck else _IDLE_WAIT_S)
                 if not stopping:
-                    self._accept(manager.drain(timeout=0))
+                    self._accept(self._drain(0))
             else:
-                self._accept(manager.drain(timeout=_IDLE_WAIT_S))
+                self._accept(self._drain(_IDLE_WAIT_S))
 
-    def _accept(self, drain: EventDrain) -> None:
+    def _accept(self, drain: EventDrain | EncodedDrain) -> None:
         """Count the drain's drops, cut its events into chunks and queue them (handing them off
         as they come, so encoding overlaps librdkafka's compression and sending)."""
         if drain.dropped:
@@ -563,11 +571,12 @@ class KafkaEventSink:
         if not events:
             return
         accounted = 0
+        chunker = self._encoded_chunker if isinstance(events, EncodedEvents) else self._chunker
         try:
             with self._lock:
                 self._drained += len(events)
                 budget = self._current_budget()
-            for item in self._chunker.chunks(events, budget):
+            for item in chunker.chunks(events, budget):
                 with self._lock:
                     if isinstance(item, LostEvent):
                         accounted += 1
@@ -872,6 +881,8 @@ _LIBRDKAFKA_STATS = (
 
 
 def _count_by_rank(events: Sequence[KVCacheEvent]) -> dict[int, int]:
+    if isinstance(events, EncodedEvents):
+        return events.count_by_rank()
     counts: dict[int, int] = {}
     for event in events:
         rank = 0 if event.attention_dp_rank is None else event.attention_dp_rank

@@ -34,6 +34,7 @@ __all__ = [
     "Chunk",
     "Chunker",
     "EnvelopeWriter",
+    "Framed",
     "LostEvent",
     "SingleObjectCodec",
     "SplitEvent",
@@ -48,6 +49,14 @@ _PROBE = 64
 """Events encoded to estimate their size when a first drain is large."""
 _FILL = 0.9
 """Aim chunks at this share of the budget, so that slices cut by estimate mostly fit at once."""
+
+
+class Framed(Protocol):
+    """Events encoded already (:class:`.sink_encoded.EncodedEvents`)."""
+
+    def message(self, prefix: bytes) -> bytes:
+        """``prefix`` followed by the events as an Avro array."""
+        ...
 
 
 class BatchCodec(Protocol):
@@ -179,13 +188,7 @@ class EnvelopeWriter:
         """The Avro encoding of ``events`` as a batch's events array (a view into the encoded
         message: no copy)."""
         prefix = self.template_prefix()
-        envelope = None
-        if self.speculative is not None:
-            if self._splice is None:
-                self._splice = self._check_splice()
-            if self._splice:
-                envelope = self.speculative(first_event_block_offset)
-        self.last_envelope = envelope
+        envelope = self._speculated(first_event_block_offset)
         if envelope is not None:
             full = self._codec.encode_batch(msgspec.structs.replace(envelope, events=list(events)))
             return memoryview(full)[len(envelope_of(self._codec.encode_batch(envelope))) :]
@@ -193,6 +196,27 @@ class EnvelopeWriter:
         if not full.startswith(prefix):
             raise RuntimeError("the codec wrote a different envelope for the same envelope fields")
         return memoryview(full)[len(prefix) :]
+
+    def encoded_part(self, events: Framed, first_event_block_offset: int = 0) -> memoryview:
+        """:meth:`events_part` for events encoded already: their bytes spliced after the envelope
+        (the template's, or the speculated one's)."""
+        prefix = self.template_prefix()
+        envelope = self._speculated(first_event_block_offset)
+        if envelope is not None:
+            prefix = envelope_of(self._codec.encode_batch(envelope))
+        return memoryview(events.message(prefix))[len(prefix) :]
+
+    def _speculated(self, first_event_block_offset: int) -> EventBatch | None:
+        """The envelope to encode the next part with (see :attr:`speculative`), also kept as
+        :attr:`last_envelope`."""
+        envelope = None
+        if self.speculative is not None:
+            if self._splice is None:
+                self._splice = self._check_splice()
+            if self._splice:
+                envelope = self.speculative(first_event_block_offset)
+        self.last_envelope = envelope
+        return envelope
 
     def _envelope(
         self, producer_id: int, sequence: int, created_at_us: int, dropped: list[RankDrops], offset: int
@@ -295,7 +319,7 @@ class Chunker:
         if self.bytes_per_event <= 0 and n > _PROBE:
             # a first large drain: learn the size of an event from a few, rather than encoding
             # everything once only to cut it and encode it again
-            self.bytes_per_event = len(self.writer.events_part(events[:_PROBE])) / _PROBE
+            self.bytes_per_event = len(self._part(events[:_PROBE])) / _PROBE
         estimate = self.bytes_per_event
         step = self.max_events
         if estimate > 0 and n * estimate > 2 * budget:
@@ -309,7 +333,7 @@ class Chunker:
     def _fit(self, events: Sequence[KVCacheEvent], budget: int) -> Iterator[Chunk | LostEvent]:
         n = len(events)
         try:
-            part = self.writer.events_part(events)
+            part = self._part(events)
         except DATA_ERRORS as exc:
             if n == 1:
                 event = events[0]
@@ -333,6 +357,10 @@ class Chunker:
         step = math.ceil(n / pieces)
         for start in range(0, n, step):
             yield from self._fit(events[start : start + step], budget)
+
+    def _part(self, events: Sequence[KVCacheEvent]) -> memoryview:
+        """The encoded events array of ``events`` (a subclass may take them pre-encoded)."""
+        return self.writer.events_part(events)
 
     def _chunk(self, events: Sequence[KVCacheEvent], part: memoryview) -> Chunk:
         if self.single_rank:

@@ -12,7 +12,7 @@ import re
 from array import array
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvevents.schemas import (
     DEFAULT_PRIORITY,
@@ -31,6 +31,9 @@ from .hashes import DEFAULT_MEDIUM_LEVELS, WireError, lora_id_for_name
 from .tiers import TierMap
 from .wire import BridgeDecodeError, ParsedBatch, RawRemoved, RawStored, WireCounts, parse_payload
 
+if TYPE_CHECKING:
+    from ..sink_encoded import EncodedEvents
+
 log = logging.getLogger(__name__)
 
 FastConvert = Callable[["ZmqEventConverter", bytes], "tuple[list[KVCacheEvent], float | None] | None"]
@@ -46,7 +49,20 @@ def _load_compiled() -> FastConvert | None:
     return convert
 
 
+FastEncode = Callable[["ZmqEventConverter", bytes, "EncodedEvents"], "tuple[int, float | None] | None"]
+"""The same, the events appended to an ``EncodedEvents`` as Avro bytes: their number and ``ts``."""
+
+
+def _load_encoder() -> FastEncode | None:
+    try:
+        from ._fastconvert import encode
+    except ImportError:
+        return None
+    return encode
+
+
 compiled_convert = _load_compiled()
+compiled_encode = _load_encoder()
 """The compiled reader (:mod:`._fastconvert`), or None when not built; its pure-Python twin is
 :func:`.fastwire.fast_convert` (same contract, fewer shapes taken)."""
 _TWIN: FastConvert = fast_convert
@@ -137,6 +153,23 @@ class ZmqEventConverter:
         self.last_batch_ts = parsed.ts
         self.counts["events_out"] += len(events)
         return events
+
+    def convert_encoded(self, payload: bytes, out: EncodedEvents) -> bool:
+        """:meth:`convert` by the compiled reader, the events appended to ``out`` as Avro bytes
+        (no object per event, for the sink's pre-encoded path): True, or False (nothing changed)
+        for a payload it does not take, or when it is not built: then call :meth:`convert`."""
+        if not (self.fast_path and self.compiled and compiled_encode is not None):
+            return False
+        done = compiled_encode(self, payload, out)
+        if done is None:
+            return False
+        n, ts = done
+        self.compiled_payloads += 1
+        self.fast_payloads += 1
+        self.counts["payloads"] += 1
+        self.last_batch_ts = ts
+        self.counts["events_out"] += n
+        return True
 
     def created(self, rank: int | None = None) -> KVCacheEvent:
         """A Created event for ``rank`` (the engine restarted: its cache is empty); clears the

@@ -12,7 +12,8 @@ and hands events to the sink's thread through :meth:`drain`. Per rank:
 - seq going backwards: the engine restarted, its cache is empty: a Created event first;
 - a payload that cannot be read: counted, kept (the last 20), and reported as lost.
 
-State (``state_path``): see :mod:`.state`.
+State (``state_path``): see :mod:`.state`. ``preencoded`` (the default when the compiled converter
+is built): events are handed to the sink as Avro bytes (``drain_encoded``), no object per event.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvevents.schemas import KVCacheEvent, KVCacheStoredData, RankDrops
 
 from ..buffer import EventDrain
+from ..sink_chunks import DATA_ERRORS
+from ..sink_encoded import EncodedDrain, EncodedEvents
 from ..sink_stats import DeliveryReport
-from .convert import ZmqEventConverter
+from .convert import ZmqEventConverter, compiled_encode
 from .receiver import ZmqReceiver, rank_endpoint
 from .replay import ReplayResult, request_replay
 from .state import AckFile, load_state, save_state
@@ -68,6 +71,8 @@ class ZmqBridge:
     fragments of a split event, and the missing tail is reported in-band as lost (a new
     producer session cannot continue a split event). Call :meth:`watch` with the sink so that
     checkpoints are taken only when it has nothing queued or in flight (no event half sent).
+    ``preencoded``: hand events over as Avro bytes (:meth:`drain_encoded`); None: when the
+    compiled converter is built. The topic gets the same bytes either way.
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class ZmqBridge:
         in_kafka: dict[int, int] | None = None,
         in_kafka_blocks: dict[int, int] | None = None,
         ctx: Any = None,
+        preencoded: bool | None = None,
     ) -> None:
         import zmq
 
@@ -137,7 +143,10 @@ class ZmqBridge:
                 )
 
         self._lock = threading.Condition()
-        self._pending: list[KVCacheEvent] = []
+        self.preencoded = compiled_encode is not None if preencoded is None else preencoded
+        self._pending: list[KVCacheEvent] = []  # not preencoded
+        self._encoded = EncodedEvents()  # preencoded
+        self._scratch = EncodedEvents()
         self._dropped: Counter[int] = Counter()
         self._resolved: dict[int, int] = {}  # rank -> last event id Kafka answered for
         self._losses_unacked = 0
@@ -160,18 +169,33 @@ class ZmqBridge:
     @property
     def closed(self) -> bool:
         with self._lock:
-            return self._done and not self._pending and not self._dropped
+            return self._done and not self._queued() and not self._dropped
 
     def drain(self, timeout: float | None = None) -> EventDrain:
+        events, dropped = self._take(timeout)
+        return EventDrain(events.decode() if isinstance(events, EncodedEvents) else events, dropped)
+
+    def drain_encoded(self, timeout: float | None = None) -> EncodedDrain:
+        """:meth:`drain`, the events as Avro bytes when ``preencoded`` (the sink's input)."""
+        return EncodedDrain(*self._take(timeout))
+
+    def _take(self, timeout: float | None) -> tuple[EncodedEvents | list[KVCacheEvent], list[RankDrops]]:
         with self._lock:
-            if not self._pending and not self._dropped and not self._done:
+            if not self._queued() and not self._dropped and not self._done:
                 self._lock.wait(timeout)
-            events, self._pending = self._pending, []
+            events: EncodedEvents | list[KVCacheEvent]
+            if self.preencoded:
+                events, self._encoded = self._encoded, EncodedEvents()
+            else:
+                events, self._pending = self._pending, []
             dropped = [RankDrops(r, n) for r, n in sorted(self._dropped.items()) if n > 0]
             self._losses_unacked += sum(self._dropped.values())
             self._dropped.clear()
             self._lock.notify_all()
-        return EventDrain(events, dropped)
+        return events, dropped
+
+    def _queued(self) -> int:
+        return len(self._pending) + len(self._encoded)
 
     def on_delivery(self, report: DeliveryReport) -> None:
         """The sink's delivery callback: what Kafka acknowledged (for checkpoints and restarts)."""
@@ -204,7 +228,7 @@ class ZmqBridge:
         with self._lock:
             out: dict[str, Any] = {key: self.counts.get(key, 0) for key in _COUNTS}
             out.update(self.counts)
-            out["pending_events"] = len(self._pending)
+            out["pending_events"] = self._queued()
         out["received_by_rank"] = dict(self.receiver.received)
         out["queue_dropped_by_rank"] = dict(self.receiver.dropped)
         out["malformed_frames_by_rank"] = dict(self.receiver.malformed)
@@ -367,8 +391,14 @@ class ZmqBridge:
     def _apply(self, rank: int, seq: int, payload: bytes) -> None:
         self.last_seq[rank] = seq
         self.counts["batches"] += 1
+        conv = self.converters[rank]
+        events: Sequence[KVCacheEvent]
         try:
-            events = self.converters[rank].convert(payload)
+            self._scratch.clear()
+            if self.preencoded and conv.convert_encoded(payload, self._scratch):
+                events = self._scratch
+            else:
+                events = conv.convert(payload)
         except BridgeDecodeError as exc:
             self.counts["bad_payloads"] += 1
             self.bad_payloads.append((rank, seq, str(exc), bytes(payload[:4096])))
@@ -378,17 +408,20 @@ class ZmqBridge:
         if skip is not None:
             if rank in self._tail_blocks:
                 self._check_tail(rank, skip, events)
-            kept = [e for e in events if e.event_id > skip]
-            self.counts["events_already_in_kafka"] += len(events) - len(kept)
-            events = kept
+            first = 0  # ids increase: what Kafka has is a prefix
+            while first < len(events) and _event_id(events, first) <= skip:
+                first += 1
+            self.counts["events_already_in_kafka"] += first
+            events = events[first:]
         if events:
             self._emit(rank, events)
 
-    def _check_tail(self, rank: int, last_in_kafka: int, events: list[KVCacheEvent]) -> None:
+    def _check_tail(self, rank: int, last_in_kafka: int, events: Sequence[KVCacheEvent]) -> None:
         """The topic's last event of ``rank`` regenerated: lost blocks if Kafka holds fewer."""
-        for event in events:
-            if event.event_id != last_in_kafka:
+        for k in range(len(events)):
+            if _event_id(events, k) != last_in_kafka:
                 continue
+            event = events[k]  # decoded if pre-encoded
             held = self._tail_blocks.pop(rank)
             data = event.data
             if isinstance(data, KVCacheStoredData) and len(data.blocks) > held:
@@ -401,13 +434,33 @@ class ZmqBridge:
                 )
             return
 
-    def _emit(self, rank: int, events: list[KVCacheEvent]) -> None:
+    def _emit(self, rank: int, events: Sequence[KVCacheEvent]) -> None:
+        if self.preencoded and not isinstance(events, EncodedEvents):
+            events = self._encode(rank, events)
         with self._lock:
-            while len(self._pending) >= self._max_pending and not self._closing:
+            while self._queued() >= self._max_pending and not self._closing:
                 self._lock.wait(0.1)  # the sink is behind: the receiver's queue absorbs this
-            self._pending.extend(events)
+            if isinstance(events, EncodedEvents):
+                self._encoded.extend(events)
+            else:
+                self._pending.extend(events)
             self.counts["events"] += len(events)
             self._lock.notify_all()
+
+    def _encode(self, rank: int, events: Sequence[KVCacheEvent]) -> EncodedEvents:
+        """Events of the Python paths as Avro bytes; one the schema cannot carry is lost (counted
+        and reported in-band, as the sink would for an object it cannot encode)."""
+        out = EncodedEvents()
+        for event in events:
+            try:
+                out.add([event])
+            except DATA_ERRORS as exc:
+                log.error("rank %d: event %d cannot be encoded, dropped: %s", rank, event.event_id, exc)
+                self.counts["unencodable_events"] += 1
+                with self._lock:
+                    self._dropped[rank] += 1
+                    self._lock.notify_all()
+        return out
 
     def _checkpoint(self, wait: float) -> bool:
         """Save the state if Kafka answered for every event made so far (waits up to ``wait``)."""
@@ -417,7 +470,7 @@ class ZmqBridge:
         while True:
             with self._lock:
                 settled = (
-                    not self._pending
+                    not self._queued()
                     and not self._dropped
                     and self._losses_unacked == 0
                     and all(
@@ -448,3 +501,7 @@ class ZmqBridge:
             return False
         self.counts["checkpoints"] += 1
         return True
+
+
+def _event_id(events: Sequence[KVCacheEvent], k: int) -> int:
+    return events.event_id(k) if isinstance(events, EncodedEvents) else events[k].event_id
