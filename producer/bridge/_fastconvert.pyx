@@ -151,10 +151,11 @@ cdef int _emit_stored(_Out out, Buf *b, Ev *e, object tiers, dict held, object w
     cdef object run_parent, previous, mask
     cdef long long lvl = _small(level), m, old
     cdef long long bc = (1LL << lvl) if 0 <= lvl < 62 else -1
+    wkey = (window << 64) if window else None
     run_parent = previous = PyLong_FromUnsignedLongLong(e.parent) if e.has_parent else None
     for i in range(e.nh):
         h = PyLong_FromUnsignedLongLong(b.h[e.h0 + i])
-        key = (window, h)
+        key = h if wkey is None else wkey | h  # tiers.block_key
         mask = held.get(key)
         if mask is None:
             held[key] = bit
@@ -211,9 +212,10 @@ cdef int _emit_removed(_Out out, Buf *b, Ev *e, object tiers, dict held, object 
     cdef object levels
     cdef long long lvl = _small(level), m, old, new
     cdef long long bc = (1LL << lvl) if 0 <= lvl < 62 else -1
+    wkey = (window << 64) if window else None
     for i in range(e.nh):
         h = PyLong_FromUnsignedLongLong(b.h[e.h0 + i])
-        key = (window, h)
+        key = h if wkey is None else wkey | h  # tiers.block_key
         levels = held.get(key)
         if levels is None:
             out.removed_unknown += 1
@@ -385,6 +387,7 @@ cdef int _enc_stored(Enc *x, Buf *b, Ev *e, object tiers, dict held, object wind
     cdef bint has_prev = e.has_parent, run_has = e.has_parent
     cdef long long lvl = _small(level), mask_c, old
     cdef long long bc = (1LL << lvl) if 0 <= lvl < 62 else -1
+    wkey = (window << 64) if window else None
     cdef const char *salt_p = NULL
     cdef Py_ssize_t salt_n = 0
     if salt is not None:
@@ -393,7 +396,7 @@ cdef int _enc_stored(Enc *x, Buf *b, Ev *e, object tiers, dict held, object wind
     for i in range(e.nh):
         hv = b.h[e.h0 + i]
         h = PyLong_FromUnsignedLongLong(hv)
-        key = (window, h)
+        key = h if wkey is None else wkey | h  # tiers.block_key
         mask = held.get(key)
         kind = None
         if mask is None:
@@ -445,11 +448,12 @@ cdef int _enc_removed(Enc *x, Buf *b, Ev *e, object tiers, dict held, object win
     cdef uint64_t hv
     cdef long long lvl = _small(level), mask_c, old, new
     cdef long long bc = (1LL << lvl) if 0 <= lvl < 62 else -1
+    wkey = (window << 64) if window else None
     _grow(<void **>&x.gone, &x.cgone, e.nh, sizeof(uint64_t))
     for i in range(e.nh):
         hv = b.h[e.h0 + i]
         h = PyLong_FromUnsignedLongLong(hv)
-        key = (window, h)
+        key = h if wkey is None else wkey | h  # tiers.block_key
         levels = held.get(key)
         if levels is None:
             x.removed_unknown += 1

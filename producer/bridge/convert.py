@@ -371,7 +371,7 @@ class ZmqEventConverter:
         previous = parent
         held = self.tiers.held
         for block in blocks:
-            key = (window, block.block_hash)
+            key = window << 64 | block.block_hash  # tiers.block_key, inlined
             if key not in held:  # the common case, inlined: a block no medium holds yet
                 held[key] = 1 << level
                 if not run:
@@ -406,7 +406,7 @@ class ZmqEventConverter:
         gone: list[int] = []
         held = self.tiers.held
         for block_hash in hashes:
-            key = (window, block_hash)
+            key = window << 64 | block_hash  # tiers.block_key, inlined
             levels = held.get(key)
             if levels == 1 << level:
                 del held[key]  # the common case, inlined: the only medium lets it go

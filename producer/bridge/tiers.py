@@ -12,9 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["TierChange", "TierMap"]
+__all__ = ["TierChange", "TierMap", "block_key"]
 
-BlockKey = tuple[int, int]  # (window_size, block_hash)
+BlockKey = int
+"""``window_size << 64 | block_hash``: one int, not a tuple (no allocation to hash it, nothing for
+the garbage collector to track in a map of a whole cache)."""
+
+
+def block_key(window: int, block_hash: int) -> BlockKey:
+    """The key of a block of ``window`` (>= 0) with the unsigned 64-bit ``block_hash``."""
+    return window << 64 | block_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +35,7 @@ class TierChange:
 
 
 _NONE = TierChange("none")
+_U64 = (1 << 64) - 1
 
 
 def _lowest(mask: int) -> int:
@@ -37,9 +45,9 @@ def _lowest(mask: int) -> int:
 
 @dataclass(slots=True)
 class TierMap:
-    """Per (window, block hash): the levels (media) holding it, as a bit mask (bit ``i``: level
-    ``i``). An int, not a set: no allocation for the common single-level block, and nothing for
-    the garbage collector to walk in a map of a whole cache."""
+    """Per (window, block hash) (as :func:`block_key`): the levels (media) holding it, as a bit
+    mask (bit ``i``: level ``i``). An int, not a set: no allocation for the common single-level
+    block, and nothing for the garbage collector to walk in a map of a whole cache."""
 
     held: dict[BlockKey, int] = field(default_factory=dict)
 
@@ -47,11 +55,11 @@ class TierMap:
         return len(self.held)
 
     def level(self, window: int, block_hash: int) -> int | None:
-        mask = self.held.get((window, block_hash))
+        mask = self.held.get(block_key(window, block_hash))
         return _lowest(mask) if mask else None
 
     def store(self, window: int, block_hash: int, level: int) -> TierChange:
-        key = (window, block_hash)
+        key = block_key(window, block_hash)
         mask = self.held.get(key)
         bit = 1 << level
         if not mask:
@@ -64,7 +72,7 @@ class TierMap:
         return TierChange("updated", old, level) if level < old else _NONE
 
     def remove(self, window: int, block_hash: int, level: int) -> TierChange:
-        key = (window, block_hash)
+        key = block_key(window, block_hash)
         mask = self.held.get(key)
         bit = 1 << level
         if not mask or not mask & bit:
@@ -79,21 +87,21 @@ class TierMap:
         return TierChange("updated", old, new) if new != old else _NONE
 
     def knows(self, window: int, block_hash: int) -> bool:
-        return (window, block_hash) in self.held
+        return block_key(window, block_hash) in self.held
 
     def clear(self) -> None:
         self.held.clear()
 
     def to_state(self) -> list[list[int]]:
         """Rows ``[window, hash, level, level, ...]`` (for the bridge's state file)."""
-        return [[w, h, *_levels(mask)] for (w, h), mask in self.held.items()]
+        return [[key >> 64, key & _U64, *_levels(mask)] for key, mask in self.held.items()]
 
     @classmethod
     def from_state(cls, rows: Iterable[list[int]]) -> TierMap:
         held: dict[BlockKey, int] = {}
         for r in rows:
             if len(r) > 2:
-                held[(int(r[0]), int(r[1]))] = sum({1 << int(x) for x in r[2:]})
+                held[block_key(int(r[0]), int(r[1]))] = sum({1 << int(x) for x in r[2:]})
         return cls(held)
 
 
