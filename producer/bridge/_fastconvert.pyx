@@ -270,6 +270,9 @@ cdef int _start(Buf *b, Ctx *c, conv, list levels, list bits, list salts) except
     c.bits = <PyObject *>bits
     c.salts = <PyObject *>salts
     c.take_last = conv.take_last
+    c.medium = NULL
+    c.medium_n = 0
+    c.medium_level = 0
     return 0
 
 

@@ -7,6 +7,7 @@ from cpython.mem cimport PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.string cimport memcmp
 
 from ._msgpack cimport (
     Rd, _array, _float, _hash, _int, _is, _map, _nil, _skip, _str,
@@ -128,6 +129,9 @@ ctypedef struct Ctx:
     PyObject *bits       # list: its bit in a TierMap mask (1 << level)
     PyObject *salts      # list: the salts read, by Ev.salt
     bint take_last
+    const uint8_t *medium    # the last medium name read (in the payload), NULL: none yet
+    Py_ssize_t medium_n
+    Py_ssize_t medium_level  # its Ev.level
 
 
 cdef inline int _medium(Rd *r, Ctx *c, Ev *e) except -1:
@@ -139,6 +143,9 @@ cdef inline int _medium(Rd *r, Ctx *c, Ev *e) except -1:
         return 0
     n = _str(r, &s)
     if n < 0:
+        return 0
+    if c.medium != NULL and n == c.medium_n and memcmp(s, c.medium, <size_t>n) == 0:
+        e.level = c.medium_level  # as the event before (most events name the same medium)
         return 0
     try:
         name = PyUnicode_DecodeUTF8(<const char *>s, n, NULL)
@@ -153,6 +160,9 @@ cdef inline int _medium(Rd *r, Ctx *c, Ev *e) except -1:
     e.level = len(levels)
     levels.append(level)
     (<list><object>c.bits).append(1 << level)
+    c.medium = s
+    c.medium_n = n
+    c.medium_level = e.level
     return 0
 
 

@@ -33,7 +33,8 @@ from ..buffer import EventDrain
 from ..sink_chunks import DATA_ERRORS
 from ..sink_encoded import EncodedDrain, EncodedEvents
 from ..sink_stats import DeliveryReport
-from .convert import ZmqEventConverter, compiled_encode
+from . import convert as _convert
+from .convert import ZmqEventConverter
 from .receiver import ZmqReceiver, rank_endpoint
 from .replay import ReplayResult, request_replay
 from .state import AckFile, load_state, save_state
@@ -143,7 +144,7 @@ class ZmqBridge:
                 )
 
         self._lock = threading.Condition()
-        self.preencoded = compiled_encode is not None if preencoded is None else preencoded
+        self.preencoded = _convert.compiled_encode is not None if preencoded is None else preencoded
         self._pending: list[KVCacheEvent] = []  # not preencoded
         self._encoded = EncodedEvents()  # preencoded
         self._scratch = EncodedEvents()
@@ -424,11 +425,11 @@ class ZmqBridge:
         with self._lock:
             while self._queued() >= self._max_pending and not self._closing:
                 self._lock.wait(0.1)  # the sink is behind: the receiver's queue absorbs this
-            pending = self._encoded
-            before = len(pending)
-            if not conv.convert_encoded(payload, pending):
+            ends = self._encoded.ends  # a whole EncodedEvents: as many ends as events
+            before = len(ends)
+            if not conv.convert_encoded(payload, self._encoded):
                 return False
-            self.counts["events"] += len(pending) - before
+            self.counts["events"] += len(ends) - before
             self._lock.notify_all()
         return True
 
