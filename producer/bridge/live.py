@@ -430,7 +430,8 @@ class ZmqBridge:
             if not conv.convert_encoded(payload, self._encoded):
                 return False
             self.counts["events"] += len(ends) - before
-            self._lock.notify_all()
+            if before == 0:  # a drain waits only when nothing was pending
+                self._lock.notify_all()
         return True
 
     def _check_tail(self, rank: int, last_in_kafka: int, events: Sequence[KVCacheEvent]) -> None:
