@@ -236,3 +236,17 @@ def test_views_and_appends() -> None:
     with pytest.raises(ValueError, match="view"):
         view.add(events)
     assert EncodedEvents()[0:0].message(b"p") == b"p\x00"
+
+
+def test_without_the_compiled_converter_the_bridge_hands_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvevents.producer.bridge.live import ZmqBridge
+
+    monkeypatch.setattr(convert_module, "compiled_encode", None)
+    payload = encode(V["Batch"](1.0, [V["BlockRemoved"]([1], "GPU")]))
+    conv = ZmqEventConverter("vllm")
+    assert not conv.convert_encoded(payload, EncodedEvents()) and conv.to_state()["next_event_id"] == {}
+    bridge = ZmqBridge("vllm", "tcp://127.0.0.1:9", checkpoint_interval=3600)
+    try:
+        assert bridge.preencoded is False
+    finally:
+        bridge.close()

@@ -5,8 +5,10 @@
   events after each envelope byte for byte, the envelopes equal but for the random producer id
   and the creation time (and their lengths).
 - The bridge: one engine (real PUB and replay ROUTER, tier moves, gaps filled by replay) feeding
-  two bridges at once, pre-encoded and not: the topics hold the same events (decode-identical:
-  how the events fall into messages depends on thread timing, so message bytes are not compared).
+  three bridges at once: pre-encoded by the compiled converter, objects, and pre-encoded without
+  the compiled converter (the pure fallback: Python events encoded one by one). The topics hold
+  the same events (decode-identical: how the events fall into messages depends on thread
+  timing, so message bytes are not compared).
 """
 
 from __future__ import annotations
@@ -124,8 +126,9 @@ def test_bridges_with_and_without_preencoding_agree(
     pub, replay = free_ports(1), free_ports(1)
     publisher = FakeEnginePublisher(ctx, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
     engine = TrueCacheEngine("vllm", 0, seed=7)
-    topics = {mode: kafka_topic_factory() for mode in (True, False)}
-    rigs: dict[bool, tuple[ZmqBridge, KafkaEventSink]] = {}
+    modes = {"compiled": (True, True), "objects": (False, True), "pure": (True, False)}
+    topics = {mode: kafka_topic_factory() for mode in modes}
+    rigs: dict[str, tuple[ZmqBridge, KafkaEventSink]] = {}
     try:
         for mode, topic in topics.items():
             bridge = ZmqBridge(
@@ -133,8 +136,9 @@ def test_bridges_with_and_without_preencoding_agree(
                 f"tcp://127.0.0.1:{pub}",
                 replay_endpoint=f"tcp://127.0.0.1:{replay}",
                 ctx=ctx,
-                preencoded=mode,
+                preencoded=modes[mode][0],
             )
+            bridge.converters[0].compiled = modes[mode][1]
             sink = KafkaEventSink(
                 bridge,
                 topic,
@@ -151,18 +155,20 @@ def test_bridges_with_and_without_preencoding_agree(
         for bridge, sink in rigs.values():
             assert wait_for(lambda b=bridge: b.last_seq[0] == publisher.seq - 1, 30)
             assert sink.wait_delivered(30)
-        streams: dict[bool, Any] = {}
+        streams: dict[str, Any] = {}
         for mode, (bridge, sink) in rigs.items():
-            assert bridge.preencoded is mode and bridge.counts["replays"] > 0
+            assert bridge.counts["replays"] > 0
             assert bridge.counts["batches_lost"] == 0
             produced = sink.stats().messages_produced_total
             batches = sorted((decode_batch(v) for v in raw_messages(kafka_bootstrap, topics[mode], produced)),
                              key=lambda b: b.sequence)  # fmt: skip
             streams[mode] = reassemble(batches)
-        assert streams[True] == streams[False] and len(streams[True]) > 150
-        updated = [e for e in streams[True] if type(e.data).__name__ == "KVCacheUpdatedData"]
+        assert streams["compiled"] == streams["objects"] == streams["pure"]
+        assert len(streams["compiled"]) > 150
+        updated = [e for e in streams["compiled"] if type(e.data).__name__ == "KVCacheUpdatedData"]
         assert updated  # tier moves went through
-        assert rigs[True][0].converters[0].compiled_payloads > 0
+        assert rigs["compiled"][0].converters[0].compiled_payloads > 0
+        assert rigs["pure"][0].converters[0].compiled_payloads == 0
     finally:
         for bridge, sink in rigs.values():
             bridge.close()
