@@ -144,50 +144,92 @@ cdef inline long long _small(object value) except? -2:
     return v
 
 
+cdef enum:
+    T_ENTRY = 0      # an entry made (store) or let go (remove)
+    T_UPDATED = 1    # the block's best level changed: old -> new
+    T_NONE = 2       # nothing for the index (already held; not held on that medium)
+    T_UNKNOWN = 3    # remove of a block not seen stored: passed on, the index decides
+
+
+cdef int _tier_store(object tiers, dict held, object key, object window, object h, object level,
+                     object bit, long long lvl, long long bc, long long *old, long long *new) except -1:
+    """``TierMap.store`` of one block (in C for masks of small levels): a ``T_*`` kind."""
+    cdef long long m, o
+    mask = held.get(key)
+    if mask is None:  # the common case: a block no medium holds yet
+        held[key] = bit
+        return T_ENTRY
+    m = _small(mask) if bc > 0 else -1
+    if m > 0:
+        if m & bc:
+            return T_NONE
+        o = __builtin_ctzll(<unsigned long long>m)
+        held[key] = PyLong_FromLongLong(m | bc)
+        if lvl < o:
+            old[0] = o
+            new[0] = lvl
+            return T_UPDATED
+        return T_NONE
+    change = tiers.store(window, h, level)
+    kind = change.kind
+    if kind == "stored":
+        return T_ENTRY
+    if kind == "updated":
+        old[0] = change.old_level
+        new[0] = change.new_level
+        return T_UPDATED
+    return T_NONE
+
+
+cdef int _tier_remove(object tiers, dict held, object key, object window, object h, object level,
+                      object bit, long long bc, long long *old, long long *new) except -1:
+    """``TierMap.remove`` of one block (in C for masks of small levels): a ``T_*`` kind."""
+    cdef long long m, o, n
+    levels = held.get(key)
+    if levels is None:
+        return T_UNKNOWN
+    if levels is bit or levels == bit:  # held on this medium only
+        del held[key]
+        return T_ENTRY
+    m = _small(levels) if bc > 0 else -1
+    if m > 0:
+        if not (m & bc):
+            return T_NONE
+        o = __builtin_ctzll(<unsigned long long>m)
+        m &= ~bc
+        held[key] = PyLong_FromLongLong(m)
+        n = __builtin_ctzll(<unsigned long long>m)
+        if n == o:
+            return T_NONE
+        old[0] = o
+        new[0] = n
+        return T_UPDATED
+    change = tiers.remove(window, h, level)
+    kind = change.kind
+    if kind == "removed":
+        return T_ENTRY
+    if kind == "updated":
+        old[0] = change.old_level
+        new[0] = change.new_level
+        return T_UPDATED
+    return T_NONE
+
+
 cdef int _emit_stored(_Out out, Buf *b, Ev *e, object tiers, dict held, object window, object level,
                       object bit, object salt) except -1:
     cdef list run = []
     cdef Py_ssize_t i
-    cdef object run_parent, previous, mask
-    cdef long long lvl = _small(level), m, old
+    cdef object run_parent, previous
+    cdef long long lvl = _small(level), old = 0, new = 0
     cdef long long bc = (1LL << lvl) if 0 <= lvl < 62 else -1
+    cdef int kind
     wkey = (window << 64) if window else None
     run_parent = previous = PyLong_FromUnsignedLongLong(e.parent) if e.has_parent else None
     for i in range(e.nh):
         h = PyLong_FromUnsignedLongLong(b.h[e.h0 + i])
         key = h if wkey is None else wkey | h  # tiers.block_key
-        mask = held.get(key)
-        if mask is None:
-            held[key] = bit
-            if not run:
-                run_parent = previous
-            run.append(_block(b, e, i, h, level, salt))
-            previous = h
-            continue
-        m = _small(mask) if bc > 0 else -1
-        if m > 0:  # TierMap.store on a held block, in C
-            if m & bc:
-                kind = "none"
-            else:
-                old = __builtin_ctzll(<unsigned long long>m)
-                held[key] = PyLong_FromLongLong(m | bc)
-                if lvl < old:
-                    if run:
-                        out.data.append(_Stored(run_parent, run))
-                        run = []
-                    out.data.append(_Updated(h, _Diff(old, level)))
-                    previous = h
-                    continue
-                kind = "none"
-            if run:
-                out.data.append(_Stored(run_parent, run))
-                run = []
-            out.already_held += 1
-            previous = h
-            continue
-        change = tiers.store(window, h, level)
-        kind = change.kind
-        if kind == "stored":
+        kind = _tier_store(tiers, held, key, window, h, level, bit, lvl, bc, &old, &new)
+        if kind == T_ENTRY:
             if not run:
                 run_parent = previous
             run.append(_block(b, e, i, h, level, salt))
@@ -195,8 +237,8 @@ cdef int _emit_stored(_Out out, Buf *b, Ev *e, object tiers, dict held, object w
             if run:
                 out.data.append(_Stored(run_parent, run))
                 run = []
-            if kind == "updated":
-                out.data.append(_Updated(h, _Diff(change.old_level, change.new_level)))
+            if kind == T_UPDATED:
+                out.data.append(_Updated(h, _Diff(old, new)))
             else:
                 out.already_held += 1
         previous = h
@@ -209,48 +251,22 @@ cdef int _emit_removed(_Out out, Buf *b, Ev *e, object tiers, dict held, object 
                        object level, object bit) except -1:
     cdef list gone = []
     cdef Py_ssize_t i
-    cdef object levels
-    cdef long long lvl = _small(level), m, old, new
+    cdef long long lvl = _small(level), old = 0, new = 0
     cdef long long bc = (1LL << lvl) if 0 <= lvl < 62 else -1
+    cdef int kind
     wkey = (window << 64) if window else None
     for i in range(e.nh):
         h = PyLong_FromUnsignedLongLong(b.h[e.h0 + i])
         key = h if wkey is None else wkey | h  # tiers.block_key
-        levels = held.get(key)
-        if levels is None:
-            out.removed_unknown += 1
+        kind = _tier_remove(tiers, held, key, window, h, level, bit, bc, &old, &new)
+        if kind == T_ENTRY or kind == T_UNKNOWN:
+            out.removed_unknown += kind == T_UNKNOWN
             gone.append(h)
-            continue
-        if levels is bit or levels == bit:  # held on this medium only
-            del held[key]
-            gone.append(h)
-            continue
-        m = _small(levels) if bc > 0 else -1
-        if m > 0:  # TierMap.remove of a block held on other media too, in C
-            if not (m & bc):
-                out.not_on_medium += 1
-                continue
-            old = __builtin_ctzll(<unsigned long long>m)
-            m &= ~bc
-            held[key] = PyLong_FromLongLong(m)
-            new = __builtin_ctzll(<unsigned long long>m)
-            if new == old:
-                out.not_on_medium += 1
-                continue
+        elif kind == T_UPDATED:
             if gone:
                 out.data.append(_Removed(gone))
                 gone = []
             out.data.append(_Updated(h, _Diff(old, new)))
-            continue
-        change = tiers.remove(window, h, level)
-        kind = change.kind
-        if kind == "removed":
-            gone.append(h)
-        elif kind == "updated":
-            if gone:
-                out.data.append(_Removed(gone))
-                gone = []
-            out.data.append(_Updated(h, _Diff(change.old_level, change.new_level)))
         else:
             out.not_on_medium += 1
     if gone:
@@ -388,44 +404,21 @@ cdef int _enc_stored(Enc *x, Buf *b, Ev *e, object tiers, dict held, object wind
     cdef Py_ssize_t i, n = 0, lo, m
     cdef uint64_t hv, previous = e.parent, run_parent = e.parent
     cdef bint has_prev = e.has_parent, run_has = e.has_parent
-    cdef long long lvl = _small(level), mask_c, old
+    cdef long long lvl = _small(level), old = 0, new = 0
     cdef long long bc = (1LL << lvl) if 0 <= lvl < 62 else -1
-    wkey = (window << 64) if window else None
+    cdef int kind
     cdef const char *salt_p = NULL
     cdef Py_ssize_t salt_n = 0
     if salt is not None:
         salt_p = PyUnicode_AsUTF8AndSize(salt, &salt_n)
+    wkey = (window << 64) if window else None
     x.blocks.pos = 0
     for i in range(e.nh):
         hv = b.h[e.h0 + i]
         h = PyLong_FromUnsignedLongLong(hv)
         key = h if wkey is None else wkey | h  # tiers.block_key
-        mask = held.get(key)
-        kind = None
-        if mask is None:
-            held[key] = bit
-            kind = "stored"
-        else:
-            mask_c = _small(mask) if bc > 0 else -1
-            if mask_c > 0:  # TierMap.store on a held block, in C
-                kind = "none"
-                if not (mask_c & bc):
-                    old = __builtin_ctzll(<unsigned long long>mask_c)
-                    held[key] = PyLong_FromLongLong(mask_c | bc)
-                    if lvl < old:
-                        _flush_run(x, run_has, run_parent, n)
-                        n = 0
-                        _update(x, hv, <int32_t>old, <int32_t>lvl)
-                        kind = "done"
-            else:
-                change = tiers.store(window, h, level)
-                kind = change.kind
-                if kind == "updated":
-                    _flush_run(x, run_has, run_parent, n)
-                    n = 0
-                    _update(x, hv, change.old_level, change.new_level)
-                    kind = "done"
-        if kind == "stored":
+        kind = _tier_store(tiers, held, key, window, h, level, bit, lvl, bc, &old, &new)
+        if kind == T_ENTRY:
             if n == 0:
                 run_parent = previous
                 run_has = has_prev
@@ -435,10 +428,13 @@ cdef int _enc_stored(Enc *x, Buf *b, Ev *e, object tiers, dict held, object wind
                 m = e.t0 + e.nt - lo
             w_block(&x.blocks, hv, &b.t[lo], m, <int32_t>lvl, _PRIO, salt_p, salt_n)
             n += 1
-        elif kind != "done":
+        else:
             _flush_run(x, run_has, run_parent, n)
             n = 0
-            x.already_held += 1
+            if kind == T_UPDATED:
+                _update(x, hv, <int32_t>old, <int32_t>new)
+            else:
+                x.already_held += 1
         previous = hv
         has_prev = True
     return _flush_run(x, run_has, run_parent, n)
@@ -449,50 +445,24 @@ cdef int _enc_removed(Enc *x, Buf *b, Ev *e, object tiers, dict held, object win
     """:func:`_emit_removed` writing Avro."""
     cdef Py_ssize_t i, n = 0
     cdef uint64_t hv
-    cdef long long lvl = _small(level), mask_c, old, new
+    cdef long long lvl = _small(level), old = 0, new = 0
     cdef long long bc = (1LL << lvl) if 0 <= lvl < 62 else -1
+    cdef int kind
     wkey = (window << 64) if window else None
     _grow(<void **>&x.gone, &x.cgone, e.nh, sizeof(uint64_t))
     for i in range(e.nh):
         hv = b.h[e.h0 + i]
         h = PyLong_FromUnsignedLongLong(hv)
         key = h if wkey is None else wkey | h  # tiers.block_key
-        levels = held.get(key)
-        if levels is None:
-            x.removed_unknown += 1
+        kind = _tier_remove(tiers, held, key, window, h, level, bit, bc, &old, &new)
+        if kind == T_ENTRY or kind == T_UNKNOWN:
+            x.removed_unknown += kind == T_UNKNOWN
             x.gone[n] = hv
             n += 1
-            continue
-        if levels is bit or levels == bit:  # held on this medium only
-            del held[key]
-            x.gone[n] = hv
-            n += 1
-            continue
-        mask_c = _small(levels) if bc > 0 else -1
-        if mask_c > 0:  # TierMap.remove of a block held on other media too, in C
-            if not (mask_c & bc):
-                x.not_on_medium += 1
-                continue
-            old = __builtin_ctzll(<unsigned long long>mask_c)
-            mask_c &= ~bc
-            held[key] = PyLong_FromLongLong(mask_c)
-            new = __builtin_ctzll(<unsigned long long>mask_c)
-            if new == old:
-                x.not_on_medium += 1
-                continue
+        elif kind == T_UPDATED:
             _flush_gone(x, n)
             n = 0
             _update(x, hv, <int32_t>old, <int32_t>new)
-            continue
-        change = tiers.remove(window, h, level)
-        kind = change.kind
-        if kind == "removed":
-            x.gone[n] = hv
-            n += 1
-        elif kind == "updated":
-            _flush_gone(x, n)
-            n = 0
-            _update(x, hv, change.old_level, change.new_level)
         else:
             x.not_on_medium += 1
     return _flush_gone(x, n)
