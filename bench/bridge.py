@@ -21,7 +21,7 @@
 
 ``--repeat N`` runs every case N times, interleaved, and reports medians. Needs a broker:
 ``$KAFKA_BOOTSTRAP_SERVERS``, else a local one for the run. Results: ``results/bridge.json``
-(with the load average). Default run about a minute on 2 cores (`--no-baseline`: 20 s).
+(with the load average). Default run about a minute on 2 cores.
 """
 
 from __future__ import annotations
