@@ -170,15 +170,7 @@ cdef int _tier_store(object tiers, dict held, object key, object window, object 
             new[0] = lvl
             return T_UPDATED
         return T_NONE
-    change = tiers.store(window, h, level)
-    kind = change.kind
-    if kind == "stored":
-        return T_ENTRY
-    if kind == "updated":
-        old[0] = change.old_level
-        new[0] = change.new_level
-        return T_UPDATED
-    return T_NONE
+    return _tier_kind(tiers.store(window, h, level), "stored", old, new)
 
 
 cdef int _tier_remove(object tiers, dict held, object key, object window, object h, object level,
@@ -204,9 +196,14 @@ cdef int _tier_remove(object tiers, dict held, object key, object window, object
         old[0] = o
         new[0] = n
         return T_UPDATED
-    change = tiers.remove(window, h, level)
+    return _tier_kind(tiers.remove(window, h, level), "removed", old, new)
+
+
+cdef int _tier_kind(object change, str entry, long long *old, long long *new) except -1:
+    """A :class:`.tiers.TierChange` as a ``T_*`` kind (``entry``: its kind for an entry made or
+    let go)."""
     kind = change.kind
-    if kind == "removed":
+    if kind == entry:
         return T_ENTRY
     if kind == "updated":
         old[0] = change.old_level
