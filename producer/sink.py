@@ -230,8 +230,10 @@ class KafkaEventSink:
             raise ValueError(f"max_events_per_message must be an int >= 1, got {per_message!r}")
         self._chunker = Chunker(self._writer, manager_dp_size in (None, 1), max_events_per_message)
         # a source that has its events as Avro already (EncodedEvents) hands them over as such
-        self._drain: Callable[[float | None], EventDrain | EncodedDrain] = getattr(
-            manager, "drain_encoded", manager.drain
+        # (a method of its class: a mock's made-up attribute is not taken for one)
+        encoded = callable(getattr(type(manager), "drain_encoded", None))
+        self._drain: Callable[[float | None], EventDrain | EncodedDrain] = (
+            manager.drain_encoded if encoded else manager.drain  # type: ignore[attr-defined]
         )
         self._encoded_chunker = EncodedChunker(
             self._writer, manager_dp_size in (None, 1), max_events_per_message

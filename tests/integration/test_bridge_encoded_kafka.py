@@ -31,13 +31,10 @@ from test_bridge_live import free_ports
 
 
 class ListSource:
-    """Hands out the given drains one per call, as objects or pre-encoded."""
+    """Hands out the given drains one per call, as objects."""
 
-    def __init__(self, drains: list[EventDrain], encoded: bool) -> None:
+    def __init__(self, drains: list[EventDrain]) -> None:
         self._drains = list(drains)
-        self._encoded = encoded
-        if encoded:
-            self.drain_encoded = self._drain_encoded
 
     @property
     def attention_dp_size(self) -> int:
@@ -52,7 +49,11 @@ class ListSource:
             return EventDrain([], [])
         return self._drains.pop(0)
 
-    def _drain_encoded(self, timeout: float | None = None) -> EncodedDrain:
+
+class EncodedListSource(ListSource):
+    """The same, pre-encoded."""
+
+    def drain_encoded(self, timeout: float | None = None) -> EncodedDrain:
         drain = self.drain(timeout)
         return EncodedDrain(EncodedEvents.of(drain.events), drain.dropped)
 
@@ -99,7 +100,7 @@ def test_sink_puts_the_same_bytes_on_the_topic(
     for encoded in (False, True):
         topic = kafka_topic_factory()
         sink = KafkaEventSink(
-            ListSource(drains, encoded),
+            EncodedListSource(drains) if encoded else ListSource(drains),
             topic,
             "engine-x",
             config={"bootstrap.servers": kafka_bootstrap, "message.max.bytes": 6000},
