@@ -469,13 +469,23 @@ cdef inline bint _i32(object value) except -1:
     return 0 <= value <= I32_MAX
 
 
+cdef int _check_out(object out) except -1:
+    """``out`` is a whole EncodedEvents (its arrays of the types appended to below)."""
+    cdef array ends = out.ends, ids = out.ids, ranks = out.ranks
+    if out._start != 0 or out._stop >= 0 or type(out.data) is not bytearray or (
+        len(ends) != len(ids) or len(ids) != len(ranks)
+    ) or (
+        ends.ob_descr.typecode != c'q' or ids.ob_descr.typecode != c'q' or ranks.ob_descr.typecode != c'i'
+    ):
+        raise TypeError("out must be a whole EncodedEvents")
+    return 0
+
+
 cdef int _append(object out, Enc *x) except -1:
     """The events written, appended to ``out`` (an EncodedEvents)."""
     cdef bytearray data = out.data
     cdef array ends = out.ends, ids = out.ids, ranks = out.ranks
     cdef Py_ssize_t base = len(data), n0 = len(ends), k
-    if ends.ob_descr.typecode != c'q' or ids.ob_descr.typecode != c'q' or ranks.ob_descr.typecode != c'i':
-        raise TypeError("out must be an EncodedEvents")
     PyByteArray_Resize(data, base + x.w.pos)
     memcpy(PyByteArray_AS_STRING(data) + base, x.w.data, <size_t>x.w.pos)
     resize_smart(ends, n0 + x.nev)
@@ -501,6 +511,7 @@ def encode(conv, payload, out):
     cdef list levels = [0], bits = [1], salts = []
     if type(payload) is not bytes:
         return None
+    _check_out(out)  # before anything changes
     media = conv.media  # held for the call (c borrows it)
     _start(&b, &c, conv, levels, bits, salts)
     memset(&x, 0, sizeof(Enc))
@@ -512,8 +523,11 @@ def encode(conv, payload, out):
         ids = conv.next_event_id
         first = ids.get(rank, 0)
         # what the Avro schema cannot carry: the Python paths' events, which the sink counts
-        if not (_i32(window) and _i32(rank) and 0 <= first < (1 << 62) and all(_i32(v) for v in levels)):
+        if not (_i32(window) and _i32(rank) and 0 <= first < (1 << 62)):
             return None
+        for v in levels:
+            if not _i32(v):
+                return None
         x.first = first
         x.window = window
         x.rank = rank

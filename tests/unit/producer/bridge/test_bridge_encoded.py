@@ -138,6 +138,15 @@ def test_damaged_and_unknown_payloads_fall_back_untouched() -> None:
     assert conv.counts["payloads"] == 5  # good x2, lora, unknown tag (skipped), new medium
 
 
+def test_a_view_is_not_appended_to() -> None:
+    payload = encode(V["Batch"](1.0, [V["BlockRemoved"]([1], "GPU")]))
+    conv = ZmqEventConverter("vllm")
+    whole = EncodedEvents.of([KVCacheEvent(0, KVCacheRemovedData([5]), 0, 0)] * 2)
+    with pytest.raises(TypeError, match="whole EncodedEvents"):
+        conv.convert_encoded(payload, whole[1:])
+    assert conv.to_state()["next_event_id"] == {} and len(whole) == 2
+
+
 def test_values_the_schema_cannot_carry_are_left_to_the_python_paths() -> None:
     payload = encode(V["Batch"](1.0, [V["BlockRemoved"]([1], "GPU")]))
     conv = ZmqEventConverter("vllm", window_size=2**31)  # over Avro's int
