@@ -64,11 +64,9 @@ from kvevents.consumer._nodestore cimport (
     node_alloc,
     node_at,
     node_holders,
-    node_sig,
     prefetch,
     prefetch_entry,
     prefetch_node,
-    prefetch_run,
     remove_holder_at,
     set_content,
     set_holders,
@@ -1171,9 +1169,8 @@ cdef class IndexCore:
             self.epoch = 1
         epoch = self.epoch
         # Group prefetching: keys are looked up in groups (16, then 32): first every key's table
-        # entry is fetched, then every key's node (through its fingerprint's entry), then its
-        # pool run, then the group is matched; a group's fetches overlap instead of waiting one
-        # by one.
+        # entry is fetched, then every key's node (through its fingerprint's entry), then the
+        # group is matched; a group's fetches overlap instead of waiting one by one.
         for i in range(n):
             if i == group_end:
                 group_end = i + (16 if i == 0 else 32)
@@ -1184,8 +1181,6 @@ cdef class IndexCore:
                     prefetch_entry(tab, self.qkeys[g])
                 for g in range(i, group_end):
                     prefetch_node(st, tab, self.qkeys[g])
-                for g in range(i, group_end):
-                    prefetch_run(st, tab, self.qkeys[g])
             step = <uint32_t>i + 1
             key = self.qkeys[i]
             pos = table_find_pos(st, tab, key, by_content, NONE)
@@ -1197,7 +1192,7 @@ cdef class IndexCore:
             # the content table has a node per engine hash that stands for this content
             nxt = table_find_pos(st, tab, key, True, pos) if by_content else NONE
             single = nxt == NONE
-            sig = node_sig(st, node)
+            sig = node.sig
             if full and single and cnt == prev_cnt and sig == prev_sig:
                 pending += 1
                 continue

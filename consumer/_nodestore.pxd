@@ -1,10 +1,10 @@
 # cython: language_level=3
 # The compiled index core's block store: nodes, the two hash tables, the holder pool.
 #
-# One node (24 bytes) per engine block hash held by anyone, in chunks of 2**14 (never moved);
+# One node (32 bytes) per engine block hash held by anyone, in chunks of 2**14 (never moved);
 # two open-addressing tables of u32 entries (node id | fingerprint bits, linear probing,
 # backward-shift deletion, any size: the home is a multiply-shift of the key's mix); holders
-# of a node held once inline, else in a pool run with the holder set's signature in front.
+# of a node held once inline, else in a pool run (power-of-two sizes, free lists per size).
 # Layout and the reasons for it: docs/INDEX.md "The compiled core's layout". The functions are
 # inline: they compile into the core that cimports this file (consumer/_indexcore.pyx).
 
@@ -45,27 +45,35 @@ cdef extern from *:
 
 cdef extern from "sys/mman.h":
     int madvise(void *addr, size_t length, int advice) nogil
+    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset) nogil
+    int munmap(void *addr, size_t length) nogil
     int MADV_HUGEPAGE
+    int PROT_READ
+    int PROT_WRITE
+    int MAP_PRIVATE
+    int MAP_ANONYMOUS
+    void *MAP_FAILED
 
 cdef enum:
     POOL_CLASSES = 32
     HUGE_PAGE = 1 << 21
     SLAB_CHUNKS = 16
-    SIG_WORDS = 2        # a pool run starts with the holder set's 64-bit signature
     MIN_ID_BITS = 16
     LOAD_NUM = 4         # tables grow past load 4/5, by half again
     LOAD_DEN = 5
 
 
 ctypedef struct Node:
-    uint64_t engine
-    uint64_t content
+    uint64_t engine      # engine, holders and n first: a lookup by engine hash reads 16 bytes
     uint32_t holders     # count 1: the packed holder; count >= 2: its pool run; free: next free id
     uint32_t n           # count | KV_HAS_CONTENT | KV_USED
+    uint64_t content
+    uint64_t sig         # XOR of holder_sig() over the holders: equal sets have equal signatures
 
 ctypedef struct Table:
     uint32_t *ids        # entries: node id | (the key's fingerprint bits above id_bits); KV_NIL empty
     void *raw            # the allocation ids lives in (2 MiB-aligned in a big table)
+    size_t raw_size      # its size when mapped (huge_alloc), 0 when from PyMem_Malloc
     uint64_t cap
     uint64_t count
 
@@ -119,36 +127,19 @@ cdef inline uint64_t holder_sig(uint32_t packed) noexcept nogil:
 
 
 cdef inline int pool_class(uint32_t words) noexcept nogil:
-    """log2 of the pool run of ``words`` u32 (the next power of two, at least 4)."""
-    cdef int c = 2
+    """log2 of the pool run of ``words`` >= 2 u32 (the next power of two)."""
+    cdef int c = 1
     while (1u << c) < words:
         c += 1
     return c
 
 
 cdef inline uint32_t *node_holders(const NodeStore *s, Node *node) noexcept nogil:
-    return &node.holders if (node.n & KV_COUNT_MASK) == 1 else s.pool + node.holders + SIG_WORDS
-
-
-cdef inline uint64_t node_sig(const NodeStore *s, const Node *node) noexcept nogil:
-    """XOR of holder_sig() over the holders: equal holder sets have equal signatures."""
-    cdef uint32_t n = node.n & KV_COUNT_MASK
-    cdef const uint32_t *run
-    if n == 1:
-        return holder_sig(node.holders)
-    if n == 0:
-        return 0
-    run = s.pool + node.holders
-    return (<uint64_t>run[0]) | ((<uint64_t>run[1]) << 32)
+    return &node.holders if (node.n & KV_COUNT_MASK) == 1 else s.pool + node.holders
 
 
 cdef inline void sig_xor(NodeStore *s, Node *node, uint64_t x) noexcept nogil:
-    """Fold ``x`` into a pooled node's signature (an inline holder's is computed)."""
-    cdef uint32_t *run
-    if (node.n & KV_COUNT_MASK) >= 2:
-        run = s.pool + node.holders
-        run[0] ^= <uint32_t>x
-        run[1] ^= <uint32_t>(x >> 32)
+    node.sig ^= x
 
 
 cdef inline int64_t holder_index(const NodeStore *s, Node *node, uint32_t slot) noexcept nogil:
@@ -165,20 +156,34 @@ cdef inline int64_t holder_index(const NodeStore *s, Node *node, uint32_t slot) 
 
 # ---------------------------------------------------------------------------- allocation
 
-cdef inline void *huge_alloc(NodeStore *s, size_t nbytes, void **raw) noexcept:
-    """``nbytes``; a big block (>= 8 MiB) 2 MiB-aligned and advised to use huge pages: lookups
-    are random, and a page-table walk per lookup (two-dimensional in a VM) costs as much as the
-    lookup. The unaligned head is never touched, so it takes no memory."""
+cdef inline void *huge_alloc(NodeStore *s, size_t nbytes, void **raw, size_t *raw_size) noexcept:
+    """``nbytes``; a big block (>= 8 MiB) mapped on its own, 2 MiB-aligned and advised to use
+    huge pages: lookups are random, and a page-table walk per lookup (two-dimensional in a VM)
+    costs as much as the lookup. The unaligned head is never touched, so it takes no memory;
+    the mapping is returned whole when freed (advice given inside malloc's heap would outlive
+    the block and give later small allocations there huge pages)."""
     cdef size_t addr
+    raw_size[0] = 0
     if nbytes < (<size_t>4) * HUGE_PAGE or not s.huge:
         raw[0] = PyMem_Malloc(nbytes)
         return raw[0]
-    raw[0] = PyMem_Malloc(nbytes + HUGE_PAGE)
-    if raw[0] == NULL:
+    raw[0] = mmap(NULL, nbytes + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+    if raw[0] == MAP_FAILED:
+        raw[0] = NULL
         return NULL
+    raw_size[0] = nbytes + HUGE_PAGE
     addr = (<size_t>raw[0] + HUGE_PAGE - 1) & ~(<size_t>HUGE_PAGE - 1)
     madvise(<void *>addr, nbytes & ~(<size_t>HUGE_PAGE - 1), MADV_HUGEPAGE)
     return <void *>addr
+
+
+cdef inline void huge_free(void *raw, size_t raw_size) noexcept nogil:
+    """Return a mapping of huge_alloc (``raw_size`` not 0)."""
+    munmap(raw, raw_size)
+
+
+cdef inline size_t slab_bytes() noexcept nogil:
+    return SLAB_CHUNKS * KV_CHUNK * sizeof(Node) + HUGE_PAGE
 
 
 cdef inline int store_init(NodeStore *s, bint huge) except -1:
@@ -200,11 +205,14 @@ cdef inline void store_free(NodeStore *s) noexcept:
     cdef size_t i
     if s.chunks != NULL:
         for i in range(s.nchunks):
-            PyMem_Free(s.chunk_raw[i])
+            if i < SLAB_CHUNKS or not s.huge:
+                PyMem_Free(s.chunk_raw[i])
+            elif s.chunk_raw[i] != NULL:
+                munmap(s.chunk_raw[i], slab_bytes())
     PyMem_Free(s.chunks)
     PyMem_Free(s.chunk_raw)
-    PyMem_Free(s.etab.raw)
-    PyMem_Free(s.ctab.raw)
+    table_release(&s.etab)
+    table_release(&s.ctab)
     PyMem_Free(s.pool)
     memset(s, 0, sizeof(NodeStore))
 
@@ -223,6 +231,7 @@ cdef inline int chunk_add(NodeStore *s) except -1:
     cdef void **raws
     cdef void *raw
     cdef void *mem
+    cdef size_t size
     chunks = <Node **>PyMem_Realloc(s.chunks, (k + 1) * sizeof(Node *))
     if chunks == NULL:
         raise MemoryError()
@@ -232,13 +241,13 @@ cdef inline int chunk_add(NodeStore *s) except -1:
         raise MemoryError()
     s.chunk_raw = raws
     if k < SLAB_CHUNKS or not s.huge:
-        raw = PyMem_Malloc(KV_CHUNK * sizeof(Node))
+        raw = PyMem_Malloc(KV_CHUNK * sizeof(Node) + 64)
         if raw == NULL:
             raise MemoryError()
-        chunks[k] = <Node *>raw
+        chunks[k] = <Node *>((<size_t>raw + 63) & ~(<size_t>63))  # a node never straddles two lines
         raws[k] = raw
     elif k % SLAB_CHUNKS == 0:
-        mem = huge_alloc(s, SLAB_CHUNKS * KV_CHUNK * sizeof(Node), &raw)
+        mem = huge_alloc(s, slab_bytes() - HUGE_PAGE, &raw, &size)
         if mem == NULL:
             raise MemoryError()
         chunks[k] = <Node *>mem
@@ -274,6 +283,7 @@ cdef inline uint32_t node_alloc(NodeStore *s, uint64_t engine) except? 0xFFFFFFF
     node.engine = engine
     node.content = 0
     node.holders = 0
+    node.sig = 0
     node.n = KV_USED
     s.nodes_used += 1
     return id
@@ -289,12 +299,21 @@ cdef inline void node_free(NodeStore *s, uint32_t id) noexcept nogil:
 
 # ---------------------------------------------------------------------------- tables
 
+cdef inline void table_release(Table *t) noexcept:
+    if t.raw_size:
+        huge_free(t.raw, t.raw_size)
+    else:
+        PyMem_Free(t.raw)
+    t.raw = NULL
+    t.raw_size = 0
+    t.ids = NULL
+
+
 cdef inline int table_alloc(NodeStore *s, Table *t, uint64_t cap) except -1:
     if cap > (<uint64_t>1) << 32:
         raise OverflowError("a hash table of more than 2**32 entries")
-    PyMem_Free(t.raw)
-    t.raw = NULL
-    t.ids = <uint32_t *>huge_alloc(s, cap * sizeof(uint32_t), &t.raw)
+    table_release(t)
+    t.ids = <uint32_t *>huge_alloc(s, cap * sizeof(uint32_t), &t.raw, &t.raw_size)
     if t.ids == NULL:
         raise MemoryError()
     memset(t.ids, 0xFF, cap * sizeof(uint32_t))
@@ -417,26 +436,6 @@ cdef inline void prefetch_node(const NodeStore *s, const Table *t, uint64_t key)
             i = 0
 
 
-cdef inline void prefetch_run(const NodeStore *s, const Table *t, uint64_t key) noexcept nogil:
-    """Pull in the pool run (signature, holders) of that node (the node already fetched)."""
-    cdef uint64_t m = key_mix(key)
-    cdef uint32_t fp = fp_bits(s, m), e
-    cdef uint64_t i = tab_home(t, m)
-    cdef Node *node
-    while True:
-        e = t.ids[i]
-        if e == KV_NIL:
-            return
-        if (e & ~s.id_mask) == fp:
-            node = node_at(s, e & s.id_mask)
-            if (node.n & KV_COUNT_MASK) >= 2:
-                prefetch(s.pool + node.holders)
-            return
-        i += 1
-        if i == t.cap:
-            i = 0
-
-
 # ---------------------------------------------------------------------------- content, release
 
 cdef inline int set_content(NodeStore *s, uint32_t id, uint64_t content) except -1:
@@ -507,7 +506,6 @@ cdef inline uint32_t add_holder(NodeStore *s, uint32_t id, uint32_t packed) exce
     cdef uint32_t n = node.n & KV_COUNT_MASK, off, old
     cdef int64_t i = holder_index(s, node, packed & KV_SLOT_MASK)
     cdef uint32_t *hs
-    cdef uint64_t sig
     cdef int c
     if i >= 0:
         hs = node_holders(s, node)
@@ -518,24 +516,21 @@ cdef inline uint32_t add_holder(NodeStore *s, uint32_t id, uint32_t packed) exce
     if n == 0:
         node.holders = packed
     elif n == 1:
-        off = pool_alloc(s, pool_class(2 + SIG_WORDS))
+        off = pool_alloc(s, pool_class(2))
         node = node_at(s, id)
-        sig = holder_sig(node.holders) ^ holder_sig(packed)
-        s.pool[off] = <uint32_t>sig
-        s.pool[off + 1] = <uint32_t>(sig >> 32)
-        s.pool[off + 2] = node.holders
-        s.pool[off + 3] = packed
+        s.pool[off] = node.holders
+        s.pool[off + 1] = packed
         node.holders = off
     else:
-        c = pool_class(n + SIG_WORDS)
-        if pool_class(n + 1 + SIG_WORDS) != c:  # a full run: move to one twice as long
+        c = pool_class(n)
+        if pool_class(n + 1) != c:  # a full run: move to one twice as long
             off = pool_alloc(s, c + 1)
             node = node_at(s, id)
-            memcpy(s.pool + off, s.pool + node.holders, (n + SIG_WORDS) * sizeof(uint32_t))
+            memcpy(s.pool + off, s.pool + node.holders, (n) * sizeof(uint32_t))
             pool_release(s, node.holders, c)
             node.holders = off
-        s.pool[node.holders + SIG_WORDS + n] = packed
-        sig_xor(s, node, holder_sig(packed))
+        s.pool[node.holders + n] = packed
+    sig_xor(s, node, holder_sig(packed))
     node.n += 1
     return KV_NIL
 
@@ -547,22 +542,22 @@ cdef inline uint32_t remove_holder_at(NodeStore *s, uint32_t id, uint32_t i) exc
     cdef uint32_t *hs = node_holders(s, node)
     cdef uint32_t packed = hs[i]
     cdef int c
+    sig_xor(s, node, holder_sig(packed))
     if n == 1:
         node.n -= 1
         release_node(s, id)
         return packed
     base = node.holders
     if n == 2:
-        node.holders = s.pool[base + SIG_WORDS + (1 - i)]
-        pool_release(s, base, pool_class(2 + SIG_WORDS))
+        node.holders = s.pool[base + (1 - i)]
+        pool_release(s, base, pool_class(2))
     else:
-        sig_xor(s, node, holder_sig(packed))
-        s.pool[base + SIG_WORDS + i] = s.pool[base + SIG_WORDS + n - 1]
-        c = pool_class(n + SIG_WORDS)
-        if pool_class(n - 1 + SIG_WORDS) != c:  # fits a run half as long
+        s.pool[base + i] = s.pool[base + n - 1]
+        c = pool_class(n)
+        if pool_class(n - 1) != c:  # fits a run half as long
             off = pool_alloc(s, c - 1)
             node = node_at(s, id)
-            memcpy(s.pool + off, s.pool + base, (n - 1 + SIG_WORDS) * sizeof(uint32_t))
+            memcpy(s.pool + off, s.pool + base, (n - 1) * sizeof(uint32_t))
             pool_release(s, base, c)
             node.holders = off
     node.n -= 1
@@ -574,18 +569,18 @@ cdef inline int set_holders(NodeStore *s, uint32_t id, const uint32_t *packed, u
     cdef Node *node
     cdef uint32_t off, j
     cdef uint64_t sig = 0
+    for j in range(n):
+        sig ^= holder_sig(packed[j])
     if n == 1:
         node = node_at(s, id)
         node.holders = packed[0]
     elif n > 1:
-        off = pool_alloc(s, pool_class(n + SIG_WORDS))
+        off = pool_alloc(s, pool_class(n))
         for j in range(n):
-            s.pool[off + SIG_WORDS + j] = packed[j]
-            sig ^= holder_sig(packed[j])
-        s.pool[off] = <uint32_t>sig
-        s.pool[off + 1] = <uint32_t>(sig >> 32)
+            s.pool[off + j] = packed[j]
         node = node_at(s, id)
         node.holders = off
     node = node_at(s, id)
+    node.sig = sig
     node.n += n
     return 0
