@@ -7,7 +7,8 @@ holds the rules a batch is applied by, the queries and the state. ``apply_encode
 compiled codec read the Avro body (``flat_read``, cimported from ``kvevents.schemas._fastcodec``)
 into its flat C arrays without building Python objects; ``apply_batch`` fills the same arrays
 from model objects. A malformed body raises ``DecodeError`` before anything is applied. Layout,
-threads (one writer that yields the GIL between events, any number of readers) and the query
+threads (one writer that applies events without the GIL, holding an index lock it hands to
+waiting readers between events; any number of readers) and the query
 path: ``docs/INDEX.md``.
 """
 
@@ -15,6 +16,15 @@ from cpython cimport array as carray
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.pythread cimport (
+    NOWAIT_LOCK,
+    WAIT_LOCK,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport qsort
 from libc.string cimport memcmp, memcpy, memset
@@ -102,6 +112,17 @@ from .hashing import content_hashes_for_tokens
 
 ctypedef FlatEvent SEvent
 ctypedef FlatBlock SBlock
+
+cdef extern from *:
+    """
+    #define kv_atomic_load(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    #define kv_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_ACQ_REL)
+    """
+    int kv_atomic_load(int *p) noexcept nogil
+    int kv_atomic_add(int *p, int v) noexcept nogil
+
+cdef extern from "sched.h":
+    int sched_yield() noexcept nogil
 
 cdef enum:
     YIELD_BLOCKS = 64    # a batch being applied lets other threads run after about this many blocks
@@ -294,7 +315,11 @@ cdef class IndexCore:
     cdef dict templates      # result templates (see match_counts)
     cdef uint32_t *ctok      # content_hashes' token scratch (a reader's; fb is the writer's)
     cdef size_t ctok_cap
-    cdef bint applying       # a batch is being applied (it yields the GIL between events)
+    cdef bint applying       # a batch is being applied
+    cdef PyThread_type_lock mu   # the index lock: held by a batch's events applied without the GIL
+    cdef int readers_waiting     # readers blocked on mu (the writer hands it over between events)
+    cdef uint32_t *ev_widx       # the scratch batch's events' workers
+    cdef size_t ev_widx_cap
     cdef size_t template_keys
     # batch scratch: the flat batch the codec reads into (or _fill_event fills)
     cdef FlatBatch fb
@@ -310,6 +335,12 @@ cdef class IndexCore:
 
     def __cinit__(self):
         memset(&self.st, 0, sizeof(NodeStore))
+        self.mu = PyThread_allocate_lock()
+        if self.mu == NULL:
+            raise MemoryError()
+        self.readers_waiting = 0
+        self.ev_widx = NULL
+        self.ev_widx_cap = 0
         self.slots = NULL
         self.wrk = NULL
         self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
@@ -331,6 +362,23 @@ cdef class IndexCore:
 
     def __dealloc__(self):
         self._free_all()
+        PyMem_Free(self.ev_widx)
+        if self.mu != NULL:
+            PyThread_free_lock(self.mu)
+
+    cdef int _rlock(self) except -1:
+        """Take the index lock for a query (the GIL held): at once when free, else wait without
+        the GIL; the writer hands it over at its next event."""
+        if PyThread_acquire_lock(self.mu, NOWAIT_LOCK):
+            return 0
+        kv_atomic_add(&self.readers_waiting, 1)
+        with nogil:
+            PyThread_acquire_lock(self.mu, WAIT_LOCK)
+            kv_atomic_add(&self.readers_waiting, -1)
+        return 0
+
+    cdef inline void _runlock(self) noexcept:
+        PyThread_release_lock(self.mu)
 
     cdef void _free_all(self) noexcept:
         store_free(&self.st)
@@ -388,7 +436,7 @@ cdef class IndexCore:
     cdef inline Node *N(self, uint32_t id) noexcept nogil:
         return node_at(&self.st, id)
 
-    cdef int _add_holder(self, uint32_t id, uint32_t packed) except -1:
+    cdef int _add_holder(self, uint32_t id, uint32_t packed) except -1 nogil:
         cdef Slot *s = &self.slots[packed & KV_SLOT_MASK]
         cdef uint32_t old = add_holder(&self.st, id, packed)
         if old != KV_NIL:
@@ -399,7 +447,7 @@ cdef class IndexCore:
         s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
         return 0
 
-    cdef int _remove_holder_at(self, uint32_t id, uint32_t i) except -1:
+    cdef int _remove_holder_at(self, uint32_t id, uint32_t i) except -1 nogil:
         """Remove holder ``i`` of node ``id``; release the node when it was the last."""
         cdef uint32_t packed = remove_holder_at(&self.st, id, i)
         cdef Slot *s = &self.slots[packed & KV_SLOT_MASK]
@@ -408,7 +456,7 @@ cdef class IndexCore:
         self.held -= 1
         return 0
 
-    cdef bint _remove_holder(self, uint64_t engine, uint32_t slot) except -1:
+    cdef bint _remove_holder(self, uint64_t engine, uint32_t slot) except -1 nogil:
         cdef uint32_t id = table_find(&self.st, &self.st.etab, engine, False)
         if id == KV_NIL:
             return False
@@ -469,6 +517,15 @@ cdef class IndexCore:
             return -1
         cdef object found = inst.workers.get(rank)
         return -1 if found is None else <int64_t>found
+
+    cdef uint32_t _slot_active(self, uint32_t widx, int32_t window) noexcept nogil:
+        """The active slot of (worker, window); KV_NIL when there is none."""
+        cdef uint32_t slot = self.wrk[widx].first_slot
+        while slot != KV_NIL:
+            if self.slots[slot].window == window:
+                return slot if self.slots[slot].active else KV_NIL
+            slot = self.slots[slot].next_slot
+        return KV_NIL
 
     cdef uint32_t _slot(self, uint32_t widx, int32_t window, bint create) except? 0xFFFFFFFE:
         """The active slot of (worker, window); KV_NIL when absent and not ``create``."""
@@ -595,7 +652,7 @@ cdef class IndexCore:
     # ------------------------------------------------------------------ storing
 
     cdef int _store(self, uint32_t slot, bint has_parent, uint64_t parent, uint32_t first,
-                    uint32_t count) except -1:
+                    uint32_t count) except -1 nogil:
         cdef int state = 0  # 0: root of a prefix, 1: parent content known, 2: unknown (orphan)
         cdef uint64_t pc = 0, c = 0
         cdef uint32_t id, i
@@ -703,21 +760,96 @@ cdef class IndexCore:
                     self._degrade(self._worker(inst, <int32_t>self.fb.drops[2 * k]),
                                   _reasons.events_dropped(self.fb.drops[2 * k + 1], seq))
         self.c_batches_applied += 1
+        grow(<void **>&self.ev_widx, &self.ev_widx_cap, self.fb.nev + 1, sizeof(uint32_t))
         for k in range(self.fb.nev):
-            if since >= YIELD_BLOCKS:
-                # between two events the index is whole: let a waiting reader thread run
-                PyEval_RestoreThread(PyEval_SaveThread())
-                since = 0
-            since += 1 + self.fb.ev[k].count
+            e = &self.fb.ev[k]
+            if e.rank != cached_rank:
+                widx = self._worker(inst, e.rank)
+                cached_rank = e.rank
+            self.ev_widx[k] = widx
+        with nogil:
+            self._apply_events(offset)
+        return 0
+
+    cdef int _apply_events(self, int64_t offset) except -1 nogil:
+        """Apply the scratch batch's events, without the GIL but for the events that need it
+        (see ``_apply_fast``), holding the index lock; between two events the index is whole,
+        and a reader waiting for the lock gets it (docs/INDEX.md "Threads")."""
+        cdef size_t k
+        cdef SEvent *e
+        cdef int64_t off
+        PyThread_acquire_lock(self.mu, WAIT_LOCK)
+        for k in range(self.fb.nev):
+            if kv_atomic_load(&self.readers_waiting):
+                # hand the lock over: wait until the waiting readers hold it (or are done)
+                PyThread_release_lock(self.mu)
+                while kv_atomic_load(&self.readers_waiting):
+                    sched_yield()
+                PyThread_acquire_lock(self.mu, WAIT_LOCK)
             if k + 3 < self.fb.nev:
                 self._prefetch_keys(&self.fb.ev[k + 3], 0)
             if k + 1 < self.fb.nev:
                 self._prefetch_keys(&self.fb.ev[k + 1], 1)
             e = &self.fb.ev[k]
-            if e.rank != cached_rank:
-                widx = self._worker(inst, e.rank)
-                cached_rank = e.rank
-            self._apply_event(widx, e, offset if k == 0 else 0)
+            off = offset if k == 0 else 0
+            if not self._apply_fast(self.ev_widx[k], e, off):
+                with gil:
+                    try:
+                        self._apply_event(self.ev_widx[k], e, off)
+                    except BaseException:
+                        PyThread_release_lock(self.mu)
+                        raise
+        PyThread_release_lock(self.mu)
+        return 0
+
+    cdef int _apply_fast(self, uint32_t widx, SEvent *e, int64_t offset) except -1 nogil:
+        """Apply ``e`` when it is the common case, which needs no Python object: the worker's
+        next event (``cursor + 1``, no new session), a Stored event (not a fragment) into a
+        window cache that is there, a Removed or an Updated event. Returns 0, having changed
+        nothing, for any other event (``_apply_event`` takes it, with the GIL)."""
+        cdef Worker *w = &self.wrk[widx]
+        cdef uint8_t kind = e.kind
+        cdef uint32_t slot = KV_NIL
+        if kind == K_CREATED or w.session_fresh or not w.has_cursor or e.event_id != w.cursor + 1:
+            return 0
+        if kind == K_STORED:
+            if offset != 0:
+                return 0
+            slot = self._slot_active(widx, e.window)
+            if slot == KV_NIL:
+                return 0
+        self.c_events_applied += 1
+        if kind == K_STORED:
+            self._store(slot, e.has_parent, e.parent, e.first, e.count)
+            w = &self.wrk[widx]
+            w.split_blocks = e.count
+            w.has_split_tail = e.count != 0
+            w.split_tail = self.fb.blk[e.first + e.count - 1].engine if e.count else 0
+        else:
+            w.split_blocks = 0
+            w.has_split_tail = 0
+            if kind == K_REMOVED:
+                self._remove_blocks(self._slot_active(widx, e.window), e)
+            else:
+                self._update(widx, e)
+        w = &self.wrk[widx]
+        w.cursor = e.event_id
+        w.has_cursor = 1
+        w.last_created = 0
+        return 1
+
+    cdef int _remove_blocks(self, uint32_t slot, SEvent *e) except -1 nogil:
+        """A Removed event's blocks out of ``slot`` (KV_NIL: the worker has no such cache)."""
+        cdef uint32_t i
+        for i in range(e.first, e.first + e.count):
+            if i + 2 < e.first + e.count:
+                self._prefetch_key(<uint64_t>self.fb.vals[i + 2], 1)
+                if i + 16 < e.first + e.count:
+                    prefetch_entry(&self.st.etab, <uint64_t>self.fb.vals[i + 16])
+            if slot != KV_NIL and self._remove_holder(<uint64_t>self.fb.vals[i], slot):
+                self.c_blocks_removed += 1
+            else:
+                self.c_unknown_removed += 1
         return 0
 
     cdef void _prefetch_keys(self, const SEvent *e, int stage) noexcept nogil:
@@ -814,16 +946,7 @@ cdef class IndexCore:
                 self._clear_slot(slot)
                 self.s_capacity[slot] = [self.fb.vals[e.first + i] for i in range(e.count)]
             elif kind == K_REMOVED:
-                slot = self._slot(widx, e.window, False)
-                for i in range(e.first, e.first + e.count):
-                    if i + 2 < e.first + e.count:
-                        self._prefetch_key(<uint64_t>self.fb.vals[i + 2], 1)
-                        if i + 16 < e.first + e.count:
-                            prefetch_entry(&self.st.etab, <uint64_t>self.fb.vals[i + 16])
-                    if slot != KV_NIL and self._remove_holder(<uint64_t>self.fb.vals[i], slot):
-                        self.c_blocks_removed += 1
-                    else:
-                        self.c_unknown_removed += 1
+                self._remove_blocks(self._slot_active(widx, e.window), e)
             else:
                 self._update(widx, e)
         w = &self.wrk[widx]
@@ -832,8 +955,8 @@ cdef class IndexCore:
         w.last_created = is_created
         return 0
 
-    cdef int _update(self, uint32_t widx, SEvent *e) except -1:
-        cdef uint32_t slot = self._slot(widx, e.window, False), id = KV_NIL, packed, level
+    cdef int _update(self, uint32_t widx, SEvent *e) except -1 nogil:
+        cdef uint32_t slot = self._slot_active(widx, e.window), id = KV_NIL, packed, level
         cdef int64_t i = -1
         cdef uint32_t *hs
         cdef Slot *s
@@ -1261,17 +1384,21 @@ cdef class IndexCore:
 
     def match(self, hashes, bint by_content, window, int max_level):
         """Per slot holding the first key: (slot, contiguous run length, primary blocks in it)."""
-        cdef Py_ssize_t n = self._load_keys(hashes)
-        cdef size_t t = self._match(n, by_content, window is not None, 0 if window is None else window,
-                                    max_level)
-        cdef size_t k
+        cdef Py_ssize_t n
+        cdef size_t t, k
         cdef uint32_t slot
-        out = []
-        for k in range(t):
-            slot = self.touched[k]
-            out.append((slot, self.run[slot], self.prim[slot]))
-        out.sort()
-        return out
+        self._rlock()
+        try:
+            n = self._load_keys(hashes)
+            t = self._match(n, by_content, window is not None, 0 if window is None else window, max_level)
+            out = []
+            for k in range(t):
+                slot = self.touched[k]
+                out.append((slot, self.run[slot], self.prim[slot]))
+            out.sort()
+            return out
+        finally:
+            self._runlock()
 
     def match_counts(self, hashes, bint by_content, window, int max_level):
         """{worker key: best run over its window caches} (the hot path of find_matches).
@@ -1282,35 +1409,36 @@ cdef class IndexCore:
         with the most common run) with the other workers' values set. A template is used only
         when its slots are exactly this query's (equal count, every one of them matched now):
         answers stay exact."""
-        cdef Py_ssize_t n = self._load_keys(hashes)
-        cdef size_t t = self._match(n, by_content, window is not None, 0 if window is None else window,
-                                    max_level)
-        cdef size_t k
+        cdef Py_ssize_t n
+        cdef size_t t, k
         cdef uint32_t slot, v = 0, best = 0, r
         cdef uint64_t setsig = 0
         cdef bint multi = False
-        cdef Slot *s
-        cdef dict out, tmpl
-        cdef const uint32_t *ts
-        if t >= 32:
-            if <size_t>n + 1 > self.hist_cap:
-                grow(<void **>&self.hist, &self.hist_cap, <size_t>n + 1, sizeof(uint32_t))
-            for k in range(t):
-                slot = self.touched[k]
-                self.hist[self.run[slot]] = 0
-                if self.wrk[self.slots[slot].worker].nactive != 1:
-                    multi = True
-            if not multi:
+        self._rlock()  # the query scratch (keys, scores, templates) is the lock holder's
+        try:
+            n = self._load_keys(hashes)
+            t = self._match(n, by_content, window is not None, 0 if window is None else window, max_level)
+            if t >= 32:
+                if <size_t>n + 1 > self.hist_cap:
+                    grow(<void **>&self.hist, &self.hist_cap, <size_t>n + 1, sizeof(uint32_t))
                 for k in range(t):
                     slot = self.touched[k]
-                    setsig ^= holder_sig(slot)
-                    r = self.run[slot]
-                    self.hist[r] += 1
-                    if self.hist[r] > best:
-                        best = self.hist[r]
-                        v = r
-                return self._from_template(t, setsig ^ (<uint64_t>v * KVH.k1), v)
-        return self._build_counts(t)
+                    self.hist[self.run[slot]] = 0
+                    if self.wrk[self.slots[slot].worker].nactive != 1:
+                        multi = True
+                if not multi:
+                    for k in range(t):
+                        slot = self.touched[k]
+                        setsig ^= holder_sig(slot)
+                        r = self.run[slot]
+                        self.hist[r] += 1
+                        if self.hist[r] > best:
+                            best = self.hist[r]
+                            v = r
+                    return self._from_template(t, setsig ^ (<uint64_t>v * KVH.k1), v)
+            return self._build_counts(t)
+        finally:
+            self._runlock()
 
     cdef dict _build_counts(self, size_t t):
         cdef size_t k
@@ -1426,29 +1554,34 @@ cdef class IndexCore:
         cdef uint32_t slot
         cdef Slot *s
         cdef int lvl
-        if widx < 0:
-            return None
-        cdef Worker *w = &self.wrk[widx]
-        windows = {}
-        slot = w.first_slot
-        while slot != KV_NIL:
-            s = &self.slots[slot]
-            if s.active:
-                cap = self.s_capacity[slot]
-                windows[s.window] = (
-                    {lvl: s.levels[lvl] for lvl in range(LEVELS) if s.levels[lvl]},
-                    None if cap is None else tuple(cap),
-                )
-            slot = s.next_slot
-        inst = <_Instance>self.instances[w.inst]
-        return {
-            "reasons": tuple(self.w_reasons[widx]),
-            "gaps": w.gaps,
-            "cursor": w.cursor if w.has_cursor else None,
-            "producer_id": inst.producer_id,
-            "sequence": None if inst.producer_id is None else inst.sequence,
-            "windows": dict(sorted(windows.items())),
-        }
+        cdef Worker *w
+        self._rlock()
+        try:
+            if widx < 0:
+                return None
+            w = &self.wrk[widx]
+            windows = {}
+            slot = w.first_slot
+            while slot != KV_NIL:
+                s = &self.slots[slot]
+                if s.active:
+                    cap = self.s_capacity[slot]
+                    windows[s.window] = (
+                        {lvl: s.levels[lvl] for lvl in range(LEVELS) if s.levels[lvl]},
+                        None if cap is None else tuple(cap),
+                    )
+                slot = s.next_slot
+            inst = <_Instance>self.instances[w.inst]
+            return {
+                "reasons": tuple(self.w_reasons[widx]),
+                "gaps": w.gaps,
+                "cursor": w.cursor if w.has_cursor else None,
+                "producer_id": inst.producer_id,
+                "sequence": None if inst.producer_id is None else inst.sequence,
+                "windows": dict(sorted(windows.items())),
+            }
+        finally:
+            self._runlock()
 
     def worker_blocks(self, str instance_id, int32_t rank, int32_t window):
         cdef int64_t widx = self._find_worker(instance_id, rank)
@@ -1456,40 +1589,48 @@ cdef class IndexCore:
         cdef int64_t i
         cdef Node *node
         cdef uint32_t packed
-        if widx < 0:
-            return []
-        slot = self._slot(<uint32_t>widx, window, False)
-        if slot == KV_NIL:
-            return []
-        out = []
-        for id in range(self.st.node_top):
-            node = self.N(id)
-            if node.n & KV_USED:
-                i = holder_index(&self.st, node, slot)
-                if i >= 0:
-                    packed = node_holders(&self.st, node)[i]
-                    out.append((node.engine, node.content if node.n & KV_HAS_CONTENT else None,
-                                (packed >> KV_SLOT_BITS) & 0xF, packed >> 24))
-        out.sort()
-        return out
+        self._rlock()
+        try:
+            if widx < 0:
+                return []
+            slot = self._slot(<uint32_t>widx, window, False)
+            if slot == KV_NIL:
+                return []
+            out = []
+            for id in range(self.st.node_top):
+                node = self.N(id)
+                if node.n & KV_USED:
+                    i = holder_index(&self.st, node, slot)
+                    if i >= 0:
+                        packed = node_holders(&self.st, node)[i]
+                        out.append((node.engine, node.content if node.n & KV_HAS_CONTENT else None,
+                                    (packed >> KV_SLOT_BITS) & 0xF, packed >> 24))
+            out.sort()
+            return out
+        finally:
+            self._runlock()
 
     def counters(self):
-        return {
-            "batches_applied": self.c_batches_applied,
-            "batches_replayed": self.c_batches_replayed,
-            "batches_stale": self.c_batches_stale,
-            "events_applied": self.c_events_applied,
-            "events_duplicate": self.c_events_duplicate,
-            "blocks_stored": self.c_blocks_stored,
-            "blocks_removed": self.c_blocks_removed,
-            "orphan_blocks": self.c_orphan_blocks,
-            "unknown_removed": self.c_unknown_removed,
-            "unknown_updated": self.c_unknown_updated,
-            "content_conflicts": self.c_content_conflicts,
-            "gaps": self.c_gaps,
-            "resyncs": self.c_resyncs,
-            "session_conflicts": self.c_session_conflicts,
-        }
+        self._rlock()
+        try:
+            return {
+                "batches_applied": self.c_batches_applied,
+                "batches_replayed": self.c_batches_replayed,
+                "batches_stale": self.c_batches_stale,
+                "events_applied": self.c_events_applied,
+                "events_duplicate": self.c_events_duplicate,
+                "blocks_stored": self.c_blocks_stored,
+                "blocks_removed": self.c_blocks_removed,
+                "orphan_blocks": self.c_orphan_blocks,
+                "unknown_removed": self.c_unknown_removed,
+                "unknown_updated": self.c_unknown_updated,
+                "content_conflicts": self.c_content_conflicts,
+                "gaps": self.c_gaps,
+                "resyncs": self.c_resyncs,
+                "session_conflicts": self.c_session_conflicts,
+            }
+        finally:
+            self._runlock()
 
     def held_blocks(self):
         """Worker-block pairs held (a block held by k caches counts k times)."""
@@ -1552,6 +1693,13 @@ cdef class IndexCore:
     # ------------------------------------------------------------------ state
 
     def export_state(self):
+        self._rlock()
+        try:
+            return self._export_state()
+        finally:
+            self._runlock()
+
+    cdef object _export_state(self):
         cdef size_t wi
         cdef list order = sorted(
             [((<_Instance>self.instances[self.wrk[wi].inst]).instance_id, self.wrk[wi].rank, wi)

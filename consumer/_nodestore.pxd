@@ -8,7 +8,7 @@
 # Layout and the reasons for it: docs/INDEX.md "The compiled core's layout". The functions are
 # inline: they compile into the core that cimports this file (consumer/_indexcore.pyx).
 
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc, PyMem_RawRealloc
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
@@ -156,7 +156,7 @@ cdef inline int64_t holder_index(const NodeStore *s, Node *node, uint32_t slot) 
 
 # ---------------------------------------------------------------------------- allocation
 
-cdef inline void *huge_alloc(NodeStore *s, size_t nbytes, void **raw, size_t *raw_size) noexcept:
+cdef inline void *huge_alloc(NodeStore *s, size_t nbytes, void **raw, size_t *raw_size) noexcept nogil:
     """``nbytes``; a big block (>= 8 MiB) mapped on its own, 2 MiB-aligned and advised to use
     huge pages: lookups are random, and a page-table walk per lookup (two-dimensional in a VM)
     costs as much as the lookup. The unaligned head is never touched, so it takes no memory;
@@ -165,7 +165,7 @@ cdef inline void *huge_alloc(NodeStore *s, size_t nbytes, void **raw, size_t *ra
     cdef size_t addr
     raw_size[0] = 0
     if nbytes < (<size_t>4) * HUGE_PAGE or not s.huge:
-        raw[0] = PyMem_Malloc(nbytes)
+        raw[0] = PyMem_RawMalloc(nbytes)
         return raw[0]
     raw[0] = mmap(NULL, nbytes + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
     if raw[0] == MAP_FAILED:
@@ -186,7 +186,7 @@ cdef inline size_t slab_bytes() noexcept nogil:
     return SLAB_CHUNKS * KV_CHUNK * sizeof(Node) + HUGE_PAGE
 
 
-cdef inline int store_init(NodeStore *s, bint huge) except -1:
+cdef inline int store_init(NodeStore *s, bint huge) except -1 nogil:
     """An empty store (``s`` zeroed or freed before)."""
     cdef int i
     memset(s, 0, sizeof(NodeStore))
@@ -201,28 +201,28 @@ cdef inline int store_init(NodeStore *s, bint huge) except -1:
     return 0
 
 
-cdef inline void store_free(NodeStore *s) noexcept:
+cdef inline void store_free(NodeStore *s) noexcept nogil:
     cdef size_t i
     if s.chunks != NULL:
         for i in range(s.nchunks):
             if i < SLAB_CHUNKS or not s.huge:
-                PyMem_Free(s.chunk_raw[i])
+                PyMem_RawFree(s.chunk_raw[i])
             elif s.chunk_raw[i] != NULL:
                 munmap(s.chunk_raw[i], slab_bytes())
-    PyMem_Free(s.chunks)
-    PyMem_Free(s.chunk_raw)
+    PyMem_RawFree(s.chunks)
+    PyMem_RawFree(s.chunk_raw)
     table_release(&s.etab)
     table_release(&s.ctab)
-    PyMem_Free(s.pool)
+    PyMem_RawFree(s.pool)
     memset(s, 0, sizeof(NodeStore))
 
 
-cdef inline size_t store_bytes(const NodeStore *s) noexcept:
+cdef inline size_t store_bytes(const NodeStore *s) noexcept nogil:
     return (s.nchunks * (KV_CHUNK * sizeof(Node) + 2 * sizeof(void *))
             + (s.etab.cap + s.ctab.cap) * sizeof(uint32_t) + s.pool_cap * sizeof(uint32_t))
 
 
-cdef inline int chunk_add(NodeStore *s) except -1:
+cdef inline int chunk_add(NodeStore *s) except -1 nogil:
     """One more chunk of nodes. Past the first SLAB_CHUNKS, chunks come SLAB_CHUNKS at a time
     in one slab on huge pages (node lookups are random too); a slab's chunks not yet used are
     never touched, so take no memory."""
@@ -232,24 +232,28 @@ cdef inline int chunk_add(NodeStore *s) except -1:
     cdef void *raw
     cdef void *mem
     cdef size_t size
-    chunks = <Node **>PyMem_Realloc(s.chunks, (k + 1) * sizeof(Node *))
+    chunks = <Node **>PyMem_RawRealloc(s.chunks, (k + 1) * sizeof(Node *))
     if chunks == NULL:
-        raise MemoryError()
+        with gil:
+            raise MemoryError()
     s.chunks = chunks
-    raws = <void **>PyMem_Realloc(s.chunk_raw, (k + 1) * sizeof(void *))
+    raws = <void **>PyMem_RawRealloc(s.chunk_raw, (k + 1) * sizeof(void *))
     if raws == NULL:
-        raise MemoryError()
+        with gil:
+            raise MemoryError()
     s.chunk_raw = raws
     if k < SLAB_CHUNKS or not s.huge:
-        raw = PyMem_Malloc(KV_CHUNK * sizeof(Node) + 64)
+        raw = PyMem_RawMalloc(KV_CHUNK * sizeof(Node) + 64)
         if raw == NULL:
-            raise MemoryError()
+            with gil:
+                raise MemoryError()
         chunks[k] = <Node *>((<size_t>raw + 63) & ~(<size_t>63))  # a node never straddles two lines
         raws[k] = raw
     elif k % SLAB_CHUNKS == 0:
         mem = huge_alloc(s, slab_bytes() - HUGE_PAGE, &raw, &size)
         if mem == NULL:
-            raise MemoryError()
+            with gil:
+                raise MemoryError()
         chunks[k] = <Node *>mem
         raws[k] = raw
     else:
@@ -259,7 +263,7 @@ cdef inline int chunk_add(NodeStore *s) except -1:
     return 0
 
 
-cdef inline uint32_t node_alloc(NodeStore *s, uint64_t engine) except? 0xFFFFFFFF:
+cdef inline uint32_t node_alloc(NodeStore *s, uint64_t engine) except? 0xFFFFFFFF nogil:
     """A new node for ``engine`` (not yet in any table)."""
     cdef uint32_t id
     cdef Node *node
@@ -269,7 +273,8 @@ cdef inline uint32_t node_alloc(NodeStore *s, uint64_t engine) except? 0xFFFFFFF
     else:
         if s.node_top >= s.id_mask:
             if s.id_bits >= 32:
-                raise OverflowError("more than 2**32 - 2 distinct blocks in one index")
+                with gil:
+                    raise OverflowError("more than 2**32 - 2 distinct blocks in one index")
             # one more bit of node id, one fingerprint bit less: every entry is rewritten
             s.id_bits += 1
             s.id_mask = <uint32_t>(((<uint64_t>1) << s.id_bits) - 1)
@@ -299,23 +304,25 @@ cdef inline void node_free(NodeStore *s, uint32_t id) noexcept nogil:
 
 # ---------------------------------------------------------------------------- tables
 
-cdef inline void table_release(Table *t) noexcept:
+cdef inline void table_release(Table *t) noexcept nogil:
     if t.raw_size:
         huge_free(t.raw, t.raw_size)
     else:
-        PyMem_Free(t.raw)
+        PyMem_RawFree(t.raw)
     t.raw = NULL
     t.raw_size = 0
     t.ids = NULL
 
 
-cdef inline int table_alloc(NodeStore *s, Table *t, uint64_t cap) except -1:
+cdef inline int table_alloc(NodeStore *s, Table *t, uint64_t cap) except -1 nogil:
     if cap > (<uint64_t>1) << 32:
-        raise OverflowError("a hash table of more than 2**32 entries")
+        with gil:
+            raise OverflowError("a hash table of more than 2**32 entries")
     table_release(t)
     t.ids = <uint32_t *>huge_alloc(s, cap * sizeof(uint32_t), &t.raw, &t.raw_size)
     if t.ids == NULL:
-        raise MemoryError()
+        with gil:
+            raise MemoryError()
     memset(t.ids, 0xFF, cap * sizeof(uint32_t))
     t.cap = cap
     t.count = 0
@@ -334,7 +341,7 @@ cdef inline void table_put(NodeStore *s, Table *t, uint32_t id, uint64_t key) no
     t.count += 1
 
 
-cdef inline int table_rebuild(NodeStore *s, Table *t, bint by_content, uint64_t cap, uint32_t skip) except -1:
+cdef inline int table_rebuild(NodeStore *s, Table *t, bint by_content, uint64_t cap, uint32_t skip) except -1 nogil:
     """Refill ``t`` (``cap`` entries) from the nodes (one pass over them in order): every node
     in use (by_content: every one with a content hash) but ``skip``."""
     cdef uint32_t id
@@ -348,7 +355,7 @@ cdef inline int table_rebuild(NodeStore *s, Table *t, bint by_content, uint64_t 
     return 0
 
 
-cdef inline int table_reserve(NodeStore *s, Table *t, bint by_content, uint64_t count, uint32_t skip) except -1:
+cdef inline int table_reserve(NodeStore *s, Table *t, bint by_content, uint64_t count, uint32_t skip) except -1 nogil:
     """Room for ``count`` entries at load <= LOAD_NUM/LOAD_DEN (growing by half again)."""
     cdef uint64_t cap = t.cap
     if count * LOAD_DEN <= cap * LOAD_NUM:
@@ -358,7 +365,7 @@ cdef inline int table_reserve(NodeStore *s, Table *t, bint by_content, uint64_t 
     return table_rebuild(s, t, by_content, cap, skip)
 
 
-cdef inline int table_insert(NodeStore *s, Table *t, bint by_content, uint32_t id, uint64_t key) except -1:
+cdef inline int table_insert(NodeStore *s, Table *t, bint by_content, uint32_t id, uint64_t key) except -1 nogil:
     """Insert node ``id`` under ``key`` (the content table takes several nodes per key)."""
     table_reserve(s, t, by_content, t.count + 1, id)
     table_put(s, t, id, key)
@@ -438,7 +445,7 @@ cdef inline void prefetch_node(const NodeStore *s, const Table *t, uint64_t key)
 
 # ---------------------------------------------------------------------------- content, release
 
-cdef inline int set_content(NodeStore *s, uint32_t id, uint64_t content) except -1:
+cdef inline int set_content(NodeStore *s, uint32_t id, uint64_t content) except -1 nogil:
     cdef Node *node = node_at(s, id)
     node.content = content
     table_reserve(s, &s.ctab, True, s.ctab.count + 1, id)
@@ -473,7 +480,7 @@ cdef inline void release_node(NodeStore *s, uint32_t id) noexcept nogil:
 
 # ---------------------------------------------------------------------------- holder pool
 
-cdef inline uint32_t pool_alloc(NodeStore *s, int c) except? 0xFFFFFFFF:
+cdef inline uint32_t pool_alloc(NodeStore *s, int c) except? 0xFFFFFFFF nogil:
     cdef uint32_t off = s.pool_free[c]
     cdef size_t size = (<size_t>1) << c, cap
     cdef uint32_t *grown
@@ -481,12 +488,14 @@ cdef inline uint32_t pool_alloc(NodeStore *s, int c) except? 0xFFFFFFFF:
         s.pool_free[c] = s.pool[off]
         return off
     if s.pool_len + size > 0xFFFFFFF0u:
-        raise OverflowError("holder pool exceeds 2**32 entries")
+        with gil:
+            raise OverflowError("holder pool exceeds 2**32 entries")
     if s.pool_len + size > s.pool_cap:
         cap = s.pool_cap + (s.pool_cap >> 1) + size + 64
-        grown = <uint32_t *>PyMem_Realloc(s.pool, cap * sizeof(uint32_t))
+        grown = <uint32_t *>PyMem_RawRealloc(s.pool, cap * sizeof(uint32_t))
         if grown == NULL:
-            raise MemoryError()
+            with gil:
+                raise MemoryError()
         s.pool = grown
         s.pool_cap = cap
     off = <uint32_t>s.pool_len
@@ -499,7 +508,7 @@ cdef inline void pool_release(NodeStore *s, uint32_t off, int c) noexcept nogil:
     s.pool_free[c] = off
 
 
-cdef inline uint32_t add_holder(NodeStore *s, uint32_t id, uint32_t packed) except? 0xFFFFFFFE:
+cdef inline uint32_t add_holder(NodeStore *s, uint32_t id, uint32_t packed) except? 0xFFFFFFFE nogil:
     """Add ``packed`` to node ``id``'s holders, or replace the holder of its slot. Returns the
     replaced holder, KV_NIL when it is a new one."""
     cdef Node *node = node_at(s, id)
@@ -535,7 +544,7 @@ cdef inline uint32_t add_holder(NodeStore *s, uint32_t id, uint32_t packed) exce
     return KV_NIL
 
 
-cdef inline uint32_t remove_holder_at(NodeStore *s, uint32_t id, uint32_t i) except? 0xFFFFFFFE:
+cdef inline uint32_t remove_holder_at(NodeStore *s, uint32_t id, uint32_t i) except? 0xFFFFFFFE nogil:
     """Remove holder ``i`` of node ``id`` (releasing the node when it was the last); returns it."""
     cdef Node *node = node_at(s, id)
     cdef uint32_t n = node.n & KV_COUNT_MASK, off, base
@@ -564,7 +573,7 @@ cdef inline uint32_t remove_holder_at(NodeStore *s, uint32_t id, uint32_t i) exc
     return packed
 
 
-cdef inline int set_holders(NodeStore *s, uint32_t id, const uint32_t *packed, uint32_t n) except -1:
+cdef inline int set_holders(NodeStore *s, uint32_t id, const uint32_t *packed, uint32_t n) except -1 nogil:
     """Give node ``id`` (no holders yet) ``n`` holders at once (a state import)."""
     cdef Node *node
     cdef uint32_t off, j
