@@ -122,3 +122,21 @@ def test_node_ids_widen_while_blocks_come_and_go() -> None:
             feed.send(gone_w, lambda eid, r, gone=gone: removed(eid, gone[::-1], rank=r))
     _same(indexes, [c for _, c in chains[:20]] + [c[:64] for _, c in chains[-20:]], [])
     assert indexes[1].stats().distinct_blocks > 1 << 16
+
+
+def test_query_keys_of_every_width_are_read_exactly() -> None:
+    """Keys at each boundary of CPython's 30-bit int digits, up to 2**64 - 1, match exactly
+    their own blocks (a query list is converted lazily, in groups); out-of-range keys raise."""
+    indexes = _pair()
+    feed = _Feed(indexes, 1)
+    keys = [0, 1, 2**30 - 1, 2**30, 2**60 - 1, 2**60, 2**62 + 5, 2**63, 2**64 - 1]
+    for k in keys:
+        feed.send(0, lambda eid, r, k=k: stored_blocks(eid, [block(k)], rank=r))
+    for k in keys:
+        for index in indexes:
+            assert index.find_matches([k]) == {("i0", 0): 1}, k
+            assert index.find_matches([k - 7 if k > 100 else k + 1000]) == {}, k
+    with pytest.raises(OverflowError):
+        indexes[1].find_matches([2**64])
+    with pytest.raises(OverflowError):
+        indexes[1].find_matches([-1])
