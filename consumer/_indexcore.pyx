@@ -775,10 +775,17 @@ cdef class IndexCore:
         """Apply the scratch batch's events, without the GIL but for the events that need it
         (see ``_apply_fast``), holding the index lock; between two events the index is whole,
         and a reader waiting for the lock gets it (docs/INDEX.md "Threads")."""
+        PyThread_acquire_lock(self.mu, WAIT_LOCK)
+        try:
+            self._apply_events_locked(offset)
+        finally:  # an event that raised leaves the lock free (and the events before it applied)
+            PyThread_release_lock(self.mu)
+        return 0
+
+    cdef int _apply_events_locked(self, int64_t offset) except -1 nogil:
         cdef size_t k
         cdef SEvent *e
         cdef int64_t off
-        PyThread_acquire_lock(self.mu, WAIT_LOCK)
         for k in range(self.fb.nev):
             if kv_atomic_load(&self.readers_waiting):
                 # hand the lock over: wait until the waiting readers hold it (or are done)
@@ -794,12 +801,7 @@ cdef class IndexCore:
             off = offset if k == 0 else 0
             if not self._apply_fast(self.ev_widx[k], e, off):
                 with gil:
-                    try:
-                        self._apply_event(self.ev_widx[k], e, off)
-                    except BaseException:
-                        PyThread_release_lock(self.mu)
-                        raise
-        PyThread_release_lock(self.mu)
+                    self._apply_event(self.ev_widx[k], e, off)
         return 0
 
     cdef int _apply_fast(self, uint32_t widx, SEvent *e, int64_t offset) except -1 nogil:

@@ -131,3 +131,17 @@ def test_a_second_writer_while_a_batch_is_applied_is_refused() -> None:
     assert len(refused) == 3
     assert core.match_counts([1, 2, 3], False, None, 15) == {("i0", 0): 3}
     core.apply_batch(batch([stored(2, [4], parent=3)], 1))  # the writer flag was cleared
+
+
+def test_an_event_that_raises_leaves_the_index_lock_free() -> None:
+    """An exception inside the locked event loop (here: an unhashable worker key, hashed when
+    the window cache is created) propagates and the next queries still run."""
+    core = IndexCore(lambda instance_id, rank: [instance_id, rank])
+    with pytest.raises(TypeError):
+        core.apply_batch(batch([created(0), stored(1, [1, 2])], 0))
+    answers: list[object] = []
+    thread = threading.Thread(target=lambda: answers.append(core.match([1, 2], False, None, 15)))
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "the query waits for an index lock nobody holds"
+    assert answers == [[]]
