@@ -5,7 +5,7 @@ The block store (nodes, the engine-hash and content-hash tables, the holder pool
 ``_nodestore.pxd``, the content hash ``_kvh64.pxd`` (constants from ``hashing``); this module
 holds the rules a batch is applied by, the queries and the state. ``apply_encoded`` has the
 compiled codec read the Avro body (``flat_read``, cimported from ``kvevents.schemas._fastcodec``)
-into its flat C arrays without building Python objects; ``apply_batch`` fills the same arrays
+into its flat C arrays without building Python objects; ``apply_batch`` fills the same arrays (``_flatfill.pxd``)
 from model objects. A malformed body raises ``DecodeError`` before anything is applied. Layout,
 threads (one writer that applies events without the GIL, holding an index lock it hands to
 waiting readers between events; any number of readers) and the query
@@ -57,6 +57,7 @@ from kvevents.schemas._fastcodec cimport (
     flat_read,
     flat_validate,
 )
+from kvevents.consumer._flatfill cimport fill_block, fill_event
 from kvevents.consumer._kvh64 cimport Kvh64, kvh64_absorb, kvh64_constants, kvh64_finish, kvh64_salt
 from kvevents.consumer._nodestore cimport (
     KV_COUNT_MASK,
@@ -138,6 +139,7 @@ cdef enum Kind:
     K_UPDATED = FLAT_UPDATED
 
 cdef Kvh64 KVH = kvh64_constants()
+cdef tuple _KINDS = (KVCacheStoredData, KVCacheRemovedData, KVCacheUpdatedData, KVCacheCreatedData)
 cdef bytes _MAGIC = SINGLE_OBJECT_MAGIC
 cdef Py_ssize_t _HEADER = SINGLE_OBJECT_HEADER
 
@@ -982,24 +984,6 @@ cdef class IndexCore:
 
     # ------------------------------------------------------------------ scratch
 
-    cdef inline int _need_events(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.ev, &self.fb.ev_cap, n, sizeof(SEvent))
-
-    cdef inline int _need_blocks(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.blk, &self.fb.blk_cap, n, sizeof(SBlock))
-
-    cdef inline int _need_tokens(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.tok, &self.fb.tok_cap, n, sizeof(uint32_t))
-
-    cdef inline int _need_ext(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.ext, &self.fb.ext_cap, n, sizeof(uint64_t))
-
-    cdef inline int _need_mm(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.mm, &self.fb.mm_cap, n, sizeof(uint64_t))
-
-    cdef inline int _need_vals(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.vals, &self.fb.vals_cap, n, sizeof(int64_t))
-
     cdef inline int _need_drops(self, size_t n) except -1:
         return flat_grow(<void **>&self.fb.drops, &self.fb.drops_cap, n, sizeof(int64_t))
 
@@ -1083,112 +1067,6 @@ cdef class IndexCore:
         finally:
             PyBuffer_Release(&view)
 
-    cdef int _fill_block(self, object block) except -1:
-        cdef carray.array tokens = block.tokens
-        cdef carray.array extra
-        cdef SBlock *b
-        cdef Py_ssize_t n = len(tokens), i
-        cdef bytes key_hash
-        cdef bytes salt
-        self._need_blocks(self.fb.nblk + 1)
-        self._need_tokens(self.fb.ntok + n)
-        b = &self.fb.blk[self.fb.nblk]
-        memset(b, 0, sizeof(SBlock))
-        b.engine = block.block_hash
-        b.tok = <uint32_t>self.fb.ntok
-        b.ntok = <uint32_t>n
-        if n:
-            memcpy(self.fb.tok + self.fb.ntok, tokens.data.as_ints, n * sizeof(uint32_t))
-        self.fb.ntok += n
-        lora = block.lora_id
-        if lora is not None:
-            b.has_lora = 1
-            b.lora = lora
-        b.level = block.cache_level
-        b.prio = block.priority
-        if block.token_extra_ids is not None:
-            extra = block.token_extra_ids
-            m = len(extra)
-            self._need_ext(self.fb.next_ + m)
-            b.has_extra = 1
-            b.ext = <uint32_t>self.fb.next_
-            b.next = <uint32_t>m
-            if m:
-                memcpy(self.fb.ext + self.fb.next_, extra.data.as_ulonglongs, m * sizeof(uint64_t))
-            self.fb.next_ += m
-        b.mm = <uint32_t>self.fb.nmm
-        for key_hash, key_offset in block.mm_keys:
-            if len(key_hash) != 32:
-                raise ValueError(f"block {block.block_hash}: a multimodal key hash must be 32 bytes")
-            self._need_mm(self.fb.nmm + 5)
-            memcpy(&self.fb.mm[self.fb.nmm], PyBytes_AS_STRING(key_hash), 32)
-            self.fb.mm[self.fb.nmm + 4] = <uint32_t>(<int64_t>key_offset & 0xFFFFFFFF)
-            self.fb.nmm += 5
-            b.nmm += 1
-        if block.cache_salt is not None:
-            salt = block.cache_salt.encode("utf-8")
-            b.has_salt = 1
-            b.salt_len = <uint32_t>min(len(salt), 0xFFFFFFFF)
-            b.salt = salt_hash_bytes(<const uint8_t *>PyBytes_AS_STRING(salt), len(salt))
-        self.fb.nblk += 1
-        return 0
-
-    cdef int _fill_event(self, object event) except -1:
-        cdef SEvent *e
-        self._need_events(self.fb.nev + 1)
-        e = &self.fb.ev[self.fb.nev]
-        memset(e, 0, sizeof(SEvent))
-        e.event_id = event.event_id
-        e.window = event.window_size
-        rank = event.attention_dp_rank
-        e.rank = 0 if rank is None else rank
-        e.has_rank = rank is not None
-        data = event.data
-        cls = type(data)
-        if cls is KVCacheStoredData:
-            e.kind = K_STORED
-            if data.parent_hash is not None:
-                e.has_parent = 1
-                e.parent = data.parent_hash
-            e.first = <uint32_t>self.fb.nblk
-            for block in data.blocks:
-                self._fill_block(block)
-            e.count = <uint32_t>(self.fb.nblk - e.first)
-        elif cls is KVCacheRemovedData:
-            e.kind = K_REMOVED
-            e.first = <uint32_t>self.fb.nvals
-            hashes = data.block_hashes
-            self._need_vals(self.fb.nvals + len(hashes))
-            e = &self.fb.ev[self.fb.nev]
-            for h in hashes:
-                self.fb.vals[self.fb.nvals] = <int64_t>(<uint64_t>h)
-                self.fb.nvals += 1
-            e.count = <uint32_t>(self.fb.nvals - e.first)
-        elif cls is KVCacheUpdatedData:
-            e.kind = K_UPDATED
-            e.parent = data.block_hash
-            if data.cache_level is not None:
-                e.has_level = 1
-                e.new_level = data.cache_level.new_value
-            if data.priority is not None:
-                e.has_prio = 1
-                e.new_prio = data.priority.new_value
-        elif cls is KVCacheCreatedData:
-            e.kind = K_CREATED
-            e.snapshot = data.snapshot is True
-            levels = data.num_blocks_per_cache_level
-            self._need_vals(self.fb.nvals + len(levels))
-            e = &self.fb.ev[self.fb.nev]
-            e.first = <uint32_t>self.fb.nvals
-            for v in levels:
-                self.fb.vals[self.fb.nvals] = v
-                self.fb.nvals += 1
-            e.count = <uint32_t>(self.fb.nvals - e.first)
-        else:
-            raise TypeError(f"unknown event data type {cls.__name__}")
-        self.fb.nev += 1
-        return 0
-
     def apply_batch(self, batch):
         """Apply one ``EventBatch`` (model objects); LimitError, and nothing applied, when it
         breaks the limits."""
@@ -1215,7 +1093,7 @@ cdef class IndexCore:
                 self.fb.drops[2 * self.fb.ndrops + 1] = d.dropped_events
                 self.fb.ndrops += 1
             for event in batch.events:
-                self._fill_event(event)
+                fill_event(&self.fb, event, &KVH, _KINDS)
         except (OverflowError, UnicodeEncodeError) as exc:
             raise LimitError(f"a value outside the schema's types: {exc}") from None
         flat_validate(&self.fb, &self.lim)
@@ -1677,7 +1555,7 @@ cdef class IndexCore:
         for data in stored:
             self._scratch_clear()
             for block in data.blocks:
-                self._fill_block(block)
+                fill_block(&self.fb, block, &KVH)
             self._store(slot, data.parent_hash is not None,
                         0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.fb.nblk)
 
