@@ -1,35 +1,30 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The compiled index core: compact C tables behind ``CacheIndex`` (same results as ``_pycore``).
 
-Layout (about 55-85 bytes per unshared held block: a 40-byte node and two 8-byte table entries at
-load 0.35-0.7; 4-8 bytes per further holder of a shared one):
-
-- nodes: one 40-byte record per engine block hash held by anyone, in chunks of 2**14 (so no
-  big reallocation ever moves them): engine hash, content hash, holders, the links of its
-  content-hash chain, and the holder count with two flag bits;
-- two open-addressing tables of u32 node ids (linear probing, backward-shift deletion, load
-  at most 0.7): by engine hash, and by content hash (to the head of the chain of nodes with
-  that content, one per engine hash that stands for it);
-- holders: a node held by one cache keeps its packed holder inline
-  (``slot | level << 20 | priority << 24``); more holders live in a u32 pool in power-of-two
-  runs, recycled through per-size free lists;
-- per slot (worker, window size) and per worker: small C arrays (counts, cursors); degraded
-  reasons and capacities stay Python objects (rarely touched).
-
-``apply_encoded`` has the compiled codec read the Avro body (``flat_read``, cimported from
-``kvevents.schemas._fastcodec``) into its flat C arrays without building Python objects, then
-applies the batch; ``apply_batch`` fills the same arrays from model objects. A malformed body
-raises ``DecodeError`` before anything is applied. Bodies of a schema version the flat reader
-does not read (``kvevents.schemas.codec.flat_variants``) go through ``decode_batch`` (schema
-resolution) and ``apply_batch``. The kvh64 constants come from ``hashing``. Threads (one
-writer that yields the GIL between events, any number of readers) and the query path's
-prefetching and result templates: ``docs/INDEX.md``.
+The block store (nodes, the engine-hash and content-hash tables, the holder pool) is
+``_nodestore.pxd``, the content hash ``_kvh64.pxd`` (constants from ``hashing``); this module
+holds the rules a batch is applied by, the queries and the state. ``apply_encoded`` has the
+compiled codec read the Avro body (``flat_read``, cimported from ``kvevents.schemas._fastcodec``)
+into its flat C arrays without building Python objects; ``apply_batch`` fills the same arrays (``_flatfill.pxd``)
+from model objects. A malformed body raises ``DecodeError`` before anything is applied. Layout,
+threads (one writer that applies events without the GIL, holding an index lock it hands to
+waiting readers between events; any number of readers) and the query
+path: ``docs/INDEX.md``.
 """
 
 from cpython cimport array as carray
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.pythread cimport (
+    NOWAIT_LOCK,
+    WAIT_LOCK,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport qsort
 from libc.string cimport memcmp, memcpy, memset
@@ -62,6 +57,38 @@ from kvevents.schemas._fastcodec cimport (
     flat_read,
     flat_validate,
 )
+from kvevents.consumer._flatfill cimport fill_block, fill_event
+from kvevents.consumer._kvh64 cimport Kvh64, kvh64_absorb, kvh64_constants, kvh64_finish, kvh64_salt
+from kvevents.consumer._nodestore cimport (
+    KV_COUNT_MASK,
+    KV_HAS_CONTENT,
+    KV_NIL,
+    KV_SLOT_BITS,
+    KV_SLOT_MASK,
+    KV_USED,
+    Node,
+    NodeStore,
+    Table,
+    add_holder,
+    holder_index,
+    holder_sig,
+    node_alloc,
+    node_at,
+    node_holders,
+    prefetch,
+    prefetch_entry,
+    prefetch_node,
+    remove_holder_at,
+    set_content,
+    set_holders,
+    store_bytes,
+    store_free,
+    store_init,
+    table_find,
+    table_find_pos,
+    table_insert,
+    table_reserve,
+)
 
 from kvevents.schemas import (
     DecodeError,
@@ -76,11 +103,11 @@ from kvevents.schemas.limits import DEFAULT_LIMITS, index_full
 from kvevents.schemas.codec import SINGLE_OBJECT_HEADER, SINGLE_OBJECT_MAGIC, flat_variants
 
 from . import _reasons
-from . import hashing as _kvh64
 from ._pycore import retired_of
 from ._state import IndexState, InstanceState, WindowState, WorkerState
 
 import logging
+import os as _os
 _log = logging.getLogger("kvevents.consumer.index")
 from .hashing import content_hashes_for_tokens
 
@@ -89,25 +116,14 @@ ctypedef FlatBlock SBlock
 
 cdef extern from *:
     """
-    #define KV_NIL 0xFFFFFFFFu
-    #define KV_CHUNK_BITS 14
-    #define KV_CHUNK (1u << KV_CHUNK_BITS)
-    #define KV_CHUNK_MASK (KV_CHUNK - 1u)
-    #define KV_HAS_CONTENT 0x80000000u
-    #define KV_USED 0x40000000u
-    #define KV_COUNT_MASK 0x3FFFFFFFu
-    #define KV_SLOT_BITS 20
-    #define KV_SLOT_MASK 0xFFFFFu
+    #define kv_atomic_load(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    #define kv_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_ACQ_REL)
     """
-    const uint32_t KV_NIL
-    const int KV_CHUNK_BITS
-    const uint32_t KV_CHUNK
-    const uint32_t KV_CHUNK_MASK
-    const uint32_t KV_HAS_CONTENT
-    const uint32_t KV_USED
-    const uint32_t KV_COUNT_MASK
-    const int KV_SLOT_BITS
-    const uint32_t KV_SLOT_MASK
+    int kv_atomic_load(int *p) noexcept nogil
+    int kv_atomic_add(int *p, int v) noexcept nogil
+
+cdef extern from "sched.h":
+    int sched_yield() noexcept nogil
 
 cdef enum:
     YIELD_BLOCKS = 64    # a batch being applied lets other threads run after about this many blocks
@@ -115,7 +131,6 @@ cdef enum:
     LEVEL_MAX = 15
     PRIORITY_MAX = 255
     MAX_REASONS = 8
-    POOL_CLASSES = 32
 
 cdef enum Kind:
     K_CREATED = FLAT_CREATED
@@ -123,37 +138,17 @@ cdef enum Kind:
     K_REMOVED = FLAT_REMOVED
     K_UPDATED = FLAT_UPDATED
 
-# kvh64 (defined in ``hashing``) and the mixers of the tables, as C globals.
-cdef uint64_t KV_K1 = _kvh64.K1
-cdef uint64_t KV_K2 = _kvh64.K2
-cdef uint64_t KV_K3 = _kvh64.K3
-cdef uint64_t KV_ROOT = _kvh64.ROOT_CONTENT_HASH
-cdef uint64_t KV_SALT_SEED = _kvh64.SALT_SEED
+cdef Kvh64 KVH = kvh64_constants()
+cdef tuple _KINDS = (KVCacheStoredData, KVCacheRemovedData, KVCacheUpdatedData, KVCacheCreatedData)
 cdef bytes _MAGIC = SINGLE_OBJECT_MAGIC
 cdef Py_ssize_t _HEADER = SINGLE_OBJECT_HEADER
 
+# KVEVENTS_INDEX_HUGEPAGES=0 turns the huge-page layout off (see docs/INDEX.md: it makes big
+# indexes' lookups faster and their ingest slower).
+cdef bint use_huge = _os.environ.get("KVEVENTS_INDEX_HUGEPAGES", "1") != "0"
+
 
 # ---------------------------------------------------------------------------- records
-
-ctypedef struct Node:
-    uint64_t engine
-    uint64_t content
-    uint32_t holders     # the packed holder when count == 1, else a pool offset
-    uint32_t next_c      # content chain (or free list) link
-    uint32_t prev_c
-    uint32_t n           # count | KV_HAS_CONTENT | KV_USED
-    uint64_t sig         # XOR of holder_sig() over the holders: equal sets have equal sigs
-
-ctypedef struct Entry:
-    uint32_t id          # node id, KV_NIL when empty
-    uint32_t fp          # top 32 bits of the mixed key: the home slot, and a cheap first compare
-
-ctypedef struct Table:
-    Entry *ids
-    void *raw            # the allocation ids lives in (ids is aligned to 2 MiB in a big table)
-    uint64_t mask
-    uint64_t count
-    int bits
 
 ctypedef struct Slot:
     int64_t levels[LEVELS]
@@ -183,93 +178,10 @@ ctypedef struct EngineId:
     uint32_t id
 
 
-cdef extern from *:
-    """
-    #if defined(__GNUC__)
-    #define KV_PREFETCH(p) __builtin_prefetch((const void *)(p))
-    #else
-    #define KV_PREFETCH(p) ((void)0)
-    #endif
-    """
-    void prefetch "KV_PREFETCH"(const void *p) noexcept nogil
-
-
-cdef extern from "sys/mman.h":
-    int madvise(void *addr, size_t length, int advice) nogil
-    int MADV_HUGEPAGE
-
-cdef enum:
-    HUGE_PAGE = 1 << 21
-    SLAB_CHUNKS = 16
-
-
-import os as _os
-
-# KVEVENTS_INDEX_HUGEPAGES=0 turns the huge-page layout off (see docs/INDEX.md: it makes big
-# indexes' lookups faster and their ingest slower).
-cdef bint use_huge = _os.environ.get("KVEVENTS_INDEX_HUGEPAGES", "1") != "0"
-
-
-cdef Entry *table_alloc(size_t nbytes, void **raw) noexcept:
-    """``nbytes`` for a table; a big one (>= 8 MiB) 2 MiB-aligned and advised to use huge pages:
-    its lookups are random, and a page-table walk per lookup (two-dimensional in a VM) costs as
-    much as the lookup. The unaligned head is never touched, so it takes no memory."""
-    cdef size_t addr
-    if nbytes < (<size_t>4) * HUGE_PAGE or not use_huge:
-        raw[0] = PyMem_Malloc(nbytes)
-        return <Entry *>raw[0]
-    raw[0] = PyMem_Malloc(nbytes + HUGE_PAGE)
-    if raw[0] == NULL:
-        return NULL
-    addr = (<size_t>raw[0] + HUGE_PAGE - 1) & ~(<size_t>HUGE_PAGE - 1)
-    madvise(<void *>addr, nbytes & ~(<size_t>HUGE_PAGE - 1), MADV_HUGEPAGE)
-    return <Entry *>addr
-
-
-cdef inline uint32_t fingerprint(uint64_t key) noexcept nogil:
-    return <uint32_t>((key * KV_K1) >> 32)
-
-
-cdef inline uint64_t holder_sig(uint32_t packed) noexcept nogil:
-    """A 64-bit mix of a holder's slot and level (not its priority)."""
-    cdef uint64_t x = (<uint64_t>(packed & 0xFFFFFFu) + 1) * KV_K2
-    x ^= x >> 31
-    x *= KV_K3
-    return x ^ (x >> 29)
-
-
-# ---------------------------------------------------------------------------- kvh64
-
-cdef inline uint64_t absorb(uint64_t h, uint64_t w) noexcept nogil:
-    cdef uint64_t x = (h ^ w) * KV_K1
-    return x ^ (x >> 31)
-
-
-cdef inline uint64_t finish(uint64_t h) noexcept nogil:
-    h ^= h >> 30
-    h *= KV_K2
-    h ^= h >> 27
-    h *= KV_K3
-    return h ^ (h >> 31)
-
-
-cdef uint64_t salt_hash_bytes(const uint8_t *data, Py_ssize_t n) noexcept nogil:
-    cdef uint64_t h = absorb(KV_SALT_SEED, <uint64_t>n)
-    cdef uint64_t w
-    cdef Py_ssize_t i = 0, j
-    while i < n:
-        w = 0
-        j = 0
-        while j < 8 and i + j < n:
-            w |= (<uint64_t>data[i + j]) << (8 * j)
-            j += 1
-        h = absorb(h, w)
-        i += 8
-    return finish(h)
-
-
 cdef uint64_t block_content(uint64_t start, bint root, const SBlock *b, const uint32_t *tok,
                             const uint64_t *ext, const uint64_t *mm) noexcept nogil:
+    """kvh64 of one block chained to ``start`` (``hashing.block_content_hash``)."""
+    cdef const Kvh64 *c = &KVH
     cdef uint32_t n = b.ntok, i
     cdef bint extra = False
     cdef uint64_t flags = 0, h
@@ -286,25 +198,29 @@ cdef uint64_t block_content(uint64_t start, bint root, const SBlock *b, const ui
         flags |= 4
     if b.nmm:
         flags |= 8
-    h = absorb(KV_ROOT if root else start, <uint64_t>n | (flags << 32) | ((<uint64_t>b.nmm) << 40))
+    h = kvh64_absorb(c, c.root if root else start, <uint64_t>n | (flags << 32) | ((<uint64_t>b.nmm) << 40))
     if b.has_lora:
-        h = absorb(h, b.lora)
+        h = kvh64_absorb(c, h, b.lora)
     if root and b.has_salt:
-        h = absorb(h, b.salt)
+        h = kvh64_absorb(c, h, b.salt)
     cdef const uint32_t *t = tok + b.tok
     i = 0
     while i + 1 < n:
-        h = absorb(h, <uint64_t>t[i] | ((<uint64_t>t[i + 1]) << 32))
+        h = kvh64_absorb(c, h, <uint64_t>t[i] | ((<uint64_t>t[i + 1]) << 32))
         i += 2
     if n & 1:
-        h = absorb(h, <uint64_t>t[n - 1])
+        h = kvh64_absorb(c, h, <uint64_t>t[n - 1])
     if extra:
-        h = absorb(h, <uint64_t>b.next)
+        h = kvh64_absorb(c, h, <uint64_t>b.next)
         for i in range(b.next):
-            h = absorb(h, ext[b.ext + i])
+            h = kvh64_absorb(c, h, ext[b.ext + i])
     for i in range(b.nmm * 5):
-        h = absorb(h, mm[b.mm + i])
-    return finish(h)
+        h = kvh64_absorb(c, h, mm[b.mm + i])
+    return kvh64_finish(c, h)
+
+
+cdef inline uint64_t salt_hash_bytes(const uint8_t *data, Py_ssize_t n) noexcept nogil:
+    return kvh64_salt(&KVH, data, n)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -324,14 +240,6 @@ cdef inline uint32_t pack_holder(uint32_t slot, int32_t level, int32_t prio) noe
     elif prio > PRIORITY_MAX:
         prio = PRIORITY_MAX
     return slot | (<uint32_t>level << KV_SLOT_BITS) | (<uint32_t>prio << 24)
-
-
-cdef inline int pool_class(uint32_t n) noexcept nogil:
-    """log2 of the pool run that holds ``n`` >= 2 holders (the next power of two)."""
-    cdef int c = 1
-    while (1u << c) < n:
-        c += 1
-    return c
 
 
 cdef int cmp_engine(const void *a, const void *b) noexcept nogil:
@@ -372,20 +280,8 @@ cdef class IndexCore:
 
     compiled = True
 
-    # nodes and tables
-    cdef Node **chunks
-    cdef void **chunk_raw    # per chunk, the allocation to free (NULL: inside an earlier slab)
-    cdef size_t nchunks
-    cdef uint32_t node_top
-    cdef uint32_t free_node
-    cdef int64_t nodes_used
+    cdef NodeStore st        # nodes, tables, holder pool (_nodestore.pxd)
     cdef int64_t held
-    cdef Table etab
-    cdef Table ctab
-    cdef uint32_t *pool
-    cdef size_t pool_len
-    cdef size_t pool_cap
-    cdef uint32_t pool_free[POOL_CLASSES]
     # slots and workers
     cdef Slot *slots
     cdef size_t nslots
@@ -421,7 +317,11 @@ cdef class IndexCore:
     cdef dict templates      # result templates (see match_counts)
     cdef uint32_t *ctok      # content_hashes' token scratch (a reader's; fb is the writer's)
     cdef size_t ctok_cap
-    cdef bint applying       # a batch is being applied (it yields the GIL between events)
+    cdef bint applying       # a batch is being applied
+    cdef PyThread_type_lock mu   # the index lock: held by a batch's events applied without the GIL
+    cdef int readers_waiting     # readers blocked on mu (the writer hands it over between events)
+    cdef uint32_t *ev_widx       # the scratch batch's events' workers
+    cdef size_t ev_widx_cap
     cdef size_t template_keys
     # batch scratch: the flat batch the codec reads into (or _fill_event fills)
     cdef FlatBatch fb
@@ -436,15 +336,15 @@ cdef class IndexCore:
     cdef int64_t c_session_conflicts
 
     def __cinit__(self):
-        self.chunks = NULL
-        self.chunk_raw = NULL
-        self.pool = NULL
+        memset(&self.st, 0, sizeof(NodeStore))
+        self.mu = PyThread_allocate_lock()
+        if self.mu == NULL:
+            raise MemoryError()
+        self.readers_waiting = 0
+        self.ev_widx = NULL
+        self.ev_widx_cap = 0
         self.slots = NULL
         self.wrk = NULL
-        self.etab.ids = NULL
-        self.ctab.ids = NULL
-        self.etab.raw = NULL
-        self.ctab.raw = NULL
         self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
         self.slvl = NULL
         self.qkeys = NULL
@@ -464,23 +364,26 @@ cdef class IndexCore:
 
     def __dealloc__(self):
         self._free_all()
+        PyMem_Free(self.ev_widx)
+        if self.mu != NULL:
+            PyThread_free_lock(self.mu)
+
+    cdef int _rlock(self) except -1:
+        """Take the index lock for a query (the GIL held): at once when free, else wait without
+        the GIL; the writer hands it over at its next event."""
+        if PyThread_acquire_lock(self.mu, NOWAIT_LOCK):
+            return 0
+        kv_atomic_add(&self.readers_waiting, 1)
+        with nogil:
+            PyThread_acquire_lock(self.mu, WAIT_LOCK)
+            kv_atomic_add(&self.readers_waiting, -1)
+        return 0
+
+    cdef inline void _runlock(self) noexcept:
+        PyThread_release_lock(self.mu)
 
     cdef void _free_all(self) noexcept:
-        cdef size_t i
-        if self.chunks != NULL:
-            for i in range(self.nchunks):
-                PyMem_Free(self.chunk_raw[i])
-            PyMem_Free(self.chunks)
-            PyMem_Free(self.chunk_raw)
-            self.chunks = NULL
-            self.chunk_raw = NULL
-        self.nchunks = 0
-        PyMem_Free(self.etab.raw)
-        self.etab.ids = self.etab.raw = NULL
-        PyMem_Free(self.ctab.raw)
-        self.ctab.ids = self.ctab.raw = NULL
-        PyMem_Free(self.pool)
-        self.pool = NULL
+        store_free(&self.st)
         PyMem_Free(self.slots)
         self.slots = NULL
         PyMem_Free(self.wrk)
@@ -504,17 +407,9 @@ cdef class IndexCore:
         flat_free(&self.fb)
 
     cdef int _reset_all(self) except -1:
-        cdef int i
         self._free_all()
-        self.node_top = 0
-        self.free_node = KV_NIL
-        self.nodes_used = 0
+        store_init(&self.st, use_huge)
         self.held = 0
-        self._table_init(&self.etab, 10)
-        self._table_init(&self.ctab, 10)
-        self.pool_len = self.pool_cap = 0
-        for i in range(POOL_CLASSES):
-            self.pool_free[i] = KV_NIL
         self.nslots = self.slots_cap = 0
         self.nworkers = self.workers_cap = 0
         self.w_reasons = []
@@ -538,337 +433,36 @@ cdef class IndexCore:
         self.c_session_conflicts = 0
         return 0
 
-    # ------------------------------------------------------------------ nodes
+    # ------------------------------------------------------------------ holders
 
     cdef inline Node *N(self, uint32_t id) noexcept nogil:
-        return &self.chunks[id >> KV_CHUNK_BITS][id & KV_CHUNK_MASK]
+        return node_at(&self.st, id)
 
-    cdef uint32_t _node_alloc(self) except? 0xFFFFFFFF:
-        cdef uint32_t id
-        cdef Node **chunks
-        if self.free_node != KV_NIL:
-            id = self.free_node
-            self.free_node = self.N(id).next_c
-        else:
-            if self.node_top >= 0xFFFFFFF0u:
-                raise OverflowError("more than 2**32 - 16 distinct blocks in one index")
-            if (self.node_top >> KV_CHUNK_BITS) >= self.nchunks:
-                self._chunk_add()
-            id = self.node_top
-            self.node_top += 1
-        cdef Node *node = self.N(id)
-        node.engine = 0
-        node.content = 0
-        node.holders = 0
-        node.next_c = KV_NIL
-        node.prev_c = KV_NIL
-        node.n = KV_USED
-        node.sig = 0
-        self.nodes_used += 1
-        return id
-
-    cdef int _chunk_add(self) except -1:
-        """One more chunk of nodes. Past the first SLAB_CHUNKS, chunks come SLAB_CHUNKS at a
-        time in one 2 MiB-aligned slab advised for huge pages (node lookups are random: see
-        ``table_alloc``); a slab's chunks not yet used are not touched, so take no memory."""
-        cdef size_t k = self.nchunks, addr
-        cdef Node **chunks
-        cdef void **raws
-        cdef void *raw
-        chunks = <Node **>PyMem_Realloc(self.chunks, (k + 1) * sizeof(Node *))
-        if chunks == NULL:
-            raise MemoryError()
-        self.chunks = chunks
-        raws = <void **>PyMem_Realloc(self.chunk_raw, (k + 1) * sizeof(void *))
-        if raws == NULL:
-            raise MemoryError()
-        self.chunk_raw = raws
-        if k < SLAB_CHUNKS or not use_huge:
-            raw = PyMem_Malloc(KV_CHUNK * sizeof(Node))
-            if raw == NULL:
-                raise MemoryError()
-            chunks[k] = <Node *>raw
-            raws[k] = raw
-        elif k % SLAB_CHUNKS == 0:
-            raw = PyMem_Malloc(SLAB_CHUNKS * KV_CHUNK * sizeof(Node) + HUGE_PAGE)
-            if raw == NULL:
-                raise MemoryError()
-            addr = (<size_t>raw + HUGE_PAGE - 1) & ~(<size_t>HUGE_PAGE - 1)
-            madvise(<void *>addr, (SLAB_CHUNKS * KV_CHUNK * sizeof(Node)) & ~(<size_t>HUGE_PAGE - 1),
-                    MADV_HUGEPAGE)
-            chunks[k] = <Node *>addr
-            raws[k] = raw
-        else:
-            chunks[k] = chunks[k - 1] + KV_CHUNK
-            raws[k] = NULL
-        self.nchunks += 1
-        return 0
-
-    cdef void _node_free(self, uint32_t id) noexcept:
-        cdef Node *node = self.N(id)
-        node.n = 0
-        node.next_c = self.free_node
-        self.free_node = id
-        self.nodes_used -= 1
-
-    # ------------------------------------------------------------------ tables
-
-    cdef int _table_init(self, Table *t, int bits) except -1:
-        cdef size_t cap = (<size_t>1) << bits
-        if bits > 32:
-            raise OverflowError("a hash table of more than 2**32 entries")
-        PyMem_Free(t.raw)
-        t.raw = NULL
-        t.ids = table_alloc(cap * sizeof(Entry), &t.raw)
-        if t.ids == NULL:
-            raise MemoryError()
-        memset(t.ids, 0xFF, cap * sizeof(Entry))
-        t.mask = cap - 1
-        t.count = 0
-        t.bits = bits
-        return 0
-
-    cdef inline uint64_t _key(self, uint32_t id, bint by_content) noexcept nogil:
-        cdef Node *node = self.N(id)
-        return node.content if by_content else node.engine
-
-    cdef inline uint64_t _home(self, const Table *t, uint32_t fp) noexcept nogil:
-        return fp >> (32 - t.bits)
-
-    cdef inline uint32_t _find(self, const Table *t, uint64_t key, bint by_content) noexcept nogil:
-        cdef uint32_t fp = fingerprint(key)
-        cdef uint64_t i = self._home(t, fp)
-        cdef Entry *e
-        while True:
-            e = &t.ids[i]
-            if e.id == KV_NIL:
-                return KV_NIL
-            if e.fp == fp and self._key(e.id, by_content) == key:
-                return e.id
-            i = (i + 1) & t.mask
-
-    cdef inline uint64_t _find_pos(self, const Table *t, uint64_t key, bint by_content) noexcept nogil:
-        cdef uint32_t fp = fingerprint(key)
-        cdef uint64_t i = self._home(t, fp)
-        cdef Entry *e
-        while True:
-            e = &t.ids[i]
-            if e.id == KV_NIL:
-                return <uint64_t>-1
-            if e.fp == fp and self._key(e.id, by_content) == key:
-                return i
-            i = (i + 1) & t.mask
-
-    cdef inline void _prefetch(self, const Table *t, uint64_t key) noexcept nogil:
-        prefetch(&t.ids[self._home(t, fingerprint(key))])
-
-    cdef int _reserve(self, Table *t, uint64_t count) except -1:
-        """Make room for ``count`` entries at load <= 0.7 (rehashing from the fingerprints)."""
-        cdef int bits = t.bits
-        while count * 10 > ((<uint64_t>1) << bits) * 7:
-            bits += 1
-        if bits == t.bits:
-            return 0
-        cdef Entry *old = t.ids
-        cdef void *old_raw = t.raw
-        cdef uint64_t old_cap = t.mask + 1, j, i
-        cdef uint64_t n = t.count
-        t.ids = NULL
-        t.raw = NULL
-        try:
-            self._table_init(t, bits)
-        except MemoryError:
-            t.ids = old
-            t.raw = old_raw
-            raise
-        for j in range(old_cap):
-            if old[j].id != KV_NIL:
-                i = self._home(t, old[j].fp)
-                while t.ids[i].id != KV_NIL:
-                    i = (i + 1) & t.mask
-                t.ids[i] = old[j]
-        t.count = n
-        PyMem_Free(old_raw)
-        return 0
-
-    cdef int _insert(self, Table *t, uint32_t id, uint64_t key) except -1:
-        """Insert node ``id`` under ``key`` (which must not be in the table)."""
-        if (t.count + 1) * 10 > (t.mask + 1) * 7:
-            self._reserve(t, t.count + 1)
-        cdef uint32_t fp = fingerprint(key)
-        cdef uint64_t i = self._home(t, fp)
-        while t.ids[i].id != KV_NIL:
-            i = (i + 1) & t.mask
-        t.ids[i].id = id
-        t.ids[i].fp = fp
-        t.count += 1
-        return 0
-
-    cdef void _delete_at(self, Table *t, uint64_t i) noexcept nogil:
-        """Remove the entry at position ``i``, shifting later entries of the cluster back."""
-        cdef uint64_t j = i, k
-        while True:
-            j = (j + 1) & t.mask
-            if t.ids[j].id == KV_NIL:
-                break
-            k = self._home(t, t.ids[j].fp)
-            if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
-                t.ids[i] = t.ids[j]
-                i = j
-        t.ids[i].id = KV_NIL
-        t.count -= 1
-
-    # ------------------------------------------------------------------ content chains
-
-    cdef int _set_content(self, uint32_t id, uint64_t content) except -1:
-        cdef Node *node = self.N(id)
-        node.content = content
-        node.n |= KV_HAS_CONTENT
-        cdef uint32_t head = self._find(&self.ctab, content, True)
-        cdef Node *h
-        if head == KV_NIL:
-            node.prev_c = KV_NIL
-            node.next_c = KV_NIL
-            self._insert(&self.ctab, id, content)
-        else:
-            h = self.N(head)
-            node.prev_c = head
-            node.next_c = h.next_c
-            if h.next_c != KV_NIL:
-                self.N(h.next_c).prev_c = id
-            h.next_c = id
-        return 0
-
-    cdef void _unlink_content(self, uint32_t id) noexcept:
-        cdef Node *node = self.N(id)
-        cdef uint64_t pos
-        if node.prev_c != KV_NIL:
-            self.N(node.prev_c).next_c = node.next_c
-            if node.next_c != KV_NIL:
-                self.N(node.next_c).prev_c = node.prev_c
-        else:
-            pos = self._find_pos(&self.ctab, node.content, True)
-            if node.next_c != KV_NIL:
-                self.ctab.ids[pos].id = node.next_c
-                self.N(node.next_c).prev_c = KV_NIL
-            else:
-                self._delete_at(&self.ctab, pos)
-        node.prev_c = KV_NIL
-        node.next_c = KV_NIL
-
-    cdef void _release_node(self, uint32_t id) noexcept:
-        """Forget a node whose last holder left."""
-        cdef Node *node = self.N(id)
-        if node.n & KV_HAS_CONTENT:
-            self._unlink_content(id)
-        self._delete_at(&self.etab, self._find_pos(&self.etab, node.engine, False))
-        self._node_free(id)
-
-    # ------------------------------------------------------------------ holder pool
-
-    cdef uint32_t _pool_alloc(self, int c) except? 0xFFFFFFFF:
-        cdef uint32_t off = self.pool_free[c]
-        cdef size_t size = (<size_t>1) << c
-        if off != KV_NIL:
-            self.pool_free[c] = self.pool[off]
-            return off
-        if self.pool_len + size > 0xFFFFFFF0u:
-            raise OverflowError("holder pool exceeds 2**32 entries")
-        grow(<void **>&self.pool, &self.pool_cap, self.pool_len + size, sizeof(uint32_t))
-        off = <uint32_t>self.pool_len
-        self.pool_len += size
-        return off
-
-    cdef inline void _pool_free(self, uint32_t off, int c) noexcept nogil:
-        self.pool[off] = self.pool_free[c]
-        self.pool_free[c] = off
-
-    cdef inline uint32_t *_holders(self, Node *node) noexcept nogil:
-        return &node.holders if (node.n & KV_COUNT_MASK) == 1 else self.pool + node.holders
-
-    cdef inline int64_t _holder_index(self, Node *node, uint32_t slot) noexcept nogil:
-        cdef uint32_t n = node.n & KV_COUNT_MASK, i
-        cdef uint32_t *hs
-        if n == 0:
-            return -1
-        hs = self._holders(node)
-        for i in range(n):
-            if (hs[i] & KV_SLOT_MASK) == slot:
-                return i
-        return -1
-
-    cdef int _add_holder(self, uint32_t id, uint32_t packed) except -1:
-        cdef Node *node = self.N(id)
-        cdef uint32_t slot = packed & KV_SLOT_MASK, n = node.n & KV_COUNT_MASK, off, old
-        cdef int64_t i = self._holder_index(node, slot)
-        cdef uint32_t *hs
-        cdef int c
-        cdef Slot *s = &self.slots[slot]
-        if i >= 0:
-            hs = self._holders(node)
-            s.levels[(hs[i] >> KV_SLOT_BITS) & 0xF] -= 1
-            s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
-            node.sig ^= holder_sig(hs[i]) ^ holder_sig(packed)
-            hs[i] = packed
-            return 0
-        node.sig ^= holder_sig(packed)
-        if n == 0:
-            node.holders = packed
-        elif n == 1:
-            off = self._pool_alloc(1)
-            self.pool[off] = node.holders
-            self.pool[off + 1] = packed
-            node.holders = off
-        else:
-            if (n & (n - 1)) == 0:  # full run: move to one twice as long
-                c = pool_class(n)
-                off = self._pool_alloc(c + 1)
-                memcpy(self.pool + off, self.pool + node.holders, n * sizeof(uint32_t))
-                self._pool_free(node.holders, c)
-                node.holders = off
-            self.pool[node.holders + n] = packed
-        node.n += 1
-        s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
-        s.total += 1
-        self.held += 1
-        return 0
-
-    cdef int _remove_holder_at(self, uint32_t id, uint32_t i) except -1:
-        """Remove holder ``i`` of node ``id``; release the node when it was the last."""
-        cdef Node *node = self.N(id)
-        cdef uint32_t n = node.n & KV_COUNT_MASK, off, base
-        cdef uint32_t *hs = self._holders(node)
-        cdef uint32_t packed = hs[i]
+    cdef int _add_holder(self, uint32_t id, uint32_t packed) except -1 nogil:
         cdef Slot *s = &self.slots[packed & KV_SLOT_MASK]
-        cdef int c
+        cdef uint32_t old = add_holder(&self.st, id, packed)
+        if old != KV_NIL:
+            s.levels[(old >> KV_SLOT_BITS) & 0xF] -= 1
+        else:
+            s.total += 1
+            self.held += 1
+        s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
+        return 0
+
+    cdef int _remove_holder_at(self, uint32_t id, uint32_t i) except -1 nogil:
+        """Remove holder ``i`` of node ``id``; release the node when it was the last."""
+        cdef uint32_t packed = remove_holder_at(&self.st, id, i)
+        cdef Slot *s = &self.slots[packed & KV_SLOT_MASK]
         s.levels[(packed >> KV_SLOT_BITS) & 0xF] -= 1
         s.total -= 1
         self.held -= 1
-        node.sig ^= holder_sig(packed)
-        if n == 1:
-            node.n -= 1
-            self._release_node(id)
-            return 0
-        base = node.holders
-        if n == 2:
-            node.holders = self.pool[base + (1 - i)]
-            self._pool_free(base, 1)
-        else:
-            self.pool[base + i] = self.pool[base + n - 1]
-            if ((n - 1) & (n - 2)) == 0:  # n - 1 is a power of two: shrink the run
-                c = pool_class(n - 1)
-                off = self._pool_alloc(c)
-                memcpy(self.pool + off, self.pool + base, (n - 1) * sizeof(uint32_t))
-                self._pool_free(base, c + 1)
-                node.holders = off
-        node.n -= 1
         return 0
 
-    cdef bint _remove_holder(self, uint64_t engine, uint32_t slot) except -1:
-        cdef uint32_t id = self._find(&self.etab, engine, False)
+    cdef bint _remove_holder(self, uint64_t engine, uint32_t slot) except -1 nogil:
+        cdef uint32_t id = table_find(&self.st, &self.st.etab, engine, False)
         if id == KV_NIL:
             return False
-        cdef int64_t i = self._holder_index(self.N(id), slot)
+        cdef int64_t i = holder_index(&self.st, self.N(id), slot)
         if i < 0:
             return False
         self._remove_holder_at(id, <uint32_t>i)
@@ -881,10 +475,10 @@ cdef class IndexCore:
         cdef Node *node
         if self.slots[slot].total == 0:
             return 0
-        for id in range(self.node_top):
+        for id in range(self.st.node_top):
             node = self.N(id)
             if node.n & KV_USED:
-                i = self._holder_index(node, slot)
+                i = holder_index(&self.st, node, slot)
                 if i >= 0:
                     self._remove_holder_at(id, <uint32_t>i)
                     if self.slots[slot].total == 0:
@@ -925,6 +519,15 @@ cdef class IndexCore:
             return -1
         cdef object found = inst.workers.get(rank)
         return -1 if found is None else <int64_t>found
+
+    cdef uint32_t _slot_active(self, uint32_t widx, int32_t window) noexcept nogil:
+        """The active slot of (worker, window); KV_NIL when there is none."""
+        cdef uint32_t slot = self.wrk[widx].first_slot
+        while slot != KV_NIL:
+            if self.slots[slot].window == window:
+                return slot if self.slots[slot].active else KV_NIL
+            slot = self.slots[slot].next_slot
+        return KV_NIL
 
     cdef uint32_t _slot(self, uint32_t widx, int32_t window, bint create) except? 0xFFFFFFFE:
         """The active slot of (worker, window); KV_NIL when absent and not ``create``."""
@@ -1051,7 +654,7 @@ cdef class IndexCore:
     # ------------------------------------------------------------------ storing
 
     cdef int _store(self, uint32_t slot, bint has_parent, uint64_t parent, uint32_t first,
-                    uint32_t count) except -1:
+                    uint32_t count) except -1 nogil:
         cdef int state = 0  # 0: root of a prefix, 1: parent content known, 2: unknown (orphan)
         cdef uint64_t pc = 0, c = 0
         cdef uint32_t id, i
@@ -1061,7 +664,7 @@ cdef class IndexCore:
         cdef uint32_t end = first + count, ahead = first + 32 if count > 32 else end
         cdef bint hashed
         if has_parent:
-            id = self._find(&self.etab, parent, False)
+            id = table_find(&self.st, &self.st.etab, parent, False)
             if id != KV_NIL and (self.N(id).n & KV_HAS_CONTENT):
                 state = 1
                 pc = self.N(id).content
@@ -1076,29 +679,28 @@ cdef class IndexCore:
                 c = block_content(c, i == first and state == 0, b, self.fb.tok, self.fb.ext, self.fb.mm)
                 b.content = c
                 if i < ahead:
-                    self._prefetch(&self.etab, b.engine)
-                    self._prefetch(&self.ctab, c)
+                    prefetch_entry(&self.st.etab, b.engine)
+                    prefetch_entry(&self.st.ctab, c)
         for i in range(first, end):
             b = &self.fb.blk[i]
             if i + 2 < end:
                 self._prefetch_key(self.fb.blk[i + 2].engine, 1)
                 if i + 32 < end:
-                    self._prefetch(&self.etab, self.fb.blk[i + 32].engine)
+                    prefetch_entry(&self.st.etab, self.fb.blk[i + 32].engine)
                     if hashed:
-                        self._prefetch(&self.ctab, self.fb.blk[i + 32].content)
+                        prefetch_entry(&self.st.ctab, self.fb.blk[i + 32].content)
             known = state != 2
             if known:
                 # an orphan chain that found its content on the way is hashed as it goes
                 c = b.content if hashed else block_content(pc, False, b, self.fb.tok, self.fb.ext, self.fb.mm)
-            id = self._find(&self.etab, b.engine, False)
+            id = table_find(&self.st, &self.st.etab, b.engine, False)
             if id == KV_NIL:
-                id = self._node_alloc()
-                self.N(id).engine = b.engine
-                self._insert(&self.etab, id, b.engine)
+                id = node_alloc(&self.st, b.engine)
+                table_insert(&self.st, &self.st.etab, False, id, b.engine)
             node = self.N(id)
             if not (node.n & KV_HAS_CONTENT):
                 if known:
-                    self._set_content(id, c)
+                    set_content(&self.st, id, c)
             elif known and node.content != c:
                 self.c_content_conflicts += 1
             self._add_holder(id, pack_holder(slot, b.level, b.prio))
@@ -1160,36 +762,99 @@ cdef class IndexCore:
                     self._degrade(self._worker(inst, <int32_t>self.fb.drops[2 * k]),
                                   _reasons.events_dropped(self.fb.drops[2 * k + 1], seq))
         self.c_batches_applied += 1
+        grow(<void **>&self.ev_widx, &self.ev_widx_cap, self.fb.nev + 1, sizeof(uint32_t))
         for k in range(self.fb.nev):
-            if since >= YIELD_BLOCKS:
-                # between two events the index is whole: let a waiting reader thread run
-                PyEval_RestoreThread(PyEval_SaveThread())
-                since = 0
-            since += 1 + self.fb.ev[k].count
+            e = &self.fb.ev[k]
+            if e.rank != cached_rank:
+                widx = self._worker(inst, e.rank)
+                cached_rank = e.rank
+            self.ev_widx[k] = widx
+        with nogil:
+            self._apply_events(offset)
+        return 0
+
+    cdef int _apply_events(self, int64_t offset) except -1 nogil:
+        """Apply the scratch batch's events, without the GIL but for the events that need it
+        (see ``_apply_fast``), holding the index lock; between two events the index is whole,
+        and a reader waiting for the lock gets it (docs/INDEX.md "Threads")."""
+        PyThread_acquire_lock(self.mu, WAIT_LOCK)
+        try:
+            self._apply_events_locked(offset)
+        finally:  # an event that raised leaves the lock free (and the events before it applied)
+            PyThread_release_lock(self.mu)
+        return 0
+
+    cdef int _apply_events_locked(self, int64_t offset) except -1 nogil:
+        cdef size_t k
+        cdef SEvent *e
+        cdef int64_t off
+        for k in range(self.fb.nev):
+            if kv_atomic_load(&self.readers_waiting):
+                # hand the lock over: wait until the waiting readers hold it (or are done)
+                PyThread_release_lock(self.mu)
+                while kv_atomic_load(&self.readers_waiting):
+                    sched_yield()
+                PyThread_acquire_lock(self.mu, WAIT_LOCK)
             if k + 3 < self.fb.nev:
                 self._prefetch_keys(&self.fb.ev[k + 3], 0)
             if k + 1 < self.fb.nev:
                 self._prefetch_keys(&self.fb.ev[k + 1], 1)
             e = &self.fb.ev[k]
-            if e.rank != cached_rank:
-                widx = self._worker(inst, e.rank)
-                cached_rank = e.rank
-            self._apply_event(widx, e, offset if k == 0 else 0)
+            off = offset if k == 0 else 0
+            if not self._apply_fast(self.ev_widx[k], e, off):
+                with gil:
+                    self._apply_event(self.ev_widx[k], e, off)
         return 0
 
-    cdef inline void _prefetch_node(self, const Table *t, uint64_t key) noexcept nogil:
-        """Pull in the node ``key``'s fingerprint points to (its table entry already cached)."""
-        cdef uint32_t fp = fingerprint(key)
-        cdef uint64_t i = self._home(t, fp)
-        cdef const Entry *entry
-        while True:
-            entry = &t.ids[i]
-            if entry.id == KV_NIL:
-                return
-            if entry.fp == fp:
-                prefetch(self.N(entry.id))
-                return
-            i = (i + 1) & t.mask
+    cdef int _apply_fast(self, uint32_t widx, SEvent *e, int64_t offset) except -1 nogil:
+        """Apply ``e`` when it is the common case, which needs no Python object: the worker's
+        next event (``cursor + 1``, no new session), a Stored event (not a fragment) into a
+        window cache that is there, a Removed or an Updated event. Returns 0, having changed
+        nothing, for any other event (``_apply_event`` takes it, with the GIL)."""
+        cdef Worker *w = &self.wrk[widx]
+        cdef uint8_t kind = e.kind
+        cdef uint32_t slot = KV_NIL
+        if kind == K_CREATED or w.session_fresh or not w.has_cursor or e.event_id != w.cursor + 1:
+            return 0
+        if kind == K_STORED:
+            if offset != 0:
+                return 0
+            slot = self._slot_active(widx, e.window)
+            if slot == KV_NIL:
+                return 0
+        self.c_events_applied += 1
+        if kind == K_STORED:
+            self._store(slot, e.has_parent, e.parent, e.first, e.count)
+            w = &self.wrk[widx]
+            w.split_blocks = e.count
+            w.has_split_tail = e.count != 0
+            w.split_tail = self.fb.blk[e.first + e.count - 1].engine if e.count else 0
+        else:
+            w.split_blocks = 0
+            w.has_split_tail = 0
+            if kind == K_REMOVED:
+                self._remove_blocks(self._slot_active(widx, e.window), e)
+            else:
+                self._update(widx, e)
+        w = &self.wrk[widx]
+        w.cursor = e.event_id
+        w.has_cursor = 1
+        w.last_created = 0
+        return 1
+
+    cdef int _remove_blocks(self, uint32_t slot, SEvent *e) except -1 nogil:
+        """A Removed event's blocks out of ``slot`` (KV_NIL: the worker has no such cache)."""
+        cdef uint32_t i
+        for i in range(e.first, e.first + e.count):
+            if i + 2 < e.first + e.count:
+                self._prefetch_key(<uint64_t>self.fb.vals[i + 2], 1)
+                if i + 16 < e.first + e.count:
+                    prefetch_entry(&self.st.etab, <uint64_t>self.fb.vals[i + 16])
+            if slot != KV_NIL and self._remove_holder(<uint64_t>self.fb.vals[i], slot):
+                self.c_blocks_removed += 1
+            else:
+                self.c_unknown_removed += 1
+        return 0
 
     cdef void _prefetch_keys(self, const SEvent *e, int stage) noexcept nogil:
         """Stage 0: pull the table entries of an event's first keys into the cache; stage 1
@@ -1205,20 +870,10 @@ cdef class IndexCore:
             self._prefetch_key(e.parent, stage)
 
     cdef inline void _prefetch_key(self, uint64_t key, int stage) noexcept nogil:
-        cdef uint32_t fp = fingerprint(key)
-        cdef uint64_t i = self._home(&self.etab, fp)
-        cdef Entry *entry
         if stage == 0:
-            prefetch(&self.etab.ids[i])
-            return
-        while True:
-            entry = &self.etab.ids[i]
-            if entry.id == KV_NIL:
-                return
-            if entry.fp == fp:
-                prefetch(self.N(entry.id))
-                return
-            i = (i + 1) & self.etab.mask
+            prefetch_entry(&self.st.etab, key)
+        else:
+            prefetch_node(&self.st, &self.st.etab, key)
 
     cdef int _apply_event(self, uint32_t widx, SEvent *e, int64_t offset) except -1:
         cdef Worker *w = &self.wrk[widx]
@@ -1295,16 +950,7 @@ cdef class IndexCore:
                 self._clear_slot(slot)
                 self.s_capacity[slot] = [self.fb.vals[e.first + i] for i in range(e.count)]
             elif kind == K_REMOVED:
-                slot = self._slot(widx, e.window, False)
-                for i in range(e.first, e.first + e.count):
-                    if i + 2 < e.first + e.count:
-                        self._prefetch_key(<uint64_t>self.fb.vals[i + 2], 1)
-                        if i + 16 < e.first + e.count:
-                            self._prefetch(&self.etab, <uint64_t>self.fb.vals[i + 16])
-                    if slot != KV_NIL and self._remove_holder(<uint64_t>self.fb.vals[i], slot):
-                        self.c_blocks_removed += 1
-                    else:
-                        self.c_unknown_removed += 1
+                self._remove_blocks(self._slot_active(widx, e.window), e)
             else:
                 self._update(widx, e)
         w = &self.wrk[widx]
@@ -1313,49 +959,30 @@ cdef class IndexCore:
         w.last_created = is_created
         return 0
 
-    cdef int _update(self, uint32_t widx, SEvent *e) except -1:
-        cdef uint32_t slot = self._slot(widx, e.window, False), id = KV_NIL, packed, level
+    cdef int _update(self, uint32_t widx, SEvent *e) except -1 nogil:
+        cdef uint32_t slot = self._slot_active(widx, e.window), id = KV_NIL, packed, level
         cdef int64_t i = -1
         cdef uint32_t *hs
         cdef Slot *s
         if slot != KV_NIL:
-            id = self._find(&self.etab, e.parent, False)
+            id = table_find(&self.st, &self.st.etab, e.parent, False)
             if id != KV_NIL:
-                i = self._holder_index(self.N(id), slot)
+                i = holder_index(&self.st, self.N(id), slot)
         if i < 0:
             self.c_unknown_updated += 1
             return 0
-        hs = self._holders(self.N(id))
-        packed = hs[i]
+        packed = node_holders(&self.st, self.N(id))[i]
         level = (packed >> KV_SLOT_BITS) & 0xF
         if e.has_level:
             s = &self.slots[slot]
             s.levels[level] -= 1
             level = (pack_holder(slot, e.new_level, 0) >> KV_SLOT_BITS) & 0xF
             s.levels[level] += 1
-        hs[i] = pack_holder(slot, level, e.new_prio if e.has_prio else <int32_t>(packed >> 24))
-        self.N(id).sig ^= holder_sig(packed) ^ holder_sig(hs[i])
+        # replaces the slot's holder (and its share of the node's signature)
+        add_holder(&self.st, id, pack_holder(slot, level, e.new_prio if e.has_prio else <int32_t>(packed >> 24)))
         return 0
 
     # ------------------------------------------------------------------ scratch
-
-    cdef inline int _need_events(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.ev, &self.fb.ev_cap, n, sizeof(SEvent))
-
-    cdef inline int _need_blocks(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.blk, &self.fb.blk_cap, n, sizeof(SBlock))
-
-    cdef inline int _need_tokens(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.tok, &self.fb.tok_cap, n, sizeof(uint32_t))
-
-    cdef inline int _need_ext(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.ext, &self.fb.ext_cap, n, sizeof(uint64_t))
-
-    cdef inline int _need_mm(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.mm, &self.fb.mm_cap, n, sizeof(uint64_t))
-
-    cdef inline int _need_vals(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.vals, &self.fb.vals_cap, n, sizeof(int64_t))
 
     cdef inline int _need_drops(self, size_t n) except -1:
         return flat_grow(<void **>&self.fb.drops, &self.fb.drops_cap, n, sizeof(int64_t))
@@ -1440,112 +1067,6 @@ cdef class IndexCore:
         finally:
             PyBuffer_Release(&view)
 
-    cdef int _fill_block(self, object block) except -1:
-        cdef carray.array tokens = block.tokens
-        cdef carray.array extra
-        cdef SBlock *b
-        cdef Py_ssize_t n = len(tokens), i
-        cdef bytes key_hash
-        cdef bytes salt
-        self._need_blocks(self.fb.nblk + 1)
-        self._need_tokens(self.fb.ntok + n)
-        b = &self.fb.blk[self.fb.nblk]
-        memset(b, 0, sizeof(SBlock))
-        b.engine = block.block_hash
-        b.tok = <uint32_t>self.fb.ntok
-        b.ntok = <uint32_t>n
-        if n:
-            memcpy(self.fb.tok + self.fb.ntok, tokens.data.as_ints, n * sizeof(uint32_t))
-        self.fb.ntok += n
-        lora = block.lora_id
-        if lora is not None:
-            b.has_lora = 1
-            b.lora = lora
-        b.level = block.cache_level
-        b.prio = block.priority
-        if block.token_extra_ids is not None:
-            extra = block.token_extra_ids
-            m = len(extra)
-            self._need_ext(self.fb.next_ + m)
-            b.has_extra = 1
-            b.ext = <uint32_t>self.fb.next_
-            b.next = <uint32_t>m
-            if m:
-                memcpy(self.fb.ext + self.fb.next_, extra.data.as_ulonglongs, m * sizeof(uint64_t))
-            self.fb.next_ += m
-        b.mm = <uint32_t>self.fb.nmm
-        for key_hash, key_offset in block.mm_keys:
-            if len(key_hash) != 32:
-                raise ValueError(f"block {block.block_hash}: a multimodal key hash must be 32 bytes")
-            self._need_mm(self.fb.nmm + 5)
-            memcpy(&self.fb.mm[self.fb.nmm], PyBytes_AS_STRING(key_hash), 32)
-            self.fb.mm[self.fb.nmm + 4] = <uint32_t>(<int64_t>key_offset & 0xFFFFFFFF)
-            self.fb.nmm += 5
-            b.nmm += 1
-        if block.cache_salt is not None:
-            salt = block.cache_salt.encode("utf-8")
-            b.has_salt = 1
-            b.salt_len = <uint32_t>min(len(salt), 0xFFFFFFFF)
-            b.salt = salt_hash_bytes(<const uint8_t *>PyBytes_AS_STRING(salt), len(salt))
-        self.fb.nblk += 1
-        return 0
-
-    cdef int _fill_event(self, object event) except -1:
-        cdef SEvent *e
-        self._need_events(self.fb.nev + 1)
-        e = &self.fb.ev[self.fb.nev]
-        memset(e, 0, sizeof(SEvent))
-        e.event_id = event.event_id
-        e.window = event.window_size
-        rank = event.attention_dp_rank
-        e.rank = 0 if rank is None else rank
-        e.has_rank = rank is not None
-        data = event.data
-        cls = type(data)
-        if cls is KVCacheStoredData:
-            e.kind = K_STORED
-            if data.parent_hash is not None:
-                e.has_parent = 1
-                e.parent = data.parent_hash
-            e.first = <uint32_t>self.fb.nblk
-            for block in data.blocks:
-                self._fill_block(block)
-            e.count = <uint32_t>(self.fb.nblk - e.first)
-        elif cls is KVCacheRemovedData:
-            e.kind = K_REMOVED
-            e.first = <uint32_t>self.fb.nvals
-            hashes = data.block_hashes
-            self._need_vals(self.fb.nvals + len(hashes))
-            e = &self.fb.ev[self.fb.nev]
-            for h in hashes:
-                self.fb.vals[self.fb.nvals] = <int64_t>(<uint64_t>h)
-                self.fb.nvals += 1
-            e.count = <uint32_t>(self.fb.nvals - e.first)
-        elif cls is KVCacheUpdatedData:
-            e.kind = K_UPDATED
-            e.parent = data.block_hash
-            if data.cache_level is not None:
-                e.has_level = 1
-                e.new_level = data.cache_level.new_value
-            if data.priority is not None:
-                e.has_prio = 1
-                e.new_prio = data.priority.new_value
-        elif cls is KVCacheCreatedData:
-            e.kind = K_CREATED
-            e.snapshot = data.snapshot is True
-            levels = data.num_blocks_per_cache_level
-            self._need_vals(self.fb.nvals + len(levels))
-            e = &self.fb.ev[self.fb.nev]
-            e.first = <uint32_t>self.fb.nvals
-            for v in levels:
-                self.fb.vals[self.fb.nvals] = v
-                self.fb.nvals += 1
-            e.count = <uint32_t>(self.fb.nvals - e.first)
-        else:
-            raise TypeError(f"unknown event data type {cls.__name__}")
-        self.fb.nev += 1
-        return 0
-
     def apply_batch(self, batch):
         """Apply one ``EventBatch`` (model objects); LimitError, and nothing applied, when it
         breaks the limits."""
@@ -1572,7 +1093,7 @@ cdef class IndexCore:
                 self.fb.drops[2 * self.fb.ndrops + 1] = d.dropped_events
                 self.fb.ndrops += 1
             for event in batch.events:
-                self._fill_event(event)
+                fill_event(&self.fb, event, &KVH, _KINDS)
         except (OverflowError, UnicodeEncodeError) as exc:
             raise LimitError(f"a value outside the schema's types: {exc}") from None
         flat_validate(&self.fb, &self.lim)
@@ -1630,10 +1151,12 @@ cdef class IndexCore:
         cdef size_t ntouched = 0, nalive = 0, nnew, k
         cdef Py_ssize_t i
         cdef uint32_t id, cnt, j, h, slot, lvl, r, step, pending = 0, prev_cnt = 0
-        cdef uint64_t prev_sig = 0
+        cdef uint64_t prev_sig = 0, sig, pos, nxt, key
+        cdef uint64_t NONE = <uint64_t>-1
         cdef uint32_t *hs
         cdef Node *node
         cdef bint single, full = False
+        cdef const NodeStore *st = &self.st
         cdef uint32_t *stamp = self.stamp
         cdef uint32_t *run = self.run
         cdef uint32_t *prim = self.prim
@@ -1641,7 +1164,7 @@ cdef class IndexCore:
         cdef uint32_t *alive = self.alive
         cdef uint8_t *slvl = self.slvl
         cdef uint32_t epoch
-        cdef const Table *tab = &self.ctab if by_content else &self.etab
+        cdef const Table *tab = &self.st.ctab if by_content else &self.st.etab
         cdef Py_ssize_t group_end = 0, g
         self.epoch += 1
         if self.epoch == 0:
@@ -1650,7 +1173,7 @@ cdef class IndexCore:
         epoch = self.epoch
         # Group prefetching: keys are looked up in groups (16, then 32): first every key's table
         # entry is fetched, then every key's node (through its fingerprint's entry), then the
-        # group is matched; the fetches of a group overlap instead of waiting one by one.
+        # group is matched; a group's fetches overlap instead of waiting one by one.
         for i in range(n):
             if i == group_end:
                 group_end = i + (16 if i == 0 else 32)
@@ -1658,20 +1181,22 @@ cdef class IndexCore:
                     group_end = n
                 self._keys_upto(group_end)
                 for g in range(i, group_end):
-                    self._prefetch(tab, self.qkeys[g])
+                    prefetch_entry(tab, self.qkeys[g])
                 for g in range(i, group_end):
-                    self._prefetch_node(tab, self.qkeys[g])
+                    prefetch_node(st, tab, self.qkeys[g])
             step = <uint32_t>i + 1
-            if by_content:
-                id = self._find(&self.ctab, self.qkeys[i], True)
-            else:
-                id = self._find(&self.etab, self.qkeys[i], False)
-            if id == KV_NIL:
+            key = self.qkeys[i]
+            pos = table_find_pos(st, tab, key, by_content, NONE)
+            if pos == NONE:
                 break
+            id = tab.ids[pos] & st.id_mask
             node = self.N(id)
             cnt = node.n & KV_COUNT_MASK
-            single = not by_content or node.next_c == KV_NIL
-            if full and single and cnt == prev_cnt and node.sig == prev_sig:
+            # the content table has a node per engine hash that stands for this content
+            nxt = table_find_pos(st, tab, key, True, pos) if by_content else NONE
+            single = nxt == NONE
+            sig = node.sig
+            if full and single and cnt == prev_cnt and sig == prev_sig:
                 pending += 1
                 continue
             if pending:
@@ -1682,12 +1207,12 @@ cdef class IndexCore:
                         prim[slot] += pending
                 pending = 0
             prev_cnt = cnt
-            prev_sig = node.sig
+            prev_sig = sig
             nnew = 0
-            while id != KV_NIL:
+            while True:
                 node = self.N(id)
                 cnt = node.n & KV_COUNT_MASK
-                hs = self._holders(node)
+                hs = node_holders(&self.st, node)
                 for j in range(cnt):
                     h = hs[j]
                     lvl = (h >> KV_SLOT_BITS) & 0xF
@@ -1721,7 +1246,10 @@ cdef class IndexCore:
                         prim[slot] += 1
                         pstep[slot] = step
                         slvl[slot] = 0
-                id = node.next_c if by_content else KV_NIL
+                if nxt == NONE:
+                    break
+                id = tab.ids[nxt] & st.id_mask
+                nxt = table_find_pos(st, tab, key, True, nxt)
             if nnew == 0:
                 break
             nalive = nnew
@@ -1736,17 +1264,21 @@ cdef class IndexCore:
 
     def match(self, hashes, bint by_content, window, int max_level):
         """Per slot holding the first key: (slot, contiguous run length, primary blocks in it)."""
-        cdef Py_ssize_t n = self._load_keys(hashes)
-        cdef size_t t = self._match(n, by_content, window is not None, 0 if window is None else window,
-                                    max_level)
-        cdef size_t k
+        cdef Py_ssize_t n
+        cdef size_t t, k
         cdef uint32_t slot
-        out = []
-        for k in range(t):
-            slot = self.touched[k]
-            out.append((slot, self.run[slot], self.prim[slot]))
-        out.sort()
-        return out
+        self._rlock()
+        try:
+            n = self._load_keys(hashes)
+            t = self._match(n, by_content, window is not None, 0 if window is None else window, max_level)
+            out = []
+            for k in range(t):
+                slot = self.touched[k]
+                out.append((slot, self.run[slot], self.prim[slot]))
+            out.sort()
+            return out
+        finally:
+            self._runlock()
 
     def match_counts(self, hashes, bint by_content, window, int max_level):
         """{worker key: best run over its window caches} (the hot path of find_matches).
@@ -1757,35 +1289,36 @@ cdef class IndexCore:
         with the most common run) with the other workers' values set. A template is used only
         when its slots are exactly this query's (equal count, every one of them matched now):
         answers stay exact."""
-        cdef Py_ssize_t n = self._load_keys(hashes)
-        cdef size_t t = self._match(n, by_content, window is not None, 0 if window is None else window,
-                                    max_level)
-        cdef size_t k
+        cdef Py_ssize_t n
+        cdef size_t t, k
         cdef uint32_t slot, v = 0, best = 0, r
         cdef uint64_t setsig = 0
         cdef bint multi = False
-        cdef Slot *s
-        cdef dict out, tmpl
-        cdef const uint32_t *ts
-        if t >= 32:
-            if <size_t>n + 1 > self.hist_cap:
-                grow(<void **>&self.hist, &self.hist_cap, <size_t>n + 1, sizeof(uint32_t))
-            for k in range(t):
-                slot = self.touched[k]
-                self.hist[self.run[slot]] = 0
-                if self.wrk[self.slots[slot].worker].nactive != 1:
-                    multi = True
-            if not multi:
+        self._rlock()  # the query scratch (keys, scores, templates) is the lock holder's
+        try:
+            n = self._load_keys(hashes)
+            t = self._match(n, by_content, window is not None, 0 if window is None else window, max_level)
+            if t >= 32:
+                if <size_t>n + 1 > self.hist_cap:
+                    grow(<void **>&self.hist, &self.hist_cap, <size_t>n + 1, sizeof(uint32_t))
                 for k in range(t):
                     slot = self.touched[k]
-                    setsig ^= holder_sig(slot)
-                    r = self.run[slot]
-                    self.hist[r] += 1
-                    if self.hist[r] > best:
-                        best = self.hist[r]
-                        v = r
-                return self._from_template(t, setsig ^ (<uint64_t>v * KV_K1), v)
-        return self._build_counts(t)
+                    self.hist[self.run[slot]] = 0
+                    if self.wrk[self.slots[slot].worker].nactive != 1:
+                        multi = True
+                if not multi:
+                    for k in range(t):
+                        slot = self.touched[k]
+                        setsig ^= holder_sig(slot)
+                        r = self.run[slot]
+                        self.hist[r] += 1
+                        if self.hist[r] > best:
+                            best = self.hist[r]
+                            v = r
+                    return self._from_template(t, setsig ^ (<uint64_t>v * KVH.k1), v)
+            return self._build_counts(t)
+        finally:
+            self._runlock()
 
     cdef dict _build_counts(self, size_t t):
         cdef size_t k
@@ -1901,29 +1434,34 @@ cdef class IndexCore:
         cdef uint32_t slot
         cdef Slot *s
         cdef int lvl
-        if widx < 0:
-            return None
-        cdef Worker *w = &self.wrk[widx]
-        windows = {}
-        slot = w.first_slot
-        while slot != KV_NIL:
-            s = &self.slots[slot]
-            if s.active:
-                cap = self.s_capacity[slot]
-                windows[s.window] = (
-                    {lvl: s.levels[lvl] for lvl in range(LEVELS) if s.levels[lvl]},
-                    None if cap is None else tuple(cap),
-                )
-            slot = s.next_slot
-        inst = <_Instance>self.instances[w.inst]
-        return {
-            "reasons": tuple(self.w_reasons[widx]),
-            "gaps": w.gaps,
-            "cursor": w.cursor if w.has_cursor else None,
-            "producer_id": inst.producer_id,
-            "sequence": None if inst.producer_id is None else inst.sequence,
-            "windows": dict(sorted(windows.items())),
-        }
+        cdef Worker *w
+        self._rlock()
+        try:
+            if widx < 0:
+                return None
+            w = &self.wrk[widx]
+            windows = {}
+            slot = w.first_slot
+            while slot != KV_NIL:
+                s = &self.slots[slot]
+                if s.active:
+                    cap = self.s_capacity[slot]
+                    windows[s.window] = (
+                        {lvl: s.levels[lvl] for lvl in range(LEVELS) if s.levels[lvl]},
+                        None if cap is None else tuple(cap),
+                    )
+                slot = s.next_slot
+            inst = <_Instance>self.instances[w.inst]
+            return {
+                "reasons": tuple(self.w_reasons[widx]),
+                "gaps": w.gaps,
+                "cursor": w.cursor if w.has_cursor else None,
+                "producer_id": inst.producer_id,
+                "sequence": None if inst.producer_id is None else inst.sequence,
+                "windows": dict(sorted(windows.items())),
+            }
+        finally:
+            self._runlock()
 
     def worker_blocks(self, str instance_id, int32_t rank, int32_t window):
         cdef int64_t widx = self._find_worker(instance_id, rank)
@@ -1931,54 +1469,60 @@ cdef class IndexCore:
         cdef int64_t i
         cdef Node *node
         cdef uint32_t packed
-        if widx < 0:
-            return []
-        slot = self._slot(<uint32_t>widx, window, False)
-        if slot == KV_NIL:
-            return []
-        out = []
-        for id in range(self.node_top):
-            node = self.N(id)
-            if node.n & KV_USED:
-                i = self._holder_index(node, slot)
-                if i >= 0:
-                    packed = self._holders(node)[i]
-                    out.append((node.engine, node.content if node.n & KV_HAS_CONTENT else None,
-                                (packed >> KV_SLOT_BITS) & 0xF, packed >> 24))
-        out.sort()
-        return out
+        self._rlock()
+        try:
+            if widx < 0:
+                return []
+            slot = self._slot(<uint32_t>widx, window, False)
+            if slot == KV_NIL:
+                return []
+            out = []
+            for id in range(self.st.node_top):
+                node = self.N(id)
+                if node.n & KV_USED:
+                    i = holder_index(&self.st, node, slot)
+                    if i >= 0:
+                        packed = node_holders(&self.st, node)[i]
+                        out.append((node.engine, node.content if node.n & KV_HAS_CONTENT else None,
+                                    (packed >> KV_SLOT_BITS) & 0xF, packed >> 24))
+            out.sort()
+            return out
+        finally:
+            self._runlock()
 
     def counters(self):
-        return {
-            "batches_applied": self.c_batches_applied,
-            "batches_replayed": self.c_batches_replayed,
-            "batches_stale": self.c_batches_stale,
-            "events_applied": self.c_events_applied,
-            "events_duplicate": self.c_events_duplicate,
-            "blocks_stored": self.c_blocks_stored,
-            "blocks_removed": self.c_blocks_removed,
-            "orphan_blocks": self.c_orphan_blocks,
-            "unknown_removed": self.c_unknown_removed,
-            "unknown_updated": self.c_unknown_updated,
-            "content_conflicts": self.c_content_conflicts,
-            "gaps": self.c_gaps,
-            "resyncs": self.c_resyncs,
-            "session_conflicts": self.c_session_conflicts,
-        }
+        self._rlock()
+        try:
+            return {
+                "batches_applied": self.c_batches_applied,
+                "batches_replayed": self.c_batches_replayed,
+                "batches_stale": self.c_batches_stale,
+                "events_applied": self.c_events_applied,
+                "events_duplicate": self.c_events_duplicate,
+                "blocks_stored": self.c_blocks_stored,
+                "blocks_removed": self.c_blocks_removed,
+                "orphan_blocks": self.c_orphan_blocks,
+                "unknown_removed": self.c_unknown_removed,
+                "unknown_updated": self.c_unknown_updated,
+                "content_conflicts": self.c_content_conflicts,
+                "gaps": self.c_gaps,
+                "resyncs": self.c_resyncs,
+                "session_conflicts": self.c_session_conflicts,
+            }
+        finally:
+            self._runlock()
 
     def held_blocks(self):
         """Worker-block pairs held (a block held by k caches counts k times)."""
         return self.held
 
     def node_count(self):
-        return self.nodes_used
+        return self.st.nodes_used
 
     def memory_bytes(self):
         """Bytes of the C tables and arrays, plus an estimate for the per-worker Python objects."""
         cdef size_t total = 0
-        total += self.nchunks * (KV_CHUNK * sizeof(Node) + sizeof(Node *))
-        total += (self.etab.mask + 1 + self.ctab.mask + 1) * sizeof(Entry)
-        total += self.pool_cap * sizeof(uint32_t)
+        total += store_bytes(&self.st)
         total += self.slots_cap * sizeof(Slot) + self.workers_cap * sizeof(Worker)
         total += self.score_cap * (6 * sizeof(uint32_t) + 1) + self.qkeys_cap * sizeof(uint64_t)
         total += self.fb.ev_cap * sizeof(SEvent) + self.fb.blk_cap * sizeof(SBlock)
@@ -2011,7 +1555,7 @@ cdef class IndexCore:
         for data in stored:
             self._scratch_clear()
             for block in data.blocks:
-                self._fill_block(block)
+                fill_block(&self.fb, block, &KVH)
             self._store(slot, data.parent_hash is not None,
                         0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.fb.nblk)
 
@@ -2029,6 +1573,13 @@ cdef class IndexCore:
     # ------------------------------------------------------------------ state
 
     def export_state(self):
+        self._rlock()
+        try:
+            return self._export_state()
+        finally:
+            self._runlock()
+
+    cdef object _export_state(self):
         cdef size_t wi
         cdef list order = sorted(
             [((<_Instance>self.instances[self.wrk[wi].inst]).instance_id, self.wrk[wi].rank, wi)
@@ -2076,10 +1627,10 @@ cdef class IndexCore:
                               [i.retired[p] for p in sorted(i.retired)])
                 for i in sorted(self.instances, key=lambda i: i.instance_id)
             ]
-            ids = <EngineId *>PyMem_Malloc((self.nodes_used + 1) * sizeof(EngineId))
+            ids = <EngineId *>PyMem_Malloc((self.st.nodes_used + 1) * sizeof(EngineId))
             if ids == NULL:
                 raise MemoryError()
-            for id in range(self.node_top):
+            for id in range(self.st.node_top):
                 node = self.N(id)
                 if node.n & KV_USED:
                     ids[nn].engine = node.engine
@@ -2105,7 +1656,7 @@ cdef class IndexCore:
                 pc[k] = node.content if pf[k] else 0
                 cnt = node.n & KV_COUNT_MASK
                 pn[k] = cnt
-                hs = self._holders(node)
+                hs = node_holders(&self.st, node)
                 for j in range(cnt):
                     ph[nh + j] = (hs[j] & ~KV_SLOT_MASK) | canon[hs[j] & KV_SLOT_MASK]
                 qsort(ph + nh, cnt, sizeof(uint32_t), cmp_u32_slot)
@@ -2126,6 +1677,8 @@ cdef class IndexCore:
         cdef uint64_t nn = len(engine) // 8, k, pos = 0, total = 0, e, prev = 0
         cdef uint32_t cnt, j, id, packed, canon_slot, c, nslots_canon
         cdef uint32_t *canon = NULL
+        cdef uint32_t *tmp = NULL
+        cdef size_t tmp_cap = 0
         cdef Node *node
         cdef const uint64_t *pe
         cdef const uint64_t *pc
@@ -2178,8 +1731,8 @@ cdef class IndexCore:
         try:
             for j in range(nslots_canon):
                 canon[j] = canon_list[j]
-            self._reserve(&self.etab, nn)
-            self._reserve(&self.ctab, nn)
+            table_reserve(&self.st, &self.st.etab, False, nn, KV_NIL)
+            table_reserve(&self.st, &self.st.ctab, True, nn, KV_NIL)
             pe = <const uint64_t *>&engine[0]
             pc = <const uint64_t *>&content[0]
             ph = <const uint32_t *>&holders[0]
@@ -2188,22 +1741,14 @@ cdef class IndexCore:
                 if k and e <= prev:
                     raise ValueError(f"corrupt index state: block hashes not strictly ascending at node {k}")
                 prev = e
-                id = self._node_alloc()
-                node = self.N(id)
-                node.engine = e
-                self._insert(&self.etab, id, e)
+                id = node_alloc(&self.st, e)
+                table_insert(&self.st, &self.st.etab, False, id, e)
                 if flags[k]:
-                    self._set_content(id, pc[k])
+                    set_content(&self.st, id, pc[k])
                 cnt = pn[k]
                 # Bulk: the node's holders straight into one pool run (adding them one by one
                 # scans the run for the slot each time, quadratic for blocks held by thousands).
-                if cnt == 1:
-                    hs = &node.holders
-                else:
-                    off = self._pool_alloc(pool_class(cnt))
-                    node = self.N(id)
-                    node.holders = off
-                    hs = self.pool + off
+                grow(<void **>&tmp, &tmp_cap, cnt, sizeof(uint32_t))
                 last_canon = -1
                 for j in range(cnt):
                     packed = ph[pos + j]
@@ -2214,13 +1759,13 @@ cdef class IndexCore:
                         raise ValueError(f"corrupt index state: holders of node {k} not in ascending slot order")
                     last_canon = canon_slot
                     packed = (packed & ~KV_SLOT_MASK) | canon[canon_slot]
-                    hs[j] = packed
-                    node.sig ^= holder_sig(packed)
+                    tmp[j] = packed
                     s = &self.slots[canon[canon_slot]]
                     s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
                     s.total += 1
-                node.n += cnt
+                set_holders(&self.st, id, tmp, cnt)
                 self.held += cnt
                 pos += cnt
         finally:
             PyMem_Free(canon)
+            PyMem_Free(tmp)

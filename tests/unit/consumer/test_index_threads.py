@@ -1,8 +1,9 @@
 """Threads: lookups from other threads while one thread applies batches (compiled core).
 
-The compiled core yields the GIL between the events of a batch, so a reader thread's
-lookups run while a long batch is applied; they see the index between two events. One
-writer at a time: a second mutation while a batch is being applied raises RuntimeError.
+The compiled core applies a batch's events without the GIL, holding its index lock, and hands
+the lock to a waiting reader between two events, so a reader thread's lookups run while a long
+batch is applied; they see the index between two events. One writer at a time: a second
+mutation while a batch is being applied raises RuntimeError.
 """
 
 from __future__ import annotations
@@ -76,6 +77,39 @@ def test_lookups_run_during_ingest_and_see_whole_events(fast_switching: None) ->
         assert all(v in (32, 40) for v in answer.values()), answer
 
 
+def test_lookups_are_served_inside_one_long_call_at_the_default_switch_interval() -> None:
+    """No switch-interval tuning: lookups are answered while one apply_encoded_many call runs
+    (before, a reader woken every time the writer yielded the GIL went back to waiting a whole
+    interval, and got the GIL mostly when the call returned)."""
+    data = _batches(200)
+    index = CacheIndex(core="compiled")
+    index.apply_encoded(data[0])
+    started, done = threading.Event(), threading.Event()
+    during: list[dict[object, int]] = []
+    query = list(range(1, 33))
+
+    def reader() -> None:
+        started.set()
+        while not done.is_set():
+            answer = index.find_matches(query)
+            if not done.is_set():
+                during.append(answer)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    started.wait()
+    try:
+        assert index.apply_encoded_many(data[1:]) == len(data) - 1
+    finally:
+        done.set()
+        thread.join()
+    # the writer hands its lock to a waiting reader at every event: far more than one lookup
+    # per batch (a reader that waited for the GIL got one in about 5 batches here)
+    assert len(during) >= len(data), len(during)
+    assert all(set(a.values()) <= {32} for a in during)
+    assert len(index.find_matches(query)) == 8
+
+
 def test_a_second_writer_while_a_batch_is_applied_is_refused() -> None:
     core: IndexCore
     refused: list[str] = []
@@ -97,3 +131,17 @@ def test_a_second_writer_while_a_batch_is_applied_is_refused() -> None:
     assert len(refused) == 3
     assert core.match_counts([1, 2, 3], False, None, 15) == {("i0", 0): 3}
     core.apply_batch(batch([stored(2, [4], parent=3)], 1))  # the writer flag was cleared
+
+
+def test_an_event_that_raises_leaves_the_index_lock_free() -> None:
+    """An exception inside the locked event loop (here: an unhashable worker key, hashed when
+    the window cache is created) propagates and the next queries still run."""
+    core = IndexCore(lambda instance_id, rank: [instance_id, rank])
+    with pytest.raises(TypeError):
+        core.apply_batch(batch([created(0), stored(1, [1, 2])], 0))
+    answers: list[object] = []
+    thread = threading.Thread(target=lambda: answers.append(core.match([1, 2], False, None, 15)))
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "the query waits for an index lock nobody holds"
+    assert answers == [[]]

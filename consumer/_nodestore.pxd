@@ -1,0 +1,595 @@
+# cython: language_level=3
+# The compiled index core's block store: nodes, the two hash tables, the holder pool.
+#
+# One node (32 bytes) per engine block hash held by anyone, in chunks of 2**14 (never moved);
+# two open-addressing tables of u32 entries (node id | fingerprint bits, linear probing,
+# backward-shift deletion, any size: the home is a multiply-shift of the key's mix); holders
+# of a node held once inline, else in a pool run (power-of-two sizes, free lists per size).
+# Layout and the reasons for it: docs/INDEX.md "The compiled core's layout". The functions are
+# inline: they compile into the core that cimports this file (consumer/_indexcore.pyx).
+
+from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc, PyMem_RawRealloc
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memset
+
+
+cdef extern from *:
+    """
+    #define KV_NIL 0xFFFFFFFFu
+    #define KV_CHUNK_BITS 14
+    #define KV_CHUNK (1u << KV_CHUNK_BITS)
+    #define KV_CHUNK_MASK (KV_CHUNK - 1u)
+    #define KV_HAS_CONTENT 0x80000000u
+    #define KV_USED 0x40000000u
+    #define KV_COUNT_MASK 0x3FFFFFFFu
+    #define KV_SLOT_BITS 20
+    #define KV_SLOT_MASK 0xFFFFFu
+    #define KV_MIX 0x9E3779B97F4A7C15ull
+    #if defined(__GNUC__)
+    #define KV_PREFETCH(p) __builtin_prefetch((const void *)(p))
+    #else
+    #define KV_PREFETCH(p) ((void)0)
+    #endif
+    """
+    const uint32_t KV_NIL
+    const int KV_CHUNK_BITS
+    const uint32_t KV_CHUNK
+    const uint32_t KV_CHUNK_MASK
+    const uint32_t KV_HAS_CONTENT
+    const uint32_t KV_USED
+    const uint32_t KV_COUNT_MASK
+    const int KV_SLOT_BITS
+    const uint32_t KV_SLOT_MASK
+    const uint64_t KV_MIX
+    void prefetch "KV_PREFETCH"(const void *p) noexcept nogil
+
+cdef extern from "sys/mman.h":
+    int madvise(void *addr, size_t length, int advice) nogil
+    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset) nogil
+    int munmap(void *addr, size_t length) nogil
+    int MADV_HUGEPAGE
+    int PROT_READ
+    int PROT_WRITE
+    int MAP_PRIVATE
+    int MAP_ANONYMOUS
+    void *MAP_FAILED
+
+cdef enum:
+    POOL_CLASSES = 32
+    HUGE_PAGE = 1 << 21
+    SLAB_CHUNKS = 16
+    MIN_ID_BITS = 16
+    LOAD_NUM = 4         # tables grow past load 4/5, by half again
+    LOAD_DEN = 5
+
+
+ctypedef struct Node:
+    uint64_t engine      # engine, holders and n first: a lookup by engine hash reads 16 bytes
+    uint32_t holders     # count 1: the packed holder; count >= 2: its pool run; free: next free id
+    uint32_t n           # count | KV_HAS_CONTENT | KV_USED
+    uint64_t content
+    uint64_t sig         # XOR of holder_sig() over the holders: equal sets have equal signatures
+
+ctypedef struct Table:
+    uint32_t *ids        # entries: node id | (the key's fingerprint bits above id_bits); KV_NIL empty
+    void *raw            # the allocation ids lives in (2 MiB-aligned in a big table)
+    size_t raw_size      # its size when mapped (huge_alloc), 0 when from PyMem_Malloc
+    uint64_t cap
+    uint64_t count
+
+ctypedef struct NodeStore:
+    Node **chunks
+    void **chunk_raw     # per chunk, the allocation to free (NULL: inside an earlier slab)
+    size_t nchunks
+    uint32_t node_top
+    uint32_t free_node
+    int64_t nodes_used
+    int id_bits          # node ids take the low id_bits of an entry; the rest is fingerprint
+    uint32_t id_mask
+    bint huge            # tables >= 8 MiB and node slabs on 2 MiB pages
+    Table etab           # engine hash -> node
+    Table ctab           # content hash -> every node with that content (a multimap)
+    uint32_t *pool
+    size_t pool_len
+    size_t pool_cap
+    uint32_t pool_free[POOL_CLASSES]
+
+
+# ---------------------------------------------------------------------------- small pieces
+
+cdef inline uint64_t key_mix(uint64_t key) noexcept nogil:
+    return key * KV_MIX
+
+
+cdef inline uint64_t tab_home(const Table *t, uint64_t m) noexcept nogil:
+    return ((m >> 32) * t.cap) >> 32
+
+
+cdef inline uint32_t fp_bits(const NodeStore *s, uint64_t m) noexcept nogil:
+    return (<uint32_t>m) & ~s.id_mask
+
+
+cdef inline Node *node_at(const NodeStore *s, uint32_t id) noexcept nogil:
+    return &s.chunks[id >> KV_CHUNK_BITS][id & KV_CHUNK_MASK]
+
+
+cdef inline uint64_t node_key(const NodeStore *s, uint32_t id, bint by_content) noexcept nogil:
+    cdef Node *node = node_at(s, id)
+    return node.content if by_content else node.engine
+
+
+cdef inline uint64_t holder_sig(uint32_t packed) noexcept nogil:
+    """A 64-bit mix of a holder's slot and level (not its priority)."""
+    cdef uint64_t x = (<uint64_t>(packed & 0xFFFFFFu) + 1) * 0xBF58476D1CE4E5B9ull
+    x ^= x >> 31
+    x *= 0x94D049BB133111EBull
+    return x ^ (x >> 29)
+
+
+cdef inline int pool_class(uint32_t words) noexcept nogil:
+    """log2 of the pool run of ``words`` >= 2 u32 (the next power of two)."""
+    cdef int c = 1
+    while (1u << c) < words:
+        c += 1
+    return c
+
+
+cdef inline uint32_t *node_holders(const NodeStore *s, Node *node) noexcept nogil:
+    return &node.holders if (node.n & KV_COUNT_MASK) == 1 else s.pool + node.holders
+
+
+cdef inline void sig_xor(NodeStore *s, Node *node, uint64_t x) noexcept nogil:
+    node.sig ^= x
+
+
+cdef inline int64_t holder_index(const NodeStore *s, Node *node, uint32_t slot) noexcept nogil:
+    cdef uint32_t n = node.n & KV_COUNT_MASK, i
+    cdef uint32_t *hs
+    if n == 0:
+        return -1
+    hs = node_holders(s, node)
+    for i in range(n):
+        if (hs[i] & KV_SLOT_MASK) == slot:
+            return i
+    return -1
+
+
+# ---------------------------------------------------------------------------- allocation
+
+cdef inline void *huge_alloc(NodeStore *s, size_t nbytes, void **raw, size_t *raw_size) noexcept nogil:
+    """``nbytes``; a big block (>= 8 MiB) mapped on its own, 2 MiB-aligned and advised to use
+    huge pages: lookups are random, and a page-table walk per lookup (two-dimensional in a VM)
+    costs as much as the lookup. The unaligned head is never touched, so it takes no memory;
+    the mapping is returned whole when freed (advice given inside malloc's heap would outlive
+    the block and give later small allocations there huge pages)."""
+    cdef size_t addr
+    raw_size[0] = 0
+    if nbytes < (<size_t>4) * HUGE_PAGE or not s.huge:
+        raw[0] = PyMem_RawMalloc(nbytes)
+        return raw[0]
+    raw[0] = mmap(NULL, nbytes + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+    if raw[0] == MAP_FAILED:
+        raw[0] = NULL
+        return NULL
+    raw_size[0] = nbytes + HUGE_PAGE
+    addr = (<size_t>raw[0] + HUGE_PAGE - 1) & ~(<size_t>HUGE_PAGE - 1)
+    madvise(<void *>addr, nbytes & ~(<size_t>HUGE_PAGE - 1), MADV_HUGEPAGE)
+    return <void *>addr
+
+
+cdef inline void huge_free(void *raw, size_t raw_size) noexcept nogil:
+    """Return a mapping of huge_alloc (``raw_size`` not 0)."""
+    munmap(raw, raw_size)
+
+
+cdef inline size_t slab_bytes() noexcept nogil:
+    return SLAB_CHUNKS * KV_CHUNK * sizeof(Node) + HUGE_PAGE
+
+
+cdef inline int store_init(NodeStore *s, bint huge) except -1 nogil:
+    """An empty store (``s`` zeroed or freed before)."""
+    cdef int i
+    memset(s, 0, sizeof(NodeStore))
+    s.huge = huge
+    s.free_node = KV_NIL
+    s.id_bits = MIN_ID_BITS
+    s.id_mask = (1u << MIN_ID_BITS) - 1
+    for i in range(POOL_CLASSES):
+        s.pool_free[i] = KV_NIL
+    table_alloc(s, &s.etab, 1024)
+    table_alloc(s, &s.ctab, 1024)
+    return 0
+
+
+cdef inline void store_free(NodeStore *s) noexcept nogil:
+    cdef size_t i
+    if s.chunks != NULL:
+        for i in range(s.nchunks):
+            if i < SLAB_CHUNKS or not s.huge:
+                PyMem_RawFree(s.chunk_raw[i])
+            elif s.chunk_raw[i] != NULL:
+                munmap(s.chunk_raw[i], slab_bytes())
+    PyMem_RawFree(s.chunks)
+    PyMem_RawFree(s.chunk_raw)
+    table_release(&s.etab)
+    table_release(&s.ctab)
+    PyMem_RawFree(s.pool)
+    memset(s, 0, sizeof(NodeStore))
+
+
+cdef inline size_t store_bytes(const NodeStore *s) noexcept nogil:
+    return (s.nchunks * (KV_CHUNK * sizeof(Node) + 2 * sizeof(void *))
+            + (s.etab.cap + s.ctab.cap) * sizeof(uint32_t) + s.pool_cap * sizeof(uint32_t))
+
+
+cdef inline int chunk_add(NodeStore *s) except -1 nogil:
+    """One more chunk of nodes. Past the first SLAB_CHUNKS, chunks come SLAB_CHUNKS at a time
+    in one slab on huge pages (node lookups are random too); a slab's chunks not yet used are
+    never touched, so take no memory."""
+    cdef size_t k = s.nchunks
+    cdef Node **chunks
+    cdef void **raws
+    cdef void *raw
+    cdef void *mem
+    cdef size_t size
+    chunks = <Node **>PyMem_RawRealloc(s.chunks, (k + 1) * sizeof(Node *))
+    if chunks == NULL:
+        with gil:
+            raise MemoryError()
+    s.chunks = chunks
+    raws = <void **>PyMem_RawRealloc(s.chunk_raw, (k + 1) * sizeof(void *))
+    if raws == NULL:
+        with gil:
+            raise MemoryError()
+    s.chunk_raw = raws
+    if k < SLAB_CHUNKS or not s.huge:
+        raw = PyMem_RawMalloc(KV_CHUNK * sizeof(Node) + 64)
+        if raw == NULL:
+            with gil:
+                raise MemoryError()
+        chunks[k] = <Node *>((<size_t>raw + 63) & ~(<size_t>63))  # a node never straddles two lines
+        raws[k] = raw
+    elif k % SLAB_CHUNKS == 0:
+        mem = huge_alloc(s, slab_bytes() - HUGE_PAGE, &raw, &size)
+        if mem == NULL:
+            with gil:
+                raise MemoryError()
+        chunks[k] = <Node *>mem
+        raws[k] = raw
+    else:
+        chunks[k] = chunks[k - 1] + KV_CHUNK
+        raws[k] = NULL
+    s.nchunks += 1
+    return 0
+
+
+cdef inline uint32_t node_alloc(NodeStore *s, uint64_t engine) except? 0xFFFFFFFF nogil:
+    """A new node for ``engine`` (not yet in any table)."""
+    cdef uint32_t id
+    cdef Node *node
+    if s.free_node != KV_NIL:
+        id = s.free_node
+        s.free_node = node_at(s, id).holders
+    else:
+        if s.node_top >= s.id_mask:
+            if s.id_bits >= 32:
+                with gil:
+                    raise OverflowError("more than 2**32 - 2 distinct blocks in one index")
+            # one more bit of node id, one fingerprint bit less: every entry is rewritten
+            s.id_bits += 1
+            s.id_mask = <uint32_t>(((<uint64_t>1) << s.id_bits) - 1)
+            table_rebuild(s, &s.etab, False, s.etab.cap, KV_NIL)
+            table_rebuild(s, &s.ctab, True, s.ctab.cap, KV_NIL)
+        if (s.node_top >> KV_CHUNK_BITS) >= s.nchunks:
+            chunk_add(s)
+        id = s.node_top
+        s.node_top += 1
+    node = node_at(s, id)
+    node.engine = engine
+    node.content = 0
+    node.holders = 0
+    node.sig = 0
+    node.n = KV_USED
+    s.nodes_used += 1
+    return id
+
+
+cdef inline void node_free(NodeStore *s, uint32_t id) noexcept nogil:
+    cdef Node *node = node_at(s, id)
+    node.n = 0
+    node.holders = s.free_node
+    s.free_node = id
+    s.nodes_used -= 1
+
+
+# ---------------------------------------------------------------------------- tables
+
+cdef inline void table_release(Table *t) noexcept nogil:
+    if t.raw_size:
+        huge_free(t.raw, t.raw_size)
+    else:
+        PyMem_RawFree(t.raw)
+    t.raw = NULL
+    t.raw_size = 0
+    t.ids = NULL
+
+
+cdef inline int table_alloc(NodeStore *s, Table *t, uint64_t cap) except -1 nogil:
+    if cap > (<uint64_t>1) << 32:
+        with gil:
+            raise OverflowError("a hash table of more than 2**32 entries")
+    table_release(t)
+    t.ids = <uint32_t *>huge_alloc(s, cap * sizeof(uint32_t), &t.raw, &t.raw_size)
+    if t.ids == NULL:
+        with gil:
+            raise MemoryError()
+    memset(t.ids, 0xFF, cap * sizeof(uint32_t))
+    t.cap = cap
+    t.count = 0
+    return 0
+
+
+cdef inline void table_put(NodeStore *s, Table *t, uint32_t id, uint64_t key) noexcept nogil:
+    """Place ``id`` under ``key`` (room is there)."""
+    cdef uint64_t m = key_mix(key)
+    cdef uint64_t i = tab_home(t, m)
+    while t.ids[i] != KV_NIL:
+        i += 1
+        if i == t.cap:
+            i = 0
+    t.ids[i] = id | fp_bits(s, m)
+    t.count += 1
+
+
+cdef inline int table_rebuild(NodeStore *s, Table *t, bint by_content, uint64_t cap, uint32_t skip) except -1 nogil:
+    """Refill ``t`` (``cap`` entries) from the nodes (one pass over them in order): every node
+    in use (by_content: every one with a content hash) but ``skip``."""
+    cdef uint32_t id
+    cdef Node *node
+    cdef uint32_t need = KV_USED | (KV_HAS_CONTENT if by_content else 0)
+    table_alloc(s, t, cap)
+    for id in range(s.node_top):
+        node = node_at(s, id)
+        if (node.n & need) == need and id != skip:
+            table_put(s, t, id, node.content if by_content else node.engine)
+    return 0
+
+
+cdef inline int table_reserve(NodeStore *s, Table *t, bint by_content, uint64_t count, uint32_t skip) except -1 nogil:
+    """Room for ``count`` entries at load <= LOAD_NUM/LOAD_DEN (growing by half again)."""
+    cdef uint64_t cap = t.cap
+    if count * LOAD_DEN <= cap * LOAD_NUM:
+        return 0
+    while count * LOAD_DEN > cap * LOAD_NUM:
+        cap += cap >> 1
+    return table_rebuild(s, t, by_content, cap, skip)
+
+
+cdef inline int table_insert(NodeStore *s, Table *t, bint by_content, uint32_t id, uint64_t key) except -1 nogil:
+    """Insert node ``id`` under ``key`` (the content table takes several nodes per key)."""
+    table_reserve(s, t, by_content, t.count + 1, id)
+    table_put(s, t, id, key)
+    return 0
+
+
+cdef inline uint64_t table_find_pos(const NodeStore *s, const Table *t, uint64_t key, bint by_content,
+                                    uint64_t start) noexcept nogil:
+    """The position of the first entry from ``start`` (a position, or -1: the key's home) to the
+    end of its cluster whose node has ``key``; -1 if none."""
+    cdef uint64_t m = key_mix(key)
+    cdef uint32_t fp = fp_bits(s, m), e, mask = s.id_mask
+    cdef uint64_t i
+    if start == <uint64_t>-1:
+        i = tab_home(t, m)
+    else:
+        i = start + 1
+        if i == t.cap:
+            i = 0
+    while True:
+        e = t.ids[i]
+        if e == KV_NIL:
+            return <uint64_t>-1
+        if (e & ~mask) == fp and node_key(s, e & mask, by_content) == key:
+            return i
+        i += 1
+        if i == t.cap:
+            i = 0
+
+
+cdef inline uint32_t table_find(const NodeStore *s, const Table *t, uint64_t key, bint by_content) noexcept nogil:
+    cdef uint64_t i = table_find_pos(s, t, key, by_content, <uint64_t>-1)
+    return KV_NIL if i == <uint64_t>-1 else t.ids[i] & s.id_mask
+
+
+cdef inline void table_delete_at(NodeStore *s, Table *t, bint by_content, uint64_t i) noexcept nogil:
+    """Remove the entry at ``i``, shifting later entries of the cluster back (their homes are
+    recomputed from their nodes' keys)."""
+    cdef uint64_t j = i, k
+    cdef uint32_t e
+    while True:
+        j += 1
+        if j == t.cap:
+            j = 0
+        e = t.ids[j]
+        if e == KV_NIL:
+            break
+        k = tab_home(t, key_mix(node_key(s, e & s.id_mask, by_content)))
+        if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
+            t.ids[i] = e
+            i = j
+    t.ids[i] = KV_NIL
+    t.count -= 1
+
+
+cdef inline void prefetch_entry(const Table *t, uint64_t key) noexcept nogil:
+    prefetch(&t.ids[tab_home(t, key_mix(key))])
+
+
+cdef inline void prefetch_node(const NodeStore *s, const Table *t, uint64_t key) noexcept nogil:
+    """Pull in the node of the first entry whose fingerprint matches ``key`` (its table entry
+    already fetched)."""
+    cdef uint64_t m = key_mix(key)
+    cdef uint32_t fp = fp_bits(s, m), e
+    cdef uint64_t i = tab_home(t, m)
+    while True:
+        e = t.ids[i]
+        if e == KV_NIL:
+            return
+        if (e & ~s.id_mask) == fp:
+            prefetch(node_at(s, e & s.id_mask))
+            return
+        i += 1
+        if i == t.cap:
+            i = 0
+
+
+# ---------------------------------------------------------------------------- content, release
+
+cdef inline int set_content(NodeStore *s, uint32_t id, uint64_t content) except -1 nogil:
+    cdef Node *node = node_at(s, id)
+    node.content = content
+    table_reserve(s, &s.ctab, True, s.ctab.count + 1, id)
+    node.n |= KV_HAS_CONTENT
+    table_put(s, &s.ctab, id, content)
+    return 0
+
+
+cdef inline void release_node(NodeStore *s, uint32_t id) noexcept nogil:
+    """Forget a node whose last holder left (both tables, then the node)."""
+    cdef Node *node = node_at(s, id)
+    cdef uint64_t m, i
+    cdef uint32_t e
+    if node.n & KV_HAS_CONTENT:
+        m = key_mix(node.content)
+        i = tab_home(&s.ctab, m)
+        while True:
+            e = s.ctab.ids[i]
+            if e == KV_NIL:
+                break
+            if (e & s.id_mask) == id:
+                table_delete_at(s, &s.ctab, True, i)
+                break
+            i += 1
+            if i == s.ctab.cap:
+                i = 0
+    i = table_find_pos(s, &s.etab, node.engine, False, <uint64_t>-1)
+    if i != <uint64_t>-1:
+        table_delete_at(s, &s.etab, False, i)
+    node_free(s, id)
+
+
+# ---------------------------------------------------------------------------- holder pool
+
+cdef inline uint32_t pool_alloc(NodeStore *s, int c) except? 0xFFFFFFFF nogil:
+    cdef uint32_t off = s.pool_free[c]
+    cdef size_t size = (<size_t>1) << c, cap
+    cdef uint32_t *grown
+    if off != KV_NIL:
+        s.pool_free[c] = s.pool[off]
+        return off
+    if s.pool_len + size > 0xFFFFFFF0u:
+        with gil:
+            raise OverflowError("holder pool exceeds 2**32 entries")
+    if s.pool_len + size > s.pool_cap:
+        cap = s.pool_cap + (s.pool_cap >> 1) + size + 64
+        grown = <uint32_t *>PyMem_RawRealloc(s.pool, cap * sizeof(uint32_t))
+        if grown == NULL:
+            with gil:
+                raise MemoryError()
+        s.pool = grown
+        s.pool_cap = cap
+    off = <uint32_t>s.pool_len
+    s.pool_len += size
+    return off
+
+
+cdef inline void pool_release(NodeStore *s, uint32_t off, int c) noexcept nogil:
+    s.pool[off] = s.pool_free[c]
+    s.pool_free[c] = off
+
+
+cdef inline uint32_t add_holder(NodeStore *s, uint32_t id, uint32_t packed) except? 0xFFFFFFFE nogil:
+    """Add ``packed`` to node ``id``'s holders, or replace the holder of its slot. Returns the
+    replaced holder, KV_NIL when it is a new one."""
+    cdef Node *node = node_at(s, id)
+    cdef uint32_t n = node.n & KV_COUNT_MASK, off, old
+    cdef int64_t i = holder_index(s, node, packed & KV_SLOT_MASK)
+    cdef uint32_t *hs
+    cdef int c
+    if i >= 0:
+        hs = node_holders(s, node)
+        old = hs[i]
+        hs[i] = packed
+        sig_xor(s, node, holder_sig(old) ^ holder_sig(packed))
+        return old
+    if n == 0:
+        node.holders = packed
+    elif n == 1:
+        off = pool_alloc(s, pool_class(2))
+        node = node_at(s, id)
+        s.pool[off] = node.holders
+        s.pool[off + 1] = packed
+        node.holders = off
+    else:
+        c = pool_class(n)
+        if pool_class(n + 1) != c:  # a full run: move to one twice as long
+            off = pool_alloc(s, c + 1)
+            node = node_at(s, id)
+            memcpy(s.pool + off, s.pool + node.holders, (n) * sizeof(uint32_t))
+            pool_release(s, node.holders, c)
+            node.holders = off
+        s.pool[node.holders + n] = packed
+    sig_xor(s, node, holder_sig(packed))
+    node.n += 1
+    return KV_NIL
+
+
+cdef inline uint32_t remove_holder_at(NodeStore *s, uint32_t id, uint32_t i) except? 0xFFFFFFFE nogil:
+    """Remove holder ``i`` of node ``id`` (releasing the node when it was the last); returns it."""
+    cdef Node *node = node_at(s, id)
+    cdef uint32_t n = node.n & KV_COUNT_MASK, off, base
+    cdef uint32_t *hs = node_holders(s, node)
+    cdef uint32_t packed = hs[i]
+    cdef int c
+    sig_xor(s, node, holder_sig(packed))
+    if n == 1:
+        node.n -= 1
+        release_node(s, id)
+        return packed
+    base = node.holders
+    if n == 2:
+        node.holders = s.pool[base + (1 - i)]
+        pool_release(s, base, pool_class(2))
+    else:
+        s.pool[base + i] = s.pool[base + n - 1]
+        c = pool_class(n)
+        if pool_class(n - 1) != c:  # fits a run half as long
+            off = pool_alloc(s, c - 1)
+            node = node_at(s, id)
+            memcpy(s.pool + off, s.pool + base, (n - 1) * sizeof(uint32_t))
+            pool_release(s, base, c)
+            node.holders = off
+    node.n -= 1
+    return packed
+
+
+cdef inline int set_holders(NodeStore *s, uint32_t id, const uint32_t *packed, uint32_t n) except -1 nogil:
+    """Give node ``id`` (no holders yet) ``n`` holders at once (a state import)."""
+    cdef Node *node
+    cdef uint32_t off, j
+    cdef uint64_t sig = 0
+    for j in range(n):
+        sig ^= holder_sig(packed[j])
+    if n == 1:
+        node = node_at(s, id)
+        node.holders = packed[0]
+    elif n > 1:
+        off = pool_alloc(s, pool_class(n))
+        for j in range(n):
+            s.pool[off + j] = packed[j]
+        node = node_at(s, id)
+        node.holders = off
+    node = node_at(s, id)
+    node.sig = sig
+    node.n += n
+    return 0

@@ -1,0 +1,142 @@
+"""The compiled core's block store (``_nodestore.pxd``) against the pure core: the content table
+holds several nodes per content hash (one per engine hash that stands for it), holder runs
+grow and shrink across their size classes, and node ids widen past 2**16 (the tables are
+rebuilt with fewer fingerprint bits) while blocks come and go through the apply path."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from _index_helpers import batch, block, created, removed, stored_blocks
+from kvevents.consumer.index import CacheIndex, compiled_core_available
+from kvevents.schemas import KVCacheEvent
+
+
+def _pair() -> list[CacheIndex]:
+    if not compiled_core_available():
+        pytest.fail("kvevents.consumer._indexcore is not built")
+    return [CacheIndex(core="python"), CacheIndex(core="compiled")]
+
+
+class _Feed:
+    """Sends the same events to both cores, one batch per event, per (instance, rank)."""
+
+    def __init__(self, indexes: list[CacheIndex], workers: int) -> None:
+        self.indexes = indexes
+        self.eid = dict.fromkeys(range(workers), 1)
+        self.seq = 1
+        self.send_all([created(0, rank=w) for w in range(workers)], seq=0)
+
+    def send_all(self, events: list[KVCacheEvent], seq: int) -> None:
+        for index in self.indexes:
+            index.apply(batch(events, seq, "i0", dp=len(self.eid)))
+
+    def send(self, worker: int, make: object) -> None:
+        event = make(self.eid[worker], worker)  # type: ignore[operator]
+        self.eid[worker] += 1
+        self.send_all([event], self.seq)
+        self.seq += 1
+
+
+def _same(indexes: list[CacheIndex], queries: list[list[int]], content: list[list[int]]) -> None:
+    python, compiled = indexes
+    assert compiled.same_state(python)
+    for q in queries:
+        assert compiled.find_matches(q) == python.find_matches(q), q[:3]
+    for q in content:
+        assert compiled.find_matches_by_content(q) == python.find_matches_by_content(q), q[:3]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_content_under_many_engine_hashes(seed: int) -> None:
+    """vLLM-like: every worker hashes the same prompt with its own seed, so one content hash
+    stands for many engine hashes; removals in random order keep the others found."""
+    rng = random.Random(seed)
+    indexes = _pair()
+    workers = 12
+    feed = _Feed(indexes, workers)
+    tokens = [[100 * b + i for i in range(4)] for b in range(6)]
+    own = {w: [(w + 1) * 1_000_003 + b for b in range(6)] for w in range(workers)}
+    for w in range(workers):
+        blocks = [block(h, tokens=t) for h, t in zip(own[w], tokens, strict=True)]
+        feed.send(w, lambda eid, r, blocks=blocks: stored_blocks(eid, blocks, rank=r))
+    content = indexes[0].content_hashes([t for ts in tokens for t in ts], 4)
+    assert len(indexes[1].find_matches_by_content(content)) == workers
+    order = [(w, b) for w in range(workers) for b in range(6)]
+    rng.shuffle(order)
+    for k, (w, b) in enumerate(order):
+        feed.send(w, lambda eid, r, h=own[w][b]: removed(eid, [h], rank=r))
+        if k % 5 == 0:
+            _same(indexes, [own[w], own[(w + 1) % workers]], [content, content[:3]])
+    _same(indexes, [own[0]], [content])
+    assert indexes[1].find_matches_by_content(content) == {}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_holder_runs_grow_and_shrink(seed: int) -> None:
+    """One prefix held by 1..40 workers and back (every run size class both ways), with the
+    matching's same-holders shortcut checked at each step."""
+    rng = random.Random(seed)
+    indexes = _pair()
+    workers = 40
+    feed = _Feed(indexes, workers)
+    prefix = list(range(5000, 5020))
+    order = list(range(workers))
+    rng.shuffle(order)
+    for k, w in enumerate(order):
+        feed.send(w, lambda eid, r: stored_blocks(eid, [block(h) for h in prefix], rank=r))
+        tail = [9_000_000 + 100 * w + i for i in range(3)]
+        feed.send(
+            w,
+            lambda eid, r, tail=tail: stored_blocks(eid, [block(h) for h in tail], parent=prefix[-1], rank=r),
+        )
+        if k % 3 == 0:
+            _same(indexes, [prefix, prefix + tail, prefix[:7]], [])
+    rng.shuffle(order)
+    for k, w in enumerate(order):
+        cut = rng.randrange(len(prefix))
+        feed.send(w, lambda eid, r, cut=cut: removed(eid, prefix[cut:], rank=r))
+        if k % 3 == 0:
+            _same(indexes, [prefix, prefix[: cut + 1], prefix[:3]], [])
+    _same(indexes, [prefix], [])
+
+
+def test_node_ids_widen_while_blocks_come_and_go() -> None:
+    """Past 2**16 nodes the tables are rebuilt for wider ids; stores and removals keep the
+    compiled core equal to the pure one (state bytes and matches)."""
+    indexes = _pair()
+    workers = 4
+    feed = _Feed(indexes, workers)
+    rng = random.Random(5)
+    chains: list[tuple[int, list[int]]] = []
+    h = 1
+    while h < 120_000:
+        w = rng.randrange(workers)
+        chain = list(range(h, h + 500))
+        h += 500
+        feed.send(w, lambda eid, r, chain=chain: stored_blocks(eid, [block(x) for x in chain], rank=r))
+        chains.append((w, chain))
+        if rng.random() < 0.3:
+            gone_w, gone = chains.pop(rng.randrange(len(chains)))
+            feed.send(gone_w, lambda eid, r, gone=gone: removed(eid, gone[::-1], rank=r))
+    _same(indexes, [c for _, c in chains[:20]] + [c[:64] for _, c in chains[-20:]], [])
+    assert indexes[1].stats().distinct_blocks > 1 << 16
+
+
+def test_query_keys_of_every_width_are_read_exactly() -> None:
+    """Keys at each boundary of CPython's 30-bit int digits, up to 2**64 - 1, match exactly
+    their own blocks (a query list is converted lazily, in groups); out-of-range keys raise."""
+    indexes = _pair()
+    feed = _Feed(indexes, 1)
+    keys = [0, 1, 2**30 - 1, 2**30, 2**60 - 1, 2**60, 2**62 + 5, 2**63, 2**64 - 1]
+    for k in keys:
+        feed.send(0, lambda eid, r, k=k: stored_blocks(eid, [block(k)], rank=r))
+    for k in keys:
+        for index in indexes:
+            assert index.find_matches([k]) == {("i0", 0): 1}, k
+            assert index.find_matches([k - 7 if k > 100 else k + 1000]) == {}, k
+    with pytest.raises(OverflowError):
+        indexes[1].find_matches([2**64])
+    with pytest.raises(OverflowError):
+        indexes[1].find_matches([-1])
