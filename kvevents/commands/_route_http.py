@@ -1,8 +1,10 @@
 """Serving :class:`._route_app.RouteApp` with uvicorn (httptools parser, uvloop): a protocol that
 adds what uvicorn lacks (a deadline for the request head, so a slow-loris or a silent connection
 is closed; a bound on open connections answered with a JSON 503; JSON for the parser's 400),
-graceful shutdown on SIGTERM/SIGINT, and N worker processes forked over one listening socket,
-each serving its own source (a :class:`~kvevents.consumer.LiveIndex` replica following the topic).
+graceful shutdown on SIGTERM/SIGINT, and N worker processes, each with its own listening socket
+on the one port (``SO_REUSEPORT``: the kernel spreads connections over them; one shared socket
+let whichever process woke first accept a whole burst) and its own source (a
+:class:`~kvevents.consumer.LiveIndex` replica following the topic). See docs/ROUTER.md.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +26,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kvevents.commands._route_app import AppOptions, IndexSource, RouteApp, StaticSource
 
-__all__ = ["GuardedProtocol", "ServeOptions", "bind", "make_server", "serve", "serve_static"]
+__all__ = ["GuardedProtocol", "ServeOptions", "bind", "listen", "make_server", "serve", "serve_static"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,7 @@ class ServeOptions:
     shutdown_timeout_s: float = 10.0
     backlog: int = 2048
     access_log: bool = False
+    reuse_port: bool = True  # one listening socket per process (SO_REUSEPORT), else one shared
 
 
 def _json_error(status: int, reason: str, message: str) -> bytes:
@@ -140,15 +143,45 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
-    """The listening socket (shared by every worker process); OSError if it cannot be bound."""
+def bind(host: str, port: int, backlog: int = 2048, *, reuse_port: bool = False) -> socket.socket:
+    """A listening socket (``reuse_port``: with ``SO_REUSEPORT``, so more can share the port);
+    OSError if it cannot be bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(backlog)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
     sock.set_inheritable(True)
     return sock
+
+
+def listen(host: str, port: int, options: ServeOptions) -> list[socket.socket]:
+    """The listening sockets of ``options.workers`` processes, all on one port (``port`` 0: a
+    free one): one per process with ``SO_REUSEPORT`` (``options.reuse_port``, the default, where
+    the platform has it), else one shared by all. Bound here, before any fork, so a port in use
+    fails at once, and a port another server listens on fails even if it set ``SO_REUSEPORT``
+    too (a second router on the port would otherwise take a share of its connections)."""
+    if options.workers <= 1 or not options.reuse_port or not hasattr(socket, "SO_REUSEPORT"):
+        return [bind(host, port, options.backlog)]
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:  # in use by anyone, SO_REUSEPORT or not:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # fail, not share it
+        probe.bind((host, port))
+        port = probe.getsockname()[1]
+    socks: list[socket.socket] = []
+    try:
+        socks += [bind(host, port, options.backlog, reuse_port=True) for _ in range(options.workers)]
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 AppFactory = Callable[[IndexSource, AppOptions], RouteApp]
@@ -194,18 +227,22 @@ def _run_one(
 
 
 def serve(
-    sock: socket.socket,
+    socks: socket.socket | Sequence[socket.socket],
     make_source: Callable[[int], IndexSource],
     options: ServeOptions,
     on_exit: Callable[[int, IndexSource, int | None], None] | None = None,
     app_factory: AppFactory = RouteApp,
 ) -> int | None:
-    """Serve ``sock`` with ``options.workers`` processes. Each process calls ``make_source(i)``
-    (after the fork, so each follows the topic itself), serves, then ``on_exit(i, source,
-    signal)``. With one worker everything runs in this process. Returns the stopping signal."""
+    """Serve with ``options.workers`` processes: process i listens on ``socks[i]`` (:func:`listen`),
+    or all on the one socket given. Each process calls ``make_source(i)`` (after the fork, so
+    each follows the topic itself), serves, then ``on_exit(i, source, signal)``. With one worker
+    everything runs in this process. Returns the stopping signal. With several, each process
+    closes the sockets of the others and the parent closes them all once forked (a process that
+    dies takes its socket with it: the kernel stops sending it connections)."""
+    listening = [socks] if isinstance(socks, socket.socket) else list(socks)
     if options.workers <= 1:
         source = make_source(0)
-        signalled = _run_one(sock, source, options, 0, app_factory)
+        signalled = _run_one(listening[0], source, options, 0, app_factory)
         if on_exit is not None:
             on_exit(0, source, signalled)
         return signalled
@@ -215,8 +252,12 @@ def serve(
         if pid == 0:  # the worker process
             code = 0
             try:
+                mine = listening[i % len(listening)]
+                for other in listening:
+                    if other is not mine:
+                        other.close()
                 source = make_source(i)
-                signalled = _run_one(sock, source, options, i, app_factory)
+                signalled = _run_one(mine, source, options, i, app_factory)
                 if on_exit is not None:
                     on_exit(i, source, signalled)
             except BaseException:
@@ -227,6 +268,9 @@ def serve(
                 sys.stderr.flush()
                 os._exit(code)
         children.append(pid)
+    if len(listening) > 1:
+        for sock in listening:
+            sock.close()
     return _supervise(children)
 
 
@@ -260,7 +304,8 @@ def _supervise(children: list[int]) -> int | None:
 
 
 def serve_static(
-    index: Any, sock: socket.socket, options: ServeOptions, app_factory: AppFactory = RouteApp
-) -> None:
+    index: Any, socks: socket.socket | Sequence[socket.socket], options: ServeOptions,
+    app_factory: AppFactory = RouteApp,
+) -> None:  # fmt: skip
     """Serve a fixed index (benchmarks, tests): every process shares the parent's copy."""
-    serve(sock, lambda i: StaticSource(index), options, app_factory=app_factory)
+    serve(socks, lambda i: StaticSource(index), options, app_factory=app_factory)

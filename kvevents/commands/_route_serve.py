@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 def serve_live(args: argparse.Namespace, built: Built) -> int:
     """Serve until SIGTERM/SIGINT; 0 after a graceful stop with the checkpoint saved."""
     try:
-        from kvevents.commands._route_http import ServeOptions, bind, serve
+        from kvevents.commands._route_http import ServeOptions, listen, serve
     except ImportError as exc:
         built.close()
         raise CommandError(f"route --serve needs uvicorn: pip install 'kvevents[serve]' ({exc})") from exc
@@ -41,12 +41,13 @@ def serve_live(args: argparse.Namespace, built: Built) -> int:
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
         keep_alive_s=args.keep_alive,
+        reuse_port=not args.shared_socket,
     )
     try:
-        sock = bind(args.host, args.port, options.backlog)
+        socks = listen(args.host, args.port, options)
     except OSError as exc:
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
-    host, port = sock.getsockname()[:2]
+    host, port = socks[0].getsockname()[:2]
     print(
         f"serving on http://{host}:{port} with {args.workers} process(es) (POST /match, POST /match/hashes, "
         f"GET /workers /healthz /readyz /metrics); {len(built.index.workers())} worker(s); SIGTERM or Ctrl-C stops",
@@ -93,7 +94,8 @@ def serve_live(args: argparse.Namespace, built: Built) -> int:
             live.close()
 
     try:
-        serve(sock, make_source, options, on_exit)
+        serve(socks, make_source, options, on_exit)
     finally:
-        sock.close()
+        for sock in socks:
+            sock.close()
     return 1 if failures else 0

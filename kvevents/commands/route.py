@@ -161,6 +161,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="S",
         help="idle connections close after S (default: 5)",
     )
+    serve.add_argument(
+        "--shared-socket",
+        action="store_true",
+        help="with --workers > 1, one listening socket shared by every process instead of one each "
+        "(SO_REUSEPORT, the default: the kernel spreads connections evenly; shared, a burst of "
+        "new connections can all go to one process)",
+    )
     add_output_flags(parser, json_help="print one JSON object (every prompt's scores and a summary)")
     parser.set_defaults(func=run)
 
