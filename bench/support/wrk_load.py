@@ -1,7 +1,8 @@
 """Drive an HTTP server with ``wrk`` (Debian's package: ``apt-get install wrk``): POST bodies
 taken in turn from a file, keep-alive connections, closed loop (as fast as answers come) or
-paced (each connection waits ``delay_ms`` between requests, to hold a lower load), and the
-latency percentiles wrk measured, read back as JSON."""
+paced (each connection waits a random whole number of milliseconds averaging ``delay_ms``
+between requests), and the latency percentiles wrk measured, read back as JSON. :func:`paced`
+holds a target rate: a fixed mean delay, and the number of connections found by short probes."""
 
 from __future__ import annotations
 
@@ -52,7 +53,14 @@ def run(url: str, endpoint: str, bodies: list[bytes], *, connections: int, secon
         data = Path(tmp) / "bodies.txt"
         data.write_bytes(b"\n".join(bodies) + b"\n")
         script = Path(tmp) / "load.lua"
-        delay = f"function delay() return {delay_ms} end" if delay_ms > 0 else ""
+        # wrk's delay() is in whole ms; a random spread around the mean keeps the connections
+        # from firing in step (they all start together)
+        spread = min(delay_ms - 1, 2)
+        delay = (
+            f"function delay() return math.random({delay_ms - spread}, {delay_ms + spread}) end"
+            if delay_ms > 0
+            else ""
+        )
         script.write_text(_SCRIPT.replace("%DELAY%", delay))
         command = [wrk_path(), f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "5s",
                    "-s", str(script), url, "--", str(data), endpoint]  # fmt: skip
@@ -64,4 +72,24 @@ def run(url: str, endpoint: str, bodies: list[bytes], *, connections: int, secon
     result["requests_per_s"] = round(result["requests"] / (result["duration_us"] / 1e6), 1)
     result["connections"] = connections
     result["delay_ms"] = delay_ms
+    return result
+
+
+def paced(url: str, endpoint: str, bodies: list[bytes], *, rate: float, seconds: float, delay_ms: int = 4,
+          tolerance: float = 0.1, probes: int = 3, max_connections: int = 64) -> dict[str, Any]:  # fmt: skip
+    """A run at about ``rate`` requests/s: each connection sends one request, waits ``delay_ms``
+    on average after the answer, and so on; the number of connections is chosen by probes of
+    1 s (each scales it by target / achieved, at most ``max_connections``: a server that needs
+    more to reach the rate is saturated). The result adds ``target_per_s`` and ``on_target``
+    (achieved within ``tolerance`` of the target)."""
+    connections = min(max_connections, max(1, round(rate * (delay_ms + 1.5) / 1000)))  # 1.5 ms: answer, timer
+    for _ in range(probes):
+        probe = run(url, endpoint, bodies, connections=connections, seconds=1, delay_ms=delay_ms)
+        ratio = probe["requests_per_s"] / rate
+        if abs(ratio - 1) <= tolerance / 2:
+            break
+        connections = min(max_connections, max(1, round(connections / max(ratio, 0.05))))
+    result = run(url, endpoint, bodies, connections=connections, seconds=seconds, delay_ms=delay_ms)
+    result["target_per_s"] = round(rate, 1)
+    result["on_target"] = abs(result["requests_per_s"] / rate - 1) <= tolerance
     return result
