@@ -22,11 +22,12 @@ import xxhash
 
 from ._files import write_atomically
 from .index import CacheIndex
-from .liveness import Heard, Liveness
+from .liveness import DEFAULT_STALE_AFTER_S, Heard, Liveness, observe_liveness
 
 if TYPE_CHECKING:
     from .reader import EventReader
     from .reader_metrics import ReaderProgress, ReadResult
+    from .workers import WorkerKey
 
 __all__ = [
     "FORMAT_VERSION",
@@ -196,11 +197,25 @@ def load_checkpoint(path: str | os.PathLike[str], *, topic: str | None = None) -
 @dataclass
 class Restored:
     """What :func:`restore` made: the index, the reader positioned after the checkpoint (left
-    open, to keep reading live), and what catching up read (None without catching up)."""
+    open, to keep reading live), what catching up read (None without catching up), and the
+    instances' liveness (the checkpoint's, then every message caught up; to keep it current
+    while reading on, pass ``on_message=restored.observe`` to ``reader.apply_to``)."""
 
     index: CacheIndex
     reader: EventReader
     caught_up: ReadResult | None
+    liveness: Liveness = field(default_factory=Liveness)
+
+    def observe(self, message: Any) -> None:
+        """Track one more message's liveness (closing instances leave the index, as while
+        catching up): an ``on_message`` for ``reader.apply_to``."""
+        observe_liveness(self.liveness, self.index, message)
+
+    def not_routable(self, now: float | None = None) -> dict[WorkerKey, str]:
+        """Workers routing must leave out now (stale or closed instance), with the state."""
+        workers = self.index.workers()
+        states = self.liveness.not_routable({k.instance_id for k in workers}, now)
+        return {k: states[k.instance_id] for k in workers if k.instance_id in states}
 
 
 def restore(
@@ -211,22 +226,31 @@ def restore(
     core: str = "auto",
     catch_up: bool = True,
     progress: Callable[[ReaderProgress], None] | None = None,
+    stale_after_s: float = DEFAULT_STALE_AFTER_S,
     **reader_options: Any,
 ) -> Restored:
     """The checkpoint's index, caught up with the topic: an :class:`EventReader` starts at the
     checkpoint's offsets (partitions it does not name, from the beginning) and applies
-    everything up to the high watermarks captured when it starts. The result equals a full
-    replay of the topic up to those watermarks. ``reader_options`` go to the reader."""
+    everything up to the high watermarks captured when it starts. Liveness starts from the
+    checkpoint's (when it has one) and tracks every message caught up, as :class:`LiveIndex`
+    does: an instance that closes meanwhile leaves the index. The result equals a full replay of
+    the topic up to those watermarks by the same rules (``kvevents index``'s, ``LiveIndex``'s).
+    ``stale_after_s``: silence after which an instance is stale. ``reader_options`` go to the reader."""
     from .reader import EventReader
 
     name = topic or checkpoint.topic
     if name != checkpoint.topic:
         raise CheckpointError(f"a checkpoint of topic {checkpoint.topic!r}, not of {name!r}")
     index = checkpoint.index(core=core)
+    liveness = Liveness(stale_after_s)
+    if checkpoint.liveness is not None:
+        liveness.restore(checkpoint.liveness)
     reader = EventReader(bootstrap_servers, name, start=checkpoint.offsets, **reader_options)
+    restored = Restored(index, reader, None, liveness)
     try:
-        result = reader.apply_to(index, progress=progress) if catch_up else None
+        if catch_up:
+            restored.caught_up = reader.apply_to(index, progress=progress, on_message=restored.observe)
     except BaseException:
         reader.close()
         raise
-    return Restored(index, reader, result)
+    return restored

@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException
 
 from .checkpoint import Checkpoint
 from .index import CacheIndex
-from .liveness import DEFAULT_STALE_AFTER_S, Heard, Liveness
+from .liveness import DEFAULT_STALE_AFTER_S, Heard, Liveness, observe_liveness
 from .reader import EventReader, ReaderError
 from .reader_metrics import ReaderMetrics, ReaderProgress
 from .workers import WorkerKey
@@ -29,17 +29,6 @@ log = logging.getLogger(__name__)
 DEFAULT_READY_MAX_LAG = 1000
 """Messages behind the broker's high watermark a ready follower may be (at the producers' usual
 rate, well under a second of events)."""
-
-
-def observe_liveness(liveness: Liveness, index: CacheIndex, message: Any) -> str | None:
-    """Track ``message`` in ``liveness`` (an ``on_message`` of ``EventReader.apply_to``, under the
-    index's lock); if its instance closes, its workers leave ``index``: returns that instance."""
-    closing = liveness.observe_message(message)
-    if closing is not None:
-        for key in index.workers():
-            if key.instance_id == closing:
-                index.reset_worker(key, clear_degraded=True)
-    return closing
 
 
 class FollowerHealth(msgspec.Struct, frozen=True):

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
+
+if TYPE_CHECKING:
+    from .index import CacheIndex
 
 __all__ = [
     "CONTROL_CLOSE",
@@ -26,6 +29,7 @@ __all__ = [
     "Heard",
     "InstanceLiveness",
     "Liveness",
+    "observe_liveness",
 ]
 
 CONTROL_HEADER = "kvevents-control"
@@ -139,3 +143,14 @@ class Liveness:
             if state != "live":
                 out[instance] = state
         return out
+
+
+def observe_liveness(liveness: Liveness, index: CacheIndex, message: Any) -> str | None:
+    """Track ``message`` in ``liveness`` (an ``on_message`` of ``EventReader.apply_to``, under the
+    index's lock); if its instance closes, its workers leave ``index``: returns that instance."""
+    closing = liveness.observe_message(message)
+    if closing is not None:
+        for key in index.workers():
+            if key.instance_id == closing:
+                index.reset_worker(key, clear_degraded=True)
+    return closing

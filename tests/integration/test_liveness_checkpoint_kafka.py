@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 from kafka_streams import produce
-from kvevents.consumer import CacheIndex, KafkaCheckpointStore, LiveIndex, load_checkpoint, save_checkpoint
+from kvevents.consumer import (
+    CacheIndex,
+    KafkaCheckpointStore,
+    LiveIndex,
+    load_checkpoint,
+    restore,
+    save_checkpoint,
+)
 from kvevents.consumer.liveness import CONTROL_HEADER, Heard
 from test_route_live_kafka import heartbeat, produce_with_headers, stored_batch
 
@@ -98,3 +105,44 @@ def test_a_restart_from_a_checkpoint_keeps_closed_instances_closed_and_silent_on
     assert (
         saved["chatty"].closed and saved["chatty"].last_heard_s >= checkpoint.liveness["chatty"].last_heard_s
     )
+
+
+def test_restore_carries_the_checkpoints_liveness_and_tracks_the_catch_up(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    produce(kafka_bootstrap, kafka_topic, [stored_batch(i) for i in INSTANCES])
+    produce_with_headers(kafka_bootstrap, kafka_topic, heartbeat("closer", 1), [(CONTROL_HEADER, b"close")])
+    live = LiveIndex(kafka_bootstrap, kafka_topic, stale_after_s=2.0)
+    live.start()
+    with live:
+        live.stop()
+        checkpoint = live.checkpoint()
+    time.sleep(2.5)  # "quiet" (and everyone) silent past the TTL since the checkpoint
+    produce(kafka_bootstrap, kafka_topic, [heartbeat("chatty", 1)])  # caught up by restore()
+    restored = restore(checkpoint, kafka_bootstrap, stale_after_s=2.0)
+    with restored.reader:
+        assert restored.caught_up is not None and restored.caught_up.messages == 1
+        liveness = restored.liveness
+        assert liveness.saved()["closer"] == checkpoint.liveness["closer"]  # type: ignore[index]
+        assert liveness.saved()["quiet"] == checkpoint.liveness["quiet"]  # type: ignore[index]
+        states = {i: liveness.state(i) for i in INSTANCES}
+        assert states == {"quiet": "stale", "closer": "closed", "chatty": "live"}
+        assert blocks(restored.index) == {"quiet": 3, "closer": 0, "chatty": 3}
+        assert {k.instance_id: s for k, s in restored.not_routable().items()} == {
+            "quiet": "stale",
+            "closer": "closed",
+        }
+
+        # reading on with restored.observe keeps liveness current: chatty closes, its workers leave
+        produce_with_headers(
+            kafka_bootstrap, kafka_topic, heartbeat("chatty", 2), [(CONTROL_HEADER, b"close")]
+        )
+        read = restored.reader.apply_to(
+            restored.index, until_caught_up=False, timeout=20, max_messages=1, on_message=restored.observe
+        )
+        assert read.messages == 1
+        assert liveness.state("chatty") == "closed" and blocks(restored.index)["chatty"] == 0
+
+    plain = restore(checkpoint, kafka_bootstrap, catch_up=False)  # not caught up: the checkpoint's view
+    with plain.reader:
+        assert plain.caught_up is None and plain.liveness.saved() == checkpoint.liveness
