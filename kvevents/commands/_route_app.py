@@ -4,7 +4,6 @@ the endpoints, and ``/metrics``. Served by :mod:`._route_http` (uvicorn)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
@@ -69,7 +68,6 @@ class StaticSource:
 class AppOptions:
     block_size: int = 32
     max_body_bytes: int = 4 * 1024 * 1024
-    body_timeout_s: float = 30.0
     process: int = 0
 
 
@@ -173,7 +171,7 @@ class RouteApp:
 
     async def _read_body(self, scope: dict[str, Any], receive: Receive) -> bytes:
         """The body, within ``max_body_bytes`` (checked on Content-Length before reading, and
-        counted while reading a chunked one) and ``body_timeout_s``."""
+        counted while reading a chunked one)."""
         limit = self.options.max_body_bytes
         length: bytes | None = None
         chunked = False
@@ -195,25 +193,25 @@ class RouteApp:
             raise HttpError(
                 411, "a Content-Length header (or chunked transfer encoding) is required", close=True
             )
+        message = await receive()  # the body's deadline is the protocol's (_route_http)
+        chunk = message.get("body", b"")
+        if not message.get("more_body", False) and message["type"] != "http.disconnect":
+            if len(chunk) > limit:
+                raise HttpError(413, f"body larger than the limit of {limit} bytes", close=True)
+            return chunk  # the whole body at once: the usual case
         parts: list[bytes] = []
         size = 0
-        try:  # one deadline for the whole body (a timer, not a task per receive as wait_for)
-            async with asyncio.timeout(self.options.body_timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        raise HttpError(400, "the client went away before sending the whole body", close=True)
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
-                        raise HttpError(413, f"body larger than the limit of {limit} bytes", close=True)
-                    parts.append(chunk)
-                    if not message.get("more_body", False):
-                        return parts[0] if len(parts) == 1 else b"".join(parts)
-        except TimeoutError:
-            raise HttpError(
-                408, f"the body did not arrive within {self.options.body_timeout_s:g} s", close=True
-            ) from None
+        while True:
+            if message["type"] == "http.disconnect":
+                raise HttpError(400, "the client went away before sending the whole body", close=True)
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(413, f"body larger than the limit of {limit} bytes", close=True)
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+            message = await receive()
+            chunk = message.get("body", b"")
 
     # ------------------------------------------------------------------ matching
 

@@ -1,6 +1,7 @@
 """Serving :class:`._route_app.RouteApp` with uvicorn (httptools parser, uvloop): a protocol that
-adds what uvicorn lacks (a deadline for the request head, so a slow-loris or a silent connection
-is closed; a bound on open connections answered with a JSON 503; JSON for the parser's 400),
+adds what uvicorn lacks (deadlines for the request head and body, so a slow-loris, a slow body or
+a silent connection is closed with a JSON 408; a bound on open connections answered with a JSON
+503; JSON for the parser's 400),
 graceful shutdown on SIGTERM/SIGINT, and N worker processes, each with its own listening socket
 on the one port (``SO_REUSEPORT``: the kernel spreads connections over them; one shared socket
 let whichever process woke first accept a whole burst) and its own source (a
@@ -57,54 +58,75 @@ def _json_error(status: int, reason: str, message: str) -> bytes:
 
 
 class GuardedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a request-head deadline and a connection bound."""
+    """uvicorn's httptools protocol with deadlines for the request head and body, and a
+    connection bound. A timer runs only while a request is partly read when a read ends (or a
+    new connection is silent): a request that arrives whole in one read, the usual case, arms none."""
 
     header_timeout_s = 10.0
+    body_timeout_s = 30.0
     max_connections = 4096
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._head_timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_head = self._in_body = False
         if len(self.connections) > self.max_connections:
             transport.write(
                 _json_error(503, "Service Unavailable", f"more than {self.max_connections} open connections")
             )
             transport.close()
             return
-        self._arm_head_timer()
+        self._arm(self._head_timeout, self.header_timeout_s)
 
-    def _arm_head_timer(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+    def _arm(self, callback: Callable[[], None], delay: float) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(delay, callback)
+        self._timer_callback = callback
 
-    def _disarm_head_timer(self) -> None:
-        timer = getattr(self, "_head_timer", None)
+    def _disarm(self) -> None:
+        timer = getattr(self, "_timer", None)
         if timer is not None:
             timer.cancel()
-            self._head_timer = None
+            self._timer = None
 
-    def _head_timeout(self) -> None:
-        self._head_timer = None
+    def _expire(self, message: str) -> None:
+        self._timer = None
         if not self.transport.is_closing():
-            message = f"the request head did not arrive within {self.header_timeout_s:g} s"
             self.transport.write(_json_error(408, "Request Timeout", message))
             self.transport.close()
 
+    def _head_timeout(self) -> None:
+        self._expire(f"the request head did not arrive within {self.header_timeout_s:g} s")
+
+    def _body_timeout(self) -> None:
+        self._expire(f"the body did not arrive within {self.body_timeout_s:g} s")
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_head:  # the head's deadline runs from the read that began it
+            if self._timer is None or self._timer_callback != self._head_timeout:
+                self._arm(self._head_timeout, self.header_timeout_s)
+        elif self._in_body:
+            if self._timer is None or self._timer_callback != self._body_timeout:
+                self._arm(self._body_timeout, self.body_timeout_s)
+        else:  # nothing half-read: idle (uvicorn's keep-alive timeout) or answering
+            self._disarm()
+
     def on_message_begin(self) -> None:
+        self._in_head, self._in_body = True, False
         super().on_message_begin()
-        self._arm_head_timer()
 
     def on_headers_complete(self) -> None:
-        self._disarm_head_timer()
+        self._in_head, self._in_body = False, True
         super().on_headers_complete()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_head_timer()
-        super().connection_lost(exc)
+    def on_message_complete(self) -> None:
+        self._in_head = self._in_body = False
+        super().on_message_complete()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._disarm_head_timer()  # idle now: the keep-alive timeout takes over
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
         self.transport.write(_json_error(400, "Bad Request", f"malformed HTTP request: {msg}"))
@@ -195,10 +217,9 @@ def make_server(
     ``server.should_exit`` is set or, in the main thread, SIGTERM/SIGINT). ``app_factory``:
     another app (the benchmark's baseline)."""
     protocol = type("Guarded", (GuardedProtocol,), {"header_timeout_s": options.header_timeout_s,
+                                                     "body_timeout_s": options.body_timeout_s,
                                                      "max_connections": options.max_connections})  # fmt: skip
-    app = app_factory(
-        source, AppOptions(options.block_size, options.max_body_bytes, options.body_timeout_s, process)
-    )
+    app = app_factory(source, AppOptions(options.block_size, options.max_body_bytes, process))
     config = uvicorn.Config(
         app,
         http=protocol,

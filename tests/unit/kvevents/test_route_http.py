@@ -272,6 +272,26 @@ def test_slow_loris_head_and_slow_body_get_408_and_the_service_keeps_answering(s
         assert status == 408 and "body did not arrive" in json.loads(body)["error"]
 
 
+def test_requests_in_pieces_within_the_deadlines_are_served_on_one_connection(srv: Running) -> None:
+    """A head and a body each sent in pieces (0.6 s each, deadlines 1 s) are answered, and the
+    connection, idle between requests for longer than the head deadline, still serves."""
+    data = json.dumps({"token_ids": PROMPT}).encode()
+    head = b"POST /match HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data)
+    with socket.create_connection((srv.host, srv.port), timeout=5) as s:
+        for pieces in ([head[:10], head[10:30], head[30:] + data], [head, data[:5], data[5:20], data[20:]]):
+            for i, piece in enumerate(pieces):
+                if i:
+                    time.sleep(0.6 / (len(pieces) - 1))
+                s.sendall(piece)
+            status, _, body = read_response(s)
+            assert status == 200 and json.loads(body)["best"]["instance_id"] == "b"
+            time.sleep(1.3)  # idle past the head deadline: the keep-alive timeout (5 s) rules
+        s.sendall(head)  # and a body that stops half-way gets its own deadline
+        s.sendall(data[:5])
+        status, _, body = read_response(s)
+        assert status == 408 and "body did not arrive within 1 s" in json.loads(body)["error"]
+
+
 @pytest.mark.slow
 def test_a_thousand_idle_connections_cost_no_thread_and_are_closed(srv: Running) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
