@@ -194,7 +194,7 @@ class RouteApp:
                 411, "a Content-Length header (or chunked transfer encoding) is required", close=True
             )
         message = await receive()  # the body's deadline is the protocol's (_route_http)
-        chunk = message.get("body", b"")
+        chunk: bytes = message.get("body", b"")
         if not message.get("more_body", False) and message["type"] != "http.disconnect":
             if len(chunk) > limit:
                 raise HttpError(413, f"body larger than the limit of {limit} bytes", close=True)
