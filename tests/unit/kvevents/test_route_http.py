@@ -97,10 +97,11 @@ def raw(srv: Running, data: bytes, *, timeout: float = 5.0) -> tuple[int, dict[s
     """Send bytes, read one response (status, lower-cased headers, body)."""
     with socket.create_connection((srv.host, srv.port), timeout=timeout) as s:
         s.sendall(data)
-        return read_response(s)
+        return read_response(s, head_only=data.startswith(b"HEAD "))
 
 
-def read_response(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+def read_response(s: socket.socket, *, head_only: bool = False) -> tuple[int, dict[str, str], bytes]:
+    """One response; ``head_only``: an answer to HEAD (Content-Length, but no body follows)."""
     buf = b""
     while b"\r\n\r\n" not in buf:
         chunk = s.recv(65536)
@@ -111,7 +112,7 @@ def read_response(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    length = int(headers.get("content-length", "0"))
+    length = 0 if head_only else int(headers.get("content-length", "0"))
     while len(body) < length:
         chunk = s.recv(65536)
         if not chunk:
@@ -342,6 +343,63 @@ def test_keep_alive_connection_serves_many_requests(srv: Running) -> None:
             s.sendall(req)
             status, _, body = read_response(s)
             assert status == 200 and json.loads(body)["best"]["instance_id"] == "b"
+
+
+def test_pipelined_head_and_post_are_answered_in_order(srv: Running) -> None:
+    """Each response's head waits for its body to go out in one write; a HEAD answer (no body)
+    is still sent when it completes, before the next pipelined answer."""
+    data = json.dumps({"token_ids": PROMPT}).encode()
+    post_req = b"POST /match HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data)
+    with socket.create_connection((srv.host, srv.port), timeout=5) as s:
+        s.sendall(
+            b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            + post_req
+            + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        status, headers, _ = read_response(s, head_only=True)
+        assert status == 200 and int(headers["content-length"]) > 0
+        status, _, body = read_response(s)
+        assert status == 200 and json.loads(body)["best"]["instance_id"] == "b"
+        status, _, body = read_response(s)
+        assert status == 200 and json.loads(body)["status"] == "ok"
+
+
+def test_joined_writes_send_head_and_body_once_and_pass_the_rest() -> None:
+    """The transport wrapper alone (a recording transport stands in)."""
+    from kvevents.commands._route_http import _JoinedWrites
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+            self.closed = False
+
+        def write(self, data: bytes) -> None:
+            self.writes.append(data)
+
+        def close(self) -> None:
+            self.closed = True
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+    t = Recorder()
+    joined = _JoinedWrites(t)  # type: ignore[arg-type]
+    joined.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # not held
+    joined.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+    joined.write(b"{}")
+    joined.flush()
+    joined.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")  # a HEAD answer: no body write
+    joined.flush()
+    joined.write(b"HTTP/1.1 500 Internal Server Error\r\n\r\n")
+    assert not joined.is_closing()
+    joined.close()  # a held head goes out before the close
+    assert t.writes == [
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n",
+        b"HTTP/1.1 500 Internal Server Error\r\n\r\n",
+    ]
+    assert t.closed
 
 
 def test_metrics_are_prometheus_text_with_requests_and_index_figures(srv: Running) -> None:
