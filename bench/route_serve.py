@@ -19,7 +19,9 @@ Servers, side by side in one run, each in a child process serving the same index
 - **uvicorn-1w / uvicorn-2w**: ``kvevents route --serve``'s server (uvicorn, httptools, uvloop,
   a bare ASGI app, the compiled fast path of ``_route_fast``) with 1 and 2 worker processes, a
   listening socket each (``SO_REUSEPORT``); **uvicorn-2w-shared**: 2 processes sharing one
-  listening socket, as before (``--shared-socket``);
+  listening socket, as before (``--shared-socket``); **uvicorn-2w-live**: uvicorn-2w with each
+  process following an idle topic (a ``LiveIndex`` thread, as ``route --serve``; needs
+  ``KAFKA_BOOTSTRAP_SERVERS``);
 - **granian-2w**: the same handlers under granian's RSGI interface, 2 workers: a measurement-only
   prototype (``bench/support/route_granian.py``) to compare server stacks; not in the default run.
 
@@ -87,6 +89,36 @@ def _serve_uvicorn(
     serve_static(index, socks, options, OldRouteApp if old else RouteApp)
 
 
+def _serve_live(index: CacheIndex, port_queue: Any, workers: int) -> None:
+    """uvicorn-2w with each process a ``LiveIndex`` following an idle topic of the broker in
+    ``KAFKA_BOOTSTRAP_SERVERS`` (as ``route --serve`` does): what the follower thread costs."""
+    from confluent_kafka.admin import AdminClient
+    from kvevents.consumer import LiveIndex
+    from kvevents.consumer.topics import TopicSpec, create_topic
+
+    from kvevents.commands._route_http import ServeOptions, listen, serve
+
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        raise SystemExit("uvicorn-2w-live needs KAFKA_BOOTSTRAP_SERVERS (a broker to follow)")
+    topic = f"bench-route-live-{os.getpid()}-{int(time.time())}"
+    create_topic(bootstrap, TopicSpec(topic))
+    options = ServeOptions(workers=workers, block_size=route_index.BLOCK_SIZE)
+    socks = listen("127.0.0.1", 0, options)
+    port_queue.put(socks[0].getsockname()[1])
+
+    def follow(process: int) -> LiveIndex:
+        live = LiveIndex(bootstrap, topic, index=index, offsets={0: 0})
+        live.start()
+        return live
+
+    try:
+        serve(socks, follow, options, on_exit=lambda process, source, signalled: source.close())  # type: ignore[attr-defined]
+    finally:
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures need it alive
+        admin.delete_topics([topic])[topic].result(30)
+
+
 def _serve_granian(index: CacheIndex, port_queue: Any, workers: int) -> None:
     import socket
     import tempfile
@@ -116,6 +148,7 @@ SERVERS = {
     "uvicorn-1w": (_serve_uvicorn, {"workers": 1}),
     "uvicorn-2w": (_serve_uvicorn, {"workers": 2}),
     "uvicorn-2w-shared": (_serve_uvicorn, {"workers": 2, "shared": True}),
+    "uvicorn-2w-live": (_serve_live, {"workers": 2}),
     "granian-2w": (_serve_granian, {"workers": 2}),
 }
 DEFAULT = "stdlib,old-2w,uvicorn-2w"
