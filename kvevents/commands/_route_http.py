@@ -1,11 +1,10 @@
 """Serving :class:`._route_app.RouteApp` with uvicorn (httptools parser, uvloop): a protocol that
 adds what uvicorn lacks (deadlines for the request head and body, so a slow-loris, a slow body or
 a silent connection is closed with a JSON 408; a bound on open connections answered with a JSON
-503; JSON for the parser's 400),
-graceful shutdown on SIGTERM/SIGINT, and N worker processes, each with its own listening socket
-on the one port (``SO_REUSEPORT``: the kernel spreads connections over them; one shared socket
-let whichever process woke first accept a whole burst) and its own source (a
-:class:`~kvevents.consumer.LiveIndex` replica following the topic). See docs/ROUTER.md.
+503; JSON for the parser's 400; a response's head and body in one write), graceful shutdown on
+SIGTERM/SIGINT, and N worker processes, each with its own listening socket on the port
+(``SO_REUSEPORT``) and its own source (a :class:`~kvevents.consumer.LiveIndex` replica following
+the topic). Why and what was measured: docs/ROUTER.md.
 """
 
 from __future__ import annotations
