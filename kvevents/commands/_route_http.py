@@ -228,9 +228,9 @@ def bind(host: str, port: int, backlog: int = 2048, *, reuse_port: bool = False)
 def listen(host: str, port: int, options: ServeOptions) -> list[socket.socket]:
     """The listening sockets of ``options.workers`` processes, all on one port (``port`` 0: a
     free one): one per process with ``SO_REUSEPORT`` (``options.reuse_port``, the default, on
-    Linux, whose kernel spreads connections over such sockets), else one shared by all. Bound here, before any fork, so a port in use
-    fails at once, and a port another server listens on fails even if it set ``SO_REUSEPORT``
-    too (a second router on the port would otherwise take a share of its connections)."""
+    Linux, whose kernel spreads connections over such sockets), else one shared by all. Bound
+    here, before any fork, so a port in use fails at once, and a port another server listens on
+    fails even if it set ``SO_REUSEPORT`` too (it would otherwise take a share of ours)."""
     if options.workers <= 1 or not options.reuse_port or not sys.platform.startswith("linux"):
         return [bind(host, port, options.backlog)]
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
