@@ -57,7 +57,7 @@ def run(url: str, endpoint: str, bodies: list[bytes], *, connections: int, secon
         script = Path(tmp) / "load.lua"
         # wrk's delay() is in whole ms; a random spread around the mean keeps the connections
         # from firing in step (they all start together)
-        spread = min(delay_ms - 1, 2)
+        spread = min(delay_ms - 1, max(2, delay_ms // 2))
         delay = (
             f"function delay() return math.random({delay_ms - spread}, {delay_ms + spread}) end"
             if delay_ms > 0
@@ -80,10 +80,11 @@ def run(url: str, endpoint: str, bodies: list[bytes], *, connections: int, secon
 def paced(url: str, endpoint: str, bodies: list[bytes], *, rate: float, seconds: float, delay_ms: int = 4,
           tolerance: float = 0.1, probes: int = 3, max_connections: int = 64) -> dict[str, Any]:  # fmt: skip
     """A run at about ``rate`` requests/s: each connection sends one request, waits ``delay_ms``
-    on average after the answer, and so on; the number of connections is chosen by probes of
+    on average after the answer (longer for a rate under ~4 connections' worth), and so on; the number of connections is chosen by probes of
     1 s (each scales it by target / achieved, at most ``max_connections``: a server that needs
     more to reach the rate is saturated). The result adds ``target_per_s`` and ``on_target``
     (achieved within ``tolerance`` of the target)."""
+    delay_ms = max(delay_ms, round(4000 / rate - 1.5))  # a low rate: at least 4 connections, waiting longer
     connections = min(max_connections, max(1, round(rate * (delay_ms + 1.5) / 1000)))  # 1.5 ms: answer, timer
     for _ in range(probes):
         probe = run(url, endpoint, bodies, connections=connections, seconds=1, delay_ms=delay_ms)
