@@ -13,29 +13,15 @@ from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport qsort
 from libc.string cimport memcmp, memcpy
 
+from kvevents.consumer._kvh64 cimport Kvh64, kvh64_absorb, kvh64_constants, kvh64_finish
+
 from kvevents.consumer import hashing as _kvh64
 
-cdef uint64_t K1 = _kvh64.K1
-cdef uint64_t K2 = _kvh64.K2
-cdef uint64_t K3 = _kvh64.K3
-cdef uint64_t ROOT = _kvh64.ROOT_CONTENT_HASH
+cdef Kvh64 KVH = kvh64_constants()
 cdef uint64_t FLAG_LORA = _kvh64.FLAG_LORA
 cdef uint64_t TOKEN_MAX = 2147483647
 
 cdef carray _HASHES = array("Q")
-
-
-cdef inline uint64_t absorb(uint64_t h, uint64_t w) noexcept nogil:
-    cdef uint64_t x = (h ^ w) * K1
-    return x ^ (x >> 31)
-
-
-cdef inline uint64_t finish(uint64_t h) noexcept nogil:
-    h ^= h >> 30
-    h *= K2
-    h ^= h >> 27
-    h *= K3
-    return h ^ (h >> 31)
 
 
 cdef inline bint is_space(uint8_t c) noexcept nogil:
@@ -113,14 +99,14 @@ cdef carray hash_blocks(const uint32_t *tokens, Py_ssize_t n, Py_ssize_t block_s
     cdef carray out = clone(_HASHES, nblocks, False)
     for b in range(nblocks):
         lo = b * block_size
-        h = absorb(ROOT if b == 0 else h, header)
+        h = kvh64_absorb(&KVH, KVH.root if b == 0 else h, header)
         if has_lora:
-            h = absorb(h, lora)
+            h = kvh64_absorb(&KVH, h, lora)
         for i in range(lo, lo + block_size - 1, 2):
-            h = absorb(h, <uint64_t>tokens[i] | ((<uint64_t>tokens[i + 1]) << 32))
+            h = kvh64_absorb(&KVH, h, <uint64_t>tokens[i] | ((<uint64_t>tokens[i + 1]) << 32))
         if block_size & 1:
-            h = absorb(h, <uint64_t>tokens[lo + block_size - 1])
-        h = finish(h)
+            h = kvh64_absorb(&KVH, h, <uint64_t>tokens[lo + block_size - 1])
+        h = kvh64_finish(&KVH, h)
         out.data.as_ulonglongs[b] = h
     return out
 
