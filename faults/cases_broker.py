@@ -13,7 +13,7 @@ from typing import Any
 from kvevents.consumer.topics import TopicSpec, create_topic
 
 from .audit import TopicAudit, audit_topic
-from .procs import Producer, first_delivery_after, own_broker, sigkill_broker, wait_until
+from .procs import Producer, first_delivery_after, own_broker, sigkill_broker, wait_for_value, wait_until
 from .report import FaultResult
 
 
@@ -163,6 +163,7 @@ def disk_full(work: Path, quick: bool) -> FaultResult:
 def leader_kill(work: Path, quick: bool) -> FaultResult:
     """A 3-node KRaft cluster (``kvevents broker start --nodes 3``); the leader of the topic's
     partition (replication factor 3, ``min.insync.replicas`` 2) SIGKILLed mid-stream."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     from kvevents.broker.cluster import LocalCluster
@@ -178,15 +179,21 @@ def leader_kill(work: Path, quick: bool) -> FaultResult:
         admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
 
         def leader() -> int:
-            return int(admin.list_topics(topic, timeout=5).topics[topic].partitions[0].leader)
+            """The partition's leader, or -1 while metadata cannot be had (the admin client's
+            connection may be to the node just killed: a metadata timeout is not a failure)."""
+            try:
+                return int(admin.list_topics(topic, timeout=5).topics[topic].partitions[0].leader)
+            except KafkaException:
+                return -1
 
         producer = Producer(work / "producer.json", bootstrap, topic, rate=rate, duration=duration)
         time.sleep(duration * 0.3)
-        old = leader()
+        old, _ = wait_for_value(leader, lambda node: node != -1, 30, "the partition's leader")
         sigkill_broker(cluster.node(old))
         killed_at = time.time()
-        failover = wait_until(lambda: leader() not in (old, -1), 60, "a new partition leader")
-        new = leader()
+        new, failover = wait_for_value(
+            leader, lambda node: node not in (old, -1), 60, "a new partition leader"
+        )
         produced = producer.result(timeout=duration + 120)
         audit = audit_topic(bootstrap, topic)
     finally:

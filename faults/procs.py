@@ -10,12 +10,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvevents.broker import LocalBroker, find_java
 from kvevents.broker.jars import ensure_kafka_jars
 
 REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 def own_broker(state_dir: Path, **properties: str) -> LocalBroker:
@@ -51,6 +52,20 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, poll: f
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(poll)
     return time.monotonic() - started
+
+
+def wait_for_value(
+    fetch: Callable[[], T], accept: Callable[[T], bool], timeout: float, what: str
+) -> tuple[T, float]:
+    """Poll ``fetch`` until ``accept`` takes its value; that value and the seconds it took."""
+    seen: list[T] = []
+
+    def accepted() -> bool:
+        seen[:] = [fetch()]
+        return accept(seen[0])
+
+    took = wait_until(accepted, timeout, what)
+    return seen[0], took
 
 
 class Producer:
