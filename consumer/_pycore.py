@@ -8,8 +8,6 @@ used when the extension is not built or ``KVEVENTS_PURE_PYTHON`` is set.
 from __future__ import annotations
 
 import logging
-import sys
-from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -25,17 +23,12 @@ from kvevents.schemas import (
 from kvevents.schemas.limits import DEFAULT_LIMITS, BatchLimits, check_batch, index_full
 
 from . import _reasons
+from ._pycore_model import Instance, Node, Slot, Worker, clamp_level, clamp_priority, retired_of
+from ._pycore_state import export_state, import_state
 from ._state import (
-    LEVEL_MAX,
     MAX_REASONS,
-    PRIORITY_MAX,
-    SLOT_BITS,
     SLOT_MAX,
-    UNKNOWN_SEQUENCE,
     IndexState,
-    InstanceState,
-    WindowState,
-    WorkerState,
 )
 from .hashing import content_hash_of_block, content_hashes_for_tokens
 
@@ -63,86 +56,6 @@ COUNTER_NAMES = (
 _UNKNOWN = -1  # parent content not known (orphan chain); None means "root of a prefix"
 
 
-def retired_of(state: InstanceState) -> dict[int, int]:
-    """A restored instance's retired producers and the last sequence seen from each."""
-    sequences = state.retired_sequences or [UNKNOWN_SEQUENCE] * len(state.retired)
-    if len(sequences) != len(state.retired):
-        raise ValueError(
-            f"corrupt index state: instance {state.instance_id!r} has retired producers without sequences"
-        )
-    return dict(zip(state.retired, sequences, strict=True))
-
-
-def _level(value: int) -> int:
-    return LEVEL_MAX if value > LEVEL_MAX else (0 if value < 0 else value)
-
-
-def _priority(value: int) -> int:
-    return PRIORITY_MAX if value > PRIORITY_MAX else (0 if value < 0 else value)
-
-
-class _Slot:
-    """One (worker, window size) cache."""
-
-    __slots__ = ("active", "capacity", "levels", "window", "worker")
-
-    def __init__(self, worker: _Worker, window: int) -> None:
-        self.worker = worker
-        self.window = window
-        self.active = True
-        self.capacity: list[int] | None = None
-        self.levels = [0] * (LEVEL_MAX + 1)
-
-
-class _Worker:
-    __slots__ = (
-        "cursor",
-        "gaps",
-        "instance",
-        "last_created",
-        "rank",
-        "reasons",
-        "session_fresh",
-        "slots",
-        "split_blocks",
-        "split_tail",
-    )
-
-    def __init__(self, instance: _Instance, rank: int) -> None:
-        self.instance = instance
-        self.rank = rank
-        self.cursor: int | None = None
-        self.last_created = False
-        self.session_fresh = True
-        self.split_blocks = 0
-        self.split_tail: int | None = None
-        self.reasons: list[str] = []
-        self.gaps = 0
-        self.slots: dict[int, int] = {}  # window size -> slot id (active or not)
-
-
-class _Instance:
-    __slots__ = ("dp_size", "instance_id", "producer_id", "retired", "sequence", "workers")
-
-    def __init__(self, instance_id: str) -> None:
-        self.instance_id = instance_id
-        self.producer_id: int | None = None
-        self.sequence = 0
-        self.retired: dict[int, int] = {}  # producer id -> the last sequence seen from it
-        self.dp_size = 1
-        self.workers: dict[int, _Worker] = {}
-
-
-class _Node:
-    """One engine block hash: its content hash (None for an orphan) and holders."""
-
-    __slots__ = ("content", "holders")
-
-    def __init__(self) -> None:
-        self.content: int | None = None
-        self.holders: dict[int, list[int]] = {}  # slot -> [level, priority]
-
-
 class PyIndexCore:
     """Dict-based index core (see ``CacheIndex`` for the semantics)."""
 
@@ -151,31 +64,31 @@ class PyIndexCore:
     def __init__(self, key_factory: Any = tuple, limits: BatchLimits | None = None) -> None:
         self._key_factory = key_factory
         self.limits = DEFAULT_LIMITS if limits is None else limits
-        self._instances: dict[str, _Instance] = {}
-        self._slots: list[_Slot] = []
-        self._nodes: dict[int, _Node] = {}
+        self._instances: dict[str, Instance] = {}
+        self._slots: list[Slot] = []
+        self._nodes: dict[int, Node] = {}
         self._by_content: dict[int, set[int]] = {}
         self._counters = dict.fromkeys(COUNTER_NAMES, 0)
 
     # ------------------------------------------------------------------ workers and slots
 
-    def _instance(self, instance_id: str) -> _Instance:
+    def _instance(self, instance_id: str) -> Instance:
         inst = self._instances.get(instance_id)
         if inst is None:
-            inst = self._instances[instance_id] = _Instance(instance_id)
+            inst = self._instances[instance_id] = Instance(instance_id)
         return inst
 
-    def _worker(self, inst: _Instance, rank: int) -> _Worker:
+    def _worker(self, inst: Instance, rank: int) -> Worker:
         w = inst.workers.get(rank)
         if w is None:
-            w = inst.workers[rank] = _Worker(inst, rank)
+            w = inst.workers[rank] = Worker(inst, rank)
         return w
 
-    def _find_worker(self, instance_id: str, rank: int) -> _Worker | None:
+    def _find_worker(self, instance_id: str, rank: int) -> Worker | None:
         inst = self._instances.get(instance_id)
         return None if inst is None else inst.workers.get(rank)
 
-    def _slot(self, w: _Worker, window: int, create: bool) -> int:
+    def _slot(self, w: Worker, window: int, create: bool) -> int:
         """The active slot of ``(w, window)``; -1 when absent and not ``create``."""
         slot = w.slots.get(window)
         if slot is not None:
@@ -192,11 +105,11 @@ class PyIndexCore:
         slot = len(self._slots)
         if slot > SLOT_MAX:
             raise OverflowError(f"more than {SLOT_MAX} (worker, window size) caches in one index")
-        self._slots.append(_Slot(w, window))
+        self._slots.append(Slot(w, window))
         w.slots[window] = slot
         return slot
 
-    def _degrade(self, w: _Worker, reason: str) -> None:
+    def _degrade(self, w: Worker, reason: str) -> None:
         if len(w.reasons) < MAX_REASONS:
             w.reasons.append(reason)
         w.gaps += 1
@@ -205,7 +118,7 @@ class PyIndexCore:
 
     # ------------------------------------------------------------------ block store
 
-    def _add_holder(self, node: _Node, slot: int, level: int, priority: int) -> None:
+    def _add_holder(self, node: Node, slot: int, level: int, priority: int) -> None:
         s = self._slots[slot]
         held = node.holders.get(slot)
         if held is None:
@@ -217,7 +130,7 @@ class PyIndexCore:
             held[0] = level
             held[1] = priority
 
-    def _free_node_if_empty(self, engine: int, node: _Node) -> None:
+    def _free_node_if_empty(self, engine: int, node: Node) -> None:
         if node.holders:
             return
         del self._nodes[engine]
@@ -242,7 +155,7 @@ class PyIndexCore:
         for engine in [e for e, n in self._nodes.items() if slot in n.holders]:
             self._remove_holder(engine, slot)
 
-    def _drop_worker_windows(self, w: _Worker) -> None:
+    def _drop_worker_windows(self, w: Worker) -> None:
         for slot in w.slots.values():
             s = self._slots[slot]
             if s.active:
@@ -251,7 +164,7 @@ class PyIndexCore:
                 s.active = False
                 s.capacity = None
 
-    def _set_content(self, engine: int, node: _Node, content: int) -> None:
+    def _set_content(self, engine: int, node: Node, content: int) -> None:
         node.content = content
         self._by_content.setdefault(content, set()).add(engine)
 
@@ -270,13 +183,13 @@ class PyIndexCore:
             content = None if parent_content == _UNKNOWN else content_hash_of_block(parent_content, block)
             node = self._nodes.get(block.block_hash)
             if node is None:
-                node = self._nodes[block.block_hash] = _Node()
+                node = self._nodes[block.block_hash] = Node()
             if node.content is None:
                 if content is not None:
                     self._set_content(block.block_hash, node, content)
             elif content is not None and content != node.content:
                 counters["content_conflicts"] += 1
-            self._add_holder(node, slot, _level(block.cache_level), _priority(block.priority))
+            self._add_holder(node, slot, clamp_level(block.cache_level), clamp_priority(block.priority))
             if node.content is None:
                 counters["orphan_blocks"] += 1
             parent_content = (
@@ -362,7 +275,7 @@ class PyIndexCore:
         if held + len(new) > top:
             raise index_full(held, len(new), self.limits)
 
-    def _session_conflict(self, inst: _Instance, pid: int, seq: int) -> None:
+    def _session_conflict(self, inst: Instance, pid: int, seq: int) -> None:
         """A retired producer sent a new batch: two live producers share the instance id."""
         inst.retired[pid] = seq
         self._counters["session_conflicts"] += 1
@@ -372,10 +285,10 @@ class PyIndexCore:
             self._degrade(self._worker(inst, rank), reason)
 
     @staticmethod
-    def _all_ranks(inst: _Instance, dp_size: int) -> list[int]:
+    def _all_ranks(inst: Instance, dp_size: int) -> list[int]:
         return sorted(set(range(max(dp_size, 1))) | set(inst.workers))
 
-    def _apply_event(self, w: _Worker, event: Any, offset: int) -> None:
+    def _apply_event(self, w: Worker, event: Any, offset: int) -> None:
         data = event.data
         cls = data.__class__
         is_created = cls is KVCacheCreatedData
@@ -452,7 +365,7 @@ class PyIndexCore:
         w.cursor = event_id
         w.last_created = is_created
 
-    def _update(self, w: _Worker, window: int, data: KVCacheUpdatedData) -> None:
+    def _update(self, w: Worker, window: int, data: KVCacheUpdatedData) -> None:
         slot = self._slot(w, window, False)
         node = self._nodes.get(data.block_hash) if slot >= 0 else None
         held = None if node is None else node.holders.get(slot)
@@ -460,13 +373,13 @@ class PyIndexCore:
             self._counters["unknown_updated"] += 1
             return
         if data.cache_level is not None:
-            level = _level(data.cache_level.new_value)
+            level = clamp_level(data.cache_level.new_value)
             levels = self._slots[slot].levels
             levels[held[0]] -= 1
             levels[level] += 1
             held[0] = level
         if data.priority is not None:
-            held[1] = _priority(data.priority.new_value)
+            held[1] = clamp_priority(data.priority.new_value)
 
     # ------------------------------------------------------------------ queries
 
@@ -633,129 +546,8 @@ class PyIndexCore:
     # ------------------------------------------------------------------ state
 
     def export_state(self) -> IndexState:
-        worker_list = sorted(
-            (w for inst in self._instances.values() for w in inst.workers.values()),
-            key=lambda w: (w.instance.instance_id, w.rank),
-        )
-        canonical: dict[int, int] = {}
-        workers = []
-        for w in worker_list:
-            windows = []
-            for window, slot in sorted(w.slots.items()):
-                s = self._slots[slot]
-                if s.active:
-                    canonical[slot] = len(canonical)
-                    windows.append(WindowState(window, None if s.capacity is None else list(s.capacity)))
-            workers.append(
-                WorkerState(
-                    w.instance.instance_id,
-                    w.rank,
-                    w.cursor,
-                    w.last_created,
-                    w.session_fresh,
-                    w.split_blocks,
-                    w.split_tail,
-                    list(w.reasons),
-                    w.gaps,
-                    windows,
-                )
-            )
-        instances = [
-            InstanceState(
-                i.instance_id,
-                i.producer_id,
-                i.sequence,
-                sorted(i.retired),
-                i.dp_size,
-                [i.retired[p] for p in sorted(i.retired)],
-            )
-            for i in sorted(self._instances.values(), key=lambda i: i.instance_id)
-        ]
-        engine, content, has_content, counts, holders = (
-            array("Q"),
-            array("Q"),
-            array("B"),
-            array("I"),
-            array("I"),
-        )
-        for e in sorted(self._nodes):
-            node = self._nodes[e]
-            engine.append(e)
-            content.append(node.content or 0)
-            has_content.append(node.content is not None)
-            packed = [
-                canonical[s] | lvl << SLOT_BITS | prio << 24
-                for s, (lvl, prio) in sorted(node.holders.items(), key=lambda item: canonical[item[0]])
-            ]
-            counts.append(len(packed))
-            holders.extend(packed)
-        if sys.byteorder == "big":
-            for col in (engine, content, counts, holders):
-                col.byteswap()
-        return IndexState(
-            instances,
-            workers,
-            engine.tobytes(),
-            content.tobytes(),
-            has_content.tobytes(),
-            counts.tobytes(),
-            holders.tobytes(),
-        )
+        return export_state(self)
 
     def import_state(self, state: IndexState) -> None:
         """Replace everything with ``state`` (counters start from zero)."""
-        self.__init__(self._key_factory, self.limits)  # type: ignore[misc]
-        for i in state.instances:
-            inst = self._instance(i.instance_id)
-            inst.producer_id, inst.sequence, inst.retired = i.producer_id, i.sequence, retired_of(i)
-            inst.dp_size = i.attention_dp_size
-        canonical: list[int] = []
-        for ws in state.workers:
-            w = self._worker(self._instance(ws.instance_id), ws.rank)
-            w.cursor, w.last_created, w.session_fresh = ws.cursor, ws.last_created, ws.session_fresh
-            w.split_blocks, w.split_tail = ws.split_blocks, ws.split_tail
-            w.reasons, w.gaps = list(ws.degraded_reasons), ws.gaps
-            for win in ws.windows:
-                slot = self._slot(w, win.window_size, True)
-                self._slots[slot].capacity = None if win.capacity is None else list(win.capacity)
-                canonical.append(slot)
-        columns = _columns(state)
-        engine, content, has_content, counts, holders = columns
-        pos = 0
-        for n, e in enumerate(engine):
-            node = self._nodes[e] = _Node()
-            if has_content[n]:
-                self._set_content(e, node, content[n])
-            last = -1
-            for packed in holders[pos : pos + counts[n]]:
-                if packed & SLOT_MAX <= last:
-                    raise ValueError(f"corrupt index state: holders of node {n} not in ascending slot order")
-                last = packed & SLOT_MAX
-                if last >= len(canonical):
-                    raise ValueError(f"corrupt index state: holder slot {last} of {len(canonical)}")
-                slot = canonical[packed & SLOT_MAX]
-                level, prio = (packed >> SLOT_BITS) & 0xF, packed >> 24
-                node.holders[slot] = [level, prio]
-                self._slots[slot].levels[level] += 1
-            pos += counts[n]
-
-
-def _columns(state: IndexState) -> tuple[array[int], array[int], array[int], array[int], array[int]]:
-    """The node columns of ``state`` as arrays (checked for consistent lengths)."""
-    engine, content, has_content, counts, holders = (
-        array("Q", state.engine),
-        array("Q", state.content),
-        array("B", state.has_content),
-        array("I", state.holder_counts),
-        array("I", state.holders),
-    )
-    if sys.byteorder == "big":
-        for col in (engine, content, counts, holders):
-            col.byteswap()
-    n = len(engine)
-    if not len(content) == len(has_content) == len(counts) == n or sum(counts) != len(holders):
-        raise ValueError(
-            f"corrupt index state: {n} nodes but {len(content)} content hashes, {len(has_content)} flags, "
-            f"{len(counts)} holder counts and {len(holders)} holders (expected {sum(counts)})"
-        )
-    return engine, content, has_content, counts, holders
+        import_state(self, state)

@@ -1,0 +1,87 @@
+"""The pure-Python core's records: instances, workers, their window caches, block nodes."""
+
+from __future__ import annotations
+
+from ._state import LEVEL_MAX, PRIORITY_MAX, UNKNOWN_SEQUENCE, InstanceState
+
+
+def retired_of(state: InstanceState) -> dict[int, int]:
+    """A restored instance's retired producers and the last sequence seen from each."""
+    sequences = state.retired_sequences or [UNKNOWN_SEQUENCE] * len(state.retired)
+    if len(sequences) != len(state.retired):
+        raise ValueError(
+            f"corrupt index state: instance {state.instance_id!r} has retired producers without sequences"
+        )
+    return dict(zip(state.retired, sequences, strict=True))
+
+
+def clamp_level(value: int) -> int:
+    """A cache level in the range the index keeps (0..LEVEL_MAX)."""
+    return LEVEL_MAX if value > LEVEL_MAX else (0 if value < 0 else value)
+
+
+def clamp_priority(value: int) -> int:
+    """A retention priority in the range the index keeps (0..PRIORITY_MAX)."""
+    return PRIORITY_MAX if value > PRIORITY_MAX else (0 if value < 0 else value)
+
+
+class Slot:
+    """One (worker, window size) cache."""
+
+    __slots__ = ("active", "capacity", "levels", "window", "worker")
+
+    def __init__(self, worker: Worker, window: int) -> None:
+        self.worker = worker
+        self.window = window
+        self.active = True
+        self.capacity: list[int] | None = None
+        self.levels = [0] * (LEVEL_MAX + 1)
+
+
+class Worker:
+    __slots__ = (
+        "cursor",
+        "gaps",
+        "instance",
+        "last_created",
+        "rank",
+        "reasons",
+        "session_fresh",
+        "slots",
+        "split_blocks",
+        "split_tail",
+    )
+
+    def __init__(self, instance: Instance, rank: int) -> None:
+        self.instance = instance
+        self.rank = rank
+        self.cursor: int | None = None
+        self.last_created = False
+        self.session_fresh = True
+        self.split_blocks = 0
+        self.split_tail: int | None = None
+        self.reasons: list[str] = []
+        self.gaps = 0
+        self.slots: dict[int, int] = {}  # window size -> slot id (active or not)
+
+
+class Instance:
+    __slots__ = ("dp_size", "instance_id", "producer_id", "retired", "sequence", "workers")
+
+    def __init__(self, instance_id: str) -> None:
+        self.instance_id = instance_id
+        self.producer_id: int | None = None
+        self.sequence = 0
+        self.retired: dict[int, int] = {}  # producer id -> the last sequence seen from it
+        self.dp_size = 1
+        self.workers: dict[int, Worker] = {}
+
+
+class Node:
+    """One engine block hash: its content hash (None for an orphan) and holders."""
+
+    __slots__ = ("content", "holders")
+
+    def __init__(self) -> None:
+        self.content: int | None = None
+        self.holders: dict[int, list[int]] = {}  # slot -> [level, priority]
