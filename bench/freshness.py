@@ -23,9 +23,12 @@ does. Latencies leave out the events of each step's first ``--settle`` seconds (
 connecting and learning the new topic, once per sink), shown apart as ``+start``; each step
 also reports the cores in use (the whole machine, the ranks, this consumer, the rest: the broker
 and whatever else runs here), because on a busy 2-core machine the tail is CPU queueing.
-``--try NAME:KEY=VALUE`` runs other producer settings side by side (order alternated per repeat). ``--compare`` runs the settings before this issue's change (:data:`BEFORE_PRODUCER`,
+``--try NAME:KEY=VALUE`` runs other producer settings side by side (order alternated per repeat).
+
+``--compare`` runs the settings before this issue's change (:data:`BEFORE_PRODUCER`,
 :data:`BEFORE_CONSUMER`) and the current defaults side by side, interleaved per rate, steps
-both up to their highest drop-free rate and ends with a flat-out run of each. ``measure()`` is the entry point for ``bench/index.py``.
+both up to their highest drop-free rate and ends with a flat-out run of each. ``measure()`` is
+the entry point for ``bench/index.py``.
 
     python bench/freshness.py                 # current defaults, a few rates (about 1 min)
     python bench/freshness.py --compare       # before vs after, up to the drop-free rate
@@ -305,13 +308,13 @@ def measure(
     variants = dict(variants or {"defaults": ({}, {})})
     steps: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     stopped: set[str] = set()
+    order = list(variants.items())[:: -1 if reverse else 1]
     load_start = os.getloadavg()
     with kafka_broker(bootstrap) as (servers, kafka):
         if warm_up:
             run_step(servers, rates[0], ranks=ranks, duration=2.0, sample=sample)
         for rate in rates:
-            order = list(variants.items())
-            for name, (producer, consumer) in reversed(order) if reverse else order:
+            for name, (producer, consumer) in order:
                 if name in stopped:
                     continue
                 step = run_step(
@@ -330,7 +333,7 @@ def measure(
                 if stop_at_drops and not sustained(step):
                     stopped.add(name)
         flat: dict[str, dict[str, Any]] = {}
-        for name, (producer, consumer) in variants.items() if flat_out else ():
+        for name, (producer, consumer) in order if flat_out else ():
             flat[name] = run_step(
                 servers,
                 rates[-1],
@@ -464,6 +467,11 @@ def main(argv: list[str] | None = None) -> int:
         "per rate with the defaults; repeatable (e.g. --try none:compression.type=none)",
     )
     parser.add_argument(
+        "--flat-out",
+        action="store_true",
+        help="end each run with one flat-out run per variant at the last rate (--no-realtime; --compare does)",
+    )
+    parser.add_argument(
         "--settle",
         type=float,
         default=1.0,
@@ -497,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     runs = [
         measure(args.bootstrap_servers, rates, ranks=args.ranks, duration=args.duration, sample=args.sample,
-                variants=variants, stop_at_drops=args.compare, warm_up=i == 0, flat_out=args.compare, reverse=i % 2 == 1,
+                variants=variants, stop_at_drops=args.compare, warm_up=i == 0, flat_out=args.compare or args.flat_out, reverse=i % 2 == 1,
                 pythons=pythons, settle_s=args.settle)
         for i in range(args.repeats)
     ]  # fmt: skip
