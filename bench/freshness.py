@@ -68,8 +68,8 @@ from e2e import kafka_broker, quantiles
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
 STAGES = ("sink", "gather_sink", "produce", "fetch", "apply")
 DEFAULT_RATES = (10.0, 160.0, 640.0)
-"""Requests/s per rank (4 ranks): 0.6k, 20k and 90k events/s, the last ``bench/e2e.py``'s
-highest drop-free step on this machine."""
+"""Requests/s per rank (4 ranks): about 0.3k, 20k and 60-90k events/s, the last ``bench/e2e.py``'s
+highest drop-free step on this machine (saturated: the simulated engines fall behind)."""
 
 BEFORE_PRODUCER: dict[str, str] = {"linger.ms": "5", "socket.nagle.disable": "false"}
 """The sink's librdkafka defaults before the freshness change (``docs/OPERATIONS.md``)."""
