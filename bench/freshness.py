@@ -19,14 +19,23 @@ one message in ``--sample`` reports p50/p99/max of the whole path and of its sta
 All share one machine's clocks: the ranks log ``time.monotonic()`` per flush
 (``--flush-log``), the wall-clock stamps are moved onto the monotonic clock with this process's
 offset. Messages are decoded after the step, so the measuring consumer does only what a router
-does. ``--compare`` runs the settings before this issue's change (:data:`BEFORE_PRODUCER`,
+does. Latencies leave out the events of each step's first ``--settle`` seconds (the producer
+connecting and learning the new topic, once per sink), shown apart as ``+start``; each step
+also reports the cores in use (the whole machine, the ranks, this consumer, the rest: the broker
+and whatever else runs here), because on a busy 2-core machine the tail is CPU queueing.
+``--try NAME:KEY=VALUE`` runs other producer settings side by side (order alternated per repeat).
+
+``--compare`` runs the settings before this issue's change (:data:`BEFORE_PRODUCER`,
 :data:`BEFORE_CONSUMER`) and the current defaults side by side, interleaved per rate, steps
-both up to their highest drop-free rate and ends with a flat-out run of each. ``measure()`` is the entry point for ``bench/index.py``.
+both up to their highest drop-free rate and ends with a flat-out run of each. ``measure()`` is
+the entry point for ``bench/index.py``.
 
     python bench/freshness.py                 # current defaults, a few rates (about 1 min)
     python bench/freshness.py --compare       # before vs after, up to the drop-free rate
     python bench/freshness.py --baseline-python ../main/.venv/bin/python --repeats 3
                                               # this checkout's code vs another's, interleaved
+    python bench/freshness.py --rates 80,160 --repeats 4 --try none:compression.type=none
+                                              # a producer setting side by side with the defaults
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import bisect
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -58,8 +68,8 @@ from e2e import kafka_broker, quantiles
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
 STAGES = ("sink", "gather_sink", "produce", "fetch", "apply")
 DEFAULT_RATES = (10.0, 160.0, 640.0)
-"""Requests/s per rank (4 ranks): 0.6k, 20k and 90k events/s, the last ``bench/e2e.py``'s
-highest drop-free step on this machine."""
+"""Requests/s per rank (4 ranks): about 0.3k, 20k and 60-90k events/s, the last ``bench/e2e.py``'s
+highest drop-free step on this machine (saturated: the simulated engines fall behind)."""
 
 BEFORE_PRODUCER: dict[str, str] = {"linger.ms": "5", "socket.nagle.disable": "false"}
 """The sink's librdkafka defaults before the freshness change (``docs/OPERATIONS.md``)."""
@@ -94,8 +104,12 @@ class Tail(e2e.Tail):
         self.samples.append((value, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else -1, handed, applied))
 
 
-def stage_latencies(tail: Tail, flush_dir: Path, offset: float) -> dict[str, list[float]]:
-    """Per sampled event: the whole path (``e2e``) and each stage, in seconds."""
+def stage_latencies(
+    tail: Tail, flush_dir: Path, offset: float, settle_s: float = 0.0
+) -> dict[str, list[float]]:
+    """Per sampled event: the whole path (``e2e``) and each stage, in seconds, for the events
+    flushed ``settle_s`` or more after the step's first flush; ``e2e_all``: the whole path of
+    every sampled event (the producer's start included)."""
     flushes: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
     for path in flush_dir.glob("flush-*.json"):
         log = json.loads(path.read_text())
@@ -103,7 +117,8 @@ def stage_latencies(tail: Tail, flush_dir: Path, offset: float) -> dict[str, lis
             [f[0] for f in log["flushes"]],
             [f[1] for f in log["flushes"]],
         )
-    out: dict[str, list[float]] = {name: [] for name in ("e2e", *STAGES)}
+    first = min((times[0] for _, times in flushes.values() if times), default=0.0)
+    out: dict[str, list[float]] = {name: [] for name in ("e2e", "e2e_all", *STAGES)}
     for value, append_ms, handed, applied in tail.samples:
         batch = decode_batch(value)
         if not batch.events or not batch.created_at_us:
@@ -118,6 +133,9 @@ def stage_latencies(tail: Tail, flush_dir: Path, offset: float) -> dict[str, lis
             if i == len(found[1]):
                 continue
             flushed = found[1][i]
+            out["e2e_all"].append(applied - flushed)
+            if flushed - first < settle_s:
+                continue
             out["e2e"].append(applied - flushed)
             out["sink" if not event.attention_dp_rank else "gather_sink"].append(created - flushed)
             out["apply"].append(applied - handed)
@@ -125,6 +143,35 @@ def stage_latencies(tail: Tail, flush_dir: Path, offset: float) -> dict[str, lis
                 out["produce"].append(appended - created)
                 out["fetch"].append(handed - appended)
     return out
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all this machine's CPUs so far (``/proc/stat``; (0, 0) elsewhere)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def cpu_report(
+    ticks: tuple[tuple[int, int], tuple[int, int]], ranks_s: float, consumer_s: float, seconds: float
+) -> dict[str, float | None]:
+    """Cores in use during a step: the whole machine (every process, other users' too), the
+    ranks (``mpiexec`` and its children), this process (the measuring consumer), and the rest
+    (the broker, when it runs here, and anything else on the machine)."""
+    (busy0, total0), (busy1, total1) = ticks
+    cpus = os.cpu_count() or 1
+    machine = None if total1 <= total0 else cpus * (busy1 - busy0) / (total1 - total0)
+    ranks, consumer = ranks_s / seconds, consumer_s / seconds
+    return {
+        "cores": cpus,
+        "machine_cores_busy": None if machine is None else round(machine, 2),
+        "ranks_cores": round(ranks, 2),
+        "consumer_cores": round(consumer, 2),
+        "other_cores": None if machine is None else round(max(0.0, machine - ranks - consumer), 2),
+    }
 
 
 def engine_speed(rate: float) -> float:
@@ -143,9 +190,11 @@ def run_step(
     sample: int = 4,
     realtime: bool = True,
     python: str | None = None,
+    settle_s: float = 1.0,
 ) -> dict[str, Any]:
     """One run of the simulators at ``rate`` requests/s per rank (``realtime=False``: as fast as
-    they can, ``--no-realtime``); the step's figures. ``python``: the interpreter of the ranks
+    they can, ``--no-realtime``); the step's figures. Latencies count the events flushed
+    ``settle_s`` or more after the step's first flush (``e2e_with_start``: all of them). ``python``: the interpreter of the ranks
     (another checkout's venv runs that checkout's kvevents, with the ``mpiexec`` beside it)."""
     python = python or sys.executable
     beside = Path(python).parent / "mpiexec"
@@ -169,14 +218,30 @@ def run_step(
                 command.append("--no-realtime")
             for key, value in (producer or {}).items():
                 command += ["-X", f"{key}={value}"]
+            ticks0, children0, self0 = (
+                cpu_ticks(),
+                resource.getrusage(resource.RUSAGE_CHILDREN),
+                time.process_time(),
+            )
+            started = time.monotonic()
             proc = subprocess.run(command, capture_output=True, text=True, timeout=duration * 4 + 120)
+            seconds = time.monotonic() - started
+            children1, self1, ticks1 = (
+                resource.getrusage(resource.RUSAGE_CHILDREN),
+                time.process_time(),
+                cpu_ticks(),
+            )
             if proc.returncode != 0:
-                raise SystemExit(f"simulate failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+                raise SystemExit(
+                    f"simulate failed ({proc.returncode}):\n{proc.stdout[-1000:]}\n{proc.stderr[-3000:]}"
+                )
             summary = json.loads(proc.stdout)
             caught_up = tail.wait_for(summary["messages_delivered"] or 0, timeout=60)
         finally:
             tail.close()
-        latencies = stage_latencies(tail, work, offset)
+        latencies = stage_latencies(tail, work, offset, settle_s)
+    ranks_s = (children1.ru_utime + children1.ru_stime) - (children0.ru_utime + children0.ru_stime)
+    cpu = cpu_report((ticks0, ticks1), ranks_s, self1 - self0, seconds)
     per_rank = summary["per_rank"]
     kafka = next((r["kafka"] for r in per_rank if r.get("kafka")), None) or {}
     expected = duration * engine_speed(rate)
@@ -192,7 +257,10 @@ def run_step(
         "pace": round(min(r["iterations"] for r in per_rank) / expected, 3),
         "index_caught_up": caught_up,
         "events_sampled": len(latencies["e2e"]),
+        "settle_s": settle_s,
         "e2e": quantiles(latencies["e2e"]),
+        "e2e_with_start": quantiles(latencies["e2e_all"]),
+        "cpu": cpu,
         "stages": {name: quantiles(latencies[name]) for name in STAGES},
         "sink_delivery_ack_ms": {
             "p50": None if kafka.get("delivery_p50_s") is None else round(kafka["delivery_p50_s"] * 1000, 2),
@@ -224,11 +292,14 @@ def measure(
     variants: Mapping[str, tuple[Mapping[str, str], Mapping[str, Any]]] | None = None,
     stop_at_drops: bool = True,
     warm_up: bool = True,
+    reverse: bool = False,
     flat_out: bool = False,
     pythons: Mapping[str, str] | None = None,
+    settle_s: float = 1.0,
 ) -> dict[str, Any]:
     """Freshness at each rate for each variant (name -> (producer -X settings, reader config);
-    default: only the current defaults), interleaved per rate. A variant stops stepping after
+    default: only the current defaults), interleaved per rate (in reverse order when
+    ``reverse``). A variant stops stepping after
     its first rate with drops or where the simulators could not keep real time (when
     ``stop_at_drops``, as ``bench/e2e.py`` steps). ``flat_out``: then one run per variant at the
     last rate as fast as the simulators go (the most this machine's pipeline carries). ``pythons``:
@@ -237,12 +308,13 @@ def measure(
     variants = dict(variants or {"defaults": ({}, {})})
     steps: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     stopped: set[str] = set()
+    order = list(variants.items())[:: -1 if reverse else 1]
     load_start = os.getloadavg()
     with kafka_broker(bootstrap) as (servers, kafka):
         if warm_up:
             run_step(servers, rates[0], ranks=ranks, duration=2.0, sample=sample)
         for rate in rates:
-            for name, (producer, consumer) in variants.items():
+            for name, (producer, consumer) in order:
                 if name in stopped:
                     continue
                 step = run_step(
@@ -254,13 +326,14 @@ def measure(
                     consumer=consumer,
                     sample=sample,
                     python=(pythons or {}).get(name),
+                    settle_s=settle_s,
                 )
                 steps[name].append(step)
                 print(f"  {name:>8} {rate:g}/s per rank: {summary_line(step)}", file=sys.stderr)
                 if stop_at_drops and not sustained(step):
                     stopped.add(name)
         flat: dict[str, dict[str, Any]] = {}
-        for name, (producer, consumer) in variants.items() if flat_out else ():
+        for name, (producer, consumer) in order if flat_out else ():
             flat[name] = run_step(
                 servers,
                 rates[-1],
@@ -271,6 +344,7 @@ def measure(
                 sample=sample,
                 realtime=False,
                 python=(pythons or {}).get(name),
+                settle_s=settle_s,
             )
             print(f"  {name:>8} flat out: {summary_line(flat[name])}", file=sys.stderr)
     result: dict[str, Any] = {
@@ -302,10 +376,12 @@ def fmt(v: Any, spec: str = ".1f") -> str:
 
 
 def summary_line(step: Mapping[str, Any]) -> str:
-    e = step["e2e"]
+    e, cpu = step["e2e"], step["cpu"]
     return (
         f"{step['events_per_second']:,.0f} events/s, drops {step['drops']}, pace {step['kept_pace']}, "
-        f"e2e p50 {fmt(e['p50_ms'])} p99 {fmt(e['p99_ms'])} ms, load {step['loadavg_1m']:.1f}"
+        f"e2e p50 {fmt(e['p50_ms'])} p99 {fmt(e['p99_ms'])} ms (with start {fmt(step['e2e_with_start']['p99_ms'])}), "
+        f"busy {fmt(cpu['machine_cores_busy'], '.2f')}/{cpu['cores']} cores (ranks {cpu['ranks_cores']:.2f}), "
+        f"load {step['loadavg_1m']:.1f}"
     )
 
 
@@ -313,12 +389,13 @@ def print_table(result: Mapping[str, Any]) -> None:
     cols = "".join(f" {s + ' p50/p99':>15}" for s in STAGES)
     print(
         f"{'variant':>8} {'rate/rank':>9} {'events/s':>9} {'drops':>6} {'pace':>5} {'kept':>5} "
-        f"{'e2e p50':>8} {'e2e p99':>8} {'e2e max':>8}{cols} {'ack p99':>8} {'load':>5}"
+        f"{'e2e p50':>8} {'e2e p99':>8} {'e2e max':>8} {'+start':>7}{cols} {'ack p99':>8} "
+        f"{'busy':>5} {'ranks':>5} {'other':>5} {'load':>5}"
     )
     for name, variant in result["variants"].items():
         flat = [variant["flat_out"]] if variant.get("flat_out") else []
         for s in [*variant["steps"], *flat]:
-            e = s["e2e"]
+            e, cpu = s["e2e"], s["cpu"]
             stages = "".join(
                 f" {fmt(s['stages'][st]['p50_ms']) + '/' + fmt(s['stages'][st]['p99_ms']):>15}"
                 for st in STAGES
@@ -327,7 +404,9 @@ def print_table(result: Mapping[str, Any]) -> None:
                 f"{name:>8} {format(s['rate_per_rank'], 'g') + ('' if s['realtime'] else ' flat'):>9} "
                 f"{s['events_per_second']:>9,.0f} {s['drops']:>6} "
                 f"{s['pace']:>5.2f} {s['kept_pace']!s:>5} {fmt(e['p50_ms']):>8} {fmt(e['p99_ms']):>8} {fmt(e['max_ms']):>8}"
-                f"{stages} {fmt(s['sink_delivery_ack_ms']['p99']):>8} {s['loadavg_1m']:>5.1f}"
+                f" {fmt(s['e2e_with_start']['p99_ms']):>7}"
+                f"{stages} {fmt(s['sink_delivery_ack_ms']['p99']):>8} {fmt(cpu['machine_cores_busy'], '.2f'):>5} "
+                f"{cpu['ranks_cores']:>5.2f} {fmt(cpu['other_cores'], '.2f'):>5} {s['loadavg_1m']:>5.1f}"
             )
     for name, variant in result["variants"].items():
         best = variant["highest_drop_free"]
@@ -378,6 +457,27 @@ def main(argv: list[str] | None = None) -> int:
         "default settings) as variant 'baseline', interleaved per rate: a change side by side with "
         "the code before it",
     )
+    parser.add_argument(
+        "--try",
+        dest="tries",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="also run a variant with these producer settings (-X of the ranks' sink), interleaved "
+        "per rate with the defaults; repeatable (e.g. --try none:compression.type=none)",
+    )
+    parser.add_argument(
+        "--flat-out",
+        action="store_true",
+        help="end each run with one flat-out run per variant at the last rate (--no-realtime; --compare does)",
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=1.0,
+        help="seconds at the start of each step whose events the latencies leave out (the producer "
+        "connecting and learning the new topic: a one-time cost, reported apart as '+start'; default 1)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="run everything this many times (default 1)")
     parser.add_argument(
         "-b", "--bootstrap-servers", default=None, help="default: $KAFKA_BOOTSTRAP_SERVERS or a local broker"
@@ -392,6 +492,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         variants["before"] = (BEFORE_PRODUCER, BEFORE_CONSUMER)
     variants["after" if args.compare else "defaults"] = ({}, {})
+    for spec in args.tries:
+        name, _, settings = spec.partition(":")
+        pairs = [kv.partition("=") for kv in settings.split(",") if kv]
+        if not name or not pairs or any(not k or not eq for k, eq, _ in pairs):
+            parser.error(f"--try wants NAME:KEY=VALUE[,KEY=VALUE], got {spec!r}")
+        variants[name] = ({k: v for k, _, v in pairs}, {})
     pythons: dict[str, str] = {}
     if args.baseline_python:
         variants["baseline"] = ({}, {})
@@ -399,8 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     runs = [
         measure(args.bootstrap_servers, rates, ranks=args.ranks, duration=args.duration, sample=args.sample,
-                variants=variants, stop_at_drops=args.compare, warm_up=i == 0, flat_out=args.compare,
-                pythons=pythons)
+                variants=variants, stop_at_drops=args.compare, warm_up=i == 0, flat_out=args.compare or args.flat_out, reverse=i % 2 == 1,
+                pythons=pythons, settle_s=args.settle)
         for i in range(args.repeats)
     ]  # fmt: skip
     for i, run in enumerate(runs):
@@ -419,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
             "seconds_per_step": args.duration,
             "rates": rates,
             "sample": f"1 in {args.sample}",
+            "settle_s": args.settle,
+            "tries": args.tries,
         },
         "runs": runs,
         "seconds": round(time.monotonic() - started, 1),

@@ -11,40 +11,23 @@ callbacks. Every lost event is counted per rank and reported in-band. Threads an
 
 from __future__ import annotations
 
-import functools
-import json
-import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-from kvevents.schemas import CONTENT_TYPE, EventBatch, KVCacheEvent, RankDrops, current_fingerprint
+from confluent_kafka import Producer
+from kvevents.schemas import CONTENT_TYPE, current_fingerprint
 
+from ._sink_base import PURGE_WAIT_S, LibrdkafkaLog, RateLimitedLog, log
+from ._sink_delivery import CONTROL_HEADER
+from ._sink_drain import Drain
 from .buffer import EventDrain, check_timeout
-from .sink_chunks import (
-    EMPTY_EVENTS,
-    BatchCodec,
-    Chunk,
-    Chunker,
-    EnvelopeWriter,
-    LostEvent,
-    SingleObjectCodec,
-)
-from .sink_config import (
-    LIBRDKAFKA_DEFAULT_BATCH_SIZE,
-    LIBRDKAFKA_DEFAULT_MESSAGE_MAX_BYTES,
-    SIZE_SAFETY_MARGIN,
-    admin_config,
-    int_setting,
-    message_limit,
-    producer_config,
-)
-from .sink_encoded import EncodedChunker, EncodedDrain, EncodedEvents
+from .sink_chunks import BatchCodec, Chunker, EnvelopeWriter, SingleObjectCodec
+from .sink_config import LIBRDKAFKA_DEFAULT_MESSAGE_MAX_BYTES, int_setting, producer_config
+from .sink_encoded import EncodedChunker, EncodedDrain
 from .sink_queue import ChunkQueue, LossLedger
 from .sink_stats import DeliveryReport, LatencyHistogram, SinkCloseReport, SinkStats
 
@@ -58,9 +41,6 @@ __all__ = [
     "KafkaEventSink",
 ]
 
-log = logging.getLogger(__name__)
-librdkafka_log = logging.getLogger("kvevents.producer.librdkafka")
-
 DEFAULT_MAX_QUEUED_EVENTS = 1_000_000
 """Events the sink's queue holds while Kafka is slow or away (about 10 s at 100k events/s)."""
 DEFAULT_MAX_QUEUED_BYTES = 256 << 20
@@ -69,20 +49,9 @@ DEFAULT_MAX_EVENTS_PER_MESSAGE = 2000
 """Events per message at most: encoding one message holds the GIL (about 1 ms for 2000 events
 here), and a Python engine thread waits that long at worst for it."""
 FINGERPRINT_HEADER = "kvevents-schema-fingerprint"
-CONTROL_HEADER = "kvevents-control"
-"""Header of a sink's last batch (value ``close``): the instance stopped cleanly (the consumer's
-liveness tracking drops its workers); carried in a header so the Avro envelope is unchanged."""
-DEFAULT_HEARTBEAT_S = 5.0
 """Header with the hex CRC-64-AVRO fingerprint of the writer schema (``content-type`` is the other)."""
-
-_IDLE_WAIT_S = 0.1
-_STUCK_WAIT_S = 0.01
-_FULL_RETRY_S = 0.5
-_POLL_S = 0.1
-_PURGE_WAIT_S = 5.0
-_LOG_INTERVAL_S = 10.0
-_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
-_BLOCKED = object()
+DEFAULT_HEARTBEAT_S = 5.0
+"""Seconds without a message after which the sink sends a batch with no events (a heartbeat)."""
 
 
 class EventSource(Protocol):
@@ -99,51 +68,7 @@ class EventSource(Protocol):
     def drain(self, timeout: float | None = None) -> EventDrain: ...
 
 
-@dataclass(slots=True, eq=False)
-class _InFlight:
-    chunk: Chunk
-    sequence: int
-    carried: list[RankDrops]
-    size: int
-    produced_at: float
-
-
-class _RateLimitedLog:
-    """At most one record per interval per key; counts what it suppressed."""
-
-    def __init__(self, logger: logging.Logger, interval: float = _LOG_INTERVAL_S) -> None:
-        self._logger = logger
-        self._interval = interval
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def __call__(self, level: int, key: str, message: str, *args: object) -> None:
-        now = time.monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < self._interval:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return
-        self._last[key] = now
-        suppressed = self._suppressed.pop(key, 0)
-        if suppressed:
-            message += " (%d similar messages suppressed)"
-            args = (*args, suppressed)
-        self._logger.log(level, message, *args)
-
-
-class _LibrdkafkaLog:
-    """librdkafka's log lines into ``kvevents.producer.librdkafka``, at most one per facility and
-    level every 10 s (a broker that is away makes librdkafka log each reconnect attempt)."""
-
-    def __init__(self) -> None:
-        self._limited = _RateLimitedLog(librdkafka_log)
-
-    def log(self, level: int, message: str, *args: object) -> None:
-        facility = str(args[0]) if args else ""
-        self._limited(level, f"{level}:{facility}", message, *args)
-
-
-class KafkaEventSink:
+class KafkaEventSink(Drain):
     """Drains ``manager`` in the background and produces its events to ``topic`` as ``EventBatch``es.
 
     - ``instance_id``: names the engine instance; the message key and ``EventBatch.instance_id``.
@@ -248,7 +173,7 @@ class KafkaEventSink:
         self._user_error_cb = self._config.pop("error_cb", None)
         self._user_stats_cb = self._config.pop("stats_cb", None)
         self._user_on_delivery = self._config.pop("on_delivery", None)
-        self._config.setdefault("logger", _LibrdkafkaLog())
+        self._config.setdefault("logger", LibrdkafkaLog())
         self._config.setdefault("client.id", f"kvevents-sink-{instance_id}"[:200])
         self._user_batch_size = "batch.size" in self._config
         self._message_max_bytes = int_setting(
@@ -281,7 +206,7 @@ class KafkaEventSink:
         self._latency = LatencyHistogram()
         self._fatal: str | None = None
         self._librdkafka_stats: dict[str, Any] = {}
-        self._ratelimited = _RateLimitedLog(log)
+        self._ratelimited = RateLimitedLog(log)
 
         self._producer = self._new_producer()
         self._describe: tuple[Any, Any, float] | None = None
@@ -407,7 +332,7 @@ class KafkaEventSink:
             if left:
                 purged = left
                 producer.purge(in_queue=True, in_flight=True, blocking=False)
-                purge_deadline = time.monotonic() + _PURGE_WAIT_S
+                purge_deadline = time.monotonic() + PURGE_WAIT_S
                 while len(producer) and time.monotonic() < purge_deadline:
                     producer.poll(0.05)
             self._polling = False
@@ -451,449 +376,3 @@ class KafkaEventSink:
 
     def _new_producer(self) -> Producer:
         return Producer(self._producer_config())
-
-    def _poll_loop(self) -> None:
-        while self._polling:
-            try:
-                self._producer.poll(_POLL_S)
-            except Exception:
-                log.exception("Kafka sink: a librdkafka callback failed")
-
-    # -- the topic's size limit ----------------------------------------------------------
-
-    def _start_topic_describe(self, timeout: float) -> None:
-        try:
-            from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
-
-            admin = AdminClient(admin_config(self._config))
-            resource = ConfigResource(ResourceType.TOPIC, self._topic)
-            future = admin.describe_configs([resource], request_timeout=timeout)[resource]
-        except (KafkaException, ValueError, TypeError) as exc:  # size by message.max.bytes alone
-            log.warning("Could not ask for topic %r's max.message.bytes (%s)", self._topic, exc)
-            self._limit_known = True
-            return
-        self._describe = (admin, future, time.monotonic() + timeout)
-
-    def _resolve_topic_limit(self) -> None:
-        """Once the describe answered (or timed out), fix the message limit and, if needed,
-        the producer's ``batch.size``. Runs on the sink thread before the first hand-off."""
-        if self._limit_known or self._describe is None:
-            return
-        _admin, future, deadline = self._describe
-        if future.done():
-            try:
-                entries = future.result()
-                self._topic_max = int(entries["max.message.bytes"].value)
-            except (KafkaException, KeyError, ValueError, TypeError) as exc:  # no permission, no topic, ...
-                log.warning(
-                    "Could not read topic %r's max.message.bytes (%s); messages are limited by "
-                    "message.max.bytes=%d alone: set it below the topic's limit if that is smaller",
-                    self._topic, exc, self._message_max_bytes,
-                )  # fmt: skip
-        elif time.monotonic() < deadline:
-            return
-        else:
-            log.warning(
-                "Topic %r's max.message.bytes unknown: no answer in time (is Kafka up?); messages are "
-                "limited by message.max.bytes=%d alone: set it below the topic's limit if that is smaller",
-                self._topic, self._message_max_bytes,
-            )  # fmt: skip
-        self._describe = None
-        limit = message_limit(self._message_max_bytes, self._topic_max)
-        batch_size = int_setting(self._config, "batch.size", LIBRDKAFKA_DEFAULT_BATCH_SIZE)
-        if self._topic_max is not None and batch_size > self._topic_max - SIZE_SAFETY_MARGIN:
-            if self._user_batch_size:
-                log.warning(
-                    "batch.size=%d exceeds topic %r's max.message.bytes=%d: the broker may reject batches",
-                    batch_size, self._topic, self._topic_max,
-                )  # fmt: skip
-            else:  # nothing was produced yet: a producer that packs smaller requests
-                self._config["batch.size"] = max(1, self._topic_max - SIZE_SAFETY_MARGIN)
-                old = self._producer
-                self._producer = self._new_producer()
-                old.flush(0)
-        with self._lock:
-            self._limit = limit
-            self._budget = None
-            self._limit_known = True
-
-    def _current_budget(self) -> int:
-        if self._budget is None:
-            overhead = len(self._key) + sum(len(k) + len(v) + 4 for k, v in self._headers)
-            budget = self._limit - overhead - SIZE_SAFETY_MARGIN - self._writer.max_prefix_size()
-            if budget < 64:
-                log.error(
-                    "A message limit of %d bytes leaves %d bytes for events: most events will be "
-                    "dropped as oversized", self._limit, budget,
-                )  # fmt: skip
-                budget = 64
-            self._budget = budget
-        return self._budget
-
-    # -- the sink thread -------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except Exception:
-            log.exception("The Kafka sink thread failed; queued events are counted as lost")
-            with self._lock:
-                for chunk in self._queue.take_all():
-                    self._lose_chunk_locked(chunk, "unsent_at_close")
-
-    def _loop(self) -> None:
-        manager = self._manager
-        while True:
-            self._iterations += 1
-            stopping = self._stop_requested
-            if stopping:
-                self._accept(self._drain(0))
-            self._resolve_topic_limit()
-            stuck = self._hand_off()
-            if stopping and (not stuck or time.monotonic() >= self._stop_deadline):
-                if not stuck:
-                    self._say_closing()
-                return
-            if stuck or stopping or manager.closed:
-                with self._room:
-                    if self._stop_requested == stopping:
-                        self._room.wait(_STUCK_WAIT_S if stuck else _IDLE_WAIT_S)
-                if not stopping:
-                    self._accept(self._drain(0))
-            else:
-                self._accept(self._drain(_IDLE_WAIT_S))
-
-    def _accept(self, drain: EventDrain | EncodedDrain) -> None:
-        """Count the drain's drops, cut its events into chunks and queue them (handing them off
-        as they come, so encoding overlaps librdkafka's compression and sending)."""
-        if drain.dropped:
-            with self._lock:
-                self._ledger.manager_dropped(drain.dropped)
-        events = drain.events
-        if not events:
-            return
-        accounted = 0
-        chunker = self._encoded_chunker if isinstance(events, EncodedEvents) else self._chunker
-        try:
-            with self._lock:
-                self._drained += len(events)
-                budget = self._current_budget()
-            for item in chunker.chunks(events, budget):
-                with self._lock:
-                    if isinstance(item, LostEvent):
-                        accounted += 1
-                        self._lose_event_locked(item)
-                    else:
-                        if item.split is None:
-                            accounted += item.events
-                        elif item.first_event_block_offset == 0:
-                            accounted += 1
-                            self._split_events += 1
-                            self._fragments += item.split.fragments
-                        for dropped in self._queue.push(item):
-                            self._lose_chunk_locked(dropped, "queue_full")
-                if self._limit_known:
-                    self._hand_off()
-        except Exception:
-            rest = events[accounted:]
-            log.exception("Could not encode %d KV-cache events; counted as lost", len(rest))
-            with self._lock:
-                self._lose_locked(_count_by_rank(rest), "unencodable")
-
-    def _speculate(self, first_event_block_offset: int) -> EventBatch | None:
-        """The envelope the next message gets if it is produced at once: only when nothing waits
-        in the queue (else it is framed at hand-off)."""
-        with self._lock:
-            if not self._limit_known or self._queue or self._full_since is not None:
-                return None
-            pending = self._ledger.pending
-            dropped = [RankDrops(rank, pending[rank]) for rank in sorted(pending)]
-            sequence = self._next_sequence
-        return EventBatch(
-            self._instance_id,
-            [],
-            attention_dp_size=self._dp_size,
-            producer_id=self._producer_id,
-            sequence=sequence,
-            created_at_us=time.time_ns() // 1000,
-            dropped=dropped,
-            first_event_block_offset=first_event_block_offset,
-        )
-
-    def _lose_event_locked(self, lost: LostEvent) -> None:
-        self._lose_locked({lost.rank: 1}, lost.reason, {lost.rank: lost.event_id})
-        self._ratelimited(
-            logging.ERROR, lost.reason, "Dropped KV-cache event %d of rank %d (%s): %s",
-            lost.event_id, lost.rank, lost.reason, lost.detail,
-        )  # fmt: skip
-
-    def _lose_chunk_locked(self, chunk: Chunk, reason: str) -> None:
-        counts = dict(chunk.by_rank)
-        split = chunk.split
-        if split is not None and split.lose():
-            counts[split.rank] = counts.get(split.rank, 0) + 1
-        self._lose_locked(counts, reason, chunk.last_event_ids)
-
-    def _lose_locked(
-        self, counts: dict[int, int], reason: str, newest_event_ids: Mapping[int, int] | None = None
-    ) -> None:
-        """Count a loss (in-band in the next batch) and tell the manager, whose rank must then
-        publish a snapshot (not for events still unsent at close: the engine has stopped)."""
-        self._ledger.lose(counts, reason)
-        report = self._report_lost
-        if report is None or reason == "unsent_at_close":
-            return
-        for rank, count in counts.items():
-            newest = None if newest_event_ids is None else newest_event_ids.get(rank)
-            try:
-                report(rank, count, newest, where=f"lost by the Kafka sink ({reason})")
-            except Exception:  # a listener's bug must not stop the sink's accounting
-                log.exception("report_lost_events failed")
-
-    def _hand_off(self) -> bool:
-        """Hand queued chunks, then any pending drops, to librdkafka; True when something must
-        wait (librdkafka's queue is full, or the message limit is not known yet)."""
-        if not self._limit_known:
-            return bool(self._queue) or bool(self._ledger.pending)
-        with self._lock:
-            queue = self._queue
-            if self._full_since is not None:
-                # librdkafka refused the last message for lack of room: try again only when a
-                # delivery report freed some, or after a while (no message framed in vain)
-                if self._deliveries == self._full_at and time.monotonic() - self._full_since < _FULL_RETRY_S:
-                    return bool(queue) or bool(self._ledger.pending)
-                self._full_since = None
-            budget = self._current_budget()
-            while queue:
-                chunk = queue.peek()
-                if chunk.size > budget:
-                    self._resplit_head_locked(chunk, budget)
-                    continue
-                if self._produce_locked(chunk) is _BLOCKED:
-                    return True
-                queue.pop()
-            if self._ledger.pending and self._in_flight == 0:
-                empty = Chunk(EMPTY_EVENTS, 0, {}, {})
-                return self._produce_locked(empty) is _BLOCKED
-            if (
-                self._heartbeat_s is not None
-                and not self._stop_requested
-                and time.monotonic() - self._last_produced >= self._heartbeat_s
-            ):
-                # idle: a batch with no events tells consumers this instance is alive
-                if self._produce_locked(Chunk(EMPTY_EVENTS, 0, {}, {})) is _BLOCKED:
-                    return True
-                self._heartbeats += 1
-        return False
-
-    def _say_closing(self) -> None:
-        """The last batch: no events, header ``kvevents-control: close`` (a clean stop)."""
-        with self._lock:
-            if self._fatal is None:
-                self._produce_locked(Chunk(EMPTY_EVENTS, 0, {}, {}), closing=True)
-
-    def _resplit_head_locked(self, chunk: Chunk, budget: int) -> None:
-        """Cut the head chunk again: it was made before the topic's smaller limit was known."""
-        speculative, self._writer.speculative = self._writer.speculative, None  # it takes the lock
-        try:
-            self._resplit_head(chunk, budget)
-        finally:
-            self._writer.speculative = speculative
-
-    def _resplit_head(self, chunk: Chunk, budget: int) -> None:
-        whole = (
-            self._writer.template_prefix() + chunk.part if chunk.envelope is None else chunk.encoded_message()
-        )
-        events = self._codec.decode_batch(whole).events
-        replacement: list[Chunk] = []
-        for item in self._chunker.chunks(events, budget):
-            if isinstance(item, LostEvent):
-                if chunk.split is not None:
-                    self._lose_chunk_locked(Chunk(EMPTY_EVENTS, 0, {}, {}, split=chunk.split), item.reason)
-                else:
-                    self._lose_event_locked(item)
-                continue
-            if chunk.split is not None:  # a fragment cut into smaller fragments of the same event
-                item.first_event_block_offset += chunk.first_event_block_offset
-                item.split = chunk.split
-            elif item.split is not None and item.first_event_block_offset == 0:
-                self._split_events += 1
-                self._fragments += item.split.fragments
-            replacement.append(item)
-        if chunk.split is not None and replacement:
-            chunk.split.fragments += len(replacement) - 1
-            self._fragments += len(replacement) - 1
-        self._queue.replace_head(replacement)
-
-    def _produce_locked(self, chunk: Chunk, *, closing: bool = False) -> object:
-        carried = self._ledger.take()
-        sequence = self._next_sequence
-        guess = chunk.envelope
-        try:
-            if (
-                guess is not None
-                and guess.sequence == sequence
-                and guess.dropped == carried
-                and guess.first_event_block_offset == chunk.first_event_block_offset
-            ):
-                value = chunk.encoded_message()  # encoded with this very envelope: as it is
-            else:
-                value = self._writer.message(
-                    chunk.part,
-                    producer_id=self._producer_id,
-                    sequence=sequence,
-                    created_at_us=time.time_ns() // 1000,
-                    dropped=carried,
-                    first_event_block_offset=chunk.first_event_block_offset,
-                )
-        except Exception:
-            self._ledger.restore(carried)
-            log.exception("Could not frame a message of %d events; counted as lost", chunk.events)
-            self._lose_chunk_locked(chunk, "unencodable")
-            return None
-        record = _InFlight(chunk, sequence, carried, len(value), time.monotonic())
-        try:
-            self._producer.produce(
-                self._topic,
-                value,
-                self._key,
-                headers=[*self._headers, (CONTROL_HEADER, b"close")] if closing else self._headers,  # type: ignore[arg-type]  # list is invariant in the stub
-                on_delivery=functools.partial(self._delivered, record),
-            )
-        except BufferError:
-            self._ledger.restore(carried)
-            self._full_since = time.monotonic()
-            self._full_at = self._deliveries
-            return _BLOCKED
-        except KafkaException as exc:
-            self._ledger.restore(carried)
-            error = exc.args[0] if exc.args else exc
-            name = error.name() if isinstance(error, KafkaError) else type(exc).__name__
-            self._failed_by_error[name] = self._failed_by_error.get(name, 0) + 1
-            self._lose_chunk_locked(chunk, "produce_failed")
-            self._ratelimited(
-                logging.ERROR, f"produce:{name}",
-                "librdkafka refused a message of %d bytes (%d events): %s; counted as lost",
-                len(value), chunk.events, error,
-            )  # fmt: skip
-            return None
-        self._next_sequence = sequence + 1
-        self._last_produced = time.monotonic()
-        self._in_flight += 1
-        self._in_flight_events += chunk.events
-        return None
-
-    # -- librdkafka callbacks (delivery thread, or close) -----------------------------------
-
-    def _delivered(self, record: _InFlight, err: KafkaError | None, msg: Any) -> None:
-        latency = msg.latency() if msg is not None else None
-        latency = float(latency) if latency is not None else time.monotonic() - record.produced_at
-        chunk = record.chunk
-        with self._room:
-            self._deliveries += 1
-            self._in_flight -= 1
-            self._in_flight_events -= chunk.events
-            if err is None:
-                self._delivered_messages += 1
-                self._delivered_bytes += record.size
-                by_rank = self._delivered_by_rank
-                for rank, n in chunk.by_rank.items():
-                    by_rank[rank] = by_rank.get(rank, 0) + n
-                delivered = chunk.events if chunk.split is None else 0
-                if chunk.split is not None and chunk.split.deliver():
-                    delivered = 1
-                    by_rank[chunk.split.rank] = by_rank.get(chunk.split.rank, 0) + 1
-                self._delivered_events += delivered
-                self._ledger.delivered(record.carried)
-                self._latency.observe(latency)
-            else:
-                self._failed_messages += 1
-                name = err.name()
-                self._failed_by_error[name] = self._failed_by_error.get(name, 0) + 1
-                self._ledger.restore(record.carried)
-                purged = err.code() in _PURGED
-                self._lose_chunk_locked(chunk, "unsent_at_close" if purged else "delivery_failed")
-                if not purged:
-                    self._ratelimited(
-                        logging.ERROR, f"delivery:{name}",
-                        "Kafka did not take batch %d (%d events): %s; counted as lost and reported in-band",
-                        record.sequence, chunk.events, err,
-                    )  # fmt: skip
-            self._room.notify_all()
-        if self._on_delivery_report is not None:
-            report = DeliveryReport(
-                sequence=record.sequence,
-                events=chunk.events,
-                events_by_rank=dict(chunk.by_rank) if chunk.split is None else {chunk.split.rank: 1},
-                last_event_id_by_rank=dict(chunk.last_event_ids),
-                dropped={d.attention_dp_rank: d.dropped_events for d in record.carried},
-                size_bytes=record.size,
-                first_event_block_offset=chunk.first_event_block_offset,
-                produced_at=record.produced_at,
-                latency_s=latency,
-                acked_at=record.produced_at + latency,
-                error=err,
-                partition=msg.partition() if msg is not None and err is None else None,
-                offset=msg.offset() if msg is not None and err is None else None,
-            )
-            _call_safely(self._on_delivery_report, report)
-        if self._user_on_delivery is not None:
-            _call_safely(self._user_on_delivery, err, msg)
-
-    def _on_error(self, err: KafkaError) -> None:
-        name = err.name()
-        with self._lock:
-            self._errors_by_code[name] = self._errors_by_code.get(name, 0) + 1
-            if err.fatal():
-                self._fatal = str(err)
-        if err.fatal():
-            log.error("Kafka producer fatal error: %s; every further batch will fail (counted)", err)
-        else:
-            self._ratelimited(logging.WARNING, f"error:{name}", "Kafka producer: %s", err)
-        if self._user_error_cb is not None:
-            _call_safely(self._user_error_cb, err)
-
-    def _on_stats(self, stats_json: str) -> None:
-        try:
-            stats = json.loads(stats_json)
-        except ValueError:
-            stats = {}
-        kept = {key: stats[key] for key in _LIBRDKAFKA_STATS if key in stats}
-        brokers = stats.get("brokers") or {}
-        rtts = [b.get("rtt", {}).get("p99", 0) for b in brokers.values() if isinstance(b, dict)]
-        if rtts:
-            kept["broker_rtt_p99_us"] = max(rtts)
-        with self._lock:
-            self._librdkafka_stats = kept
-        if self._user_stats_cb is not None:
-            _call_safely(self._user_stats_cb, stats_json)
-
-
-_LIBRDKAFKA_STATS = (
-    "msg_cnt",
-    "msg_size",
-    "msg_max",
-    "msg_size_max",
-    "txmsgs",
-    "txmsg_bytes",
-    "tx",
-    "txbytes",
-)
-"""Top-level librdkafka statistics the sink keeps (messages/bytes queued, sent)."""
-
-
-def _count_by_rank(events: Sequence[KVCacheEvent]) -> dict[int, int]:
-    if isinstance(events, EncodedEvents):
-        return events.count_by_rank()
-    counts: dict[int, int] = {}
-    for event in events:
-        rank = 0 if event.attention_dp_rank is None else event.attention_dp_rank
-        counts[rank] = counts.get(rank, 0) + 1
-    return counts
-
-
-def _call_safely(callback: Callable[..., object], *args: object) -> None:
-    try:
-        callback(*args)
-    except Exception:
-        log.exception("A Kafka sink callback (%r) raised", callback)

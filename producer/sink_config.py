@@ -28,7 +28,7 @@ BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "enable.idempotence": True,
     "acks": "all",
-    "compression.type": "zstd",
+    "compression.type": "none",
     "linger.ms": 0,
     "socket.nagle.disable": True,
     "partitioner": "murmur2_random",

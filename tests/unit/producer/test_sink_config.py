@@ -17,7 +17,7 @@ def test_defaults_fill_in_what_the_caller_left_out(monkeypatch: pytest.MonkeyPat
     config = producer_config({"bootstrap.servers": "k:9092"})
     assert config == {**DEFAULT_PRODUCER_CONFIG, "bootstrap.servers": "k:9092"}
     assert config["enable.idempotence"] is True and config["acks"] == "all"
-    assert config["compression.type"] == "zstd" and config["partitioner"] == "murmur2_random"
+    assert config["compression.type"] == "none" and config["partitioner"] == "murmur2_random"
     assert config["linger.ms"] == 0 and config["message.timeout.ms"] == 0  # freshness: OPERATIONS.md
 
 
