@@ -3,7 +3,7 @@
 - Stream: what the e2e benchmark's pipeline carries (the engine simulator at e2e's drop-free
   request rate, 2 instances x 4 ranks, offload to a secondary level: mostly single-block Stored,
   Removed and Updated events, ~73 bytes/event), made in-process and produced to a fresh topic
-  (zstd, keyed by instance). Events/s are in the same unit as e2e's.
+  (the sink's compression, keyed by instance). Events/s are in the same unit as e2e's.
 - Throughput, each from the beginning of the topic until caught up, wall clock of the whole read:
   Kafka read + decode alone (the floor), ``export zmq`` (tagged maps and positional; a SUB in
   another process counts what arrives), ``export dynamo`` (RouterEvent JSON lines to /dev/null).
@@ -129,13 +129,14 @@ def free_port() -> int:
 def produce(bootstrap: str, topic: str, batches: list[EventBatch]) -> None:
     from confluent_kafka import Producer
     from kvevents.consumer.topics import TopicSpec, create_topic
+    from kvevents.producer.sink_config import DEFAULT_PRODUCER_CONFIG
 
     create_topic(bootstrap, TopicSpec(topic, partitions=4, max_message_bytes=8 << 20))
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
-            "compression.type": "zstd",
+            "compression.type": DEFAULT_PRODUCER_CONFIG["compression.type"],
             "linger.ms": 20,
             "message.max.bytes": 8 << 20,
         }

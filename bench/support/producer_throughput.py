@@ -194,7 +194,7 @@ def bench_sink_throughput(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "unit": "events/s from the manager's buffer to acknowledged by Kafka; raw = confluent-kafka producing the sink's own messages",
         "how": "all events in the manager's buffer at once; the sink drains, encodes, produces; raw produces the bytes the sink produced; runs alternate who goes first, with a pause between",
-        "fairness": "raw gets the sink's effective librdkafka config (defaults included: zstd, linger.ms, idempotence, acks, queue bounds) and produces the sink's own captured messages (same sizes, key, headers); the sink alone encodes Avro, on the same 2 cores as librdkafka's compression and the broker",
+        "fairness": "raw gets the sink's effective librdkafka config (defaults included: compression, linger.ms, idempotence, acks, queue bounds) and produces the sink's own captured messages (same sizes, key, headers); the sink alone encodes Avro, on the same 2 cores as librdkafka's compression and the broker",
         "events": len(events),
         "broker": BROKER.source,
         "config": {k: v for k, v in sink_defaults().items()},

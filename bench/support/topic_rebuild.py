@@ -2,7 +2,7 @@
 
 The topic holds the benchmark stream replicated to ``target_events`` (copy k renames every
 instance id, as the in-memory rebuild does), produced once the way the sink produces (keyed by
-instance, zstd, idempotent) into a broker whose data persists between runs
+instance, the sink's compression, idempotent) into a broker whose data persists between runs
 (``$KVEVENTS_BENCH_BROKER_DIR``, default ``~/.cache/kvevents/bench-broker``; or the broker at
 ``$KAFKA_BOOTSTRAP_SERVERS``). A topic whose message count matches is reused; one that does not
 (an interrupted run) is deleted and produced again.
@@ -41,6 +41,7 @@ from kvevents.consumer import (
     restore,
     save_checkpoint,
 )
+from kvevents.producer.sink_config import DEFAULT_PRODUCER_CONFIG
 from kvevents.schemas import current_fingerprint
 
 PARTITIONS = 8
@@ -181,7 +182,7 @@ def ensure_topic(
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "acks": "all",
-            "compression.type": "zstd",
+            "compression.type": DEFAULT_PRODUCER_CONFIG["compression.type"],
             "linger.ms": 20,
             "batch.size": 1_000_000,
             "queue.buffering.max.kbytes": 524_288,

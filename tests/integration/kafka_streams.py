@@ -1,5 +1,5 @@
 """Test streams for the reader and checkpoint tests: batches of several instances, produced
-to a real topic the way the sink does (keyed by instance id, idempotent, zstd)."""
+to a real topic the way the sink does (keyed by instance id, idempotent, its compression)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import zlib
 from collections.abc import Iterable
 
 from confluent_kafka import Producer
+from kvevents.producer.sink_config import DEFAULT_PRODUCER_CONFIG
 from kvevents.schemas import (
     EventBatch,
     KVCacheCreatedData,
@@ -94,7 +95,7 @@ def producer(bootstrap: str) -> Producer:
         {
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
-            "compression.type": "zstd",
+            "compression.type": DEFAULT_PRODUCER_CONFIG["compression.type"],
             "linger.ms": 5,
             "partitioner": "murmur2_random",
         }
