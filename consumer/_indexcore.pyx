@@ -15,6 +15,7 @@ path: ``docs/INDEX.md``.
 from cpython cimport array as carray
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.pythread cimport (
     NOWAIT_LOCK,
@@ -312,8 +313,10 @@ cdef class IndexCore:
     cdef size_t qkeys_cap
     cdef list qlist
     cdef Py_ssize_t qready
-    cdef uint32_t *hist
-    cdef size_t hist_cap
+    cdef uint32_t q_mode         # the last _match's most common run
+    cdef uint64_t q_setsig       # ... and its touched set's signature, when q_setsig_known
+    cdef bint q_setsig_known
+    cdef size_t multi_workers    # workers with more than one active window cache
     cdef dict templates      # result templates (see match_counts)
     cdef uint32_t *ctok      # content_hashes' token scratch (a reader's; fb is the writer's)
     cdef size_t ctok_cap
@@ -348,7 +351,6 @@ cdef class IndexCore:
         self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
         self.slvl = NULL
         self.qkeys = NULL
-        self.hist = NULL
         self.ctok = NULL
         self.ctok_cap = 0
         self.applying = False
@@ -399,8 +401,6 @@ cdef class IndexCore:
         self.slvl = NULL
         PyMem_Free(self.qkeys)
         self.qkeys = NULL
-        PyMem_Free(self.hist)
-        self.hist = NULL
         PyMem_Free(self.ctok)
         self.ctok = NULL
         self.ctok_cap = 0
@@ -423,7 +423,7 @@ cdef class IndexCore:
         self.score_cap = 0
         self.epoch = 0
         self.qkeys_cap = 0
-        self.hist_cap = 0
+        self.multi_workers = 0
         self.templates = {}
         self.template_keys = 0
         self.c_batches_applied = self.c_batches_replayed = self.c_batches_stale = 0
@@ -541,7 +541,7 @@ cdef class IndexCore:
                 if not create:
                     return KV_NIL
                 s.active = 1
-                self.wrk[widx].nactive += 1
+                self._nactive_add(widx, 1)
                 self.s_capacity[slot] = None
                 return slot
             slot = s.next_slot
@@ -559,12 +559,22 @@ cdef class IndexCore:
         s.active = 1
         s.next_slot = self.wrk[widx].first_slot
         self.wrk[widx].first_slot = slot
-        self.wrk[widx].nactive += 1
+        self._nactive_add(widx, 1)
         self.nslots += 1
         self.s_capacity.append(None)
         self.s_keys.append(self.w_keys[widx])
         self._score_reserve(self.nslots)
         return slot
+
+    cdef inline void _nactive_add(self, uint32_t widx, int delta) noexcept:
+        """Count a worker's active window caches, and the workers with more than one (while
+        there are none, an answer needs no best-of-windows per worker: match_counts)."""
+        cdef uint32_t old = self.wrk[widx].nactive
+        self.wrk[widx].nactive = old + delta
+        if delta > 0 and old == 1:
+            self.multi_workers += 1
+        elif delta < 0 and old == 2:
+            self.multi_workers -= 1
 
     cdef int _check_capacity(self, _Instance inst) except -1:
         """IndexFullError unless every (rank, window) cache the scratch batch's Stored and Created
@@ -620,7 +630,7 @@ cdef class IndexCore:
             if self.slots[slot].active:
                 self._clear_slot(slot)
                 self.slots[slot].active = 0
-                self.wrk[widx].nactive -= 1
+                self._nactive_add(widx, -1)
                 self.s_capacity[slot] = None
             slot = self.slots[slot].next_slot
         return 0
@@ -1125,19 +1135,25 @@ cdef class IndexCore:
         return n
 
     cdef inline int _keys_upto(self, Py_ssize_t upto) except -1:
-        """Make ``qkeys[:upto]`` valid (converting the query list 32 keys at a time)."""
+        """Make ``qkeys[:upto]`` valid (converting the query list 32 keys at a time). The int
+        objects are fetched first, all of a group at once: a query's ints sit apart in memory,
+        and reading them one by one waited for each."""
         cdef Py_ssize_t i, end
         cdef list src = self.qlist
         if upto <= self.qready or src is None:
             return 0
-        end = min(len(src), max(upto, self.qready + 32))
+        end = min(PyList_GET_SIZE(src), max(upto, self.qready + 32))
         for i in range(self.qready, end):
-            self.qkeys[i] = src[i]
+            prefetch(PyList_GET_ITEM(src, i))
+        for i in range(self.qready, end):
+            if i >= PyList_GET_SIZE(src):  # a key's __index__ shrank the list
+                raise RuntimeError("the query list changed size while it was read")
+            self.qkeys[i] = <object>PyList_GET_ITEM(src, i)
         self.qready = end
         return 0
 
     cdef size_t _match(self, Py_ssize_t n, bint by_content, bint has_window, int32_t window,
-                       int max_level) except? <size_t>-1:
+                       int max_level, bint want_prim) except? <size_t>-1:
         """Score the ``n`` keys in ``qkeys``; the slots with a run are ``touched[:result]``.
 
         Block by block, the slots whose run is still going ("alive") extend when they hold the
@@ -1147,6 +1163,12 @@ cdef class IndexCore:
         ``pending`` and added to the alive slots when the set changes. Long shared prefixes
         thus cost one table lookup per block. (A signature collision between two different
         holder sets of equal size, about 2**-64 per comparison, would be missed.)
+
+        For ``match_counts`` it also leaves the most common run in ``q_mode`` (counted from the
+        slots whose runs end at each step, not from a pass over the touched slots) and, when
+        the touched slots are exactly the first block's holders, that node's signature in
+        ``q_setsig``. ``want_prim``: also count the primary blocks (``match``); the counts need
+        the runs only.
         """
         cdef size_t ntouched = 0, nalive = 0, nnew, k
         cdef Py_ssize_t i
@@ -1162,10 +1184,14 @@ cdef class IndexCore:
         cdef uint32_t *prim = self.prim
         cdef uint32_t *pstep = self.pstep
         cdef uint32_t *alive = self.alive
+        cdef uint32_t *touched = self.touched
         cdef uint8_t *slvl = self.slvl
+        cdef const Slot *slots = self.slots
         cdef uint32_t epoch
         cdef const Table *tab = &self.st.ctab if by_content else &self.st.etab
-        cdef Py_ssize_t group_end = 0, g
+        cdef Py_ssize_t group_end = 0, g, reached = n
+        cdef uint32_t mode_n = 0, mode_v = 0, dead
+        self.q_setsig_known = False
         self.epoch += 1
         if self.epoch == 0:
             memset(self.stamp, 0, self.score_cap * sizeof(uint32_t))
@@ -1188,6 +1214,7 @@ cdef class IndexCore:
             key = self.qkeys[i]
             pos = table_find_pos(st, tab, key, by_content, NONE)
             if pos == NONE:
+                reached = i
                 break
             id = tab.ids[pos] & st.id_mask
             node = self.N(id)
@@ -1203,7 +1230,7 @@ cdef class IndexCore:
                 for k in range(nalive):
                     slot = alive[k]
                     run[slot] += pending
-                    if slvl[slot] == 0:
+                    if want_prim and slvl[slot] == 0:
                         prim[slot] += pending
                 pending = 0
             prev_cnt = cnt
@@ -1213,53 +1240,78 @@ cdef class IndexCore:
                 node = self.N(id)
                 cnt = node.n & KV_COUNT_MASK
                 hs = node_holders(&self.st, node)
-                for j in range(cnt):
-                    h = hs[j]
-                    lvl = (h >> KV_SLOT_BITS) & 0xF
-                    if lvl > <uint32_t>max_level:
-                        continue
-                    slot = h & KV_SLOT_MASK
-                    if has_window and self.slots[slot].window != window:
-                        continue
-                    if stamp[slot] != epoch:
-                        if i == 0:
+                if i == 0:  # the first block: its holders start their runs
+                    for j in range(cnt):
+                        h = hs[j]
+                        lvl = (h >> KV_SLOT_BITS) & 0xF
+                        slot = h & KV_SLOT_MASK
+                        if lvl > <uint32_t>max_level or (has_window and slots[slot].window != window):
+                            continue
+                        if stamp[slot] != epoch:
                             stamp[slot] = epoch
                             run[slot] = 1
-                            prim[slot] = lvl == 0
-                            pstep[slot] = 1 if lvl == 0 else 0
-                            slvl[slot] = <uint8_t>lvl
-                            self.touched[ntouched] = slot
+                            touched[ntouched] = slot
                             ntouched += 1
                             alive[nnew] = slot
                             nnew += 1
-                        continue
-                    r = run[slot]
-                    if r == <uint32_t>i:
-                        run[slot] = step
-                        slvl[slot] = <uint8_t>lvl
-                        if lvl == 0:
+                            if want_prim:
+                                prim[slot] = lvl == 0
+                                pstep[slot] = 1 if lvl == 0 else 0
+                                slvl[slot] = <uint8_t>lvl
+                        elif want_prim and lvl == 0 and pstep[slot] != 1:
+                            prim[slot] += 1
+                            pstep[slot] = 1
+                            slvl[slot] = 0
+                else:
+                    for j in range(cnt):
+                        h = hs[j]
+                        slot = h & KV_SLOT_MASK
+                        if stamp[slot] != epoch:
+                            continue
+                        lvl = (h >> KV_SLOT_BITS) & 0xF
+                        if lvl > <uint32_t>max_level or (has_window and slots[slot].window != window):
+                            continue
+                        r = run[slot]
+                        if r == <uint32_t>i:
+                            run[slot] = step
+                            alive[nnew] = slot
+                            nnew += 1
+                            if want_prim:
+                                slvl[slot] = <uint8_t>lvl
+                                if lvl == 0:
+                                    prim[slot] += 1
+                                    pstep[slot] = step
+                        elif want_prim and r == step and lvl == 0 and pstep[slot] != step:
                             prim[slot] += 1
                             pstep[slot] = step
-                        alive[nnew] = slot
-                        nnew += 1
-                    elif r == step and lvl == 0 and pstep[slot] != step:
-                        prim[slot] += 1
-                        pstep[slot] = step
-                        slvl[slot] = 0
+                            slvl[slot] = 0
                 if nxt == NONE:
                     break
                 id = tab.ids[nxt] & st.id_mask
                 nxt = table_find_pos(st, tab, key, True, nxt)
+            if i == 0:
+                if single and nnew == prev_cnt:  # every holder of the first block is touched
+                    self.q_setsig = sig
+                    self.q_setsig_known = True
+            else:
+                dead = <uint32_t>(nalive - nnew)  # their runs end at i
+                if dead > mode_n:
+                    mode_n = dead
+                    mode_v = <uint32_t>i
+            nalive = nnew
             if nnew == 0:
                 break
-            nalive = nnew
             full = single and nnew == prev_cnt
         if pending:
             for k in range(nalive):
                 slot = alive[k]
                 run[slot] += pending
-                if slvl[slot] == 0:
+                if want_prim and slvl[slot] == 0:
                     prim[slot] += pending
+        if nalive > mode_n:  # the slots still alive: runs of ``reached``
+            mode_n = <uint32_t>nalive
+            mode_v = <uint32_t>reached
+        self.q_mode = mode_v
         return ntouched
 
     def match(self, hashes, bint by_content, window, int max_level):
@@ -1270,7 +1322,7 @@ cdef class IndexCore:
         self._rlock()
         try:
             n = self._load_keys(hashes)
-            t = self._match(n, by_content, window is not None, 0 if window is None else window, max_level)
+            t = self._match(n, by_content, window is not None, 0 if window is None else window, max_level, True)
             out = []
             for k in range(t):
                 slot = self.touched[k]
@@ -1288,34 +1340,24 @@ cdef class IndexCore:
         of filling one. So the result is a copy of a cached *template* (the same workers, all
         with the most common run) with the other workers' values set. A template is used only
         when its slots are exactly this query's (equal count, every one of them matched now):
-        answers stay exact."""
+        answers stay exact. The most common run and the touched set's signature come from the
+        walk (``_match``); a worker with several window caches needs the best of them, so
+        templates are used only while no worker has two (or when a window size is given)."""
         cdef Py_ssize_t n
         cdef size_t t, k
-        cdef uint32_t slot, v = 0, best = 0, r
         cdef uint64_t setsig = 0
-        cdef bint multi = False
+        cdef bint has_window = window is not None
         self._rlock()  # the query scratch (keys, scores, templates) is the lock holder's
         try:
             n = self._load_keys(hashes)
-            t = self._match(n, by_content, window is not None, 0 if window is None else window, max_level)
-            if t >= 32:
-                if <size_t>n + 1 > self.hist_cap:
-                    grow(<void **>&self.hist, &self.hist_cap, <size_t>n + 1, sizeof(uint32_t))
-                for k in range(t):
-                    slot = self.touched[k]
-                    self.hist[self.run[slot]] = 0
-                    if self.wrk[self.slots[slot].worker].nactive != 1:
-                        multi = True
-                if not multi:
+            t = self._match(n, by_content, has_window, 0 if window is None else window, max_level, False)
+            if t >= 32 and (has_window or self.multi_workers == 0):
+                if self.q_setsig_known:
+                    setsig = self.q_setsig
+                else:
                     for k in range(t):
-                        slot = self.touched[k]
-                        setsig ^= holder_sig(slot)
-                        r = self.run[slot]
-                        self.hist[r] += 1
-                        if self.hist[r] > best:
-                            best = self.hist[r]
-                            v = r
-                    return self._from_template(t, setsig ^ (<uint64_t>v * KVH.k1), v)
+                        setsig ^= holder_sig(self.touched[k])
+                return self._from_template(t, setsig ^ (<uint64_t>self.q_mode * KVH.k1), self.q_mode)
             return self._build_counts(t)
         finally:
             self._runlock()
