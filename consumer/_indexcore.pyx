@@ -132,6 +132,7 @@ cdef enum:
     LEVEL_MAX = 15
     PRIORITY_MAX = 255
     MAX_REASONS = 8
+    QGROUP = 16          # keys per prefetch group of a query (_match)
 
 cdef enum Kind:
     K_CREATED = FLAT_CREATED
@@ -312,7 +313,8 @@ cdef class IndexCore:
     cdef uint64_t *qkeys
     cdef size_t qkeys_cap
     cdef list qlist
-    cdef Py_ssize_t qready
+    cdef Py_ssize_t qready       # qkeys[:qready] converted from qlist
+    cdef Py_ssize_t qfetched     # qlist's ints fetched (prefetched) up to here
     cdef uint32_t q_mode         # the last _match's most common run
     cdef uint64_t q_setsig       # ... and its touched set's signature, when q_setsig_known
     cdef bint q_setsig_known
@@ -1120,36 +1122,45 @@ cdef class IndexCore:
         cdef Py_ssize_t n = len(hashes), i = 0
         grow(<void **>&self.qkeys, &self.qkeys_cap, n if n else 1, sizeof(uint64_t))
         self.qlist = None
-        self.qready = n
+        self.qready = self.qfetched = n
         if isinstance(hashes, carray.array) and hashes.typecode == 'Q':
             if n:
                 memcpy(self.qkeys, (<carray.array>hashes).data.as_ulonglongs, n * sizeof(uint64_t))
             return n
         if type(hashes) is list:
             self.qlist = hashes
-            self.qready = 0
+            self.qready = self.qfetched = 0
             return n
         for h in hashes:
             self.qkeys[i] = h
             i += 1
         return n
 
-    cdef inline int _keys_upto(self, Py_ssize_t upto) except -1:
-        """Make ``qkeys[:upto]`` valid (converting the query list 32 keys at a time). The int
-        objects are fetched first, all of a group at once: a query's ints sit apart in memory,
-        and reading them one by one waited for each."""
+    cdef inline void _ints_fetch(self, Py_ssize_t upto) noexcept:
+        """Prefetch the query list's int objects up to ``upto``: a query's ints sit apart in
+        memory (a router's freshly hashed ones are in cache; a bench's stored ones are not), and
+        converting them one by one waited for each."""
+        cdef list src = self.qlist
         cdef Py_ssize_t i, end
+        if src is None or upto <= self.qfetched:
+            return
+        end = min(upto, PyList_GET_SIZE(src))
+        for i in range(self.qfetched, end):
+            prefetch(PyList_GET_ITEM(src, i))
+        self.qfetched = end
+
+    cdef inline int _keys_upto(self, Py_ssize_t upto) except -1:
+        """Make ``qkeys[:upto]`` valid (converting the query list's ints; ``_match`` asks a few
+        groups ahead, so a query that stops matching early never converts its tail)."""
+        cdef Py_ssize_t i
         cdef list src = self.qlist
         if upto <= self.qready or src is None:
             return 0
-        end = min(PyList_GET_SIZE(src), max(upto, self.qready + 32))
-        for i in range(self.qready, end):
-            prefetch(PyList_GET_ITEM(src, i))
-        for i in range(self.qready, end):
+        for i in range(self.qready, upto):
             if i >= PyList_GET_SIZE(src):  # a key's __index__ shrank the list
                 raise RuntimeError("the query list changed size while it was read")
             self.qkeys[i] = <object>PyList_GET_ITEM(src, i)
-        self.qready = end
+        self.qready = upto
         return 0
 
     cdef size_t _match(self, Py_ssize_t n, bint by_content, bint has_window, int32_t window,
@@ -1173,11 +1184,12 @@ cdef class IndexCore:
         cdef size_t ntouched = 0, nalive = 0, nnew, k
         cdef Py_ssize_t i
         cdef uint32_t id, cnt, j, h, slot, lvl, r, step, pending = 0, prev_cnt = 0
-        cdef uint64_t prev_sig = 0, sig, pos, nxt, key
+        cdef uint64_t prev_sig = 0, sig, pos = 0, nxt, key
         cdef uint64_t NONE = <uint64_t>-1
         cdef uint32_t *hs
         cdef Node *node
-        cdef bint single, full = False
+        cdef bint single, full = False, chained = False
+        cdef uint32_t guess = KV_NIL
         cdef const NodeStore *st = &self.st
         cdef uint32_t *stamp = self.stamp
         cdef uint32_t *run = self.run
@@ -1189,7 +1201,7 @@ cdef class IndexCore:
         cdef const Slot *slots = self.slots
         cdef uint32_t epoch
         cdef const Table *tab = &self.st.ctab if by_content else &self.st.etab
-        cdef Py_ssize_t group_end = 0, g, reached = n
+        cdef Py_ssize_t group_end = 0, g, reached = n, ahead, entries_at = 0, nodes_at = 0
         cdef uint32_t mode_n = 0, mode_v = 0, dead
         self.q_setsig_known = False
         self.epoch += 1
@@ -1197,26 +1209,44 @@ cdef class IndexCore:
             memset(self.stamp, 0, self.score_cap * sizeof(uint32_t))
             self.epoch = 1
         epoch = self.epoch
-        # Group prefetching: keys are looked up in groups (16, then 32): first every key's table
-        # entry is fetched, then every key's node (through its fingerprint's entry), then the
-        # group is matched; a group's fetches overlap instead of waiting one by one.
+        # Pipelined group prefetching: keys go in groups of QGROUP; at the start of a group the
+        # ints of the keys three groups ahead are fetched, the keys two groups ahead converted
+        # (their ints fetched a group ago) and their table entries fetched, the nodes of the
+        # next group fetched (through their entries, fetched a group ago); so a group's memory
+        # waits overlap the groups before it instead of stalling it.
         for i in range(n):
             if i == group_end:
-                group_end = i + (16 if i == 0 else 32)
-                if group_end > n:
-                    group_end = n
-                self._keys_upto(group_end)
-                for g in range(i, group_end):
+                group_end = min(n, i + QGROUP)
+                self._ints_fetch(min(n, i + 4 * QGROUP))
+                ahead = min(n, i + 3 * QGROUP)
+                self._keys_upto(ahead)
+                if chained:  # the last group's nodes were all found in sequence: no table
+                    entries_at = max(entries_at, ahead)
+                    nodes_at = max(nodes_at, min(n, i + 2 * QGROUP))
+                for g in range(entries_at, ahead):
                     prefetch_entry(tab, self.qkeys[g])
-                for g in range(i, group_end):
+                entries_at = max(entries_at, ahead)
+                ahead = min(n, i + 2 * QGROUP)
+                for g in range(nodes_at, ahead):
                     prefetch_node(st, tab, self.qkeys[g])
+                nodes_at = max(nodes_at, ahead)
+                chained = not by_content and i > 0
             step = <uint32_t>i + 1
             key = self.qkeys[i]
-            pos = table_find_pos(st, tab, key, by_content, NONE)
-            if pos == NONE:
-                reached = i
-                break
-            id = tab.ids[pos] & st.id_mask
+            # A Stored event's blocks get consecutive nodes, so the block after the last one
+            # found is first looked for in the next node (exact: a used node is the one node of
+            # its engine hash); only when it is not there is the table probed.
+            if guess < st.node_top and (self.N(guess).n & KV_USED) and self.N(guess).engine == key:
+                id = guess
+            else:
+                chained = False
+                pos = table_find_pos(st, tab, key, by_content, NONE)
+                if pos == NONE:
+                    reached = i
+                    break
+                id = tab.ids[pos] & st.id_mask
+            if not by_content:
+                guess = id + 1
             node = self.N(id)
             cnt = node.n & KV_COUNT_MASK
             # the content table has a node per engine hash that stands for this content
