@@ -23,6 +23,7 @@ from cpython.pythread cimport (
     PyThread_acquire_lock,
     PyThread_allocate_lock,
     PyThread_free_lock,
+    PyThread_get_thread_ident,
     PyThread_release_lock,
     PyThread_type_lock,
 )
@@ -325,6 +326,9 @@ cdef class IndexCore:
     cdef bint applying       # a batch is being applied
     cdef PyThread_type_lock mu   # the index lock: held by a batch's events applied without the GIL
     cdef int readers_waiting     # readers blocked on mu (the writer hands it over between events)
+    cdef long writer_ident       # the thread of the last writer call (_begin_write)
+    cdef long reader_ident       # the thread whose query holds mu (0: none)
+    cdef int reentered           # queries made, without mu, by the writer's own callbacks
     cdef uint32_t *ev_widx       # the scratch batch's events' workers
     cdef size_t ev_widx_cap
     cdef size_t template_keys
@@ -346,6 +350,8 @@ cdef class IndexCore:
         if self.mu == NULL:
             raise MemoryError()
         self.readers_waiting = 0
+        self.writer_ident = self.reader_ident = 0
+        self.reentered = 0
         self.ev_widx = NULL
         self.ev_widx_cap = 0
         self.slots = NULL
@@ -374,16 +380,33 @@ cdef class IndexCore:
 
     cdef int _rlock(self) except -1:
         """Take the index lock for a query (the GIL held): at once when free, else wait without
-        the GIL; the writer hands it over at its next event."""
+        the GIL; the writer hands it over at its next event. A query made by the applying
+        thread itself (from a callback the writer runs while it holds the lock: a worker key's
+        ``__hash__``, a log handler) runs without it, seeing the index as the event being
+        applied left it, instead of waiting for itself forever; a query made from inside
+        another query of the same thread (a key's ``__index__``) raises RuntimeError."""
+        cdef long me
         if PyThread_acquire_lock(self.mu, NOWAIT_LOCK):
+            self.reader_ident = PyThread_get_thread_ident()
             return 0
+        me = PyThread_get_thread_ident()
+        if self.applying and self.writer_ident == me and self.reader_ident == 0:  # mu is ours
+            self.reentered += 1
+            return 0
+        if self.reader_ident == me:
+            raise RuntimeError("CacheIndex: a query made from inside a query of the same thread")
         kv_atomic_add(&self.readers_waiting, 1)
         with nogil:
             PyThread_acquire_lock(self.mu, WAIT_LOCK)
             kv_atomic_add(&self.readers_waiting, -1)
+        self.reader_ident = me
         return 0
 
     cdef inline void _runlock(self) noexcept:
+        if self.reentered:
+            self.reentered -= 1
+            return
+        self.reader_ident = 0
         PyThread_release_lock(self.mu)
 
     cdef void _free_all(self) noexcept:
@@ -1005,6 +1028,7 @@ cdef class IndexCore:
     cdef int _begin_write(self) except -1:
         if self.applying:
             raise RuntimeError("CacheIndex: another thread is applying a batch (one writer at a time)")
+        self.writer_ident = PyThread_get_thread_ident()  # see _rlock
         return 0
 
     def apply_encoded(self, data):
