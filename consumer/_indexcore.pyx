@@ -278,6 +278,15 @@ cdef class _Instance:
 
 # ---------------------------------------------------------------------------- the core
 
+cdef inline int _max_level_arg(value) except -1:
+    """``max_cache_level`` as ``find_matches`` takes it (None: every level)."""
+    if value is None:
+        return LEVEL_MAX
+    if value < 0:
+        raise ValueError(f"max_cache_level must be >= 0, got {value}")
+    return min(value, LEVEL_MAX)
+
+
 cdef class IndexCore:
     """Compact C-table index core (see ``CacheIndex`` for the semantics)."""
 
@@ -1386,7 +1395,20 @@ cdef class IndexCore:
         finally:
             self._runlock()
 
+    def find_matches(self, block_hashes, window_size=None, *, max_cache_level=None):
+        """``CacheIndex.find_matches`` itself (same parameters): ``CacheIndex`` binds it on the
+        instance, so a lookup runs no Python frame of its own."""
+        return self._counts(block_hashes, False, window_size, _max_level_arg(max_cache_level))
+
+    def find_matches_by_content(self, content_hashes, window_size=None, *, max_cache_level=None):
+        """``CacheIndex.find_matches_by_content`` itself (bound like ``find_matches``)."""
+        return self._counts(content_hashes, True, window_size, _max_level_arg(max_cache_level))
+
     def match_counts(self, hashes, bint by_content, window, int max_level):
+        """{worker key: best run over its window caches} (see ``_counts``)."""
+        return self._counts(hashes, by_content, window, max_level)
+
+    cdef dict _counts(self, hashes, bint by_content, window, int max_level):
         """{worker key: best run over its window caches} (the hot path of find_matches).
 
         A result with many workers is mostly one value (every worker holding a shared system
