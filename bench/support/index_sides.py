@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import statistics
 import threading
@@ -15,6 +16,7 @@ from typing import Any
 
 from index_naive import NaiveIndex
 from kvevents.consumer import CacheIndex
+from kvevents.consumer.workers import WorkerKey
 
 
 def load_dynamo() -> Any:
@@ -25,6 +27,29 @@ def load_dynamo() -> Any:
     except ImportError:
         return None
     return RadixTree
+
+
+def load_core(path: str) -> Any:
+    """The ``IndexCore`` class of another build of the compiled core (e.g. main's
+    ``consumer/_indexcore.cpython-311-x86_64-linux-gnu.so``), loaded beside this one."""
+    name = "kvevents.consumer." + os.path.basename(path).split(".")[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load a compiled core from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.IndexCore
+
+
+def index_with_core(core_class: Any) -> CacheIndex:
+    """A ``CacheIndex`` running on ``core_class`` (a baseline build of the compiled core)."""
+    index = CacheIndex(core="compiled")
+    index._core = core_class(WorkerKey, None)
+    for name in ("find_matches", "find_matches_by_content"):  # entry points bound on the instance
+        index.__dict__.pop(name, None)
+        if hasattr(index._core, name):
+            index.__dict__[name] = getattr(index._core, name)
+    return index
 
 
 def ingest_method() -> str:
@@ -126,15 +151,17 @@ def lookups_interleaved(
     targets: list[tuple[Side, Any]], queries: Sequence[tuple[Any, ...]], repeat: int
 ) -> dict[str, dict[str, Any]]:
     """Per side: p50/p99/max of every query, median over ``repeat`` passes; sides interleaved
-    query by query so the machine's noise hits them alike. ``*_best_us``: the percentiles of
+    query by query so the machine's noise hits them alike, in reverse order every other pass (a
+    side run after another finds the query's ints in cache). ``*_best_us``: the percentiles of
     each query's fastest pass (scheduling noise stripped alike for every side)."""
     clock = time.perf_counter_ns
     runs: dict[str, list[dict[str, float]]] = {side.name: [] for side, _ in targets}
     best: dict[str, list[float]] = {side.name: [float("inf")] * len(queries) for side, _ in targets}
-    for _ in range(repeat):
+    for rep in range(repeat):
         samples: dict[str, list[int]] = {side.name: [] for side, _ in targets}
+        order = targets if rep % 2 == 0 else targets[::-1]
         for i, q in enumerate(queries):
-            for side, obj in targets:
+            for side, obj in order:
                 arg = q[side.query_part]
                 lookup = side.lookup
                 t0 = clock()
