@@ -161,12 +161,12 @@ def run_big(
                 "identical_answers": same,
                 "queries": len(qs),
             }
-    if baseline is not None:
-        del targets[1:]
-        _trim()
+    del targets  # the indexes are dropped below, each alone
     # The RSS delta above also holds what the bench keeps beside the index (the sampled query
     # paths: Python ints); what dropping the index gives back is the index's alone.
     del qs
+    if baseline is not None:
+        del base_index
     _trim()
     rss_with = rss_bytes()
     del index, side
