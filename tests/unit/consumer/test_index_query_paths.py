@@ -4,6 +4,8 @@ hold several window caches, and ``find_matches`` bound straight on the index."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from _index_helpers import batch, created, removed, stored
 from kvevents.consumer import CacheIndex
@@ -89,3 +91,46 @@ def test_find_matches_is_bound_on_the_index_with_the_same_parameters() -> None:
     logged = Logged(core="compiled")
     logged.find_matches([1])
     assert Logged.calls == 1  # a subclass's override is kept
+
+
+def test_answers_from_templates_stay_exact_as_the_index_changes() -> None:
+    """48 workers on 3 shared prefixes (one system prompt first) with private tails: the same query shapes come again with
+    other runs, and blocks are removed and stored between queries, so templates (earlier answers
+    of the same shape) are copied, patched, replaced, and found stale; every answer equals the
+    pure core's."""
+    rng = random.Random(17)
+    system = list(range(1, 9))  # held by all 48: answers of 32+ workers come from templates
+    prefixes = [system + list(range(1000 * p, 1000 * p + 32)) for p in range(1, 4)]
+    compiled, pure = CacheIndex(core="compiled"), CacheIndex(core="python")
+
+    def apply(b: EventBatch) -> None:
+        compiled.apply(b)
+        pure.apply(b)
+
+    tails: dict[int, list[int]] = {}
+    for w in range(48):
+        prefix = prefixes[w % 3][: rng.choice((12, 25, 40))]
+        tails[w] = [10**6 * (w + 1) + j for j in range(10)]
+        apply(batch([created(0), stored(1, prefix), stored(2, tails[w], parent=prefix[-1])], 0, f"w{w:02}"))
+    eid = {w: 3 for w in range(48)}
+    seq = {w: 1 for w in range(48)}
+    for round_ in range(60):
+        w = rng.randrange(48)
+        prefix = prefixes[w % 3]
+        if round_ % 3 == 1:  # a worker drops the end of its prefix, or stores it again
+            cut = rng.randrange(5, 40)
+            event = (
+                removed(eid[w], prefix[cut:])
+                if rng.random() < 0.5
+                else stored(eid[w], prefix[cut:], prefix[cut - 1])
+            )
+            apply(batch([event], seq[w], f"w{w:02}"))
+            eid[w] += 1
+            seq[w] += 1
+        for q in (
+            prefix,
+            prefix[: rng.randrange(1, 41)],
+            [*prefix[:12], *tails[w]],
+            prefixes[rng.randrange(3)],
+        ):
+            assert compiled.find_matches(q) == pure.find_matches(q), (round_, q[:3], len(q))
