@@ -148,15 +148,44 @@ def timed_ingest(side: Side, parts: Sequence[Sequence[Any]]) -> tuple[Any, list[
 
 
 def lookups_interleaved(
-    targets: list[tuple[Side, Any]], queries: Sequence[tuple[Any, ...]], repeat: int
+    targets: list[tuple[Side, Any]], queries: Sequence[tuple[Any, ...]], repeat: int, *, gc_off: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Per side: p50/p99/max of every query, median over ``repeat`` passes; sides interleaved
     query by query so the machine's noise hits them alike, in reverse order every other pass (a
     side run after another finds the query's ints in cache). ``*_best_us``: the percentiles of
-    each query's fastest pass (scheduling noise stripped alike for every side)."""
-    clock = time.perf_counter_ns
+    each query's fastest pass (scheduling noise stripped alike for every side). ``gc_off``: the
+    cyclic GC disabled during the passes, as ``timeit`` does (a collection triggered by one
+    side's allocations otherwise lands in whichever call allocates next)."""
     runs: dict[str, list[dict[str, float]]] = {side.name: [] for side, _ in targets}
     best: dict[str, list[float]] = {side.name: [float("inf")] * len(queries) for side, _ in targets}
+    if gc_off:
+        gc.collect()
+        gc.disable()
+    try:
+        _passes(targets, queries, repeat, runs, best)
+    finally:
+        if gc_off:
+            gc.enable()
+    out = {}
+    for name, r in runs.items():
+        b = percentiles(best[name])
+        out[name] = {
+            **median_of(r),
+            "repeats": len(r),
+            "p50_best_us": b["p50_us"],
+            "p99_best_us": b["p99_us"],
+        }
+    return out
+
+
+def _passes(
+    targets: list[tuple[Side, Any]],
+    queries: Sequence[tuple[Any, ...]],
+    repeat: int,
+    runs: dict[str, list[dict[str, float]]],
+    best: dict[str, list[float]],
+) -> None:
+    clock = time.perf_counter_ns
     for rep in range(repeat):
         samples: dict[str, list[int]] = {side.name: [] for side, _ in targets}
         order = targets if rep % 2 == 0 else targets[::-1]
@@ -172,16 +201,6 @@ def lookups_interleaved(
                     best[side.name][i] = elapsed
         for name, s in samples.items():
             runs[name].append(percentiles(s))
-    out = {}
-    for name, r in runs.items():
-        b = percentiles(best[name])
-        out[name] = {
-            **median_of(r),
-            "repeats": len(r),
-            "p50_best_us": b["p50_us"],
-            "p99_best_us": b["p99_us"],
-        }
-    return out
 
 
 def lookups_during_ingest(
