@@ -56,6 +56,8 @@ def test_templates_with_workers_holding_several_window_caches() -> None:
         for window in (None, 64, 128):
             assert compiled.find_matches(q, window) == pure.find_matches(q, window), (q, window)
     assert sorted(set(compiled.find_matches(prefix).values())) == [6, 8]
+    restored = CacheIndex.from_bytes(compiled.to_bytes(), core="compiled")  # windows counted again
+    assert restored.find_matches(prefix) == pure.find_matches(prefix)
     # a new cache generation drops the second windows: back to one window per worker
     later = [
         batch([created(4, window=64), stored(5, prefix[:7], window=64)], 1, f"w{w:02}")
