@@ -92,6 +92,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--big-queries", type=int, default=2000, help="queries per size at the big scale")
     p.add_argument("--big-tail-instances", type=int, default=4, help="instances fed while lookups run")
     p.add_argument(
+        "--baseline-core",
+        default="",
+        help="another build of the compiled core (a _indexcore*.so, e.g. main's): the big part's lookups "
+        "also run on it, interleaved, and print as ratios",
+    )
+    p.add_argument(
         "--events", type=int, default=None, help="realistic stream events (60k; full 600k, quick 40k)"
     )
     p.add_argument("--queries", type=int, default=1000, help="realistic stream queries per size")
@@ -150,6 +156,7 @@ def run_child_mode(args: argparse.Namespace) -> dict[str, Any]:
             args.repeat,
             args.big_tail_instances,
             args.lookup_rate,
+            args.baseline_core or None,
         )
     if args.child == "rebuild":
         return realistic.rebuild_child(args.payload, args.rebuild_events)
@@ -237,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                     "repeat",
                     "big_tail_instances",
                     "lookup_rate",
+                    "baseline_core",
                 ),
             ]
         )
@@ -270,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         print_matrix(results["matrix"])
     if "big_scale" in results:
         print_big(results["big_scale"])
+        _print_baseline(results["big_scale"].get("baseline_core"))
     if "realistic" in results:
         print_realistic(results["realistic"])
     print_targets(results["targets"])
@@ -279,6 +288,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{results['seconds']:.0f} s; wrote {args.output}"
     )
     return 0
+
+
+def _print_baseline(base: dict[str, Any] | None) -> None:
+    if not base:
+        return
+    print(f"  same process, interleaved, against the core in {base['core']}: ours / baseline")
+    for size, r in base["ratios"].items():
+        b = base["lookups"][size]
+        print(
+            f"    {size:>3} blocks: p50 {r['p50_us']:.2f}x, p99 {r['p99_us']:.2f}x (best pass p50 {r['p50_best_us']:.2f}x, "
+            f"p99 {r['p99_best_us']:.2f}x); baseline p50 {b['p50_us']:.1f} us, p99 {b['p99_us']:.1f} us; "
+            f"answers identical {r['identical_answers']}/{r['queries']}"
+        )
 
 
 def _forward(args: argparse.Namespace, *names: str) -> list[str]:

@@ -24,6 +24,20 @@ class IndexCore:
     def match_counts(
         self, hashes: Sequence[int], by_content: bool, window: int | None, max_level: int
     ) -> dict[Any, int]: ...
+    def find_matches(
+        self,
+        block_hashes: Sequence[int],
+        window_size: int | None = None,
+        *,
+        max_cache_level: int | None = None,
+    ) -> dict[Any, int]: ...
+    def find_matches_by_content(
+        self,
+        content_hashes: Sequence[int],
+        window_size: int | None = None,
+        *,
+        max_cache_level: int | None = None,
+    ) -> dict[Any, int]: ...
     def content_hashes(
         self,
         tokens: Sequence[int],

@@ -15,6 +15,7 @@ path: ``docs/INDEX.md``.
 from cpython cimport array as carray
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.pythread cimport (
     NOWAIT_LOCK,
@@ -22,6 +23,7 @@ from cpython.pythread cimport (
     PyThread_acquire_lock,
     PyThread_allocate_lock,
     PyThread_free_lock,
+    PyThread_get_thread_ident,
     PyThread_release_lock,
     PyThread_type_lock,
 )
@@ -131,6 +133,7 @@ cdef enum:
     LEVEL_MAX = 15
     PRIORITY_MAX = 255
     MAX_REASONS = 8
+    QGROUP = 16          # keys per prefetch group of a query (_match)
 
 cdef enum Kind:
     K_CREATED = FLAT_CREATED
@@ -275,6 +278,15 @@ cdef class _Instance:
 
 # ---------------------------------------------------------------------------- the core
 
+cdef inline int _max_level_arg(value) except -1:
+    """``max_cache_level`` as ``find_matches`` takes it (None: every level)."""
+    if value is None:
+        return LEVEL_MAX
+    if value < 0:
+        raise ValueError(f"max_cache_level must be >= 0, got {value}")
+    return min(value, LEVEL_MAX)
+
+
 cdef class IndexCore:
     """Compact C-table index core (see ``CacheIndex`` for the semantics)."""
 
@@ -311,15 +323,21 @@ cdef class IndexCore:
     cdef uint64_t *qkeys
     cdef size_t qkeys_cap
     cdef list qlist
-    cdef Py_ssize_t qready
-    cdef uint32_t *hist
-    cdef size_t hist_cap
+    cdef Py_ssize_t qready       # qkeys[:qready] converted from qlist
+    cdef Py_ssize_t qfetched     # qlist's ints fetched (prefetched) up to here
+    cdef uint32_t q_mode         # the last _match's most common run
+    cdef uint64_t q_setsig       # ... and its touched set's signature, when q_setsig_known
+    cdef bint q_setsig_known
+    cdef size_t multi_workers    # workers with more than one active window cache
     cdef dict templates      # result templates (see match_counts)
     cdef uint32_t *ctok      # content_hashes' token scratch (a reader's; fb is the writer's)
     cdef size_t ctok_cap
     cdef bint applying       # a batch is being applied
     cdef PyThread_type_lock mu   # the index lock: held by a batch's events applied without the GIL
     cdef int readers_waiting     # readers blocked on mu (the writer hands it over between events)
+    cdef long writer_ident       # the thread of the last writer call (_begin_write)
+    cdef long reader_ident       # the thread whose query holds mu (0: none)
+    cdef int reentered           # queries made, without mu, by the writer's own callbacks
     cdef uint32_t *ev_widx       # the scratch batch's events' workers
     cdef size_t ev_widx_cap
     cdef size_t template_keys
@@ -341,6 +359,8 @@ cdef class IndexCore:
         if self.mu == NULL:
             raise MemoryError()
         self.readers_waiting = 0
+        self.writer_ident = self.reader_ident = 0
+        self.reentered = 0
         self.ev_widx = NULL
         self.ev_widx_cap = 0
         self.slots = NULL
@@ -348,7 +368,6 @@ cdef class IndexCore:
         self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
         self.slvl = NULL
         self.qkeys = NULL
-        self.hist = NULL
         self.ctok = NULL
         self.ctok_cap = 0
         self.applying = False
@@ -370,16 +389,33 @@ cdef class IndexCore:
 
     cdef int _rlock(self) except -1:
         """Take the index lock for a query (the GIL held): at once when free, else wait without
-        the GIL; the writer hands it over at its next event."""
+        the GIL; the writer hands it over at its next event. A query made by the applying
+        thread itself (from a callback the writer runs while it holds the lock: a worker key's
+        ``__hash__``, a log handler) runs without it, seeing the index as the event being
+        applied left it, instead of waiting for itself forever; a query made from inside
+        another query of the same thread (a key's ``__index__``) raises RuntimeError."""
+        cdef long me
         if PyThread_acquire_lock(self.mu, NOWAIT_LOCK):
+            self.reader_ident = PyThread_get_thread_ident()
             return 0
+        me = PyThread_get_thread_ident()
+        if self.applying and self.writer_ident == me and self.reader_ident == 0:  # mu is ours
+            self.reentered += 1
+            return 0
+        if self.reader_ident == me:
+            raise RuntimeError("CacheIndex: a query made from inside a query of the same thread")
         kv_atomic_add(&self.readers_waiting, 1)
         with nogil:
             PyThread_acquire_lock(self.mu, WAIT_LOCK)
             kv_atomic_add(&self.readers_waiting, -1)
+        self.reader_ident = me
         return 0
 
     cdef inline void _runlock(self) noexcept:
+        if self.reentered:
+            self.reentered -= 1
+            return
+        self.reader_ident = 0
         PyThread_release_lock(self.mu)
 
     cdef void _free_all(self) noexcept:
@@ -399,8 +435,6 @@ cdef class IndexCore:
         self.slvl = NULL
         PyMem_Free(self.qkeys)
         self.qkeys = NULL
-        PyMem_Free(self.hist)
-        self.hist = NULL
         PyMem_Free(self.ctok)
         self.ctok = NULL
         self.ctok_cap = 0
@@ -423,7 +457,7 @@ cdef class IndexCore:
         self.score_cap = 0
         self.epoch = 0
         self.qkeys_cap = 0
-        self.hist_cap = 0
+        self.multi_workers = 0
         self.templates = {}
         self.template_keys = 0
         self.c_batches_applied = self.c_batches_replayed = self.c_batches_stale = 0
@@ -541,7 +575,7 @@ cdef class IndexCore:
                 if not create:
                     return KV_NIL
                 s.active = 1
-                self.wrk[widx].nactive += 1
+                self._nactive_add(widx, 1)
                 self.s_capacity[slot] = None
                 return slot
             slot = s.next_slot
@@ -559,12 +593,22 @@ cdef class IndexCore:
         s.active = 1
         s.next_slot = self.wrk[widx].first_slot
         self.wrk[widx].first_slot = slot
-        self.wrk[widx].nactive += 1
+        self._nactive_add(widx, 1)
         self.nslots += 1
         self.s_capacity.append(None)
         self.s_keys.append(self.w_keys[widx])
         self._score_reserve(self.nslots)
         return slot
+
+    cdef inline void _nactive_add(self, uint32_t widx, int delta) noexcept:
+        """Count a worker's active window caches, and the workers with more than one (while
+        there are none, an answer needs no best-of-windows per worker: match_counts)."""
+        cdef uint32_t old = self.wrk[widx].nactive
+        self.wrk[widx].nactive = old + delta
+        if delta > 0 and old == 1:
+            self.multi_workers += 1
+        elif delta < 0 and old == 2:
+            self.multi_workers -= 1
 
     cdef int _check_capacity(self, _Instance inst) except -1:
         """IndexFullError unless every (rank, window) cache the scratch batch's Stored and Created
@@ -620,7 +664,7 @@ cdef class IndexCore:
             if self.slots[slot].active:
                 self._clear_slot(slot)
                 self.slots[slot].active = 0
-                self.wrk[widx].nactive -= 1
+                self._nactive_add(widx, -1)
                 self.s_capacity[slot] = None
             slot = self.slots[slot].next_slot
         return 0
@@ -993,6 +1037,7 @@ cdef class IndexCore:
     cdef int _begin_write(self) except -1:
         if self.applying:
             raise RuntimeError("CacheIndex: another thread is applying a batch (one writer at a time)")
+        self.writer_ident = PyThread_get_thread_ident()  # see _rlock
         return 0
 
     def apply_encoded(self, data):
@@ -1110,34 +1155,49 @@ cdef class IndexCore:
         cdef Py_ssize_t n = len(hashes), i = 0
         grow(<void **>&self.qkeys, &self.qkeys_cap, n if n else 1, sizeof(uint64_t))
         self.qlist = None
-        self.qready = n
+        self.qready = self.qfetched = n
         if isinstance(hashes, carray.array) and hashes.typecode == 'Q':
             if n:
                 memcpy(self.qkeys, (<carray.array>hashes).data.as_ulonglongs, n * sizeof(uint64_t))
             return n
         if type(hashes) is list:
             self.qlist = hashes
-            self.qready = 0
+            self.qready = self.qfetched = 0
             return n
         for h in hashes:
             self.qkeys[i] = h
             i += 1
         return n
 
-    cdef inline int _keys_upto(self, Py_ssize_t upto) except -1:
-        """Make ``qkeys[:upto]`` valid (converting the query list 32 keys at a time)."""
+    cdef inline void _ints_fetch(self, Py_ssize_t upto) noexcept:
+        """Prefetch the query list's int objects up to ``upto``: a query's ints sit apart in
+        memory (a router's freshly hashed ones are in cache; a bench's stored ones are not), and
+        converting them one by one waited for each."""
+        cdef list src = self.qlist
         cdef Py_ssize_t i, end
+        if src is None or upto <= self.qfetched:
+            return
+        end = min(upto, PyList_GET_SIZE(src))
+        for i in range(self.qfetched, end):
+            prefetch(PyList_GET_ITEM(src, i))
+        self.qfetched = end
+
+    cdef inline int _keys_upto(self, Py_ssize_t upto) except -1:
+        """Make ``qkeys[:upto]`` valid (converting the query list's ints; ``_match`` asks a few
+        groups ahead, so a query that stops matching early never converts its tail)."""
+        cdef Py_ssize_t i
         cdef list src = self.qlist
         if upto <= self.qready or src is None:
             return 0
-        end = min(len(src), max(upto, self.qready + 32))
-        for i in range(self.qready, end):
-            self.qkeys[i] = src[i]
-        self.qready = end
+        for i in range(self.qready, upto):
+            if i >= PyList_GET_SIZE(src):  # a key's __index__ shrank the list
+                raise RuntimeError("the query list changed size while it was read")
+            self.qkeys[i] = <object>PyList_GET_ITEM(src, i)
+        self.qready = upto
         return 0
 
     cdef size_t _match(self, Py_ssize_t n, bint by_content, bint has_window, int32_t window,
-                       int max_level) except? <size_t>-1:
+                       int max_level, bint want_prim) except? <size_t>-1:
         """Score the ``n`` keys in ``qkeys``; the slots with a run are ``touched[:result]``.
 
         Block by block, the slots whose run is still going ("alive") extend when they hold the
@@ -1147,49 +1207,79 @@ cdef class IndexCore:
         ``pending`` and added to the alive slots when the set changes. Long shared prefixes
         thus cost one table lookup per block. (A signature collision between two different
         holder sets of equal size, about 2**-64 per comparison, would be missed.)
+
+        For ``match_counts`` it also leaves the most common run in ``q_mode`` (counted from the
+        slots whose runs end at each step, not from a pass over the touched slots) and, when
+        the touched slots are exactly the first block's holders, that node's signature in
+        ``q_setsig``. ``want_prim``: also count the primary blocks (``match``); the counts need
+        the runs only.
         """
         cdef size_t ntouched = 0, nalive = 0, nnew, k
         cdef Py_ssize_t i
         cdef uint32_t id, cnt, j, h, slot, lvl, r, step, pending = 0, prev_cnt = 0
-        cdef uint64_t prev_sig = 0, sig, pos, nxt, key
+        cdef uint64_t prev_sig = 0, sig, pos = 0, nxt, key
         cdef uint64_t NONE = <uint64_t>-1
         cdef uint32_t *hs
         cdef Node *node
-        cdef bint single, full = False
+        cdef bint single, full = False, chained = False
+        cdef uint32_t guess = KV_NIL
         cdef const NodeStore *st = &self.st
         cdef uint32_t *stamp = self.stamp
         cdef uint32_t *run = self.run
         cdef uint32_t *prim = self.prim
         cdef uint32_t *pstep = self.pstep
         cdef uint32_t *alive = self.alive
+        cdef uint32_t *touched = self.touched
         cdef uint8_t *slvl = self.slvl
+        cdef const Slot *slots = self.slots
         cdef uint32_t epoch
         cdef const Table *tab = &self.st.ctab if by_content else &self.st.etab
-        cdef Py_ssize_t group_end = 0, g
+        cdef Py_ssize_t group_end = 0, g, reached = n, ahead, entries_at = 0, nodes_at = 0
+        cdef uint32_t mode_n = 0, mode_v = 0, dead
+        self.q_setsig_known = False
         self.epoch += 1
         if self.epoch == 0:
             memset(self.stamp, 0, self.score_cap * sizeof(uint32_t))
             self.epoch = 1
         epoch = self.epoch
-        # Group prefetching: keys are looked up in groups (16, then 32): first every key's table
-        # entry is fetched, then every key's node (through its fingerprint's entry), then the
-        # group is matched; a group's fetches overlap instead of waiting one by one.
+        # Pipelined group prefetching: keys go in groups of QGROUP; at the start of a group the
+        # ints of the keys three groups ahead are fetched, the keys two groups ahead converted
+        # (their ints fetched a group ago) and their table entries fetched, the nodes of the
+        # next group fetched (through their entries, fetched a group ago); so a group's memory
+        # waits overlap the groups before it instead of stalling it.
         for i in range(n):
             if i == group_end:
-                group_end = i + (16 if i == 0 else 32)
-                if group_end > n:
-                    group_end = n
-                self._keys_upto(group_end)
-                for g in range(i, group_end):
+                group_end = min(n, i + QGROUP)
+                self._ints_fetch(min(n, i + 4 * QGROUP))
+                ahead = min(n, i + 3 * QGROUP)
+                self._keys_upto(ahead)
+                if chained:  # the last group's nodes were all found in sequence: no table
+                    entries_at = max(entries_at, ahead)
+                    nodes_at = max(nodes_at, min(n, i + 2 * QGROUP))
+                for g in range(entries_at, ahead):
                     prefetch_entry(tab, self.qkeys[g])
-                for g in range(i, group_end):
+                entries_at = max(entries_at, ahead)
+                ahead = min(n, i + 2 * QGROUP)
+                for g in range(nodes_at, ahead):
                     prefetch_node(st, tab, self.qkeys[g])
+                nodes_at = max(nodes_at, ahead)
+                chained = not by_content and i > 0
             step = <uint32_t>i + 1
             key = self.qkeys[i]
-            pos = table_find_pos(st, tab, key, by_content, NONE)
-            if pos == NONE:
-                break
-            id = tab.ids[pos] & st.id_mask
+            # A Stored event's blocks get consecutive nodes, so the block after the last one
+            # found is first looked for in the next node (exact: a used node is the one node of
+            # its engine hash); only when it is not there is the table probed.
+            if guess < st.node_top and (self.N(guess).n & KV_USED) and self.N(guess).engine == key:
+                id = guess
+            else:
+                chained = False
+                pos = table_find_pos(st, tab, key, by_content, NONE)
+                if pos == NONE:
+                    reached = i
+                    break
+                id = tab.ids[pos] & st.id_mask
+            if not by_content:
+                guess = id + 1
             node = self.N(id)
             cnt = node.n & KV_COUNT_MASK
             # the content table has a node per engine hash that stands for this content
@@ -1203,7 +1293,7 @@ cdef class IndexCore:
                 for k in range(nalive):
                     slot = alive[k]
                     run[slot] += pending
-                    if slvl[slot] == 0:
+                    if want_prim and slvl[slot] == 0:
                         prim[slot] += pending
                 pending = 0
             prev_cnt = cnt
@@ -1213,53 +1303,78 @@ cdef class IndexCore:
                 node = self.N(id)
                 cnt = node.n & KV_COUNT_MASK
                 hs = node_holders(&self.st, node)
-                for j in range(cnt):
-                    h = hs[j]
-                    lvl = (h >> KV_SLOT_BITS) & 0xF
-                    if lvl > <uint32_t>max_level:
-                        continue
-                    slot = h & KV_SLOT_MASK
-                    if has_window and self.slots[slot].window != window:
-                        continue
-                    if stamp[slot] != epoch:
-                        if i == 0:
+                if i == 0:  # the first block: its holders start their runs
+                    for j in range(cnt):
+                        h = hs[j]
+                        lvl = (h >> KV_SLOT_BITS) & 0xF
+                        slot = h & KV_SLOT_MASK
+                        if lvl > <uint32_t>max_level or (has_window and slots[slot].window != window):
+                            continue
+                        if stamp[slot] != epoch:
                             stamp[slot] = epoch
                             run[slot] = 1
-                            prim[slot] = lvl == 0
-                            pstep[slot] = 1 if lvl == 0 else 0
-                            slvl[slot] = <uint8_t>lvl
-                            self.touched[ntouched] = slot
+                            touched[ntouched] = slot
                             ntouched += 1
                             alive[nnew] = slot
                             nnew += 1
-                        continue
-                    r = run[slot]
-                    if r == <uint32_t>i:
-                        run[slot] = step
-                        slvl[slot] = <uint8_t>lvl
-                        if lvl == 0:
+                            if want_prim:
+                                prim[slot] = lvl == 0
+                                pstep[slot] = 1 if lvl == 0 else 0
+                                slvl[slot] = <uint8_t>lvl
+                        elif want_prim and lvl == 0 and pstep[slot] != 1:
+                            prim[slot] += 1
+                            pstep[slot] = 1
+                            slvl[slot] = 0
+                else:
+                    for j in range(cnt):
+                        h = hs[j]
+                        slot = h & KV_SLOT_MASK
+                        if stamp[slot] != epoch:
+                            continue
+                        lvl = (h >> KV_SLOT_BITS) & 0xF
+                        if lvl > <uint32_t>max_level or (has_window and slots[slot].window != window):
+                            continue
+                        r = run[slot]
+                        if r == <uint32_t>i:
+                            run[slot] = step
+                            alive[nnew] = slot
+                            nnew += 1
+                            if want_prim:
+                                slvl[slot] = <uint8_t>lvl
+                                if lvl == 0:
+                                    prim[slot] += 1
+                                    pstep[slot] = step
+                        elif want_prim and r == step and lvl == 0 and pstep[slot] != step:
                             prim[slot] += 1
                             pstep[slot] = step
-                        alive[nnew] = slot
-                        nnew += 1
-                    elif r == step and lvl == 0 and pstep[slot] != step:
-                        prim[slot] += 1
-                        pstep[slot] = step
-                        slvl[slot] = 0
+                            slvl[slot] = 0
                 if nxt == NONE:
                     break
                 id = tab.ids[nxt] & st.id_mask
                 nxt = table_find_pos(st, tab, key, True, nxt)
+            if i == 0:
+                if single and nnew == prev_cnt:  # every holder of the first block is touched
+                    self.q_setsig = sig
+                    self.q_setsig_known = True
+            else:
+                dead = <uint32_t>(nalive - nnew)  # their runs end at i
+                if dead > mode_n:
+                    mode_n = dead
+                    mode_v = <uint32_t>i
+            nalive = nnew
             if nnew == 0:
                 break
-            nalive = nnew
             full = single and nnew == prev_cnt
         if pending:
             for k in range(nalive):
                 slot = alive[k]
                 run[slot] += pending
-                if slvl[slot] == 0:
+                if want_prim and slvl[slot] == 0:
                     prim[slot] += pending
+        if nalive > mode_n:  # the slots still alive: runs of ``reached``
+            mode_n = <uint32_t>nalive
+            mode_v = <uint32_t>reached
+        self.q_mode = mode_v
         return ntouched
 
     def match(self, hashes, bint by_content, window, int max_level):
@@ -1270,7 +1385,7 @@ cdef class IndexCore:
         self._rlock()
         try:
             n = self._load_keys(hashes)
-            t = self._match(n, by_content, window is not None, 0 if window is None else window, max_level)
+            t = self._match(n, by_content, window is not None, 0 if window is None else window, max_level, True)
             out = []
             for k in range(t):
                 slot = self.touched[k]
@@ -1280,7 +1395,20 @@ cdef class IndexCore:
         finally:
             self._runlock()
 
+    def find_matches(self, block_hashes, window_size=None, *, max_cache_level=None):
+        """``CacheIndex.find_matches`` itself (same parameters): ``CacheIndex`` binds it on the
+        instance, so a lookup runs no Python frame of its own."""
+        return self._counts(block_hashes, False, window_size, _max_level_arg(max_cache_level))
+
+    def find_matches_by_content(self, content_hashes, window_size=None, *, max_cache_level=None):
+        """``CacheIndex.find_matches_by_content`` itself (bound like ``find_matches``)."""
+        return self._counts(content_hashes, True, window_size, _max_level_arg(max_cache_level))
+
     def match_counts(self, hashes, bint by_content, window, int max_level):
+        """{worker key: best run over its window caches} (see ``_counts``)."""
+        return self._counts(hashes, by_content, window, max_level)
+
+    cdef dict _counts(self, hashes, bint by_content, window, int max_level):
         """{worker key: best run over its window caches} (the hot path of find_matches).
 
         A result with many workers is mostly one value (every worker holding a shared system
@@ -1288,34 +1416,24 @@ cdef class IndexCore:
         of filling one. So the result is a copy of a cached *template* (the same workers, all
         with the most common run) with the other workers' values set. A template is used only
         when its slots are exactly this query's (equal count, every one of them matched now):
-        answers stay exact."""
+        answers stay exact. The most common run and the touched set's signature come from the
+        walk (``_match``); a worker with several window caches needs the best of them, so
+        templates are used only while no worker has two (or when a window size is given)."""
         cdef Py_ssize_t n
         cdef size_t t, k
-        cdef uint32_t slot, v = 0, best = 0, r
         cdef uint64_t setsig = 0
-        cdef bint multi = False
+        cdef bint has_window = window is not None
         self._rlock()  # the query scratch (keys, scores, templates) is the lock holder's
         try:
             n = self._load_keys(hashes)
-            t = self._match(n, by_content, window is not None, 0 if window is None else window, max_level)
-            if t >= 32:
-                if <size_t>n + 1 > self.hist_cap:
-                    grow(<void **>&self.hist, &self.hist_cap, <size_t>n + 1, sizeof(uint32_t))
-                for k in range(t):
-                    slot = self.touched[k]
-                    self.hist[self.run[slot]] = 0
-                    if self.wrk[self.slots[slot].worker].nactive != 1:
-                        multi = True
-                if not multi:
+            t = self._match(n, by_content, has_window, 0 if window is None else window, max_level, False)
+            if t >= 32 and (has_window or self.multi_workers == 0):
+                if self.q_setsig_known:
+                    setsig = self.q_setsig
+                else:
                     for k in range(t):
-                        slot = self.touched[k]
-                        setsig ^= holder_sig(slot)
-                        r = self.run[slot]
-                        self.hist[r] += 1
-                        if self.hist[r] > best:
-                            best = self.hist[r]
-                            v = r
-                    return self._from_template(t, setsig ^ (<uint64_t>v * KVH.k1), v)
+                        setsig ^= holder_sig(self.touched[k])
+                return self._from_template(t, setsig ^ (<uint64_t>self.q_mode * KVH.k1), self.q_mode)
             return self._build_counts(t)
         finally:
             self._runlock()

@@ -88,6 +88,13 @@ class CacheIndex:
 
     def __init__(self, *, core: str = "auto", limits: BatchLimits | None = None) -> None:
         self._core = _make_core(core, limits)
+        if self._core.compiled and type(self).find_matches is CacheIndex.find_matches:
+            # the compiled core's own find_matches (same signature and answers), bound on the
+            # instance: a lookup then runs no Python frame of this class's (docs/INDEX.md)
+            compiled: Any = self._core
+            self.__dict__["find_matches"] = compiled.find_matches
+            if type(self).find_matches_by_content is CacheIndex.find_matches_by_content:
+                self.__dict__["find_matches_by_content"] = compiled.find_matches_by_content
 
     @property
     def limits(self) -> BatchLimits:

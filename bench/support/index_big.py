@@ -4,6 +4,9 @@ instance by instance (``index_fleet.py``) and fed as Avro bytes, only the feedin
 last instances are fed while a second thread sends 64-block lookups on a schedule; then lookups alone (1, 64,
 512 blocks) and memory (RSS delta after the stream's buffers are freed, and the core's own
 estimate). Dynamo and the naive index would take minutes here: they are measured in the matrix.
+With ``baseline_core`` (another build of the compiled core, e.g. main's), the same fleet is
+generated again into a second index on that core once memory is measured, and the lookups run
+on both, interleaved query by query: a side-by-side in one process.
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ from typing import Any
 
 from index_fleet import Fleet, FleetConfig, make_fleet_queries
 from index_matrix import QUERY_SIZES
-from index_sides import ingest_method, ingest_ours, lookups_during_ingest, lookups_interleaved, make_sides
+from index_sides import (
+    Side,
+    index_with_core,
+    ingest_method,
+    ingest_ours,
+    load_core,
+    lookups_during_ingest,
+    lookups_interleaved,
+    make_sides,
+)
 from kvevents.consumer import CacheIndex
 
 
@@ -32,8 +44,27 @@ def _trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def _baseline_index(config: FleetConfig, tail: int, core_path: str) -> tuple[CacheIndex, float]:
+    """The same fleet (generated again: it is seeded) fed to an index on another core build."""
+    index = index_with_core(load_core(core_path))
+    fleet, n, seconds = Fleet(config), config.instances, 0.0
+    for i in range(n):
+        part = fleet.instance(i, sample_paths=max(8, 4096 // n) if i < n - tail else 8)
+        t0 = time.perf_counter()
+        ingest_ours(index, part.batches)
+        seconds += time.perf_counter() - t0
+        del part
+    return index, seconds
+
+
 def run_big(
-    workers: int, blocks_per_worker: int, queries: int, repeat: int, concurrent_tail: int, lookup_rate: float
+    workers: int,
+    blocks_per_worker: int,
+    queries: int,
+    repeat: int,
+    concurrent_tail: int,
+    lookup_rate: float,
+    baseline_core: str | None = None,
 ) -> dict[str, Any]:
     config = FleetConfig(workers=workers, blocks_per_worker=blocks_per_worker)
     fleet = Fleet(config)
@@ -109,13 +140,33 @@ def run_big(
         "estimate_bytes_per_worker_block": index.memory_bytes() / held,
     }
     side = make_sides(None)[0]
+    targets: list[tuple[Side, Any]] = [(side, index)]
+    baseline: dict[str, Any] | None = None
+    if baseline_core:
+        base_index, base_s = _baseline_index(config, tail, baseline_core)
+        if base_index.held_blocks() != held:
+            raise SystemExit(f"the baseline core holds {base_index.held_blocks()} worker-blocks, ours {held}")
+        targets.append((Side("baseline", CacheIndex, ingest_ours, side.lookup, 0), base_index))
+        baseline = {"core": baseline_core, "ingest_s": base_s, "lookups": {}, "ratios": {}}
     lookups = {}
     for size in QUERY_SIZES:
         qs = make_fleet_queries(paths, size, queries, seed=size)
-        lookups[str(size)] = lookups_interleaved([(side, index)], qs, repeat)["kvevents"]
+        res = lookups_interleaved(targets, qs, repeat)
+        lookups[str(size)] = res["kvevents"]
+        if baseline is not None:
+            baseline["lookups"][str(size)] = b = res["baseline"]
+            same = sum(index.find_matches(q[0]) == targets[1][1].find_matches(q[0]) for q in qs)
+            baseline["ratios"][str(size)] = {
+                **{k: res["kvevents"][k] / b[k] for k in ("p50_us", "p99_us", "p50_best_us", "p99_best_us")},
+                "identical_answers": same,
+                "queries": len(qs),
+            }
+    del targets  # the indexes are dropped below, each alone
     # The RSS delta above also holds what the bench keeps beside the index (the sampled query
     # paths: Python ints); what dropping the index gives back is the index's alone.
     del qs
+    if baseline is not None:
+        del base_index
     _trim()
     rss_with = rss_bytes()
     del index, side
@@ -127,6 +178,7 @@ def run_big(
         "ingest": ingest,
         "during_ingest": during,
         "lookups": lookups,
+        "baseline_core": baseline,
         "memory": memory,
         "loadavg": os.getloadavg(),
     }

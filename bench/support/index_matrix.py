@@ -140,6 +140,21 @@ def run_cell(workers: int, args: Any, radix_tree: Any) -> dict[str, Any]:
         res = lookups_interleaved(targets, qs, max(3, args.repeat))
         for name, figures in res.items():
             row["sides"][name].setdefault("lookups", {})[str(size)] = figures
+    # the 64-block lookups again with the cyclic GC off during the passes (as timeit does), every
+    # side alike: the naive side's allocations trigger collections that land in any side's calls
+    res = lookups_interleaved(targets, queries[64], max(3, args.repeat), gc_off=True)
+    for name, figures in res.items():
+        row["sides"][name]["lookups_gc_off"] = {"64": figures}
+    print(
+        "    64-block p50/p99 us with the GC off: "
+        + ", ".join(f"{name} {f['p50_us']:.1f}/{f['p99_us']:.1f}" for name, f in res.items())
+        + (
+            f"; kvevents p99 / naive's {res['kvevents']['p99_us'] / res['naive']['p99_us']:.4f}"
+            if "kvevents" in res and "naive" in res
+            else ""
+        ),
+        flush=True,
+    )
     checks = [q for size in QUERY_SIZES for q in queries[size][: args.cross_check // len(QUERY_SIZES)]]
     row["cross_check"] = cross_check(objs, checks)
     objs.clear()

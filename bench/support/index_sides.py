@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import statistics
 import threading
@@ -15,6 +16,7 @@ from typing import Any
 
 from index_naive import NaiveIndex
 from kvevents.consumer import CacheIndex
+from kvevents.consumer.workers import WorkerKey
 
 
 def load_dynamo() -> Any:
@@ -25,6 +27,29 @@ def load_dynamo() -> Any:
     except ImportError:
         return None
     return RadixTree
+
+
+def load_core(path: str) -> Any:
+    """The ``IndexCore`` class of another build of the compiled core (e.g. main's
+    ``consumer/_indexcore.cpython-311-x86_64-linux-gnu.so``), loaded beside this one."""
+    name = "kvevents.consumer." + os.path.basename(path).split(".")[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load a compiled core from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.IndexCore
+
+
+def index_with_core(core_class: Any) -> CacheIndex:
+    """A ``CacheIndex`` running on ``core_class`` (a baseline build of the compiled core)."""
+    index = CacheIndex(core="compiled")
+    index._core = core_class(WorkerKey, None)
+    for name in ("find_matches", "find_matches_by_content"):  # entry points bound on the instance
+        index.__dict__.pop(name, None)
+        if hasattr(index._core, name):
+            index.__dict__[name] = getattr(index._core, name)
+    return index
 
 
 def ingest_method() -> str:
@@ -123,28 +148,24 @@ def timed_ingest(side: Side, parts: Sequence[Sequence[Any]]) -> tuple[Any, list[
 
 
 def lookups_interleaved(
-    targets: list[tuple[Side, Any]], queries: Sequence[tuple[Any, ...]], repeat: int
+    targets: list[tuple[Side, Any]], queries: Sequence[tuple[Any, ...]], repeat: int, *, gc_off: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Per side: p50/p99/max of every query, median over ``repeat`` passes; sides interleaved
-    query by query so the machine's noise hits them alike. ``*_best_us``: the percentiles of
-    each query's fastest pass (scheduling noise stripped alike for every side)."""
-    clock = time.perf_counter_ns
+    query by query so the machine's noise hits them alike, in reverse order every other pass (a
+    side run after another finds the query's ints in cache). ``*_best_us``: the percentiles of
+    each query's fastest pass (scheduling noise stripped alike for every side). ``gc_off``: the
+    cyclic GC disabled during the passes, as ``timeit`` does (a collection triggered by one
+    side's allocations otherwise lands in whichever call allocates next)."""
     runs: dict[str, list[dict[str, float]]] = {side.name: [] for side, _ in targets}
     best: dict[str, list[float]] = {side.name: [float("inf")] * len(queries) for side, _ in targets}
-    for _ in range(repeat):
-        samples: dict[str, list[int]] = {side.name: [] for side, _ in targets}
-        for i, q in enumerate(queries):
-            for side, obj in targets:
-                arg = q[side.query_part]
-                lookup = side.lookup
-                t0 = clock()
-                lookup(obj, arg)
-                elapsed = clock() - t0
-                samples[side.name].append(elapsed)
-                if elapsed < best[side.name][i]:
-                    best[side.name][i] = elapsed
-        for name, s in samples.items():
-            runs[name].append(percentiles(s))
+    if gc_off:
+        gc.collect()
+        gc.disable()
+    try:
+        _passes(targets, queries, repeat, runs, best)
+    finally:
+        if gc_off:
+            gc.enable()
     out = {}
     for name, r in runs.items():
         b = percentiles(best[name])
@@ -155,6 +176,31 @@ def lookups_interleaved(
             "p99_best_us": b["p99_us"],
         }
     return out
+
+
+def _passes(
+    targets: list[tuple[Side, Any]],
+    queries: Sequence[tuple[Any, ...]],
+    repeat: int,
+    runs: dict[str, list[dict[str, float]]],
+    best: dict[str, list[float]],
+) -> None:
+    clock = time.perf_counter_ns
+    for rep in range(repeat):
+        samples: dict[str, list[int]] = {side.name: [] for side, _ in targets}
+        order = targets if rep % 2 == 0 else targets[::-1]
+        for i, q in enumerate(queries):
+            for side, obj in order:
+                arg = q[side.query_part]
+                lookup = side.lookup
+                t0 = clock()
+                lookup(obj, arg)
+                elapsed = clock() - t0
+                samples[side.name].append(elapsed)
+                if elapsed < best[side.name][i]:
+                    best[side.name][i] = elapsed
+        for name, s in samples.items():
+            runs[name].append(percentiles(s))
 
 
 def lookups_during_ingest(

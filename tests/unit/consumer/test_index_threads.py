@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import pytest
 from _index_helpers import batch, created, stored
@@ -145,3 +146,59 @@ def test_an_event_that_raises_leaves_the_index_lock_free() -> None:
     thread.join(timeout=10)
     assert not thread.is_alive(), "the query waits for an index lock nobody holds"
     assert answers == [[]]
+
+
+class _QueryingKey(tuple[str, int]):
+    """A worker key whose hash (taken while the batch that creates its window cache is applied,
+    the index lock held by the applying thread) makes a query on the same index."""
+
+    core: ClassVar[IndexCore | None] = None
+    answers: ClassVar[list[object]] = []
+
+    def __hash__(self) -> int:
+        if _QueryingKey.core is not None:
+            _QueryingKey.answers.append(_QueryingKey.core.match_counts([1, 2], False, None, 15))
+        return tuple.__hash__(self)
+
+
+def test_a_query_from_a_callback_of_the_applying_thread_does_not_deadlock() -> None:
+    """The writer holds the index lock while it applies events; a query made by that same thread
+    (a key's hash, a log handler) runs without waiting for itself, and sees the events before."""
+    core = IndexCore(lambda instance_id, rank: _QueryingKey((instance_id, rank)))
+    core.apply_batch(batch([created(0), stored(1, [1, 2])], 0))
+    _QueryingKey.core, _QueryingKey.answers = core, []
+    done: list[object] = []
+
+    def apply() -> None:  # a new worker: its window cache is created (and its key hashed) mid-batch
+        core.apply_batch(batch([created(0), stored(1, [1])], 0, "i1"))
+        done.append(core.match_counts([1, 2], False, None, 15))
+
+    thread = threading.Thread(target=apply, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    _QueryingKey.core = None
+    assert not thread.is_alive(), "a query from the applying thread's callback deadlocked"
+    assert _QueryingKey.answers == [{("i0", 0): 2}]
+    assert done == [{("i0", 0): 2, ("i1", 0): 1}]
+    # the lock was given back: another thread's query runs
+    other = threading.Thread(target=lambda: done.append(core.match([1], False, None, 15)), daemon=True)
+    other.start()
+    other.join(timeout=10)
+    assert not other.is_alive() and len(done) == 2
+
+
+def test_a_query_from_inside_a_query_of_the_same_thread_raises() -> None:
+    core = IndexCore(lambda instance_id, rank: (instance_id, rank))
+    core.apply_batch(batch([created(0), stored(1, [1, 2])], 0))
+
+    class Reentrant:
+        def __int__(self) -> int:
+            core.match_counts([1], False, None, 15)
+            return 2
+
+        __index__ = __int__
+
+    with pytest.raises(RuntimeError, match="from inside a query"):
+        query: list[Any] = [1, Reentrant()]
+        core.match_counts(query, False, None, 15)
+    assert core.match_counts([1, 2], False, None, 15) == {("i0", 0): 2}
