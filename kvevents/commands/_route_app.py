@@ -21,6 +21,8 @@ from kvevents.commands._route_requests import HASH_MAX, MAX_BATCH, HashesBody, M
 if TYPE_CHECKING:
     from kvevents.consumer import CacheIndex, FollowerHealth, Liveness, ReaderMetrics, WorkerKey
 
+    from kvevents.commands._route_gc import GcPauses
+
 __all__ = ["AppOptions", "HttpError", "IndexSource", "RouteApp", "StaticSource"]
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,8 @@ _EXCLUSIONS_TTL_S = 0.2
 
 class RouteApp:
     """``await app(scope, receive, send)``; see the module docstring and README for the API."""
+
+    gc_pauses: GcPauses | None = None  # set by the serving process: GC figures in /metrics
 
     def __init__(self, source: IndexSource, options: AppOptions | None = None) -> None:
         self.source = source
@@ -336,4 +340,5 @@ class RouteApp:
                 state = "live" if liveness is None else liveness.state(key.instance_id, now)
                 states[state] = states.get(state, 0) + 1
             return render(self.requests, self.source.index, process=self.options.process,
-                          health=self.source.health(), reader=self.source.metrics(), states=states)  # fmt: skip
+                          health=self.source.health(), reader=self.source.metrics(), states=states,
+                          gc_pauses=self.gc_pauses)  # fmt: skip

@@ -25,6 +25,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kvevents.commands._route_app import AppOptions, IndexSource, RouteApp, StaticSource
+from kvevents.commands._route_gc import GcPauses, settle
 
 __all__ = ["GuardedProtocol", "ServeOptions", "bind", "listen", "make_server", "serve", "serve_static"]
 
@@ -253,15 +254,16 @@ AppFactory = Callable[[IndexSource, AppOptions], RouteApp]
 
 def make_server(
     sock: socket.socket, source: IndexSource, options: ServeOptions, process: int = 0,
-    app_factory: AppFactory = RouteApp,
+    app_factory: AppFactory = RouteApp, gc_pauses: GcPauses | None = None,
 ) -> uvicorn.Server:  # fmt: skip
     """The uvicorn server of one process (``server.run(sockets=[sock])`` serves until
     ``server.should_exit`` is set or, in the main thread, SIGTERM/SIGINT). ``app_factory``:
-    another app (the benchmark's baseline)."""
+    another app (the benchmark's baseline); ``gc_pauses``: the process's GC timing, for /metrics."""
     protocol = type("Guarded", (GuardedProtocol,), {"header_timeout_s": options.header_timeout_s,
                                                      "body_timeout_s": options.body_timeout_s,
                                                      "max_connections": options.max_connections})  # fmt: skip
     app = app_factory(source, AppOptions(options.block_size, options.max_body_bytes, process))
+    app.gc_pauses = gc_pauses
     config = uvicorn.Config(
         app,
         http=protocol,
@@ -283,9 +285,15 @@ def make_server(
 def _run_one(
     sock: socket.socket, source: IndexSource, options: ServeOptions, process: int, app_factory: AppFactory
 ) -> int | None:
-    """Serve until SIGTERM/SIGINT in this process; the signal that stopped it, if any."""
-    server = make_server(sock, source, options, process, app_factory)
-    server.run(sockets=[sock])
+    """Serve until SIGTERM/SIGINT in this process; the signal that stopped it, if any. The heap
+    is settled first (:func:`._route_gc.settle`) and collections are timed while serving."""
+    settle()
+    pauses = GcPauses().install()
+    try:
+        server = make_server(sock, source, options, process, app_factory, pauses)
+        server.run(sockets=[sock])
+    finally:
+        pauses.remove()
     return server.signalled if isinstance(server, _Server) else None
 
 
@@ -310,6 +318,7 @@ def serve(
             on_exit(0, source, signalled)
         return signalled
     children: list[int] = []
+    settle()  # the parent's objects frozen before the fork: the children's collections skip them
     for i in range(options.workers):
         pid = os.fork()
         if pid == 0:  # the worker process

@@ -430,3 +430,43 @@ def test_metrics_are_prometheus_text_with_requests_and_index_figures(srv: Runnin
     assert samples[("kvevents_index_workers", (("process", "0"),))] == 4
     assert samples[("kvevents_index_liveness_workers", (("process", "0"), ("state", "stale")))] == 1
     assert samples[("kvevents_index_held_blocks", (("process", "0"),))] == 13
+
+
+def test_metrics_show_the_process_garbage_collections_when_timed() -> None:
+    import gc
+
+    from kvevents.commands._route_gc import GcPauses
+
+    pauses = GcPauses()
+    pauses.count, pauses.seconds, pauses.max_seconds = [7, 2, 1], [0.01, 0.004, 0.003], [0.002, 0.003, 0.003]
+    index = CacheIndex()
+    sock = bind("127.0.0.1", 0)
+    server = make_server(sock, StaticSource(index), ServeOptions(block_size=BS), gc_pauses=pauses)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        running = Running("127.0.0.1", sock.getsockname()[1], LivenessSource(index), index)
+        status, _headers, body = raw(running, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    assert status == 200
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(body.decode())
+        for s in f.samples
+    }
+    gen = (("generation", "1"), ("process", "0"))
+    assert samples[("kvevents_router_gc_collections_total", gen)] == 2
+    assert samples[("kvevents_router_gc_pause_seconds_total", gen)] == 0.004
+    assert samples[("kvevents_router_gc_pause_max_seconds", gen)] == 0.003
+    assert samples[("kvevents_router_gc_frozen_objects", (("process", "0"),))] == gc.get_freeze_count()
+
+
+def test_metrics_leave_gc_out_when_not_timed(srv: Running) -> None:
+    _status, _headers, body = raw(srv, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert b"kvevents_router_gc_" not in body
