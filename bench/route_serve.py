@@ -223,6 +223,68 @@ def _check(name: str, url: str, work: route_index.Workload) -> None:
         ], name
 
 
+def _get(conn: Any, path: str) -> bytes:
+    conn.request("GET", path)
+    response = conn.getresponse()
+    body: bytes = response.read()
+    return body
+
+
+def _process_figures(url: str, want: int) -> dict[str, Any]:
+    """Each server process's own figures from its ``/metrics`` (connections are opened until
+    every process answered one): garbage collections by generation (count, total and longest
+    pause, objects frozen) and the in-app time of ``/match`` and ``/match/hashes`` (the bucket
+    bound holding 99% of the answers, and the share over 1 ms), over the whole run."""
+    import http.client
+    import re
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    out: dict[str, Any] = {}
+    conns = []
+    try:
+        for _ in range(64):
+            if len(out) >= want:
+                break
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+            conns.append(conn)
+            pid = str(json.loads(_get(conn, "/healthz"))["pid"])
+            if pid in out:
+                continue
+            figures: dict[str, Any] = {"gc": {}, "in_app": {}}
+            buckets: dict[str, list[tuple[float, float]]] = {}
+            for line in _get(conn, "/metrics").decode().splitlines():
+                m = re.match(r'(kvevents_router_gc_\w+|kvevents_router_request_duration_seconds_bucket)'
+                             r'\{([^}]*)\} (\S+)', line)  # fmt: skip
+                if not m:
+                    continue
+                name, labels, value = (
+                    m.group(1),
+                    dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))),
+                    float(m.group(3)),
+                )
+                if name.startswith("kvevents_router_gc_"):
+                    key = name.removeprefix("kvevents_router_gc_")
+                    if "generation" in labels:
+                        figures["gc"].setdefault(key, [0.0, 0.0, 0.0])[int(labels["generation"])] = value
+                    else:
+                        figures["gc"][key] = value
+                elif labels.get("route") in ("/match", "/match/hashes"):
+                    le = float("inf") if labels["le"] == "+Inf" else float(labels["le"])
+                    buckets.setdefault(labels["route"], []).append((le, value))
+            for route, cumulative in buckets.items():
+                total = cumulative[-1][1]
+                p99 = next(le for le, n in cumulative if n >= 0.99 * total)
+                over_1ms = total - next(n for le, n in cumulative if le >= 0.001)
+                figures["in_app"][route] = {"answers": int(total), "p99_bucket_ms": p99 * 1000,
+                                            "over_1ms_share": round(over_1ms / total, 5) if total else None}  # fmt: skip
+            out[pid] = figures
+    finally:
+        for conn in conns:
+            conn.close()
+    return out
+
+
 def _server_pids(pid: int) -> list[int]:
     """The processes that serve (the child itself with one worker, else its worker processes)."""
     kids = [
@@ -410,6 +472,16 @@ def main() -> None:
             results[name] = _measure(
                 name, url, work, args.seconds, args.connections, _server_pids(child.pid), args.repeats
             )
+            if name.startswith("uvicorn"):
+                own = _process_figures(url, len(_server_pids(child.pid)))
+                results[name]["process_figures"] = own
+                print(f"{name:<11} per process (whole run): " + "; ".join(
+                    f"pid {pid}: gc {f['gc'].get('collections_total')} collections, longest "
+                    f"{[round(x * 1000, 2) for x in f['gc'].get('pause_max_seconds', [])]} ms, "
+                    f"{f['gc'].get('frozen_objects', 0):,.0f} frozen; in-app p99 <= "
+                    + ", ".join(f"{r} {v['p99_bucket_ms']:g} ms ({v['over_1ms_share']:.2%} > 1 ms)"
+                                for r, v in f["in_app"].items())
+                    for pid, f in own.items()), flush=True)  # fmt: skip
             pss = _tree_pss_mb(child.pid)
             results[name]["memory_pss_mb"] = {"total": round(sum(pss.values()), 1), "by_process": pss}
             print(f"{name:<11} memory (PSS, every process): {sum(pss.values()):.1f} MB {pss}", flush=True)
