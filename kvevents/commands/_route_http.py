@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from kvevents.commands._route_app import AppOptions, IndexSource, RouteApp, StaticSource
 from kvevents.commands._route_gc import GcPauses, settle
@@ -47,6 +47,7 @@ class ServeOptions:
     backlog: int = 2048
     access_log: bool = False
     reuse_port: bool = True  # one listening socket per process (SO_REUSEPORT), else one shared
+    direct: bool = True  # POST /match(/hashes) with a plain Content-Length answered without an ASGI task
 
 
 def _json_error(status: int, reason: str, message: str) -> bytes:
@@ -91,21 +92,34 @@ class _JoinedWrites:
         return getattr(self.transport, name)
 
 
+_DIRECT_PATHS = frozenset(("/match", "/match/hashes"))
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with deadlines for the request head and body, and a
     connection bound. A timer runs only while a request is partly read when a read ends (or a
-    new connection is silent): a request that arrives whole in one read, the usual case, arms none."""
+    new connection is silent): a request that arrives whole in one read, the usual case, arms none.
+
+    The direct path (``direct``): a ``POST /match`` or ``/match/hashes`` with one plain
+    Content-Length within the limit (no chunked body, no ``Expect``) is answered when its body is
+    complete, by :meth:`RouteApp.answer_post` called from the parser's callback, the answer
+    written at once: no ASGI task, receive/send messages or header checks per request (the
+    same bytes as the ASGI path; anything else takes that path, in order with pipelined requests)."""
 
     header_timeout_s = 10.0
     body_timeout_s = 30.0
     max_connections = 4096
     join_writes = True  # a response's head and body in one write (_JoinedWrites)
+    direct = True
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._joined = _JoinedWrites(transport) if self.join_writes else None
         self._timer: asyncio.TimerHandle | None = None
         self._in_head = self._in_body = False
+        app = self.app
+        self._direct_app: RouteApp | None = app if self.direct and isinstance(app, RouteApp) else None
+        self._direct_waiting: RequestResponseCycle | None = None  # started, its body still coming
         if len(self.connections) > self.max_connections:
             transport.write(
                 _json_error(503, "Service Unavailable", f"more than {self.max_connections} open connections")
@@ -161,6 +175,66 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_head = self._in_body = False
         super().on_message_complete()
+        waiting = self._direct_waiting
+        if waiting is not None and waiting is self.cycle:
+            self._direct_waiting = None
+            self._answer_direct(waiting)
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self._direct_waiting is not None and self._direct_waiting is self.cycle:
+            self.flow.resume_reading()  # no receive() resumes it: the body is within the limit
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if app is not self._direct_app or not self._direct_ok(cycle):
+            super()._start_asgi_task(cycle, app)
+        elif cycle.more_body:
+            self._direct_waiting = cycle  # answered by on_message_complete
+        else:  # a pipelined request, whole, started as the one before it completes: not nested
+            self.loop.call_soon(self._answer_direct, cycle)
+
+    def _direct_ok(self, cycle: RequestResponseCycle) -> bool:
+        scope = cycle.scope
+        if (
+            scope["method"] != "POST"
+            or scope["path"] not in _DIRECT_PATHS
+            or cycle.waiting_for_100_continue
+            or self.flow.write_paused
+        ):
+            return False
+        length: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if length is not None:
+                    return False
+                length = value
+            elif name == b"transfer-encoding":
+                return False
+        assert self._direct_app is not None
+        return (
+            length is not None and length.isdigit() and int(length) <= self._direct_app.options.max_body_bytes
+        )
+
+    def _answer_direct(self, cycle: RequestResponseCycle) -> None:
+        """Answer a direct request whose body is complete, and complete its cycle as uvicorn's
+        ``send`` does (the keep-alive timer, the next pipelined request)."""
+        if cycle.disconnected or self.transport.is_closing():
+            return
+        assert self._direct_app is not None
+        status, headers, body = self._direct_app.answer_post(cycle.scope["path"], bytes(cycle.body))
+        content = [STATUS_LINE[status]]
+        for name, value in (*cycle.default_headers, *headers):
+            content += (name, b": ", value, b"\r\n")
+            if name == b"connection" and value == b"close":
+                cycle.keep_alive = False
+        if not cycle.keep_alive and (b"connection", b"close") not in headers:
+            content.append(b"connection: close\r\n")
+        content += (b"\r\n", body)
+        cycle.response_started = cycle.response_complete = True
+        self.transport.write(b"".join(content))
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
 
     def on_response_complete(self) -> None:
         if self._joined is not None:
@@ -261,7 +335,8 @@ def make_server(
     another app (the benchmark's baseline); ``gc_pauses``: the process's GC timing, for /metrics."""
     protocol = type("Guarded", (GuardedProtocol,), {"header_timeout_s": options.header_timeout_s,
                                                      "body_timeout_s": options.body_timeout_s,
-                                                     "max_connections": options.max_connections})  # fmt: skip
+                                                     "max_connections": options.max_connections,
+                                                     "direct": options.direct})  # fmt: skip
     app = app_factory(source, AppOptions(options.block_size, options.max_body_bytes, process))
     app.gc_pauses = gc_pauses
     config = uvicorn.Config(
