@@ -19,7 +19,9 @@ Servers, side by side in one run, each in a child process serving the same index
 - **uvicorn-1w / uvicorn-2w**: ``kvevents route --serve``'s server (uvicorn, httptools, uvloop,
   a bare ASGI app, the compiled fast path of ``_route_fast``) with 1 and 2 worker processes, a
   listening socket each (``SO_REUSEPORT``); **uvicorn-2w-shared**: 2 processes sharing one
-  listening socket, as before (``--shared-socket``); **uvicorn-2w-live**: uvicorn-2w with each
+  listening socket, as before (``--shared-socket``); **uvicorn-2w-asgi**: uvicorn-2w with every
+  request through the ASGI app (``ServeOptions(direct=False)``, the path before the direct one);
+  **uvicorn-2w-live**: uvicorn-2w with each
   process following an idle topic (a ``LiveIndex`` thread, as ``route --serve``; needs
   ``KAFKA_BOOTSTRAP_SERVERS``);
 - **granian-2w**: the same handlers under granian's RSGI interface, 2 workers: a measurement-only
@@ -83,7 +85,12 @@ def _serve_stdlib(index: CacheIndex, port_queue: Any) -> None:
 
 
 def _serve_uvicorn(
-    index: CacheIndex, port_queue: Any, workers: int, old: bool = False, shared: bool = False
+    index: CacheIndex,
+    port_queue: Any,
+    workers: int,
+    old: bool = False,
+    shared: bool = False,
+    direct: bool = True,
 ) -> None:
     from support.route_old_app import OldRouteApp
 
@@ -91,7 +98,11 @@ def _serve_uvicorn(
     from kvevents.commands._route_http import ServeOptions, listen, serve_static
 
     options = ServeOptions(
-        workers=workers, block_size=route_index.BLOCK_SIZE, access_log=False, reuse_port=not shared
+        workers=workers,
+        block_size=route_index.BLOCK_SIZE,
+        access_log=False,
+        reuse_port=not shared,
+        direct=direct,
     )
     socks = listen("127.0.0.1", 0, options)
     port_queue.put(socks[0].getsockname()[1])
@@ -157,6 +168,7 @@ SERVERS = {
     "uvicorn-1w": (_serve_uvicorn, {"workers": 1}),
     "uvicorn-2w": (_serve_uvicorn, {"workers": 2}),
     "uvicorn-2w-shared": (_serve_uvicorn, {"workers": 2, "shared": True}),
+    "uvicorn-2w-asgi": (_serve_uvicorn, {"workers": 2, "direct": False}),
     "uvicorn-2w-live": (_serve_live, {"workers": 2}),
     "granian-2w": (_serve_granian, {"workers": 2}),
 }
