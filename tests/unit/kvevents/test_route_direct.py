@@ -92,6 +92,8 @@ CASES = [
     _post("/match", b"not json"),
     _post("/match/hashes", json.dumps({"block_hashes": [1 << 65]}).encode()),
     _post("/match", json.dumps({"token_ids": PROMPT}).encode(), b"Connection: close\r\n"),
+    _post("/match", b""),  # Content-Length: 0: no body callback at all
+    _post("/match/hashes", json.dumps({"prompts": [{"block_hashes": [1]}, {"block_hashes": []}]}).encode()),
 ]
 
 
