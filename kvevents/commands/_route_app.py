@@ -21,6 +21,8 @@ from kvevents.commands._route_requests import HASH_MAX, MAX_BATCH, HashesBody, M
 if TYPE_CHECKING:
     from kvevents.consumer import CacheIndex, FollowerHealth, Liveness, ReaderMetrics, WorkerKey
 
+    from kvevents.commands._route_gc import GcPauses
+
 __all__ = ["AppOptions", "HttpError", "IndexSource", "RouteApp", "StaticSource"]
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,8 @@ _EXCLUSIONS_TTL_S = 0.2
 class RouteApp:
     """``await app(scope, receive, send)``; see the module docstring and README for the API."""
 
+    gc_pauses: GcPauses | None = None  # set by the serving process: GC figures in /metrics
+
     def __init__(self, source: IndexSource, options: AppOptions | None = None) -> None:
         self.source = source
         self.options = options or AppOptions()
@@ -119,15 +123,37 @@ class RouteApp:
         except Exception as exc:  # every failure answers JSON; a bug is logged and answers 500
             if not isinstance(exc, HttpError):
                 log.exception("%s %s failed", scope["method"], path)
-                exc = HttpError(500, f"internal error: {type(exc).__name__}: {exc}", close=True)
-            status, body = exc.status, _encode({"error": exc.message, "status": exc.status})
-            headers = [*_JSON, *exc.headers]
-            if exc.close:
-                headers.append((b"connection", b"close"))
+            status, headers, body = self._error(exc)
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
         self.requests.observe(route, status, time.perf_counter() - started)
+
+    def answer_post(self, path: str, raw: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """``POST /match`` or ``/match/hashes`` with its whole body read and its Content-Length
+        already checked (the protocol's direct path, :mod:`._route_http`): status, headers and
+        body as :meth:`__call__` answers them, counted in the metrics alike."""
+        started = time.perf_counter()
+        try:
+            body = self._match_tokens(raw) if path == "/match" else self._match_hashes(raw)
+            status, headers = 200, [(b"content-type", b"application/json")]
+        except Exception as exc:  # as in __call__
+            if not isinstance(exc, HttpError):
+                log.exception("POST %s failed", path)
+            status, headers, body = self._error(exc)
+        headers.append((b"content-length", str(len(body)).encode()))
+        self.requests.observe(path, status, time.perf_counter() - started)
+        return status, headers, body
+
+    @staticmethod
+    def _error(exc: Exception) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The JSON answer to a failure; a bug (not an :class:`HttpError`) answers 500."""
+        if not isinstance(exc, HttpError):
+            exc = HttpError(500, f"internal error: {type(exc).__name__}: {exc}", close=True)
+        headers = [*_JSON, *exc.headers]
+        if exc.close:
+            headers.append((b"connection", b"close"))
+        return exc.status, headers, _encode({"error": exc.message, "status": exc.status})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -336,4 +362,5 @@ class RouteApp:
                 state = "live" if liveness is None else liveness.state(key.instance_id, now)
                 states[state] = states.get(state, 0) + 1
             return render(self.requests, self.source.index, process=self.options.process,
-                          health=self.source.health(), reader=self.source.metrics(), states=states)  # fmt: skip
+                          health=self.source.health(), reader=self.source.metrics(), states=states,
+                          gc_pauses=self.gc_pauses)  # fmt: skip

@@ -22,9 +22,10 @@ from typing import Any
 
 import msgspec
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from kvevents.commands._route_app import AppOptions, IndexSource, RouteApp, StaticSource
+from kvevents.commands._route_gc import GcPauses, settle
 
 __all__ = ["GuardedProtocol", "ServeOptions", "bind", "listen", "make_server", "serve", "serve_static"]
 
@@ -46,6 +47,7 @@ class ServeOptions:
     backlog: int = 2048
     access_log: bool = False
     reuse_port: bool = True  # one listening socket per process (SO_REUSEPORT), else one shared
+    direct: bool = True  # POST /match(/hashes) with a plain Content-Length answered without an ASGI task
 
 
 def _json_error(status: int, reason: str, message: str) -> bytes:
@@ -90,21 +92,34 @@ class _JoinedWrites:
         return getattr(self.transport, name)
 
 
+_DIRECT_PATHS = frozenset(("/match", "/match/hashes"))
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with deadlines for the request head and body, and a
     connection bound. A timer runs only while a request is partly read when a read ends (or a
-    new connection is silent): a request that arrives whole in one read, the usual case, arms none."""
+    new connection is silent): a request that arrives whole in one read, the usual case, arms none.
+
+    The direct path (``direct``): a ``POST /match`` or ``/match/hashes`` with one plain
+    Content-Length within the limit (no chunked body, no ``Expect``) is answered when its body is
+    complete, by :meth:`RouteApp.answer_post` called from the parser's callback, the answer
+    written at once: no ASGI task, receive/send messages or header checks per request (the
+    same bytes as the ASGI path; anything else takes that path, in order with pipelined requests)."""
 
     header_timeout_s = 10.0
     body_timeout_s = 30.0
     max_connections = 4096
     join_writes = True  # a response's head and body in one write (_JoinedWrites)
+    direct = True
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._joined = _JoinedWrites(transport) if self.join_writes else None
         self._timer: asyncio.TimerHandle | None = None
         self._in_head = self._in_body = False
+        app = self.app
+        self._direct_app: RouteApp | None = app if self.direct and isinstance(app, RouteApp) else None
+        self._direct_waiting: RequestResponseCycle | None = None  # started, its body still coming
         if len(self.connections) > self.max_connections:
             transport.write(
                 _json_error(503, "Service Unavailable", f"more than {self.max_connections} open connections")
@@ -160,6 +175,66 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_head = self._in_body = False
         super().on_message_complete()
+        waiting = self._direct_waiting
+        if waiting is not None and waiting is self.cycle:
+            self._direct_waiting = None
+            self._answer_direct(waiting)
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self._direct_waiting is not None and self._direct_waiting is self.cycle:
+            self.flow.resume_reading()  # no receive() resumes it: the body is within the limit
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if app is not self._direct_app or not self._direct_ok(cycle):
+            super()._start_asgi_task(cycle, app)
+        elif cycle.more_body:
+            self._direct_waiting = cycle  # answered by on_message_complete
+        else:  # a pipelined request, whole, started as the one before it completes: not nested
+            self.loop.call_soon(self._answer_direct, cycle)
+
+    def _direct_ok(self, cycle: RequestResponseCycle) -> bool:
+        scope = cycle.scope
+        if (
+            scope["method"] != "POST"
+            or scope["path"] not in _DIRECT_PATHS
+            or cycle.waiting_for_100_continue
+            or self.flow.write_paused
+        ):
+            return False
+        length: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if length is not None:
+                    return False
+                length = value
+            elif name == b"transfer-encoding":
+                return False
+        assert self._direct_app is not None
+        return (
+            length is not None and length.isdigit() and int(length) <= self._direct_app.options.max_body_bytes
+        )
+
+    def _answer_direct(self, cycle: RequestResponseCycle) -> None:
+        """Answer a direct request whose body is complete, and complete its cycle as uvicorn's
+        ``send`` does (the keep-alive timer, the next pipelined request)."""
+        if cycle.disconnected or self.transport.is_closing():
+            return
+        assert self._direct_app is not None
+        status, headers, body = self._direct_app.answer_post(cycle.scope["path"], bytes(cycle.body))
+        content = [STATUS_LINE[status]]
+        for name, value in (*cycle.default_headers, *headers):
+            content += (name, b": ", value, b"\r\n")
+            if name == b"connection" and value == b"close":
+                cycle.keep_alive = False
+        if not cycle.keep_alive and (b"connection", b"close") not in headers:
+            content.append(b"connection: close\r\n")
+        content += (b"\r\n", body)
+        cycle.response_started = cycle.response_complete = True
+        self.transport.write(b"".join(content))
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
 
     def on_response_complete(self) -> None:
         if self._joined is not None:
@@ -253,15 +328,17 @@ AppFactory = Callable[[IndexSource, AppOptions], RouteApp]
 
 def make_server(
     sock: socket.socket, source: IndexSource, options: ServeOptions, process: int = 0,
-    app_factory: AppFactory = RouteApp,
+    app_factory: AppFactory = RouteApp, gc_pauses: GcPauses | None = None,
 ) -> uvicorn.Server:  # fmt: skip
     """The uvicorn server of one process (``server.run(sockets=[sock])`` serves until
     ``server.should_exit`` is set or, in the main thread, SIGTERM/SIGINT). ``app_factory``:
-    another app (the benchmark's baseline)."""
+    another app (the benchmark's baseline); ``gc_pauses``: the process's GC timing, for /metrics."""
     protocol = type("Guarded", (GuardedProtocol,), {"header_timeout_s": options.header_timeout_s,
                                                      "body_timeout_s": options.body_timeout_s,
-                                                     "max_connections": options.max_connections})  # fmt: skip
+                                                     "max_connections": options.max_connections,
+                                                     "direct": options.direct})  # fmt: skip
     app = app_factory(source, AppOptions(options.block_size, options.max_body_bytes, process))
+    app.gc_pauses = gc_pauses
     config = uvicorn.Config(
         app,
         http=protocol,
@@ -283,9 +360,15 @@ def make_server(
 def _run_one(
     sock: socket.socket, source: IndexSource, options: ServeOptions, process: int, app_factory: AppFactory
 ) -> int | None:
-    """Serve until SIGTERM/SIGINT in this process; the signal that stopped it, if any."""
-    server = make_server(sock, source, options, process, app_factory)
-    server.run(sockets=[sock])
+    """Serve until SIGTERM/SIGINT in this process; the signal that stopped it, if any. The heap
+    is settled first (:func:`._route_gc.settle`) and collections are timed while serving."""
+    settle()
+    pauses = GcPauses().install()
+    try:
+        server = make_server(sock, source, options, process, app_factory, pauses)
+        server.run(sockets=[sock])
+    finally:
+        pauses.remove()
     return server.signalled if isinstance(server, _Server) else None
 
 
@@ -310,6 +393,7 @@ def serve(
             on_exit(0, source, signalled)
         return signalled
     children: list[int] = []
+    settle()  # the parent's objects frozen before the fork: the children's collections skip them
     for i in range(options.workers):
         pid = os.fork()
         if pid == 0:  # the worker process

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kvevents.consumer import CacheIndex, FollowerHealth, ReaderMetrics
 
+    from kvevents.commands._route_gc import GcPauses
+
 __all__ = ["LATENCY_BUCKETS_S", "RequestMetrics", "render"]
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -50,8 +52,10 @@ def render(
     health: FollowerHealth | None,
     reader: ReaderMetrics | None,
     states: dict[str, int],
+    gc_pauses: GcPauses | None = None,
 ) -> str:
-    """The whole exposition; ``states``: workers per liveness state (live, stale, closed)."""
+    """The whole exposition; ``states``: workers per liveness state (live, stale, closed);
+    ``gc_pauses``: this process's garbage collections, if they are timed."""
     p = f'process="{process}"'
     out: list[str] = []
     _head(out, "kvevents_router_requests_total", "counter", "HTTP requests answered, by route and status")
@@ -120,4 +124,24 @@ def render(
         _line(out, "kvevents_consumer_messages_per_second", round(reader.recent.messages_per_s, 3), p)
         _head(out, "kvevents_consumer_events_per_second", "gauge", "events applied per second, recent")
         _line(out, "kvevents_consumer_events_per_second", round(reader.recent.events_per_s, 3), p)
+    if gc_pauses is not None:
+        _gc(out, p, gc_pauses)
     return "\n".join(out) + "\n"
+
+
+def _gc(out: list[str], p: str, pauses: GcPauses) -> None:
+    import gc
+
+    _head(out, "kvevents_router_gc_collections_total", "counter", "garbage collections, by generation")
+    for g, n in enumerate(pauses.count):
+        _line(out, "kvevents_router_gc_collections_total", n, f'{p},generation="{g}"')
+    _head(
+        out, "kvevents_router_gc_pause_seconds_total", "counter", "time in garbage collections, by generation"
+    )
+    for g, s in enumerate(pauses.seconds):
+        _line(out, "kvevents_router_gc_pause_seconds_total", round(s, 6), f'{p},generation="{g}"')
+    _head(out, "kvevents_router_gc_pause_max_seconds", "gauge", "longest garbage collection, by generation")
+    for g, s in enumerate(pauses.max_seconds):
+        _line(out, "kvevents_router_gc_pause_max_seconds", round(s, 6), f'{p},generation="{g}"')
+    _head(out, "kvevents_router_gc_frozen_objects", "gauge", "objects frozen once the index was loaded")
+    _line(out, "kvevents_router_gc_frozen_objects", gc.get_freeze_count(), p)

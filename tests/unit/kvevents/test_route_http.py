@@ -121,6 +121,34 @@ def read_response(s: socket.socket, *, head_only: bool = False) -> tuple[int, di
     return status, headers, body[:length]
 
 
+class ResponseReader:
+    """Responses read one after another from one connection, keeping the bytes past each:
+    pipelined answers may arrive in one segment (:func:`read_response` would drop the rest)."""
+
+    def __init__(self, s: socket.socket) -> None:
+        self.s = s
+        self.buf = b""
+
+    def _more(self) -> None:
+        chunk = self.s.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a response: {self.buf!r}")
+        self.buf += chunk
+
+    def read(self, *, head_only: bool = False) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buf:
+            self._more()
+        head, _, rest = self.buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = 0 if head_only else int(headers.get("content-length", "0"))
+        self.buf = rest
+        while len(self.buf) < length:
+            self._more()
+        body, self.buf = self.buf[:length], self.buf[length:]
+        return int(lines[0].split()[1]), headers, body
+
+
 def request(srv: Running, method: str, path: str, body: bytes | None = None, extra: str = "") -> tuple[int, dict[str, str], dict]:  # type: ignore[type-arg]  # fmt: skip
     head = f"{method} {path} HTTP/1.1\r\nHost: x\r\n{extra}"
     if body is not None:
@@ -356,11 +384,12 @@ def test_pipelined_head_and_post_are_answered_in_order(srv: Running) -> None:
             + post_req
             + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
         )
-        status, headers, _ = read_response(s, head_only=True)
+        answers = ResponseReader(s)  # the answers may come in one segment
+        status, headers, _ = answers.read(head_only=True)
         assert status == 200 and int(headers["content-length"]) > 0
-        status, _, body = read_response(s)
+        status, _, body = answers.read()
         assert status == 200 and json.loads(body)["best"]["instance_id"] == "b"
-        status, _, body = read_response(s)
+        status, _, body = answers.read()
         assert status == 200 and json.loads(body)["status"] == "ok"
 
 
@@ -430,3 +459,43 @@ def test_metrics_are_prometheus_text_with_requests_and_index_figures(srv: Runnin
     assert samples[("kvevents_index_workers", (("process", "0"),))] == 4
     assert samples[("kvevents_index_liveness_workers", (("process", "0"), ("state", "stale")))] == 1
     assert samples[("kvevents_index_held_blocks", (("process", "0"),))] == 13
+
+
+def test_metrics_show_the_process_garbage_collections_when_timed() -> None:
+    import gc
+
+    from kvevents.commands._route_gc import GcPauses
+
+    pauses = GcPauses()
+    pauses.count, pauses.seconds, pauses.max_seconds = [7, 2, 1], [0.01, 0.004, 0.003], [0.002, 0.003, 0.003]
+    index = CacheIndex()
+    sock = bind("127.0.0.1", 0)
+    server = make_server(sock, StaticSource(index), ServeOptions(block_size=BS), gc_pauses=pauses)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        running = Running("127.0.0.1", sock.getsockname()[1], LivenessSource(index), index)
+        status, _headers, body = raw(running, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    assert status == 200
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(body.decode())
+        for s in f.samples
+    }
+    gen = (("generation", "1"), ("process", "0"))
+    assert samples[("kvevents_router_gc_collections_total", gen)] == 2
+    assert samples[("kvevents_router_gc_pause_seconds_total", gen)] == 0.004
+    assert samples[("kvevents_router_gc_pause_max_seconds", gen)] == 0.003
+    assert samples[("kvevents_router_gc_frozen_objects", (("process", "0"),))] == gc.get_freeze_count()
+
+
+def test_metrics_leave_gc_out_when_not_timed(srv: Running) -> None:
+    _status, _headers, body = raw(srv, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert b"kvevents_router_gc_" not in body

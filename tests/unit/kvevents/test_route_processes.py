@@ -97,3 +97,44 @@ def test_a_port_another_server_listens_on_is_refused_even_with_so_reuseport() ->
     finally:
         for s in socks:
             s.close()
+
+
+def _metrics_of(conn: socket.socket) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(
+        next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")).split(b":")[1]
+    )
+    while len(body) < length:
+        body += conn.recv(65536)
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(body.decode())
+        for s in f.samples
+    }
+
+
+def test_every_process_settles_its_heap_and_times_its_collections(server: tuple[int, int, bool]) -> None:
+    port, _count, _reuse_port = server
+    conns = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(16)]
+    try:
+        by_pid = {_pid_of(c): c for c in conns}
+        assert by_pid
+        for conn in by_pid.values():
+            samples = _metrics_of(conn)
+            frozen = [v for (name, _), v in samples.items() if name == "kvevents_router_gc_frozen_objects"]
+            assert len(frozen) == 1 and frozen[0] > 1_000  # the modules and index loaded before serving
+            generations = {
+                dict(labels)["generation"]
+                for (name, labels) in samples
+                if name == "kvevents_router_gc_collections_total"
+            }
+            assert generations == {"0", "1", "2"}
+    finally:
+        for c in conns:
+            c.close()
