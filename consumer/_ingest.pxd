@@ -1,0 +1,152 @@
+# cython: language_level=3
+# The ingest pipeline's decoding side (docs/INDEX.md "Ingest"): apply_encoded_many hands each
+# batch's Avro body to a second native thread, which reads it into one of NSTAGES flat batches
+# without the GIL (flat_read_nogil, the limits check, the cache salts' hashes) while the writer
+# thread applies the batch before it. Plain C, inline: compiled into the index core that
+# cimports it (consumer/_indexcore.pyx). The writer owns everything else (instances, sessions,
+# the index); a stage is the decoder's from the moment the writer releases it until it is
+# marked decoded, and the writer's from then until it releases it again.
+
+from libc.stdint cimport uint8_t, uint64_t
+
+from kvevents.consumer._kvh64 cimport Kvh64, kvh64_salt
+from kvevents.schemas._fastcodec cimport (
+    FlatBatch,
+    FlatBlock,
+    FlatError,
+    FlatLimits,
+    flat_read_nogil,
+    flat_within_limits,
+)
+
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_t:
+        pass
+    ctypedef struct pthread_attr_t:
+        pass
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_cond_t:
+        pass
+    ctypedef struct pthread_mutexattr_t:
+        pass
+    ctypedef struct pthread_condattr_t:
+        pass
+    int pthread_create(pthread_t *thread, const pthread_attr_t *attr,
+                       void *(*start)(void *) noexcept nogil, void *arg)
+    int pthread_join(pthread_t thread, void **retval)
+    int pthread_mutex_init(pthread_mutex_t *mu, const pthread_mutexattr_t *attr)
+    int pthread_mutex_destroy(pthread_mutex_t *mu)
+    int pthread_mutex_lock(pthread_mutex_t *mu)
+    int pthread_mutex_unlock(pthread_mutex_t *mu)
+    int pthread_cond_init(pthread_cond_t *cv, const pthread_condattr_t *attr)
+    int pthread_cond_destroy(pthread_cond_t *cv)
+    int pthread_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu)
+    int pthread_cond_broadcast(pthread_cond_t *cv)
+
+
+cdef enum:
+    NSTAGES = 4          # flat batches in flight: the decoder runs up to 3 batches ahead
+    HEADER = 10          # the single-object header (magic and schema fingerprint) before a body
+
+cdef enum JobKind:
+    JOB_FLAT = 0         # a body the flat reader reads (variant known)
+    JOB_WRITER = 1       # anything else (another schema, not bytes): the writer's own path
+
+cdef enum StageStatus:
+    STAGE_OK = 0         # decoded, within the limits, salts hashed
+    STAGE_MALFORMED = 1  # flat_read_nogil failed: ``err`` says why (flat_raise)
+    STAGE_LIMITS = 2     # decoded; flat_validate (with the GIL) decides on the limits
+    STAGE_WRITER = 3     # not decoded here (JOB_WRITER)
+
+
+ctypedef struct Job:
+    const uint8_t *base  # the single-object bytes (header, then body)
+    Py_ssize_t size
+    int variant
+    int kind             # a JobKind
+
+
+ctypedef struct Stage:
+    FlatBatch fb
+    FlatError err
+    int status           # a StageStatus
+
+
+ctypedef struct Pipe:
+    pthread_mutex_t mu
+    pthread_cond_t cv
+    Job *jobs
+    size_t njobs
+    Stage *stages        # NSTAGES of them, job i in stages[i % NSTAGES]
+    size_t decoded       # jobs decoded (stage ready for the writer)
+    size_t released      # jobs the writer is done with (their stage free again)
+    int stop             # the writer stops early (an error): the decoder ends
+    const FlatLimits *lim
+    const Kvh64 *kvh
+
+
+cdef inline int decode_into(const Job *job, FlatBatch *fb, FlatError *err, const FlatLimits *lim,
+                            const Kvh64 *kvh) noexcept nogil:
+    """Read one JOB_FLAT batch into ``fb`` without the GIL: the body, the limits, the salts'
+    hashes (kept in the blocks' ``salt``). Returns a StageStatus."""
+    cdef const uint8_t *body = job.base + HEADER
+    cdef size_t i
+    cdef FlatBlock *b
+    if flat_read_nogil(fb, body, job.size - HEADER, job.variant, err):
+        return STAGE_MALFORMED
+    for i in range(fb.nblk):
+        b = &fb.blk[i]
+        if b.has_salt:
+            b.salt = kvh64_salt(kvh, body + b.salt_at, b.salt_len)
+    return STAGE_OK if flat_within_limits(fb, lim) else STAGE_LIMITS
+
+
+cdef inline void decode_job(const Job *job, Stage *stage, const FlatLimits *lim,
+                            const Kvh64 *kvh) noexcept nogil:
+    """``decode_into`` the job's stage (a JOB_WRITER job is left to the writer)."""
+    if job.kind != JOB_FLAT:
+        stage.status = STAGE_WRITER
+    else:
+        stage.status = decode_into(job, &stage.fb, &stage.err, lim, kvh)
+
+
+cdef inline void *decoder_main(void *arg) noexcept nogil:
+    """The decoding thread: each job in turn into its stage, when the writer has released the
+    stage's previous job; ends after the last job or when the writer says stop."""
+    cdef Pipe *p = <Pipe *>arg
+    cdef size_t i
+    cdef int stop
+    for i in range(p.njobs):
+        pthread_mutex_lock(&p.mu)
+        while i >= p.released + NSTAGES and not p.stop:
+            pthread_cond_wait(&p.cv, &p.mu)
+        stop = p.stop
+        pthread_mutex_unlock(&p.mu)
+        if stop:
+            break
+        decode_job(&p.jobs[i], &p.stages[i % NSTAGES], p.lim, p.kvh)
+        pthread_mutex_lock(&p.mu)
+        p.decoded = i + 1
+        pthread_cond_broadcast(&p.cv)
+        pthread_mutex_unlock(&p.mu)
+    return NULL
+
+
+cdef inline void pipe_wait_decoded(Pipe *p, size_t i) noexcept nogil:
+    """The writer waits for job ``i``'s stage."""
+    pthread_mutex_lock(&p.mu)
+    while p.decoded <= i:
+        pthread_cond_wait(&p.cv, &p.mu)
+    pthread_mutex_unlock(&p.mu)
+
+
+cdef inline void pipe_release(Pipe *p, size_t done, bint stop) noexcept nogil:
+    """The writer is done with the jobs before ``done`` (and with all of them when ``stop``)."""
+    pthread_mutex_lock(&p.mu)
+    p.released = done
+    if stop:
+        p.stop = 1
+    pthread_cond_broadcast(&p.cv)
+    pthread_mutex_unlock(&p.mu)
