@@ -252,10 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         "phases": phases,
         "ratios": ratios,
     }
-    print(f"\n{'side':<22} {'fleet blocks/s':>15} {'per CPU-s':>12} {'realistic blocks/s':>19} {'per CPU-s':>12}")
+    print(
+        f"\n{'side':<22} {'fleet blocks/s':>15} {'per CPU-s':>12} {'realistic blocks/s':>19} {'per CPU-s':>12}"
+    )
     for name, res in results.items():
         f, rr = res.get("fleet"), res["realistic"]
-        fleet_cells = f"{f['blocks_per_s']:>15,.0f} {f['blocks_per_cpu_s']:>12,.0f}" if f else f"{'-':>15} {'-':>12}"
+        fleet_cells = (
+            f"{f['blocks_per_s']:>15,.0f} {f['blocks_per_cpu_s']:>12,.0f}" if f else f"{'-':>15} {'-':>12}"
+        )
         print(f"{name:<22} {fleet_cells} {rr['blocks_per_s']:>19,.0f} {rr['blocks_per_cpu_s']:>12,.0f}")
     print("\nratios (medians):")
     for key, value in ratios.items():
