@@ -16,7 +16,7 @@ from cpython cimport array as carray
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_RawFree, PyMem_RawMalloc, PyMem_Realloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc, PyMem_Realloc
 from cpython.pythread cimport (
     NOWAIT_LOCK,
     WAIT_LOCK,
@@ -67,12 +67,17 @@ from kvevents.consumer._ingest cimport (
     NSTAGES,
     STAGE_LIMITS,
     STAGE_MALFORMED,
+    STAGE_OK,
     STAGE_WRITER,
+    SPEC_BITS,
+    SPEC_CHAINED,
+    SPEC_ROOT,
     Job,
     Pipe,
     Stage,
     decode_into,
     decoder_main,
+    kvh64_block,
     pipe_release,
     pipe_wait_decoded,
     pthread_cond_destroy,
@@ -82,6 +87,7 @@ from kvevents.consumer._ingest cimport (
     pthread_mutex_destroy,
     pthread_mutex_init,
     pthread_t,
+    speculate,
 )
 from kvevents.consumer._kvh64 cimport Kvh64, kvh64_absorb, kvh64_constants, kvh64_finish, kvh64_salt
 from kvevents.consumer._nodestore cimport (
@@ -209,45 +215,11 @@ ctypedef struct EngineId:
     uint32_t id
 
 
-cdef uint64_t block_content(uint64_t start, bint root, const SBlock *b, const uint32_t *tok,
-                            const uint64_t *ext, const uint64_t *mm) noexcept nogil:
-    """kvh64 of one block chained to ``start`` (``hashing.block_content_hash``)."""
-    cdef const Kvh64 *c = &KVH
-    cdef uint32_t n = b.ntok, i
-    cdef bint extra = False
-    cdef uint64_t flags = 0, h
-    if b.has_extra:
-        for i in range(b.next):
-            if ext[b.ext + i] != 0:
-                extra = True
-                break
-    if b.has_lora:
-        flags |= 1
-    if extra:
-        flags |= 2
-    if root and b.has_salt:
-        flags |= 4
-    if b.nmm:
-        flags |= 8
-    h = kvh64_absorb(c, c.root if root else start, <uint64_t>n | (flags << 32) | ((<uint64_t>b.nmm) << 40))
-    if b.has_lora:
-        h = kvh64_absorb(c, h, b.lora)
-    if root and b.has_salt:
-        h = kvh64_absorb(c, h, b.salt)
-    cdef const uint32_t *t = tok + b.tok
-    i = 0
-    while i + 1 < n:
-        h = kvh64_absorb(c, h, <uint64_t>t[i] | ((<uint64_t>t[i + 1]) << 32))
-        i += 2
-    if n & 1:
-        h = kvh64_absorb(c, h, <uint64_t>t[n - 1])
-    if extra:
-        h = kvh64_absorb(c, h, <uint64_t>b.next)
-        for i in range(b.next):
-            h = kvh64_absorb(c, h, ext[b.ext + i])
-    for i in range(b.nmm * 5):
-        h = kvh64_absorb(c, h, mm[b.mm + i])
-    return kvh64_finish(c, h)
+cdef inline uint64_t block_content(uint64_t start, bint root, const SBlock *b, const uint32_t *tok,
+                                   const uint64_t *ext, const uint64_t *mm) noexcept nogil:
+    """kvh64 of one block chained to ``start`` (``hashing.block_content_hash``; in _ingest.pxd,
+    which the decoding thread uses too)."""
+    return kvh64_block(&KVH, start, root, b, tok, ext, mm)
 
 
 cdef inline uint64_t salt_hash_bytes(const uint8_t *data, Py_ssize_t n) noexcept nogil:
@@ -377,6 +349,7 @@ cdef class IndexCore:
     cdef int last_variant
     cdef bint has_last_fp
     cdef Pipe pipe           # apply_encoded_many's decoding thread (_ingest.pxd)
+    cdef uint64_t *spec      # its content cache (_ingest.speculate), kept from call to call
     cdef FlatLimits lim
     cdef readonly object limits
     cdef size_t max_caches
@@ -735,7 +708,11 @@ cdef class IndexCore:
     # ------------------------------------------------------------------ storing
 
     cdef int _store(self, uint32_t slot, bint has_parent, uint64_t parent, uint32_t first,
-                    uint32_t count) except -1 nogil:
+                    uint32_t count, const SEvent *spec) except -1 nogil:
+        """Store blocks ``first .. first + count`` of the scratch batch into ``slot``. ``spec``:
+        the event they are all of, whose contents the decoding thread may have computed ahead
+        (``_ingest.speculate``); used when its start is the one found here, else (or NULL)
+        they are computed here."""
         cdef int state = 0  # 0: root of a prefix, 1: parent content known, 2: unknown (orphan)
         cdef uint64_t pc = 0, c = 0
         cdef uint32_t id, i
@@ -752,7 +729,13 @@ cdef class IndexCore:
             else:
                 state = 2
         hashed = state != 2
-        if hashed:
+        if hashed and spec != NULL and (
+                (state == 0 and spec.spec == SPEC_ROOT) or
+                (state == 1 and spec.spec == SPEC_CHAINED and spec.spec_start == pc)):
+            for i in range(first, ahead):  # hashed ahead: start fetching both tables
+                prefetch_entry(&self.st.etab, self.fb.blk[i].engine)
+                prefetch_entry(&self.st.ctab, self.fb.blk[i].content)
+        elif hashed:
             # the whole chain's content is known now: hash it, and start fetching both tables
             c = pc
             for i in range(first, end):
@@ -905,7 +888,7 @@ cdef class IndexCore:
                 return 0
         self.c_events_applied += 1
         if kind == K_STORED:
-            self._store(slot, e.has_parent, e.parent, e.first, e.count)
+            self._store(slot, e.has_parent, e.parent, e.first, e.count, e)
             w = &self.wrk[widx]
             w.split_blocks = e.count
             w.has_split_tail = e.count != 0
@@ -1008,7 +991,7 @@ cdef class IndexCore:
             else:
                 has_parent = e.has_parent
                 parent = e.parent
-            self._store(slot, has_parent, parent, e.first + start, e.count - start)
+            self._store(slot, has_parent, parent, e.first + start, e.count - start, NULL)
             w = &self.wrk[widx]
             if e.count:
                 w.split_blocks = offset + e.count
@@ -1221,6 +1204,7 @@ cdef class IndexCore:
             p.stop = 0
             p.lim = &self.lim
             p.kvh = &KVH
+            p.spec = self.spec
             if pthread_create(&thread, NULL, decoder_main, p) != 0:
                 raise OSError("apply_encoded_many: could not start the decoding thread")
             started = True
@@ -1265,8 +1249,13 @@ cdef class IndexCore:
         cdef size_t k
         if self.pipe.stages != NULL:
             return 0
+        self.spec = <uint64_t *>PyMem_RawCalloc(2 << SPEC_BITS, sizeof(uint64_t))
         self.pipe.stages = <Stage *>PyMem_RawMalloc(NSTAGES * sizeof(Stage))
-        if self.pipe.stages == NULL:
+        if self.pipe.stages == NULL or self.spec == NULL:
+            PyMem_RawFree(self.spec)
+            PyMem_RawFree(self.pipe.stages)
+            self.spec = NULL
+            self.pipe.stages = NULL
             raise MemoryError()
         for k in range(NSTAGES):
             flat_init(&self.pipe.stages[k].fb)
@@ -1284,6 +1273,8 @@ cdef class IndexCore:
             flat_free(&self.pipe.stages[k].fb)
         PyMem_RawFree(self.pipe.stages)
         self.pipe.stages = NULL
+        PyMem_RawFree(self.spec)
+        self.spec = NULL
         pthread_mutex_destroy(&self.pipe.mu)
         pthread_cond_destroy(&self.pipe.cv)
 
@@ -1850,7 +1841,7 @@ cdef class IndexCore:
             for block in data.blocks:
                 fill_block(self.fb, block, &KVH)
             self._store(slot, data.parent_hash is not None,
-                        0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.fb.nblk)
+                        0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.fb.nblk, NULL)
 
     def set_cursor(self, str instance_id, int32_t rank, event_id):
         self._begin_write()
@@ -2064,10 +2055,11 @@ cdef class IndexCore:
             PyMem_Free(tmp)
 
 
-def _decode_only(batches):
+def _decode_only(batches, bint ahead=True):
     """Bench seam (bench/ingest.py): what the decoding thread does for each batch (the flat
-    reader, the limits, the salts), without the GIL, applying nothing. Returns how many batches
-    were read; DecodeError for a malformed one."""
+    reader, the limits, the salts, and with ``ahead`` the content hashes it computes ahead),
+    without the GIL, applying nothing. Returns how many batches were read; DecodeError for a
+    malformed one."""
     cdef FlatBatch fb
     cdef FlatError err
     cdef FlatLimits lim
@@ -2075,6 +2067,9 @@ def _decode_only(batches):
     cdef Py_buffer view
     cdef int status
     cdef Py_ssize_t n = 0
+    cdef uint64_t *cache = <uint64_t *>PyMem_RawCalloc(2 << SPEC_BITS, sizeof(uint64_t))
+    if cache == NULL:
+        raise MemoryError()
     variants = flat_variants()
     flat_limits(&lim, DEFAULT_LIMITS)
     flat_init(&fb)
@@ -2090,6 +2085,8 @@ def _decode_only(batches):
                     raise DecodeError("not a batch of a schema the flat reader reads")
                 with nogil:
                     status = decode_into(&job, &fb, &err, &lim, &KVH)
+                    if status == STAGE_OK and ahead:
+                        speculate(&fb, cache, &KVH)
                 if status == STAGE_MALFORMED:
                     flat_raise(&err)
             finally:
@@ -2097,4 +2094,5 @@ def _decode_only(batches):
             n += 1
     finally:
         flat_free(&fb)
+        PyMem_RawFree(cache)
     return n

@@ -3,17 +3,20 @@
 # batch's Avro body to a second native thread, which reads it into one of NSTAGES flat batches
 # without the GIL (flat_read_nogil, the limits check, the cache salts' hashes) while the writer
 # thread applies the batch before it. Plain C, inline: compiled into the index core that
-# cimports it (consumer/_indexcore.pyx). The writer owns everything else (instances, sessions,
+# cimports it (consumer/_indexcore.pyx). It also computes ahead the Stored blocks' content hashes
+# (``speculate``), which the writer checks and uses. The writer owns everything else (instances, sessions,
 # the index); a stage is the decoder's from the moment the writer releases it until it is
 # marked decoded, and the writer's from then until it releases it again.
 
-from libc.stdint cimport uint8_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
-from kvevents.consumer._kvh64 cimport Kvh64, kvh64_salt
+from kvevents.consumer._kvh64 cimport Kvh64, kvh64_absorb, kvh64_finish, kvh64_salt
 from kvevents.schemas._fastcodec cimport (
+    FLAT_STORED,
     FlatBatch,
     FlatBlock,
     FlatError,
+    FlatEvent,
     FlatLimits,
     flat_read_nogil,
     flat_within_limits,
@@ -49,6 +52,9 @@ cdef extern from "<pthread.h>" nogil:
 cdef enum:
     NSTAGES = 4          # flat batches in flight: the decoder runs up to 3 batches ahead
     HEADER = 10          # the single-object header (magic and schema fingerprint) before a body
+    SPEC_BITS = 16       # the decoder's content cache: 2**16 (engine hash, content hash) pairs
+    SPEC_CHAINED = 1     # FlatEvent.spec: contents computed ahead from spec_start (the parent's)
+    SPEC_ROOT = 2        # FlatEvent.spec: contents computed ahead as a prefix's root
 
 cdef enum JobKind:
     JOB_FLAT = 0         # a body the flat reader reads (variant known)
@@ -85,6 +91,81 @@ ctypedef struct Pipe:
     int stop             # the writer stops early (an error): the decoder ends
     const FlatLimits *lim
     const Kvh64 *kvh
+    uint64_t *spec       # the decoder's content cache (2 << SPEC_BITS words), or NULL
+
+
+cdef inline uint64_t kvh64_block(const Kvh64 *c, uint64_t start, bint root, const FlatBlock *b,
+                                 const uint32_t *tok, const uint64_t *ext, const uint64_t *mm) noexcept nogil:
+    """kvh64 of one block chained to ``start`` (``hashing.block_content_hash``)."""
+    cdef uint32_t n = b.ntok, i
+    cdef bint extra = False
+    cdef uint64_t flags = 0, h
+    if b.has_extra:
+        for i in range(b.next):
+            if ext[b.ext + i] != 0:
+                extra = True
+                break
+    if b.has_lora:
+        flags |= 1
+    if extra:
+        flags |= 2
+    if root and b.has_salt:
+        flags |= 4
+    if b.nmm:
+        flags |= 8
+    h = kvh64_absorb(c, c.root if root else start, <uint64_t>n | (flags << 32) | ((<uint64_t>b.nmm) << 40))
+    if b.has_lora:
+        h = kvh64_absorb(c, h, b.lora)
+    if root and b.has_salt:
+        h = kvh64_absorb(c, h, b.salt)
+    cdef const uint32_t *t = tok + b.tok
+    i = 0
+    while i + 1 < n:
+        h = kvh64_absorb(c, h, <uint64_t>t[i] | ((<uint64_t>t[i + 1]) << 32))
+        i += 2
+    if n & 1:
+        h = kvh64_absorb(c, h, <uint64_t>t[n - 1])
+    if extra:
+        h = kvh64_absorb(c, h, <uint64_t>b.next)
+        for i in range(b.next):
+            h = kvh64_absorb(c, h, ext[b.ext + i])
+    for i in range(b.nmm * 5):
+        h = kvh64_absorb(c, h, mm[b.mm + i])
+    return kvh64_finish(c, h)
+
+
+cdef inline void speculate(FlatBatch *fb, uint64_t *cache, const Kvh64 *kvh) noexcept nogil:
+    """Compute ahead, in the decoding thread, the content hashes of each Stored event's blocks:
+    from the root for an event without a parent, else from the parent's content hash as this
+    thread last computed it (``cache``: direct-mapped by engine hash; an event whose parent is
+    not there is left to the writer). The writer uses them only when the start it finds in the
+    index is the one used here (``FlatEvent.spec_start``), so a stale or wrong guess costs a
+    recomputation, never a wrong hash."""
+    cdef size_t k, i, h
+    cdef FlatEvent *e
+    cdef FlatBlock *b
+    cdef uint64_t c
+    for k in range(fb.nev):
+        e = &fb.ev[k]
+        if e.kind != FLAT_STORED or e.count == 0:
+            continue
+        if e.has_parent:
+            h = <size_t>((e.parent * <uint64_t>0x9E3779B97F4A7C15) >> (64 - SPEC_BITS))
+            if cache[2 * h] != e.parent:
+                continue
+            e.spec = SPEC_CHAINED
+            e.spec_start = cache[2 * h + 1]
+        else:
+            e.spec = SPEC_ROOT
+            e.spec_start = 0
+        c = e.spec_start
+        for i in range(e.first, e.first + e.count):
+            b = &fb.blk[i]
+            c = kvh64_block(kvh, c, i == e.first and e.spec == SPEC_ROOT, b, fb.tok, fb.ext, fb.mm)
+            b.content = c
+            h = <size_t>((b.engine * <uint64_t>0x9E3779B97F4A7C15) >> (64 - SPEC_BITS))
+            cache[2 * h] = b.engine
+            cache[2 * h + 1] = c
 
 
 cdef inline int decode_into(const Job *job, FlatBatch *fb, FlatError *err, const FlatLimits *lim,
@@ -104,12 +185,15 @@ cdef inline int decode_into(const Job *job, FlatBatch *fb, FlatError *err, const
 
 
 cdef inline void decode_job(const Job *job, Stage *stage, const FlatLimits *lim,
-                            const Kvh64 *kvh) noexcept nogil:
-    """``decode_into`` the job's stage (a JOB_WRITER job is left to the writer)."""
+                            const Kvh64 *kvh, uint64_t *spec) noexcept nogil:
+    """``decode_into`` the job's stage (a JOB_WRITER job is left to the writer), then
+    ``speculate`` when ``spec`` (the content cache) is given."""
     if job.kind != JOB_FLAT:
         stage.status = STAGE_WRITER
     else:
         stage.status = decode_into(job, &stage.fb, &stage.err, lim, kvh)
+        if stage.status == STAGE_OK and spec != NULL:
+            speculate(&stage.fb, spec, kvh)
 
 
 cdef inline void *decoder_main(void *arg) noexcept nogil:
@@ -126,7 +210,7 @@ cdef inline void *decoder_main(void *arg) noexcept nogil:
         pthread_mutex_unlock(&p.mu)
         if stop:
             break
-        decode_job(&p.jobs[i], &p.stages[i % NSTAGES], p.lim, p.kvh)
+        decode_job(&p.jobs[i], &p.stages[i % NSTAGES], p.lim, p.kvh, p.spec)
         pthread_mutex_lock(&p.mu)
         p.decoded = i + 1
         pthread_cond_broadcast(&p.cv)

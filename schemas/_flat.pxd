@@ -42,6 +42,8 @@ ctypedef struct FlatEvent:
     uint8_t has_level
     uint8_t has_prio
     uint8_t snapshot     # a Created event of a producer snapshot (a resync)
+    uint8_t spec         # left to the user (the index core: its blocks' content hashes were
+    uint64_t spec_start  # computed ahead from this start, 1, or as a prefix's root, 2)
 
 ctypedef struct FlatBlock:
     uint64_t engine
