@@ -713,6 +713,7 @@ cdef class IndexCore:
         the event they are all of, whose contents the decoding thread may have computed ahead
         (``_ingest.speculate``); used when its start is the one found here, else (or NULL)
         they are computed here."""
+        cdef FlatBatch *fb = self.fb
         cdef int state = 0  # 0: root of a prefix, 1: parent content known, 2: unknown (orphan)
         cdef uint64_t pc = 0, c = 0
         cdef uint32_t id, i
@@ -733,30 +734,30 @@ cdef class IndexCore:
                 (state == 0 and spec.spec == SPEC_ROOT) or
                 (state == 1 and spec.spec == SPEC_CHAINED and spec.spec_start == pc)):
             for i in range(first, ahead):  # hashed ahead: start fetching both tables
-                prefetch_entry(&self.st.etab, self.fb.blk[i].engine)
-                prefetch_entry(&self.st.ctab, self.fb.blk[i].content)
+                prefetch_entry(&self.st.etab, fb.blk[i].engine)
+                prefetch_entry(&self.st.ctab, fb.blk[i].content)
         elif hashed:
             # the whole chain's content is known now: hash it, and start fetching both tables
             c = pc
             for i in range(first, end):
-                b = &self.fb.blk[i]
-                c = block_content(c, i == first and state == 0, b, self.fb.tok, self.fb.ext, self.fb.mm)
+                b = &fb.blk[i]
+                c = block_content(c, i == first and state == 0, b, fb.tok, fb.ext, fb.mm)
                 b.content = c
                 if i < ahead:
                     prefetch_entry(&self.st.etab, b.engine)
                     prefetch_entry(&self.st.ctab, c)
         for i in range(first, end):
-            b = &self.fb.blk[i]
+            b = &fb.blk[i]
             if i + 2 < end:
-                self._prefetch_key(self.fb.blk[i + 2].engine, 1)
+                self._prefetch_key(fb.blk[i + 2].engine, 1)
                 if i + 32 < end:
-                    prefetch_entry(&self.st.etab, self.fb.blk[i + 32].engine)
+                    prefetch_entry(&self.st.etab, fb.blk[i + 32].engine)
                     if hashed:
-                        prefetch_entry(&self.st.ctab, self.fb.blk[i + 32].content)
+                        prefetch_entry(&self.st.ctab, fb.blk[i + 32].content)
             known = state != 2
             if known:
                 # an orphan chain that found its content on the way is hashed as it goes
-                c = b.content if hashed else block_content(pc, False, b, self.fb.tok, self.fb.ext, self.fb.mm)
+                c = b.content if hashed else block_content(pc, False, b, fb.tok, fb.ext, fb.mm)
             id = table_find(&self.st, &self.st.etab, b.engine, False)
             if id == KV_NIL:
                 id = node_alloc(&self.st, b.engine)
@@ -908,13 +909,14 @@ cdef class IndexCore:
 
     cdef int _remove_blocks(self, uint32_t slot, SEvent *e) except -1 nogil:
         """A Removed event's blocks out of ``slot`` (KV_NIL: the worker has no such cache)."""
+        cdef FlatBatch *fb = self.fb
         cdef uint32_t i
         for i in range(e.first, e.first + e.count):
             if i + 2 < e.first + e.count:
-                self._prefetch_key(<uint64_t>self.fb.vals[i + 2], 1)
+                self._prefetch_key(<uint64_t>fb.vals[i + 2], 1)
                 if i + 16 < e.first + e.count:
-                    prefetch_entry(&self.st.etab, <uint64_t>self.fb.vals[i + 16])
-            if slot != KV_NIL and self._remove_holder(<uint64_t>self.fb.vals[i], slot):
+                    prefetch_entry(&self.st.etab, <uint64_t>fb.vals[i + 16])
+            if slot != KV_NIL and self._remove_holder(<uint64_t>fb.vals[i], slot):
                 self.c_blocks_removed += 1
             else:
                 self.c_unknown_removed += 1
@@ -923,13 +925,14 @@ cdef class IndexCore:
     cdef void _prefetch_keys(self, const SEvent *e, int stage) noexcept nogil:
         """Stage 0: pull the table entries of an event's first keys into the cache; stage 1
         (those entries now cached): pull in the nodes their fingerprints point to."""
+        cdef FlatBatch *fb = self.fb
         cdef uint32_t i, n = e.count if e.count < 16 else 16
         if e.kind == K_STORED:
             for i in range(n):
-                self._prefetch_key(self.fb.blk[e.first + i].engine, stage)
+                self._prefetch_key(fb.blk[e.first + i].engine, stage)
         elif e.kind == K_REMOVED:
             for i in range(n):
-                self._prefetch_key(<uint64_t>self.fb.vals[e.first + i], stage)
+                self._prefetch_key(<uint64_t>fb.vals[e.first + i], stage)
         elif e.kind == K_UPDATED:
             self._prefetch_key(e.parent, stage)
 
