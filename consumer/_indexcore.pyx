@@ -228,6 +228,12 @@ cdef inline uint64_t salt_hash_bytes(const uint8_t *data, Py_ssize_t n) noexcept
 
 # ---------------------------------------------------------------------------- helpers
 
+cdef inline size_t flat_bytes(const FlatBatch *fb) noexcept nogil:
+    """The bytes a flat batch's arrays hold."""
+    return (fb.ev_cap * sizeof(SEvent) + fb.blk_cap * sizeof(SBlock) + fb.tok_cap * 4
+            + (fb.ext_cap + fb.mm_cap + fb.vals_cap + fb.drops_cap) * 8)
+
+
 cdef inline int grow(void **ptr, size_t *cap, size_t need, size_t item) except -1:
     """Make ``*ptr`` hold at least ``need`` items (growing by half again)."""
     return flat_grow(ptr, cap, need, item)
@@ -1204,7 +1210,7 @@ cdef class IndexCore:
             p.jobs = jobs
             p.njobs = <size_t>n
             p.decoded = p.released = 0
-            p.stop = 0
+            p.stop = p.sleepers = 0
             p.lim = &self.lim
             p.kvh = &KVH
             p.spec = self.spec
@@ -1808,12 +1814,15 @@ cdef class IndexCore:
 
     def memory_bytes(self):
         """Bytes of the C tables and arrays, plus an estimate for the per-worker Python objects."""
-        cdef size_t total = 0
+        cdef size_t total = 0, k
         total += store_bytes(&self.st)
         total += self.slots_cap * sizeof(Slot) + self.workers_cap * sizeof(Worker)
         total += self.score_cap * (6 * sizeof(uint32_t) + 1) + self.qkeys_cap * sizeof(uint64_t)
-        total += self.fb.ev_cap * sizeof(SEvent) + self.fb.blk_cap * sizeof(SBlock)
-        total += self.fb.tok_cap * 4 + (self.fb.ext_cap + self.fb.mm_cap + self.fb.vals_cap + self.fb.drops_cap) * 8
+        total += flat_bytes(&self.fb0)
+        if self.pipe.stages != NULL:  # apply_encoded_many's flat batches and content cache
+            for k in range(NSTAGES):
+                total += flat_bytes(&self.pipe.stages[k].fb)
+            total += (2 << SPEC_BITS) * sizeof(uint64_t)
         total += 300 * self.nworkers + 100 * self.nslots + 500 * len(self.instances)
         return total
 

@@ -49,6 +49,19 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_broadcast(pthread_cond_t *cv)
 
 
+cdef extern from *:
+    """
+    #define kv_load_size(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+    #define kv_store_size(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+    #define kv_add_int(p, v) __atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST)
+    #define kv_load_int(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+    """
+    size_t kv_load_size(size_t *p) noexcept nogil
+    void kv_store_size(size_t *p, size_t v) noexcept nogil
+    int kv_add_int(int *p, int v) noexcept nogil
+    int kv_load_int(int *p) noexcept nogil
+
+
 cdef enum:
     NSTAGES = 4          # flat batches in flight: the decoder runs up to 3 batches ahead
     HEADER = 10          # the single-object header (magic and schema fingerprint) before a body
@@ -86,9 +99,10 @@ ctypedef struct Pipe:
     Job *jobs
     size_t njobs
     Stage *stages        # NSTAGES of them, job i in stages[i % NSTAGES]
-    size_t decoded       # jobs decoded (stage ready for the writer)
-    size_t released      # jobs the writer is done with (their stage free again)
-    int stop             # the writer stops early (an error): the decoder ends
+    size_t decoded       # jobs decoded (stage ready for the writer); atomic
+    size_t released      # jobs the writer is done with (their stage free again); atomic
+    int stop             # the writer stops early (an error): the decoder ends; atomic
+    int sleepers         # threads asleep on cv (or about to be): a side that moves wakes them
     const FlatLimits *lim
     const Kvh64 *kvh
     uint64_t *spec       # the decoder's content cache (2 << SPEC_BITS words), or NULL
@@ -196,41 +210,58 @@ cdef inline void decode_job(const Job *job, Stage *stage, const FlatLimits *lim,
             speculate(&stage.fb, spec, kvh)
 
 
-cdef inline void *decoder_main(void *arg) noexcept nogil:
-    """The decoding thread: each job in turn into its stage, when the writer has released the
-    stage's previous job; ends after the last job or when the writer says stop."""
-    cdef Pipe *p = <Pipe *>arg
-    cdef size_t i
-    cdef int stop
-    for i in range(p.njobs):
+cdef inline void _pipe_wake(Pipe *p) noexcept nogil:
+    """After moving ``decoded``, ``released`` or ``stop``: wake a side that sleeps (seq_cst: a
+    side that is about to sleep counts itself first, then checks again under the lock)."""
+    if kv_load_int(&p.sleepers):
         pthread_mutex_lock(&p.mu)
-        while i >= p.released + NSTAGES and not p.stop:
-            pthread_cond_wait(&p.cv, &p.mu)
-        stop = p.stop
-        pthread_mutex_unlock(&p.mu)
-        if stop:
-            break
-        decode_job(&p.jobs[i], &p.stages[i % NSTAGES], p.lim, p.kvh, p.spec)
-        pthread_mutex_lock(&p.mu)
-        p.decoded = i + 1
         pthread_cond_broadcast(&p.cv)
         pthread_mutex_unlock(&p.mu)
+
+
+cdef inline bint _decoder_may_go(Pipe *p, size_t i) noexcept nogil:
+    return i < kv_load_size(&p.released) + NSTAGES or kv_load_int(&p.stop)
+
+
+cdef inline void *decoder_main(void *arg) noexcept nogil:
+    """The decoding thread: each job in turn into its stage, when the writer has released the
+    stage's previous job; ends after the last job or when the writer says stop. A side that
+    must wait sleeps on the condition; the other wakes it only when it sleeps (no lock or
+    system call per batch otherwise). Polling before sleeping (a pause loop, sched_yield) was
+    tried: slower on this shared 2-core VM, where the poller takes the core the other side
+    needs."""
+    cdef Pipe *p = <Pipe *>arg
+    cdef size_t i
+    for i in range(p.njobs):
+        if not _decoder_may_go(p, i):
+            pthread_mutex_lock(&p.mu)
+            kv_add_int(&p.sleepers, 1)
+            while not _decoder_may_go(p, i):
+                pthread_cond_wait(&p.cv, &p.mu)
+            kv_add_int(&p.sleepers, -1)
+            pthread_mutex_unlock(&p.mu)
+        if kv_load_int(&p.stop):
+            break
+        decode_job(&p.jobs[i], &p.stages[i % NSTAGES], p.lim, p.kvh, p.spec)
+        kv_store_size(&p.decoded, i + 1)
+        _pipe_wake(p)
     return NULL
 
 
 cdef inline void pipe_wait_decoded(Pipe *p, size_t i) noexcept nogil:
     """The writer waits for job ``i``'s stage."""
-    pthread_mutex_lock(&p.mu)
-    while p.decoded <= i:
-        pthread_cond_wait(&p.cv, &p.mu)
-    pthread_mutex_unlock(&p.mu)
+    if kv_load_size(&p.decoded) <= i:
+        pthread_mutex_lock(&p.mu)
+        kv_add_int(&p.sleepers, 1)
+        while kv_load_size(&p.decoded) <= i:
+            pthread_cond_wait(&p.cv, &p.mu)
+        kv_add_int(&p.sleepers, -1)
+        pthread_mutex_unlock(&p.mu)
 
 
 cdef inline void pipe_release(Pipe *p, size_t done, bint stop) noexcept nogil:
     """The writer is done with the jobs before ``done`` (and with all of them when ``stop``)."""
-    pthread_mutex_lock(&p.mu)
-    p.released = done
     if stop:
-        p.stop = 1
-    pthread_cond_broadcast(&p.cv)
-    pthread_mutex_unlock(&p.mu)
+        kv_add_int(&p.stop, 1)
+    kv_store_size(&p.released, done)
+    _pipe_wake(p)
