@@ -55,14 +55,28 @@ cdef extern from *:
     #define kv_store_size(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
     #define kv_add_int(p, v) __atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST)
     #define kv_load_int(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+    #ifdef __linux__
+    #include <sys/resource.h>
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    /* Set this thread's nice value only (on Linux a thread id names the thread); raising it
+       needs no privilege. Failure changes nothing but the scheduling. */
+    static inline void kv_thread_nice(int nice) {
+        (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice);
+    }
+    #else
+    static inline void kv_thread_nice(int nice) { (void)nice; }
+    #endif
     """
     size_t kv_load_size(size_t *p) noexcept nogil
     void kv_store_size(size_t *p, size_t v) noexcept nogil
+    void kv_thread_nice(int nice) noexcept nogil
     int kv_add_int(int *p, int v) noexcept nogil
     int kv_load_int(int *p) noexcept nogil
 
 
 cdef enum:
+    DECODER_NICE = 10    # the decoding thread's nice: a lookup thread that wakes gets a core first
     NSTAGES = 4          # flat batches in flight: the decoder runs up to 3 batches ahead
     HEADER = 10          # the single-object header (magic and schema fingerprint) before a body
     SPEC_BITS = 16       # the decoder's content cache: 2**16 (engine hash, content hash) pairs
@@ -232,6 +246,7 @@ cdef inline void *decoder_main(void *arg) noexcept nogil:
     needs."""
     cdef Pipe *p = <Pipe *>arg
     cdef size_t i
+    kv_thread_nice(DECODER_NICE)
     for i in range(p.njobs):
         if not _decoder_may_go(p, i):
             pthread_mutex_lock(&p.mu)
