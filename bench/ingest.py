@@ -1,6 +1,6 @@
 """Ingest from Avro bytes (issue 17 b): kvevents' compiled core fed with ``apply_encoded_many``,
-decoding in a second thread (``KVEVENTS_INGEST_THREADS=2``, the default) and in the writer
-thread (``=1``), side by side in one run with a baseline build (``--baseline-python``: another
+decoding in a second thread (``KVEVENTS_INGEST_THREADS=2``) and in the writer thread (``=1``,
+the default), side by side in one run with a baseline build (``--baseline-python``: another
 checkout's interpreter, e.g. main's ``.venv/bin/python``) and the naive pure-Python index (fed
 already-decoded batches, ``support/index_naive.py``).
 

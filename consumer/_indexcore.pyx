@@ -178,9 +178,18 @@ cdef Py_ssize_t _HEADER = SINGLE_OBJECT_HEADER
 # KVEVENTS_INDEX_HUGEPAGES=0 turns the huge-page layout off (see docs/INDEX.md: it makes big
 # indexes' lookups faster and their ingest slower).
 cdef bint use_huge = _os.environ.get("KVEVENTS_INDEX_HUGEPAGES", "1") != "0"
-# KVEVENTS_INGEST_THREADS=1 keeps apply_encoded_many's decoding in the writer thread (no second
-# thread; docs/INDEX.md "Ingest"); the default, 2, decodes in a second native thread.
-cdef int ingest_threads = int(_os.environ.get("KVEVENTS_INGEST_THREADS", "2"))
+# KVEVENTS_INGEST_THREADS=2 has apply_encoded_many decode in a second native thread while the
+# writer applies; the default, 1, decodes in the writer thread (docs/INDEX.md "Ingest": on a
+# shared 2-core machine the second thread measured slower, or lookups waited for a core).
+cdef int ingest_threads = int(_os.environ.get("KVEVENTS_INGEST_THREADS", "1"))
+
+
+def _set_ingest_threads(int threads):
+    """Test seam: set what KVEVENTS_INGEST_THREADS set at import (1 or 2); returns the old."""
+    global ingest_threads
+    old = ingest_threads
+    ingest_threads = threads
+    return old
 cdef enum:
     NOGIL_DECODE_BYTES = 4096   # apply_encoded reads a body this big or bigger without the GIL
 
@@ -1080,8 +1089,8 @@ cdef class IndexCore:
 
     def apply_encoded_many(self, batches):
         """``apply_encoded`` on each batch in order; stops at the first that raises. Returns
-        how many were applied. With two or more batches (and ``KVEVENTS_INGEST_THREADS`` not
-        1), a second native thread decodes the next batches while this one applies."""
+        how many were applied. With two or more batches and ``KVEVENTS_INGEST_THREADS=2``, a
+        second native thread decodes the next batches while this one applies."""
         cdef Py_ssize_t done = 0
         self._begin_write()
         self.applying = True

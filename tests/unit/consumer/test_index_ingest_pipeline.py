@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,9 +16,19 @@ from _index_helpers import batch, created, stored
 from _index_model import TroubledProducer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kvevents.consumer import _indexcore
 from kvevents.consumer.index import CacheIndex
 from kvevents.schemas import BatchLimits, DecodeError, LimitError, encode_batch
 from test_differential import mutate
+
+
+@pytest.fixture(autouse=True)
+def two_threads() -> Iterator[None]:
+    """The two-thread path (``KVEVENTS_INGEST_THREADS=2``; the default is one thread)."""
+    old = _indexcore._set_ingest_threads(2)
+    yield
+    _indexcore._set_ingest_threads(old)
+
 
 NOTE = re.compile(r"apply_encoded_many: batch (\d+) \(the \1 before it are applied\)")
 
