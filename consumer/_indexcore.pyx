@@ -16,7 +16,7 @@ from cpython cimport array as carray
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc, PyMem_Realloc
 from cpython.pythread cimport (
     NOWAIT_LOCK,
     WAIT_LOCK,
@@ -49,6 +49,7 @@ from kvevents.schemas._fastcodec cimport (
     FLAT_UPDATED,
     FlatBatch,
     FlatBlock,
+    FlatError,
     FlatEvent,
     FlatLimits,
     flat_clear,
@@ -56,10 +57,38 @@ from kvevents.schemas._fastcodec cimport (
     flat_grow,
     flat_init,
     flat_limits,
-    flat_read,
+    flat_raise,
     flat_validate,
 )
 from kvevents.consumer._flatfill cimport fill_block, fill_event
+from kvevents.consumer._ingest cimport (
+    JOB_FLAT,
+    JOB_WRITER,
+    NSTAGES,
+    STAGE_LIMITS,
+    STAGE_MALFORMED,
+    STAGE_OK,
+    STAGE_WRITER,
+    SPEC_BITS,
+    SPEC_CHAINED,
+    SPEC_ROOT,
+    Job,
+    Pipe,
+    Stage,
+    decode_into,
+    decoder_main,
+    kvh64_block,
+    pipe_release,
+    pipe_wait_decoded,
+    pthread_cond_destroy,
+    pthread_cond_init,
+    pthread_create,
+    pthread_join,
+    pthread_mutex_destroy,
+    pthread_mutex_init,
+    pthread_t,
+    speculate,
+)
 from kvevents.consumer._kvh64 cimport Kvh64, kvh64_absorb, kvh64_constants, kvh64_finish, kvh64_salt
 from kvevents.consumer._nodestore cimport (
     KV_COUNT_MASK,
@@ -149,6 +178,20 @@ cdef Py_ssize_t _HEADER = SINGLE_OBJECT_HEADER
 # KVEVENTS_INDEX_HUGEPAGES=0 turns the huge-page layout off (see docs/INDEX.md: it makes big
 # indexes' lookups faster and their ingest slower).
 cdef bint use_huge = _os.environ.get("KVEVENTS_INDEX_HUGEPAGES", "1") != "0"
+# KVEVENTS_INGEST_THREADS=2 has apply_encoded_many decode in a second native thread while the
+# writer applies; the default, 1, decodes in the writer thread (docs/INDEX.md "Ingest": on a
+# shared 2-core machine the second thread measured slower, or lookups waited for a core).
+cdef int ingest_threads = int(_os.environ.get("KVEVENTS_INGEST_THREADS", "1"))
+
+
+def _set_ingest_threads(int threads):
+    """Test seam: set what KVEVENTS_INGEST_THREADS set at import (1 or 2); returns the old."""
+    global ingest_threads
+    old = ingest_threads
+    ingest_threads = threads
+    return old
+cdef enum:
+    NOGIL_DECODE_BYTES = 4096   # apply_encoded reads a body this big or bigger without the GIL
 
 
 # ---------------------------------------------------------------------------- records
@@ -181,45 +224,11 @@ ctypedef struct EngineId:
     uint32_t id
 
 
-cdef uint64_t block_content(uint64_t start, bint root, const SBlock *b, const uint32_t *tok,
-                            const uint64_t *ext, const uint64_t *mm) noexcept nogil:
-    """kvh64 of one block chained to ``start`` (``hashing.block_content_hash``)."""
-    cdef const Kvh64 *c = &KVH
-    cdef uint32_t n = b.ntok, i
-    cdef bint extra = False
-    cdef uint64_t flags = 0, h
-    if b.has_extra:
-        for i in range(b.next):
-            if ext[b.ext + i] != 0:
-                extra = True
-                break
-    if b.has_lora:
-        flags |= 1
-    if extra:
-        flags |= 2
-    if root and b.has_salt:
-        flags |= 4
-    if b.nmm:
-        flags |= 8
-    h = kvh64_absorb(c, c.root if root else start, <uint64_t>n | (flags << 32) | ((<uint64_t>b.nmm) << 40))
-    if b.has_lora:
-        h = kvh64_absorb(c, h, b.lora)
-    if root and b.has_salt:
-        h = kvh64_absorb(c, h, b.salt)
-    cdef const uint32_t *t = tok + b.tok
-    i = 0
-    while i + 1 < n:
-        h = kvh64_absorb(c, h, <uint64_t>t[i] | ((<uint64_t>t[i + 1]) << 32))
-        i += 2
-    if n & 1:
-        h = kvh64_absorb(c, h, <uint64_t>t[n - 1])
-    if extra:
-        h = kvh64_absorb(c, h, <uint64_t>b.next)
-        for i in range(b.next):
-            h = kvh64_absorb(c, h, ext[b.ext + i])
-    for i in range(b.nmm * 5):
-        h = kvh64_absorb(c, h, mm[b.mm + i])
-    return kvh64_finish(c, h)
+cdef inline uint64_t block_content(uint64_t start, bint root, const SBlock *b, const uint32_t *tok,
+                                   const uint64_t *ext, const uint64_t *mm) noexcept nogil:
+    """kvh64 of one block chained to ``start`` (``hashing.block_content_hash``; in _ingest.pxd,
+    which the decoding thread uses too)."""
+    return kvh64_block(&KVH, start, root, b, tok, ext, mm)
 
 
 cdef inline uint64_t salt_hash_bytes(const uint8_t *data, Py_ssize_t n) noexcept nogil:
@@ -227,6 +236,12 @@ cdef inline uint64_t salt_hash_bytes(const uint8_t *data, Py_ssize_t n) noexcept
 
 
 # ---------------------------------------------------------------------------- helpers
+
+cdef inline size_t flat_bytes(const FlatBatch *fb) noexcept nogil:
+    """The bytes a flat batch's arrays hold."""
+    return (fb.ev_cap * sizeof(SEvent) + fb.blk_cap * sizeof(SBlock) + fb.tok_cap * 4
+            + (fb.ext_cap + fb.mm_cap + fb.vals_cap + fb.drops_cap) * 8)
+
 
 cdef inline int grow(void **ptr, size_t *cap, size_t need, size_t item) except -1:
     """Make ``*ptr`` hold at least ``need`` items (growing by half again)."""
@@ -342,8 +357,14 @@ cdef class IndexCore:
     cdef size_t ev_widx_cap
     cdef size_t template_keys
     # batch scratch: the flat batch the codec reads into (or _fill_event fills)
-    cdef FlatBatch fb
+    cdef FlatBatch fb0      # the writer's own
+    cdef FlatBatch *fb      # the batch being applied: fb0, or a pipeline stage (apply_encoded_many)
     cdef dict variants
+    cdef uint64_t last_fp    # the last schema fingerprint seen, and its flat variant (_variant)
+    cdef int last_variant
+    cdef bint has_last_fp
+    cdef Pipe pipe           # apply_encoded_many's decoding thread (_ingest.pxd)
+    cdef uint64_t *spec      # its content cache (_ingest.speculate), kept from call to call
     cdef FlatLimits lim
     cdef readonly object limits
     cdef size_t max_caches
@@ -371,7 +392,10 @@ cdef class IndexCore:
         self.ctok = NULL
         self.ctok_cap = 0
         self.applying = False
-        flat_init(&self.fb)
+        self.has_last_fp = False
+        memset(&self.pipe, 0, sizeof(Pipe))
+        flat_init(&self.fb0)
+        self.fb = &self.fb0
 
     def __init__(self, key_factory=tuple, limits=None):
         self.key_factory = key_factory
@@ -383,6 +407,7 @@ cdef class IndexCore:
 
     def __dealloc__(self):
         self._free_all()
+        self._stages_free()
         PyMem_Free(self.ev_widx)
         if self.mu != NULL:
             PyThread_free_lock(self.mu)
@@ -438,7 +463,7 @@ cdef class IndexCore:
         PyMem_Free(self.ctok)
         self.ctok = NULL
         self.ctok_cap = 0
-        flat_free(&self.fb)
+        flat_free(&self.fb0)
 
     cdef int _reset_all(self) except -1:
         self._free_all()
@@ -698,7 +723,12 @@ cdef class IndexCore:
     # ------------------------------------------------------------------ storing
 
     cdef int _store(self, uint32_t slot, bint has_parent, uint64_t parent, uint32_t first,
-                    uint32_t count) except -1 nogil:
+                    uint32_t count, const SEvent *spec) except -1 nogil:
+        """Store blocks ``first .. first + count`` of the scratch batch into ``slot``. ``spec``:
+        the event they are all of, whose contents the decoding thread may have computed ahead
+        (``_ingest.speculate``); used when its start is the one found here, else (or NULL)
+        they are computed here."""
+        cdef FlatBatch *fb = self.fb
         cdef int state = 0  # 0: root of a prefix, 1: parent content known, 2: unknown (orphan)
         cdef uint64_t pc = 0, c = 0
         cdef uint32_t id, i
@@ -715,28 +745,34 @@ cdef class IndexCore:
             else:
                 state = 2
         hashed = state != 2
-        if hashed:
+        if hashed and spec != NULL and (
+                (state == 0 and spec.spec == SPEC_ROOT) or
+                (state == 1 and spec.spec == SPEC_CHAINED and spec.spec_start == pc)):
+            for i in range(first, ahead):  # hashed ahead: start fetching both tables
+                prefetch_entry(&self.st.etab, fb.blk[i].engine)
+                prefetch_entry(&self.st.ctab, fb.blk[i].content)
+        elif hashed:
             # the whole chain's content is known now: hash it, and start fetching both tables
             c = pc
             for i in range(first, end):
-                b = &self.fb.blk[i]
-                c = block_content(c, i == first and state == 0, b, self.fb.tok, self.fb.ext, self.fb.mm)
+                b = &fb.blk[i]
+                c = block_content(c, i == first and state == 0, b, fb.tok, fb.ext, fb.mm)
                 b.content = c
                 if i < ahead:
                     prefetch_entry(&self.st.etab, b.engine)
                     prefetch_entry(&self.st.ctab, c)
         for i in range(first, end):
-            b = &self.fb.blk[i]
+            b = &fb.blk[i]
             if i + 2 < end:
-                self._prefetch_key(self.fb.blk[i + 2].engine, 1)
+                self._prefetch_key(fb.blk[i + 2].engine, 1)
                 if i + 32 < end:
-                    prefetch_entry(&self.st.etab, self.fb.blk[i + 32].engine)
+                    prefetch_entry(&self.st.etab, fb.blk[i + 32].engine)
                     if hashed:
-                        prefetch_entry(&self.st.ctab, self.fb.blk[i + 32].content)
+                        prefetch_entry(&self.st.ctab, fb.blk[i + 32].content)
             known = state != 2
             if known:
                 # an orphan chain that found its content on the way is hashed as it goes
-                c = b.content if hashed else block_content(pc, False, b, self.fb.tok, self.fb.ext, self.fb.mm)
+                c = b.content if hashed else block_content(pc, False, b, fb.tok, fb.ext, fb.mm)
             id = table_find(&self.st, &self.st.etab, b.engine, False)
             if id == KV_NIL:
                 id = node_alloc(&self.st, b.engine)
@@ -868,7 +904,7 @@ cdef class IndexCore:
                 return 0
         self.c_events_applied += 1
         if kind == K_STORED:
-            self._store(slot, e.has_parent, e.parent, e.first, e.count)
+            self._store(slot, e.has_parent, e.parent, e.first, e.count, e)
             w = &self.wrk[widx]
             w.split_blocks = e.count
             w.has_split_tail = e.count != 0
@@ -888,13 +924,14 @@ cdef class IndexCore:
 
     cdef int _remove_blocks(self, uint32_t slot, SEvent *e) except -1 nogil:
         """A Removed event's blocks out of ``slot`` (KV_NIL: the worker has no such cache)."""
+        cdef FlatBatch *fb = self.fb
         cdef uint32_t i
         for i in range(e.first, e.first + e.count):
             if i + 2 < e.first + e.count:
-                self._prefetch_key(<uint64_t>self.fb.vals[i + 2], 1)
+                self._prefetch_key(<uint64_t>fb.vals[i + 2], 1)
                 if i + 16 < e.first + e.count:
-                    prefetch_entry(&self.st.etab, <uint64_t>self.fb.vals[i + 16])
-            if slot != KV_NIL and self._remove_holder(<uint64_t>self.fb.vals[i], slot):
+                    prefetch_entry(&self.st.etab, <uint64_t>fb.vals[i + 16])
+            if slot != KV_NIL and self._remove_holder(<uint64_t>fb.vals[i], slot):
                 self.c_blocks_removed += 1
             else:
                 self.c_unknown_removed += 1
@@ -903,13 +940,14 @@ cdef class IndexCore:
     cdef void _prefetch_keys(self, const SEvent *e, int stage) noexcept nogil:
         """Stage 0: pull the table entries of an event's first keys into the cache; stage 1
         (those entries now cached): pull in the nodes their fingerprints point to."""
+        cdef FlatBatch *fb = self.fb
         cdef uint32_t i, n = e.count if e.count < 16 else 16
         if e.kind == K_STORED:
             for i in range(n):
-                self._prefetch_key(self.fb.blk[e.first + i].engine, stage)
+                self._prefetch_key(fb.blk[e.first + i].engine, stage)
         elif e.kind == K_REMOVED:
             for i in range(n):
-                self._prefetch_key(<uint64_t>self.fb.vals[e.first + i], stage)
+                self._prefetch_key(<uint64_t>fb.vals[e.first + i], stage)
         elif e.kind == K_UPDATED:
             self._prefetch_key(e.parent, stage)
 
@@ -971,7 +1009,7 @@ cdef class IndexCore:
             else:
                 has_parent = e.has_parent
                 parent = e.parent
-            self._store(slot, has_parent, parent, e.first + start, e.count - start)
+            self._store(slot, has_parent, parent, e.first + start, e.count - start, NULL)
             w = &self.wrk[widx]
             if e.count:
                 w.split_blocks = offset + e.count
@@ -1032,7 +1070,7 @@ cdef class IndexCore:
         return flat_grow(<void **>&self.fb.drops, &self.fb.drops_cap, n, sizeof(int64_t))
 
     cdef void _scratch_clear(self) noexcept:
-        flat_clear(&self.fb)
+        flat_clear(self.fb)
 
     cdef int _begin_write(self) except -1:
         if self.applying:
@@ -1051,12 +1089,16 @@ cdef class IndexCore:
 
     def apply_encoded_many(self, batches):
         """``apply_encoded`` on each batch in order; stops at the first that raises. Returns
-        how many were applied."""
+        how many were applied. With two or more batches and ``KVEVENTS_INGEST_THREADS=2``, a
+        second native thread decodes the next batches while this one applies."""
         cdef Py_ssize_t done = 0
         self._begin_write()
         self.applying = True
         try:
-            for data in batches:
+            items = batches if type(batches) is list else list(batches)
+            if ingest_threads > 1 and len(items) > 1:
+                return self._apply_pipelined(items)
+            for data in items:
                 try:
                     self._apply_encoded(data)
                 except Exception as exc:
@@ -1067,50 +1109,192 @@ cdef class IndexCore:
             self.applying = False
         return done
 
+    cdef int _variant(self, const uint8_t *base, Py_ssize_t size) except -2:
+        """The flat reader's variant for a single-object encoded batch; -1 when the flat reader
+        does not read it (not single-object bytes, or a schema it does not know). The last
+        fingerprint seen is remembered (a stream has one schema at a time)."""
+        cdef uint64_t fp
+        if size < _HEADER or memcmp(base, PyBytes_AS_STRING(_MAGIC), 2) != 0:
+            return -1
+        memcpy(&fp, base + 2, 8)
+        if self.has_last_fp and fp == self.last_fp:
+            return self.last_variant
+        found = self.variants.get(PyBytes_FromStringAndSize(<const char *>base + 2, _HEADER - 2))
+        self.last_fp = fp
+        self.last_variant = -1 if found is None else <int>found
+        self.has_last_fp = True
+        return self.last_variant
+
     cdef _apply_encoded(self, data):
         cdef Py_buffer view
-        cdef const uint8_t *base
-        cdef const uint8_t *name
-        cdef Py_ssize_t size, length, i
-        cdef _Instance inst
-        cdef SBlock *b
+        cdef Job job
+        cdef FlatError err
+        cdef int status
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise DecodeError(f"expected bytes, got {type(data).__name__}")
         PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
         try:
-            base = <const uint8_t *>view.buf
-            size = view.len
-            variant = None
-            if size >= _HEADER and memcmp(base, PyBytes_AS_STRING(_MAGIC), 2) == 0:
-                variant = self.variants.get(PyBytes_FromStringAndSize(<const char *>base + 2, _HEADER - 2))
-            if variant is None:
+            job.base = <const uint8_t *>view.buf
+            job.size = view.len
+            job.variant = self._variant(job.base, job.size)
+            if job.variant < 0:
                 self._apply_batch(decode_batch(data))
                 return
-            flat_read(&self.fb, base + _HEADER, size - _HEADER, variant)
-            flat_validate(&self.fb, &self.lim)
-            name = base + _HEADER + self.fb.instance_at
-            length = self.fb.instance_len
-            if self.last_inst_bytes is not None and length == len(self.last_inst_bytes) and \
-                    memcmp(name, PyBytes_AS_STRING(self.last_inst_bytes), length) == 0:
-                inst = self.last_inst
-                if self.nslots + self.fb.nev > self.max_caches:
-                    self._check_capacity(inst)
+            job.kind = JOB_FLAT
+            if job.size >= NOGIL_DECODE_BYTES:  # let other threads run while a big body is read
+                with nogil:
+                    status = decode_into(&job, self.fb, &err, &self.lim, &KVH)
             else:
-                name_bytes = PyBytes_FromStringAndSize(<const char *>name, length)
-                instance_id = name_bytes.decode("utf-8")
-                if self.nslots + self.fb.nev > self.max_caches:
-                    self._check_capacity(self.inst_by_id.get(instance_id))
-                inst = self._instance(instance_id)
-                self.last_inst_bytes = name_bytes
-                self.last_inst = inst
-            for i in range(<Py_ssize_t>self.fb.nblk):
-                b = &self.fb.blk[i]
-                if b.has_salt:
-                    b.salt = salt_hash_bytes(base + _HEADER + b.salt_at, b.salt_len)
-            self._apply_scratch(inst, self.fb.producer_id, self.fb.sequence, self.fb.dp_size,
-                                self.fb.offset)
+                status = decode_into(&job, self.fb, &err, &self.lim, &KVH)
+            self._apply_decoded(job.base, status, &err)
         finally:
             PyBuffer_Release(&view)
+
+    cdef int _apply_decoded(self, const uint8_t *base, int status, const FlatError *err) except -1:
+        """Apply the batch ``decode_into`` read into ``self.fb`` from ``base`` (its bytes, still
+        held): raise what the decoding found, else resolve its instance and apply it."""
+        cdef const uint8_t *name
+        cdef Py_ssize_t length
+        cdef _Instance inst
+        if status == STAGE_MALFORMED:
+            flat_raise(err)
+        if status == STAGE_LIMITS:
+            flat_validate(self.fb, &self.lim)  # raises LimitError (or passes: > 64 windows)
+        name = base + _HEADER + self.fb.instance_at
+        length = self.fb.instance_len
+        if self.last_inst_bytes is not None and length == len(self.last_inst_bytes) and \
+                memcmp(name, PyBytes_AS_STRING(self.last_inst_bytes), length) == 0:
+            inst = self.last_inst
+            if self.nslots + self.fb.nev > self.max_caches:
+                self._check_capacity(inst)
+        else:
+            name_bytes = PyBytes_FromStringAndSize(<const char *>name, length)
+            instance_id = name_bytes.decode("utf-8")
+            if self.nslots + self.fb.nev > self.max_caches:
+                self._check_capacity(self.inst_by_id.get(instance_id))
+            inst = self._instance(instance_id)
+            self.last_inst_bytes = name_bytes
+            self.last_inst = inst
+        self._apply_scratch(inst, self.fb.producer_id, self.fb.sequence, self.fb.dp_size,
+                            self.fb.offset)
+        return 0
+
+    cdef _apply_pipelined(self, list items):
+        """``apply_encoded_many``'s two-thread path: a native thread reads batch ``i + 1``
+        (``_ingest.pxd``: up to NSTAGES - 1 ahead) without the GIL while this thread applies
+        batch ``i``; batches are applied in order, by this thread only, exactly as
+        ``apply_encoded`` would, and the first that raises stops the call (the note names it)."""
+        cdef Py_ssize_t n = len(items), i, held = 0
+        cdef Py_buffer *views = <Py_buffer *>PyMem_Malloc(n * sizeof(Py_buffer))
+        cdef Job *jobs = <Job *>PyMem_Malloc(n * sizeof(Job))
+        cdef Pipe *p = &self.pipe
+        cdef pthread_t thread
+        cdef bint started = False
+        cdef Stage *stage
+        cdef Py_ssize_t done = 0
+        if views == NULL or jobs == NULL:
+            PyMem_Free(views)
+            PyMem_Free(jobs)
+            raise MemoryError()
+        try:
+            for i in range(n):
+                data = items[i]
+                jobs[i].kind = JOB_WRITER
+                jobs[i].base = NULL
+                jobs[i].size = 0
+                jobs[i].variant = -1
+                if not isinstance(data, (bytes, bytearray, memoryview)):
+                    continue  # its turn raises, as apply_encoded does
+                try:
+                    PyObject_GetBuffer(data, &views[held], PyBUF_SIMPLE)
+                except Exception:
+                    continue  # its turn raises the same
+                held += 1
+                jobs[i].base = <const uint8_t *>views[held - 1].buf
+                jobs[i].size = views[held - 1].len
+                jobs[i].variant = self._variant(jobs[i].base, jobs[i].size)
+                if jobs[i].variant >= 0:
+                    jobs[i].kind = JOB_FLAT
+            self._stages_ready()
+            p.jobs = jobs
+            p.njobs = <size_t>n
+            p.decoded = p.released = 0
+            p.stop = p.sleepers = 0
+            p.lim = &self.lim
+            p.kvh = &KVH
+            p.spec = self.spec
+            if pthread_create(&thread, NULL, decoder_main, p) != 0:
+                raise OSError("apply_encoded_many: could not start the decoding thread")
+            started = True
+            for i in range(n):
+                with nogil:
+                    pipe_wait_decoded(p, <size_t>i)
+                stage = &p.stages[i % NSTAGES]
+                self.fb = &stage.fb
+                try:
+                    if stage.status == STAGE_WRITER:
+                        self._apply_encoded(items[i])  # its own path (raises for a non-buffer)
+                    else:
+                        self._apply_decoded(jobs[i].base, stage.status, &stage.err)
+                except BaseException as exc:
+                    if isinstance(exc, Exception):
+                        exc.add_note(f"apply_encoded_many: batch {done} (the {done} before it are applied)")
+                    raise
+                finally:
+                    self.fb = &self.fb0
+                done += 1
+                with nogil:
+                    pipe_release(p, <size_t>done, False)
+        except BaseException:
+            if started:
+                with nogil:
+                    pipe_release(p, <size_t>done, True)
+            raise
+        finally:
+            if started:
+                with nogil:
+                    pthread_join(thread, NULL)
+            for i in range(held):
+                PyBuffer_Release(&views[i])
+            PyMem_Free(views)
+            PyMem_Free(jobs)
+            p.jobs = NULL
+            p.njobs = 0
+        return done
+
+    cdef int _stages_ready(self) except -1:
+        """The pipeline's stages and lock, made once per core."""
+        cdef size_t k
+        if self.pipe.stages != NULL:
+            return 0
+        self.spec = <uint64_t *>PyMem_RawCalloc(2 << SPEC_BITS, sizeof(uint64_t))
+        self.pipe.stages = <Stage *>PyMem_RawMalloc(NSTAGES * sizeof(Stage))
+        if self.pipe.stages == NULL or self.spec == NULL:
+            PyMem_RawFree(self.spec)
+            PyMem_RawFree(self.pipe.stages)
+            self.spec = NULL
+            self.pipe.stages = NULL
+            raise MemoryError()
+        for k in range(NSTAGES):
+            flat_init(&self.pipe.stages[k].fb)
+        if pthread_mutex_init(&self.pipe.mu, NULL) != 0 or pthread_cond_init(&self.pipe.cv, NULL) != 0:
+            PyMem_RawFree(self.pipe.stages)
+            self.pipe.stages = NULL
+            raise OSError("apply_encoded_many: could not make the pipeline's lock")
+        return 0
+
+    cdef void _stages_free(self) noexcept:
+        cdef size_t k
+        if self.pipe.stages == NULL:
+            return
+        for k in range(NSTAGES):
+            flat_free(&self.pipe.stages[k].fb)
+        PyMem_RawFree(self.pipe.stages)
+        self.pipe.stages = NULL
+        PyMem_RawFree(self.spec)
+        self.spec = NULL
+        pthread_mutex_destroy(&self.pipe.mu)
+        pthread_cond_destroy(&self.pipe.cv)
 
     def apply_batch(self, batch):
         """Apply one ``EventBatch`` (model objects); LimitError, and nothing applied, when it
@@ -1138,10 +1322,10 @@ cdef class IndexCore:
                 self.fb.drops[2 * self.fb.ndrops + 1] = d.dropped_events
                 self.fb.ndrops += 1
             for event in batch.events:
-                fill_event(&self.fb, event, &KVH, _KINDS)
+                fill_event(self.fb, event, &KVH, _KINDS)
         except (OverflowError, UnicodeEncodeError) as exc:
             raise LimitError(f"a value outside the schema's types: {exc}") from None
-        flat_validate(&self.fb, &self.lim)
+        flat_validate(self.fb, &self.lim)
         if self.nslots + self.fb.nev > self.max_caches:
             self._check_capacity(self.inst_by_id.get(batch.instance_id))
         self._apply_scratch(self._instance(batch.instance_id), self.fb.producer_id, self.fb.sequence,
@@ -1639,12 +1823,15 @@ cdef class IndexCore:
 
     def memory_bytes(self):
         """Bytes of the C tables and arrays, plus an estimate for the per-worker Python objects."""
-        cdef size_t total = 0
+        cdef size_t total = 0, k
         total += store_bytes(&self.st)
         total += self.slots_cap * sizeof(Slot) + self.workers_cap * sizeof(Worker)
         total += self.score_cap * (6 * sizeof(uint32_t) + 1) + self.qkeys_cap * sizeof(uint64_t)
-        total += self.fb.ev_cap * sizeof(SEvent) + self.fb.blk_cap * sizeof(SBlock)
-        total += self.fb.tok_cap * 4 + (self.fb.ext_cap + self.fb.mm_cap + self.fb.vals_cap + self.fb.drops_cap) * 8
+        total += flat_bytes(&self.fb0)
+        if self.pipe.stages != NULL:  # apply_encoded_many's flat batches and content cache
+            for k in range(NSTAGES):
+                total += flat_bytes(&self.pipe.stages[k].fb)
+            total += (2 << SPEC_BITS) * sizeof(uint64_t)
         total += 300 * self.nworkers + 100 * self.nslots + 500 * len(self.instances)
         return total
 
@@ -1673,9 +1860,9 @@ cdef class IndexCore:
         for data in stored:
             self._scratch_clear()
             for block in data.blocks:
-                fill_block(&self.fb, block, &KVH)
+                fill_block(self.fb, block, &KVH)
             self._store(slot, data.parent_hash is not None,
-                        0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.fb.nblk)
+                        0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.fb.nblk, NULL)
 
     def set_cursor(self, str instance_id, int32_t rank, event_id):
         self._begin_write()
@@ -1887,3 +2074,46 @@ cdef class IndexCore:
         finally:
             PyMem_Free(canon)
             PyMem_Free(tmp)
+
+
+def _decode_only(batches, bint ahead=True):
+    """Bench seam (bench/ingest.py): what the decoding thread does for each batch (the flat
+    reader, the limits, the salts, and with ``ahead`` the content hashes it computes ahead),
+    without the GIL, applying nothing. Returns how many batches were read; DecodeError for a
+    malformed one."""
+    cdef FlatBatch fb
+    cdef FlatError err
+    cdef FlatLimits lim
+    cdef Job job
+    cdef Py_buffer view
+    cdef int status
+    cdef Py_ssize_t n = 0
+    cdef uint64_t *cache = <uint64_t *>PyMem_RawCalloc(2 << SPEC_BITS, sizeof(uint64_t))
+    if cache == NULL:
+        raise MemoryError()
+    variants = flat_variants()
+    flat_limits(&lim, DEFAULT_LIMITS)
+    flat_init(&fb)
+    try:
+        for data in batches:
+            PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+            try:
+                job.base = <const uint8_t *>view.buf
+                job.size = view.len
+                job.kind = JOB_FLAT
+                job.variant = variants.get(bytes(data[2:_HEADER]), -1)
+                if job.size < _HEADER or job.variant < 0:
+                    raise DecodeError("not a batch of a schema the flat reader reads")
+                with nogil:
+                    status = decode_into(&job, &fb, &err, &lim, &KVH)
+                    if status == STAGE_OK and ahead:
+                        speculate(&fb, cache, &KVH)
+                if status == STAGE_MALFORMED:
+                    flat_raise(&err)
+            finally:
+                PyBuffer_Release(&view)
+            n += 1
+    finally:
+        flat_free(&fb)
+        PyMem_RawFree(cache)
+    return n

@@ -3,6 +3,8 @@
 # core, which cimports it through _fastcodec.pxd. flat_read walks a body (of a layout named by
 # kvevents.schemas.codec.flat_variants()) checking every count and length against the bytes
 # left, and raises DecodeError for anything malformed; flat_validate applies BatchLimits.
+# flat_read_nogil and flat_within_limits do the same work without the GIL (the index core
+# decodes in a second thread with them); flat_raise / flat_validate then word the error.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
@@ -40,6 +42,8 @@ ctypedef struct FlatEvent:
     uint8_t has_level
     uint8_t has_prio
     uint8_t snapshot     # a Created event of a producer snapshot (a resync)
+    uint8_t spec         # left to the user (the index core: its blocks' content hashes were
+    uint64_t spec_start  # computed ahead from this start, 1, or as a prefix's root, 2)
 
 ctypedef struct FlatBlock:
     uint64_t engine
@@ -95,10 +99,23 @@ ctypedef struct FlatLimits:
     int64_t max_cache_salt_bytes
 
 
+ctypedef struct FlatError:
+    # what flat_read_nogil found malformed (flat_raise words it)
+    int code             # a WireError, or the reader's out-of-memory code
+    int where            # instance_id, an event, the envelope, trailing bytes, a body too large
+    size_t event         # the event's index (where: an event)
+    Py_ssize_t extra     # trailing bytes, or the body's size
+
+
 cdef int flat_limits(FlatLimits *lim, object limits) except -1
 cdef int flat_validate(const FlatBatch *fb, const FlatLimits *lim) except -1
+cdef bint flat_within_limits(const FlatBatch *fb, const FlatLimits *lim) noexcept nogil
 cdef int flat_grow(void **ptr, size_t *cap, size_t need, size_t item) except -1
-cdef void flat_clear(FlatBatch *fb) noexcept
-cdef void flat_init(FlatBatch *fb) noexcept
-cdef void flat_free(FlatBatch *fb) noexcept
+cdef int flat_grow_nogil(void **ptr, size_t *cap, size_t need, size_t item) noexcept nogil
+cdef void flat_clear(FlatBatch *fb) noexcept nogil
+cdef void flat_init(FlatBatch *fb) noexcept nogil
+cdef void flat_free(FlatBatch *fb) noexcept nogil
 cdef int flat_read(FlatBatch *fb, const uint8_t *body, Py_ssize_t size, int variant) except -1
+cdef int flat_read_nogil(FlatBatch *fb, const uint8_t *body, Py_ssize_t size, int variant,
+                         FlatError *err) noexcept nogil
+cdef int flat_raise(const FlatError *err) except -1

@@ -6,7 +6,7 @@ the wire primitives are in ``_wire.pxd``. ``flat_validate`` is
 ``kvevents.schemas.limits.check_batch`` on the flat batch (the same rules; messages may differ).
 """
 
-from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.mem cimport PyMem_RawFree, PyMem_RawRealloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
@@ -35,6 +35,44 @@ from kvevents.schemas._wire cimport (
 
 from .errors import DecodeError, LimitError
 
+
+cdef inline void _read_ints(WireReader *r, uint32_t *out, int64_t n) noexcept nogil:
+    """``n`` Avro ints into ``out``, as ``wire_int`` each (same results and errors): ints of
+    1 to 3 bytes are read here, the reading position kept in a register (``wire_int`` stores it
+    back in the reader each time, on the loop's critical path), the others by ``wire_int``.
+    Token ids are most of a batch's bytes."""
+    cdef const uint8_t *p = r.p
+    cdef const uint8_t *end = r.end
+    cdef int64_t i
+    cdef uint32_t v, b
+    cdef int err = r.err
+    for i in range(n):
+        if end - p >= 3 and not err:
+            v = p[0]
+            if v < 0x80:
+                p += 1
+                out[i] = (v >> 1) ^ (0 - (v & 1))
+                continue
+            b = p[1]
+            if b < 0x80:
+                v = (v & 0x7F) | (b << 7)
+                p += 2
+                out[i] = (v >> 1) ^ (0 - (v & 1))
+                continue
+            v = (v & 0x7F) | ((b & 0x7F) << 7)
+            b = p[2]
+            if b < 0x80:
+                v |= b << 14
+                p += 3
+                out[i] = (v >> 1) ^ (0 - (v & 1))
+                continue
+        r.p = p
+        out[i] = <uint32_t>wire_int(r)
+        p = r.p
+        err = r.err
+    r.p = p
+
+
 cdef object _DecodeError = DecodeError
 cdef object _LimitError = LimitError
 
@@ -52,49 +90,74 @@ _WIRE_ERRORS = {
     W_BLOCK_SIZE: "an array block whose byte size does not match its items",
 }
 
+cdef enum:
+    W_NOMEM = 100        # flat_grow_nogil could not allocate (r.err; no WireError has it)
+    WHERE_INSTANCE = 0   # FlatError.where: the part of the body the error is in
+    WHERE_EVENT = 1
+    WHERE_ENVELOPE = 2
+    WHERE_TRAILING = 3
+    WHERE_TOO_LARGE = 4
 
-cdef int flat_grow(void **ptr, size_t *cap, size_t need, size_t item) except -1:
-    """Make ``*ptr`` hold at least ``need`` items (growing by half again)."""
+
+cdef int flat_grow_nogil(void **ptr, size_t *cap, size_t need, size_t item) noexcept nogil:
+    """Make ``*ptr`` hold at least ``need`` items (growing by half again); -1 when out of
+    memory. Raw allocator: the arrays grow in the decoding thread, which has no GIL."""
     if need <= cap[0]:
         return 0
     cdef size_t new_cap = cap[0] + cap[0] // 2 + 16
     if new_cap < need:
         new_cap = need
-    cdef void *p = PyMem_Realloc(ptr[0], new_cap * item)
+    cdef void *p = PyMem_RawRealloc(ptr[0], new_cap * item)
     if p == NULL:
-        raise MemoryError()
+        return -1
     ptr[0] = p
     cap[0] = new_cap
     return 0
 
 
-cdef void flat_init(FlatBatch *fb) noexcept:
+cdef int flat_grow(void **ptr, size_t *cap, size_t need, size_t item) except -1:
+    """``flat_grow_nogil``, raising MemoryError."""
+    if flat_grow_nogil(ptr, cap, need, item):
+        raise MemoryError()
+    return 0
+
+
+cdef void flat_init(FlatBatch *fb) noexcept nogil:
     memset(fb, 0, sizeof(FlatBatch))
 
 
-cdef void flat_clear(FlatBatch *fb) noexcept:
+cdef void flat_clear(FlatBatch *fb) noexcept nogil:
     fb.nev = fb.nblk = fb.ntok = fb.next_ = fb.nmm = fb.nvals = fb.ndrops = 0
 
 
-cdef void flat_free(FlatBatch *fb) noexcept:
-    PyMem_Free(fb.ev)
-    PyMem_Free(fb.blk)
-    PyMem_Free(fb.tok)
-    PyMem_Free(fb.ext)
-    PyMem_Free(fb.mm)
-    PyMem_Free(fb.vals)
-    PyMem_Free(fb.drops)
+cdef void flat_free(FlatBatch *fb) noexcept nogil:
+    PyMem_RawFree(fb.ev)
+    PyMem_RawFree(fb.blk)
+    PyMem_RawFree(fb.tok)
+    PyMem_RawFree(fb.ext)
+    PyMem_RawFree(fb.mm)
+    PyMem_RawFree(fb.vals)
+    PyMem_RawFree(fb.drops)
     flat_init(fb)
 
 
-cdef int _flat_block(FlatBatch *fb, WireReader *r, const uint8_t *body) except -1:
+cdef inline int _grow(WireReader *r, void **ptr, size_t *cap, size_t need, size_t item) noexcept nogil:
+    """flat_grow_nogil; on failure r.err = W_NOMEM and -1."""
+    if flat_grow_nogil(ptr, cap, need, item):
+        r.err = W_NOMEM
+        return -1
+    return 0
+
+
+cdef int _flat_block(FlatBatch *fb, WireReader *r, const uint8_t *body) noexcept nogil:
     """One KVCacheStoredBlockData (r.err set on bad bytes)."""
     cdef int64_t n, i, branch
     cdef const uint8_t *block_end
     cdef uint32_t *tok
     cdef Py_ssize_t length
     cdef FlatBlock *b
-    flat_grow(<void **>&fb.blk, &fb.blk_cap, fb.nblk + 1, sizeof(FlatBlock))
+    if _grow(r, <void **>&fb.blk, &fb.blk_cap, fb.nblk + 1, sizeof(FlatBlock)):
+        return 0
     b = &fb.blk[fb.nblk]
     memset(b, 0, sizeof(FlatBlock))
     b.engine = <uint64_t>wire_long(r)
@@ -103,10 +166,10 @@ cdef int _flat_block(FlatBatch *fb, WireReader *r, const uint8_t *body) except -
         n = wire_count(r, &block_end)
         if r.err or n == 0:
             break
-        flat_grow(<void **>&fb.tok, &fb.tok_cap, fb.ntok + n, sizeof(uint32_t))
+        if _grow(r, <void **>&fb.tok, &fb.tok_cap, fb.ntok + n, sizeof(uint32_t)):
+            return 0
         tok = fb.tok + fb.ntok
-        for i in range(n):
-            tok[i] = <uint32_t>wire_int(r)
+        _read_ints(r, tok, n)
         fb.ntok += n
         wire_block_done(r, block_end)
         if r.err:
@@ -126,7 +189,8 @@ cdef int _flat_block(FlatBatch *fb, WireReader *r, const uint8_t *body) except -
             n = wire_count(r, &block_end)
             if r.err or n == 0:
                 break
-            flat_grow(<void **>&fb.ext, &fb.ext_cap, fb.next_ + n, sizeof(uint64_t))
+            if _grow(r, <void **>&fb.ext, &fb.ext_cap, fb.next_ + n, sizeof(uint64_t)):
+                return 0
             for i in range(n):
                 fb.ext[fb.next_] = <uint64_t>wire_long(r)
                 fb.next_ += 1
@@ -140,7 +204,8 @@ cdef int _flat_block(FlatBatch *fb, WireReader *r, const uint8_t *body) except -
         n = wire_count(r, &block_end)
         if r.err or n == 0:
             break
-        flat_grow(<void **>&fb.mm, &fb.mm_cap, fb.nmm + 5 * n, sizeof(uint64_t))
+        if _grow(r, <void **>&fb.mm, &fb.mm_cap, fb.nmm + 5 * n, sizeof(uint64_t)):
+            return 0
         for i in range(n):
             if r.end - r.p < 32:
                 r.err = W_TRUNCATED
@@ -166,11 +231,12 @@ cdef int _flat_block(FlatBatch *fb, WireReader *r, const uint8_t *body) except -
     return 0
 
 
-cdef int _flat_event(FlatBatch *fb, WireReader *r, const uint8_t *body, int variant) except -1:
+cdef int _flat_event(FlatBatch *fb, WireReader *r, const uint8_t *body, int variant) noexcept nogil:
     cdef int64_t n, i, branch
     cdef const uint8_t *block_end
     cdef FlatEvent *e
-    flat_grow(<void **>&fb.ev, &fb.ev_cap, fb.nev + 1, sizeof(FlatEvent))
+    if _grow(r, <void **>&fb.ev, &fb.ev_cap, fb.nev + 1, sizeof(FlatEvent)):
+        return 0
     e = &fb.ev[fb.nev]
     memset(e, 0, sizeof(FlatEvent))
     e.event_id = wire_long(r)
@@ -184,7 +250,8 @@ cdef int _flat_event(FlatBatch *fb, WireReader *r, const uint8_t *body, int vari
             n = wire_count(r, &block_end)
             if r.err or n == 0:
                 break
-            flat_grow(<void **>&fb.vals, &fb.vals_cap, fb.nvals + n, sizeof(int64_t))
+            if _grow(r, <void **>&fb.vals, &fb.vals_cap, fb.nvals + n, sizeof(int64_t)):
+                return 0
             for i in range(n):
                 fb.vals[fb.nvals] = wire_int(r)
                 fb.nvals += 1
@@ -214,7 +281,8 @@ cdef int _flat_event(FlatBatch *fb, WireReader *r, const uint8_t *body, int vari
             n = wire_count(r, &block_end)
             if r.err or n == 0:
                 break
-            flat_grow(<void **>&fb.vals, &fb.vals_cap, fb.nvals + n, sizeof(int64_t))
+            if _grow(r, <void **>&fb.vals, &fb.vals_cap, fb.nvals + n, sizeof(int64_t)):
+                return 0
             for i in range(n):
                 fb.vals[fb.nvals] = wire_long(r)
                 fb.nvals += 1
@@ -238,15 +306,23 @@ cdef int _flat_event(FlatBatch *fb, WireReader *r, const uint8_t *body, int vari
     return 0
 
 
-cdef int flat_read(FlatBatch *fb, const uint8_t *body, Py_ssize_t size, int variant) except -1:
-    """Read the ``EventBatch`` body ``body[:size]`` into ``fb`` (cleared first); DecodeError
-    (and ``fb`` in an unspecified state) when the bytes are not a valid body."""
+cdef int flat_read_nogil(FlatBatch *fb, const uint8_t *body, Py_ssize_t size, int variant,
+                         FlatError *err) noexcept nogil:
+    """Read the ``EventBatch`` body ``body[:size]`` into ``fb`` (cleared first), without the
+    GIL: 0, or -1 with ``err`` saying what is malformed (``flat_raise`` raises it) and ``fb``
+    in an unspecified state."""
     cdef WireReader r
     cdef const uint8_t *block_end
     cdef int64_t n, i
     cdef Py_ssize_t length
-    if size > 0xFFFFFFFF:
-        raise _DecodeError(f"a body of {size} bytes is larger than this reader takes (4 GiB)")
+    err.code = W_OK
+    err.where = WHERE_ENVELOPE
+    err.event = 0
+    err.extra = 0
+    if <uint64_t>size > <uint64_t>0xFFFFFFFF:
+        err.where = WHERE_TOO_LARGE
+        err.extra = size
+        return -1
     flat_clear(fb)
     r.p = body
     r.end = body + size
@@ -255,7 +331,9 @@ cdef int flat_read(FlatBatch *fb, const uint8_t *body, Py_ssize_t size, int vari
     if not r.err and not utf8_valid(r.p, length):
         r.err = W_UTF8
     if r.err:
-        raise _DecodeError(f"malformed Avro body: {_WIRE_ERRORS[r.err]} in instance_id")
+        err.code = r.err
+        err.where = WHERE_INSTANCE
+        return -1
     fb.instance_at = <uint32_t>(r.p - body)
     fb.instance_len = <uint32_t>length
     r.p += length
@@ -267,7 +345,8 @@ cdef int flat_read(FlatBatch *fb, const uint8_t *body, Py_ssize_t size, int vari
         n = wire_count(&r, &block_end)
         if r.err or n == 0:
             break
-        flat_grow(<void **>&fb.drops, &fb.drops_cap, 2 * (fb.ndrops + n), sizeof(int64_t))
+        if _grow(&r, <void **>&fb.drops, &fb.drops_cap, 2 * (fb.ndrops + n), sizeof(int64_t)):
+            break
         for i in range(n):
             fb.drops[2 * fb.ndrops] = wire_int(&r)
             fb.drops[2 * fb.ndrops + 1] = wire_long(&r)
@@ -281,12 +360,43 @@ cdef int flat_read(FlatBatch *fb, const uint8_t *body, Py_ssize_t size, int vari
         for i in range(n):
             _flat_event(fb, &r, body, variant)
             if r.err:
-                raise _DecodeError(f"malformed Avro body: {_WIRE_ERRORS[r.err]} in event {fb.nev}")
+                err.code = r.err
+                err.where = WHERE_EVENT
+                err.event = fb.nev
+                return -1
         wire_block_done(&r, block_end)
     if r.err:
-        raise _DecodeError(f"malformed Avro body: {_WIRE_ERRORS[r.err]} in the batch envelope")
+        err.code = r.err
+        return -1
     if r.p != r.end:
-        raise _DecodeError(f"{r.end - r.p} trailing bytes after the Avro body")
+        err.where = WHERE_TRAILING
+        err.extra = r.end - r.p
+        return -1
+    return 0
+
+
+cdef int flat_raise(const FlatError *err) except -1:
+    """Raise the DecodeError (or MemoryError) that ``flat_read_nogil`` reported in ``err``."""
+    if err.code == W_NOMEM:
+        raise MemoryError()
+    if err.where == WHERE_TOO_LARGE:
+        raise _DecodeError(f"a body of {err.extra} bytes is larger than this reader takes (4 GiB)")
+    if err.where == WHERE_TRAILING:
+        raise _DecodeError(f"{err.extra} trailing bytes after the Avro body")
+    what = _WIRE_ERRORS[err.code]
+    if err.where == WHERE_INSTANCE:
+        raise _DecodeError(f"malformed Avro body: {what} in instance_id")
+    if err.where == WHERE_EVENT:
+        raise _DecodeError(f"malformed Avro body: {what} in event {err.event}")
+    raise _DecodeError(f"malformed Avro body: {what} in the batch envelope")
+
+
+cdef int flat_read(FlatBatch *fb, const uint8_t *body, Py_ssize_t size, int variant) except -1:
+    """Read the ``EventBatch`` body ``body[:size]`` into ``fb`` (cleared first); DecodeError
+    (and ``fb`` in an unspecified state) when the bytes are not a valid body."""
+    cdef FlatError err
+    if flat_read_nogil(fb, body, size, variant, &err):
+        flat_raise(&err)
     return 0
 
 
@@ -399,3 +509,61 @@ cdef int flat_validate(const FlatBatch *fb, const FlatLimits *lim) except -1:
                 if fb.vals[i] < 0:
                     _negative(f"events[{k}].data.num_blocks_per_cache_level[{i - e.first}]", fb.vals[i])
     return 0
+
+
+cdef bint flat_within_limits(const FlatBatch *fb, const FlatLimits *lim) noexcept nogil:
+    """True when ``flat_validate`` would pass ``fb``, decided without the GIL: the same rules,
+    no messages. False when a rule is broken, or when the batch has more than 64 distinct
+    window sizes (then ``flat_validate``, with the GIL, decides and words the error)."""
+    cdef int64_t dp = fb.dp_size
+    cdef size_t k, i, j
+    cdef const FlatEvent *e
+    cdef const FlatBlock *b
+    cdef int32_t windows[64]
+    cdef int64_t nwin = 0
+    if fb.instance_len > lim.max_instance_id_bytes or dp < 1 or dp > lim.max_attention_dp_size:
+        return False
+    if fb.sequence < 0 or fb.offset < 0 or <int64_t>fb.ndrops > dp:
+        return False
+    for k in range(fb.ndrops):
+        if fb.drops[2 * k] < 0 or fb.drops[2 * k] >= dp or fb.drops[2 * k + 1] < 0:
+            return False
+    if <int64_t>fb.nev > lim.max_events:
+        return False
+    for k in range(fb.nev):
+        e = &fb.ev[k]
+        if e.event_id < 0 or (e.has_rank and (e.rank < 0 or e.rank >= dp)):
+            return False
+        if e.window < 0 or e.window > lim.max_window_size:
+            return False
+        for j in range(<size_t>nwin):
+            if windows[j] == e.window:
+                break
+        else:
+            if nwin == 64:
+                return False
+            windows[nwin] = e.window
+            nwin += 1
+            if nwin > lim.max_windows_per_batch:
+                return False
+        if e.kind == FLAT_STORED:
+            if e.count > lim.max_blocks_per_event:
+                return False
+            for i in range(e.first, e.first + e.count):
+                b = &fb.blk[i]
+                if b.ntok > lim.max_tokens_per_block or (b.has_extra and b.next != b.ntok):
+                    return False
+                if b.nmm > lim.max_mm_keys_per_block:
+                    return False
+                if b.has_salt and b.salt_len > lim.max_cache_salt_bytes:
+                    return False
+        elif e.kind == FLAT_REMOVED:
+            if e.count > lim.max_blocks_per_event:
+                return False
+        elif e.kind == FLAT_CREATED:
+            if e.count > lim.max_cache_levels:
+                return False
+            for i in range(e.first, e.first + e.count):
+                if fb.vals[i] < 0:
+                    return False
+    return True

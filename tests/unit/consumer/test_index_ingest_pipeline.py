@@ -1,0 +1,174 @@
+"""apply_encoded_many's two-thread path (compiled core): a native thread decodes the next batches
+while the writer applies, and the result must be exactly what applying them one by one gives,
+with the pure-Python core as the oracle: the same order, the same batches raising (a malformed
+or over-the-limits batch in the middle of many), the same state and counters, and lookups
+served while it runs."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from _index_helpers import batch, created, stored
+from _index_model import TroubledProducer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kvevents.consumer import _indexcore
+from kvevents.consumer.index import CacheIndex
+from kvevents.schemas import BatchLimits, DecodeError, LimitError, encode_batch
+from test_differential import mutate
+
+
+@pytest.fixture(autouse=True)
+def two_threads() -> Iterator[None]:
+    """The two-thread path (``KVEVENTS_INGEST_THREADS=2``; the default is one thread)."""
+    old = _indexcore._set_ingest_threads(2)
+    yield
+    _indexcore._set_ingest_threads(old)
+
+
+NOTE = re.compile(r"apply_encoded_many: batch (\d+) \(the \1 before it are applied\)")
+
+
+def feed_many(index: CacheIndex, messages: list[bytes]) -> list[int]:
+    """Every message through apply_encoded_many, resuming after each one that raises (as a
+    reader would); the positions that raised."""
+    failed: list[int] = []
+    start = 0
+    while start < len(messages):
+        try:
+            assert index.apply_encoded_many(messages[start:]) == len(messages) - start
+            break
+        except DecodeError as exc:
+            notes = [m for m in map(NOTE.fullmatch, exc.__notes__) if m]
+            assert len(notes) == 1, exc.__notes__
+            failed.append(start + int(notes[0].group(1)))
+            start = failed[-1] + 1
+    return failed
+
+
+def feed_one_by_one(index: CacheIndex, messages: list[bytes]) -> list[int]:
+    failed = []
+    for i, message in enumerate(messages):
+        try:
+            index.apply_encoded(message)
+        except DecodeError:
+            failed.append(i)
+    return failed
+
+
+def troubled_messages(data: st.DataObject) -> list[bytes]:
+    producer = TroubledProducer(data.draw, st)
+    for _ in range(data.draw(st.integers(5, 50), label="steps")):
+        producer.step()
+    for name, inst in producer.instances.items():
+        producer.flush(inst, name)
+    out = []
+    for message in (encode_batch(b) for b in producer.delivered):
+        if data.draw(st.integers(0, 4), label="damage") == 0:
+            out.append(mutate(message, data.draw))
+        out.append(message)
+    return out
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(st.data())
+def test_the_pipeline_applies_like_one_by_one_on_the_oracle(data: st.DataObject) -> None:
+    """Troubled streams (drops, splits, replays, lost batches, restarts) with damaged copies in
+    between: the same batches raise, and both cores end in the same state and counters."""
+    limits = BatchLimits(max_blocks_per_event=data.draw(st.sampled_from([4, 64]), label="max blocks"))
+    messages = troubled_messages(data)
+    piped = CacheIndex(core="compiled", limits=limits)
+    oracle = CacheIndex(core="python", limits=limits)
+    one_by_one = CacheIndex(core="compiled", limits=limits)
+    assert feed_many(piped, messages) == feed_one_by_one(oracle, messages)
+    feed_one_by_one(one_by_one, messages)
+    assert piped.to_bytes() == oracle.to_bytes() == one_by_one.to_bytes()
+    assert piped.stats().counters == oracle.stats().counters == one_by_one.stats().counters
+
+
+def _stream(n: int) -> list[bytes]:
+    """A Created batch, then ``n`` batches of 8 ranks storing on one shared 32-block prefix."""
+    prefix = list(range(1, 33))
+    out = [encode_batch(batch([created(0, rank=r) for r in range(8)], 0, dp=8))]
+    for s in range(1, n + 1):
+        events = []
+        for r in range(8):
+            for k in range(3):
+                eid = 3 * (s - 1) + k + 1
+                events.append(
+                    stored(eid, prefix + [10**6 * (r + 1) + 1000 * eid + j for j in range(8)], rank=r)
+                )
+        out.append(encode_batch(batch(events, s, dp=8)))
+    return out
+
+
+@pytest.mark.parametrize("core", ["compiled", "python"])
+@pytest.mark.parametrize("bad", ["truncated", "over the limits", "not bytes", "not single-object"])
+def test_a_bad_batch_in_the_middle_of_many_stops_there(core: str, bad: str) -> None:
+    good = _stream(40)
+    limits = BatchLimits(max_blocks_per_event=40)  # the stream's events have 40 blocks
+    broken: object
+    if bad == "truncated":
+        broken = good[21][:-5]
+    elif bad == "over the limits":
+        broken = encode_batch(batch([stored(10**5, list(range(100, 141)))], 10**4, dp=8))
+    elif bad == "not bytes":
+        broken = "a string"
+    else:
+        broken = b"\x00" + good[21][1:]
+    index = CacheIndex(core=core, limits=limits)
+    with pytest.raises(LimitError if bad == "over the limits" else DecodeError) as info:
+        index.apply_encoded_many([*good[:21], broken, *good[21:]])  # type: ignore[list-item]
+    assert any("batch 21 (the 21 before it are applied)" in n for n in info.value.__notes__)
+    before = CacheIndex(core="python", limits=limits)
+    for body in good[:21]:
+        before.apply_encoded(body)
+    assert index.to_bytes() == before.to_bytes()  # the batches before it, and none after
+    assert index.stats().counters == before.stats().counters
+    assert index.apply_encoded_many(good[21:]) == len(good) - 21  # the caller resumes after it
+    whole = CacheIndex(core="python", limits=limits)
+    whole.apply_encoded_many(good)
+    assert index.to_bytes() == whole.to_bytes()
+
+
+def test_lookups_are_served_during_one_pipelined_call() -> None:
+    """A reader thread's lookups run while apply_encoded_many applies 250 batches, and each
+    answer is the index between two events (a rank's run over the prefix is 0, 32 or 40)."""
+    data = _stream(250)
+    index = CacheIndex(core="compiled")
+    started, done = threading.Event(), threading.Event()
+    seen: list[dict[Any, int]] = []
+    errors: list[Exception] = []
+
+    def reader() -> None:
+        query = list(range(1, 33)) + [10**6 + 1000 + j for j in range(8)]
+        started.set()
+        try:
+            while not done.is_set():
+                seen.append(index.find_matches(query))
+        except Exception as exc:  # noqa: BLE001 - the assert below reports it
+            errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    started.wait()
+    try:
+        assert index.apply_encoded_many(data) == len(data)
+    finally:
+        done.set()
+        thread.join()
+    assert not errors
+    alone = CacheIndex(core="compiled")
+    for body in data:
+        alone.apply_encoded(body)  # one by one (the oracle's agreement is tested above)
+    assert index.to_bytes() == alone.to_bytes()
+    assert len(seen) > 10
+    assert any(len(answer) < 8 for answer in seen)  # some answers came before the end
+    for answer in seen:
+        assert all(v in (32, 40) for v in answer.values()), answer
