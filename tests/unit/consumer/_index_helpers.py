@@ -14,6 +14,7 @@ from kvevents.schemas import (
     KVCacheStoredData,
     KVCacheUpdatedData,
     RankDrops,
+    encode_batch,
 )
 
 WINDOW = 64
@@ -106,3 +107,19 @@ def batch(
         dropped=[RankDrops(r, n) for r, n in dropped],
         first_event_block_offset=offset,
     )
+
+
+def shared_prefix_batches(n: int) -> list[bytes]:
+    """Encoded batches: a Created one for 8 ranks, then ``n`` in which each rank stores three
+    events of 40 blocks on one shared 32-block prefix."""
+    prefix = list(range(1, 33))
+    out = [encode_batch(batch([created(0, rank=r) for r in range(8)], 0, dp=8))]
+    for s in range(1, n + 1):
+        events = []
+        for r in range(8):
+            for k in range(3):
+                eid = 3 * (s - 1) + k + 1
+                tail = [10**6 * (r + 1) + 1000 * eid + j for j in range(8)]
+                events.append(stored(eid, prefix + tail, rank=r))
+        out.append(encode_batch(batch(events, s, dp=8)))
+    return out

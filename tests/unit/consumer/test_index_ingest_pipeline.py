@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _index_helpers import batch, created, stored
+from _index_helpers import batch, shared_prefix_batches, stored
 from _index_model import TroubledProducer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -92,26 +92,10 @@ def test_the_pipeline_applies_like_one_by_one_on_the_oracle(data: st.DataObject)
     assert piped.stats().counters == oracle.stats().counters == one_by_one.stats().counters
 
 
-def _stream(n: int) -> list[bytes]:
-    """A Created batch, then ``n`` batches of 8 ranks storing on one shared 32-block prefix."""
-    prefix = list(range(1, 33))
-    out = [encode_batch(batch([created(0, rank=r) for r in range(8)], 0, dp=8))]
-    for s in range(1, n + 1):
-        events = []
-        for r in range(8):
-            for k in range(3):
-                eid = 3 * (s - 1) + k + 1
-                events.append(
-                    stored(eid, prefix + [10**6 * (r + 1) + 1000 * eid + j for j in range(8)], rank=r)
-                )
-        out.append(encode_batch(batch(events, s, dp=8)))
-    return out
-
-
 @pytest.mark.parametrize("core", ["compiled", "python"])
 @pytest.mark.parametrize("bad", ["truncated", "over the limits", "not bytes", "not single-object"])
 def test_a_bad_batch_in_the_middle_of_many_stops_there(core: str, bad: str) -> None:
-    good = _stream(40)
+    good = shared_prefix_batches(40)
     limits = BatchLimits(max_blocks_per_event=40)  # the stream's events have 40 blocks
     broken: object
     if bad == "truncated":
@@ -140,7 +124,7 @@ def test_a_bad_batch_in_the_middle_of_many_stops_there(core: str, bad: str) -> N
 def test_lookups_are_served_during_one_pipelined_call() -> None:
     """A reader thread's lookups run while apply_encoded_many applies 250 batches, and each
     answer is the index between two events (a rank's run over the prefix is 0, 32 or 40)."""
-    data = _stream(250)
+    data = shared_prefix_batches(250)
     index = CacheIndex(core="compiled")
     started, done = threading.Event(), threading.Event()
     seen: list[dict[Any, int]] = []

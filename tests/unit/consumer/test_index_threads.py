@@ -14,10 +14,9 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
-from _index_helpers import batch, created, stored
+from _index_helpers import batch, created, shared_prefix_batches, stored
 from kvevents.consumer._indexcore import IndexCore
 from kvevents.consumer.index import CacheIndex
-from kvevents.schemas import encode_batch
 
 
 @pytest.fixture
@@ -28,23 +27,8 @@ def fast_switching() -> Iterator[None]:
     sys.setswitchinterval(old)
 
 
-def _batches(n: int) -> list[bytes]:
-    """Batches of 8 ranks each storing 24 events of 40 blocks on one shared 32-block prefix."""
-    prefix = list(range(1, 33))
-    out = [encode_batch(batch([created(0, rank=r) for r in range(8)], 0, dp=8))]
-    for s in range(1, n + 1):
-        events = []
-        for r in range(8):
-            for k in range(3):
-                eid = 3 * (s - 1) + k + 1
-                tail = [10**6 * (r + 1) + 1000 * eid + j for j in range(8)]
-                events.append(stored(eid, prefix + tail, rank=r))
-        out.append(encode_batch(batch(events, s, dp=8)))
-    return out
-
-
 def test_lookups_run_during_ingest_and_see_whole_events(fast_switching: None) -> None:
-    data = _batches(150)
+    data = shared_prefix_batches(150)
     index = CacheIndex(core="compiled")
     done = threading.Event()
     seen: list[dict[object, int]] = []
@@ -82,7 +66,7 @@ def test_lookups_are_served_inside_one_long_call_at_the_default_switch_interval(
     """No switch-interval tuning: lookups are answered while one apply_encoded_many call runs
     (before, a reader woken every time the writer yielded the GIL went back to waiting a whole
     interval, and got the GIL mostly when the call returned)."""
-    data = _batches(200)
+    data = shared_prefix_batches(200)
     index = CacheIndex(core="compiled")
     index.apply_encoded(data[0])
     started, done = threading.Event(), threading.Event()

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kvevents.consumer import CacheIndex
-from test_route_http import BS, PROMPT, LivenessSource, ResponseReader, read_response, store_prefix
+from test_route_http import (
+    BS,
+    PROMPT,
+    LivenessSource,
+    ResponseReader,
+    read_response,
+    run_in_thread,
+    store_prefix,
+)
 
 from kvevents.commands._route_app import AppOptions, IndexSource, RouteApp
 from kvevents.commands._route_http import ServeOptions, bind, make_server
@@ -47,16 +54,8 @@ def _start(direct: bool, max_body: int = 64 * 1024) -> Iterator[tuple[int, Route
         block_size=BS, max_body_bytes=max_body, header_timeout_s=2, body_timeout_s=2, direct=direct
     )
     server = make_server(sock, LivenessSource(index), options, app_factory=factory)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
-    yield sock.getsockname()[1], apps[0]
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    with run_in_thread(server, sock) as port:
+        yield port, apps[0]
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ clients, the connection bound, and /metrics in Prometheus format."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import socket
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+import uvicorn
 from cli_events import batch, created
 from kvevents.consumer import CacheIndex, Liveness, WorkerKey
 from kvevents.schemas import KVCacheEvent, KVCacheStoredBlockData, KVCacheStoredData
@@ -65,6 +67,23 @@ class Running:
         return f"http://{self.host}:{self.port}"
 
 
+@contextlib.contextmanager
+def run_in_thread(server: uvicorn.Server, sock: socket.socket) -> Iterator[int]:
+    """Run ``server`` on ``sock`` in a daemon thread until the block ends; its port."""
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.started
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
 def serving(options: ServeOptions) -> Iterator[Running]:
     index = CacheIndex()
     store_prefix(index, "a", PROMPT, 2)
@@ -74,16 +93,8 @@ def serving(options: ServeOptions) -> Iterator[Running]:
     source = LivenessSource(index)
     sock = bind("127.0.0.1", 0)
     server = make_server(sock, source, options)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
-    yield Running("127.0.0.1", sock.getsockname()[1], source, index)
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    with run_in_thread(server, sock) as port:
+        yield Running("127.0.0.1", port, source, index)
 
 
 @pytest.fixture
@@ -471,18 +482,9 @@ def test_metrics_show_the_process_garbage_collections_when_timed() -> None:
     index = CacheIndex()
     sock = bind("127.0.0.1", 0)
     server = make_server(sock, StaticSource(index), ServeOptions(block_size=BS), gc_pauses=pauses)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
-        running = Running("127.0.0.1", sock.getsockname()[1], LivenessSource(index), index)
+    with run_in_thread(server, sock) as port:
+        running = Running("127.0.0.1", port, LivenessSource(index), index)
         status, _headers, body = raw(running, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
     assert status == 200
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
