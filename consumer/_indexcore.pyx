@@ -407,7 +407,7 @@ cdef class IndexCore:
 
     def __dealloc__(self):
         self._free_all()
-        self._stages_free()
+        stages_free(self)
         PyMem_Free(self.ev_widx)
         if self.mu != NULL:
             PyThread_free_lock(self.mu)
@@ -1097,7 +1097,7 @@ cdef class IndexCore:
         try:
             items = batches if type(batches) is list else list(batches)
             if ingest_threads > 1 and len(items) > 1:
-                return self._apply_pipelined(items)
+                return apply_pipelined(self, items)
             for data in items:
                 try:
                     self._apply_encoded(data)
@@ -1179,123 +1179,6 @@ cdef class IndexCore:
                             self.fb.offset)
         return 0
 
-    cdef _apply_pipelined(self, list items):
-        """``apply_encoded_many``'s two-thread path: a native thread reads batch ``i + 1``
-        (``_ingest.pxd``: up to NSTAGES - 1 ahead) without the GIL while this thread applies
-        batch ``i``; batches are applied in order, by this thread only, exactly as
-        ``apply_encoded`` would, and the first that raises stops the call (the note names it)."""
-        cdef Py_ssize_t n = len(items), i, held = 0
-        cdef Py_buffer *views = <Py_buffer *>PyMem_Malloc(n * sizeof(Py_buffer))
-        cdef Job *jobs = <Job *>PyMem_Malloc(n * sizeof(Job))
-        cdef Pipe *p = &self.pipe
-        cdef pthread_t thread
-        cdef bint started = False
-        cdef Stage *stage
-        cdef Py_ssize_t done = 0
-        if views == NULL or jobs == NULL:
-            PyMem_Free(views)
-            PyMem_Free(jobs)
-            raise MemoryError()
-        try:
-            for i in range(n):
-                data = items[i]
-                jobs[i].kind = JOB_WRITER
-                jobs[i].base = NULL
-                jobs[i].size = 0
-                jobs[i].variant = -1
-                if not isinstance(data, (bytes, bytearray, memoryview)):
-                    continue  # its turn raises, as apply_encoded does
-                try:
-                    PyObject_GetBuffer(data, &views[held], PyBUF_SIMPLE)
-                except Exception:
-                    continue  # its turn raises the same
-                held += 1
-                jobs[i].base = <const uint8_t *>views[held - 1].buf
-                jobs[i].size = views[held - 1].len
-                jobs[i].variant = self._variant(jobs[i].base, jobs[i].size)
-                if jobs[i].variant >= 0:
-                    jobs[i].kind = JOB_FLAT
-            self._stages_ready()
-            p.jobs = jobs
-            p.njobs = <size_t>n
-            p.decoded = p.released = 0
-            p.stop = p.sleepers = 0
-            p.lim = &self.lim
-            p.kvh = &KVH
-            p.spec = self.spec
-            if pthread_create(&thread, NULL, decoder_main, p) != 0:
-                raise OSError("apply_encoded_many: could not start the decoding thread")
-            started = True
-            for i in range(n):
-                with nogil:
-                    pipe_wait_decoded(p, <size_t>i)
-                stage = &p.stages[i % NSTAGES]
-                self.fb = &stage.fb
-                try:
-                    if stage.status == STAGE_WRITER:
-                        self._apply_encoded(items[i])  # its own path (raises for a non-buffer)
-                    else:
-                        self._apply_decoded(jobs[i].base, stage.status, &stage.err)
-                except BaseException as exc:
-                    if isinstance(exc, Exception):
-                        exc.add_note(f"apply_encoded_many: batch {done} (the {done} before it are applied)")
-                    raise
-                finally:
-                    self.fb = &self.fb0
-                done += 1
-                with nogil:
-                    pipe_release(p, <size_t>done, False)
-        except BaseException:
-            if started:
-                with nogil:
-                    pipe_release(p, <size_t>done, True)
-            raise
-        finally:
-            if started:
-                with nogil:
-                    pthread_join(thread, NULL)
-            for i in range(held):
-                PyBuffer_Release(&views[i])
-            PyMem_Free(views)
-            PyMem_Free(jobs)
-            p.jobs = NULL
-            p.njobs = 0
-        return done
-
-    cdef int _stages_ready(self) except -1:
-        """The pipeline's stages and lock, made once per core."""
-        cdef size_t k
-        if self.pipe.stages != NULL:
-            return 0
-        self.spec = <uint64_t *>PyMem_RawCalloc(2 << SPEC_BITS, sizeof(uint64_t))
-        self.pipe.stages = <Stage *>PyMem_RawMalloc(NSTAGES * sizeof(Stage))
-        if self.pipe.stages == NULL or self.spec == NULL:
-            PyMem_RawFree(self.spec)
-            PyMem_RawFree(self.pipe.stages)
-            self.spec = NULL
-            self.pipe.stages = NULL
-            raise MemoryError()
-        for k in range(NSTAGES):
-            flat_init(&self.pipe.stages[k].fb)
-        if pthread_mutex_init(&self.pipe.mu, NULL) != 0 or pthread_cond_init(&self.pipe.cv, NULL) != 0:
-            PyMem_RawFree(self.pipe.stages)
-            self.pipe.stages = NULL
-            raise OSError("apply_encoded_many: could not make the pipeline's lock")
-        return 0
-
-    cdef void _stages_free(self) noexcept:
-        cdef size_t k
-        if self.pipe.stages == NULL:
-            return
-        for k in range(NSTAGES):
-            flat_free(&self.pipe.stages[k].fb)
-        PyMem_RawFree(self.pipe.stages)
-        self.pipe.stages = NULL
-        PyMem_RawFree(self.spec)
-        self.spec = NULL
-        pthread_mutex_destroy(&self.pipe.mu)
-        pthread_cond_destroy(&self.pipe.cv)
-
     def apply_batch(self, batch):
         """Apply one ``EventBatch`` (model objects); LimitError, and nothing applied, when it
         breaks the limits."""
@@ -1333,234 +1216,6 @@ cdef class IndexCore:
 
     # ------------------------------------------------------------------ queries
 
-    cdef Py_ssize_t _load_keys(self, object hashes) except -1:
-        """Prepare ``qkeys``: an array('Q') is copied, a list is converted lazily by
-        ``_keys_upto`` (a query that stops matching early never converts its tail)."""
-        cdef Py_ssize_t n = len(hashes), i = 0
-        grow(<void **>&self.qkeys, &self.qkeys_cap, n if n else 1, sizeof(uint64_t))
-        self.qlist = None
-        self.qready = self.qfetched = n
-        if isinstance(hashes, carray.array) and hashes.typecode == 'Q':
-            if n:
-                memcpy(self.qkeys, (<carray.array>hashes).data.as_ulonglongs, n * sizeof(uint64_t))
-            return n
-        if type(hashes) is list:
-            self.qlist = hashes
-            self.qready = self.qfetched = 0
-            return n
-        for h in hashes:
-            self.qkeys[i] = h
-            i += 1
-        return n
-
-    cdef inline void _ints_fetch(self, Py_ssize_t upto) noexcept:
-        """Prefetch the query list's int objects up to ``upto``: a query's ints sit apart in
-        memory (a router's freshly hashed ones are in cache; a bench's stored ones are not), and
-        converting them one by one waited for each."""
-        cdef list src = self.qlist
-        cdef Py_ssize_t i, end
-        if src is None or upto <= self.qfetched:
-            return
-        end = min(upto, PyList_GET_SIZE(src))
-        for i in range(self.qfetched, end):
-            prefetch(PyList_GET_ITEM(src, i))
-        self.qfetched = end
-
-    cdef inline int _keys_upto(self, Py_ssize_t upto) except -1:
-        """Make ``qkeys[:upto]`` valid (converting the query list's ints; ``_match`` asks a few
-        groups ahead, so a query that stops matching early never converts its tail)."""
-        cdef Py_ssize_t i
-        cdef list src = self.qlist
-        if upto <= self.qready or src is None:
-            return 0
-        for i in range(self.qready, upto):
-            if i >= PyList_GET_SIZE(src):  # a key's __index__ shrank the list
-                raise RuntimeError("the query list changed size while it was read")
-            self.qkeys[i] = <object>PyList_GET_ITEM(src, i)
-        self.qready = upto
-        return 0
-
-    cdef size_t _match(self, Py_ssize_t n, bint by_content, bint has_window, int32_t window,
-                       int max_level, bint want_prim) except? <size_t>-1:
-        """Score the ``n`` keys in ``qkeys``; the slots with a run are ``touched[:result]``.
-
-        Block by block, the slots whose run is still going ("alive") extend when they hold the
-        block. Shortcut: when every holder of the previous block was alive and extended, and
-        this block's node has the same holder set and levels (equal count and signature), all
-        alive slots extend without a look at the holders; such steps are counted in
-        ``pending`` and added to the alive slots when the set changes. Long shared prefixes
-        thus cost one table lookup per block. (A signature collision between two different
-        holder sets of equal size, about 2**-64 per comparison, would be missed.)
-
-        For ``match_counts`` it also leaves the most common run in ``q_mode`` (counted from the
-        slots whose runs end at each step, not from a pass over the touched slots) and, when
-        the touched slots are exactly the first block's holders, that node's signature in
-        ``q_setsig``. ``want_prim``: also count the primary blocks (``match``); the counts need
-        the runs only.
-        """
-        cdef size_t ntouched = 0, nalive = 0, nnew, k
-        cdef Py_ssize_t i
-        cdef uint32_t id, cnt, j, h, slot, lvl, r, step, pending = 0, prev_cnt = 0
-        cdef uint64_t prev_sig = 0, sig, pos = 0, nxt, key
-        cdef uint64_t NONE = <uint64_t>-1
-        cdef uint32_t *hs
-        cdef Node *node
-        cdef bint single, full = False, chained = False
-        cdef uint32_t guess = KV_NIL
-        cdef const NodeStore *st = &self.st
-        cdef uint32_t *stamp = self.stamp
-        cdef uint32_t *run = self.run
-        cdef uint32_t *prim = self.prim
-        cdef uint32_t *pstep = self.pstep
-        cdef uint32_t *alive = self.alive
-        cdef uint32_t *touched = self.touched
-        cdef uint8_t *slvl = self.slvl
-        cdef const Slot *slots = self.slots
-        cdef uint32_t epoch
-        cdef const Table *tab = &self.st.ctab if by_content else &self.st.etab
-        cdef Py_ssize_t group_end = 0, g, reached = n, ahead, entries_at = 0, nodes_at = 0
-        cdef uint32_t mode_n = 0, mode_v = 0, dead
-        self.q_setsig_known = False
-        self.epoch += 1
-        if self.epoch == 0:
-            memset(self.stamp, 0, self.score_cap * sizeof(uint32_t))
-            self.epoch = 1
-        epoch = self.epoch
-        # Pipelined group prefetching: keys go in groups of QGROUP; at the start of a group the
-        # ints of the keys three groups ahead are fetched, the keys two groups ahead converted
-        # (their ints fetched a group ago) and their table entries fetched, the nodes of the
-        # next group fetched (through their entries, fetched a group ago); so a group's memory
-        # waits overlap the groups before it instead of stalling it.
-        for i in range(n):
-            if i == group_end:
-                group_end = min(n, i + QGROUP)
-                self._ints_fetch(min(n, i + 4 * QGROUP))
-                ahead = min(n, i + 3 * QGROUP)
-                self._keys_upto(ahead)
-                if chained:  # the last group's nodes were all found in sequence: no table
-                    entries_at = max(entries_at, ahead)
-                    nodes_at = max(nodes_at, min(n, i + 2 * QGROUP))
-                for g in range(entries_at, ahead):
-                    prefetch_entry(tab, self.qkeys[g])
-                entries_at = max(entries_at, ahead)
-                ahead = min(n, i + 2 * QGROUP)
-                for g in range(nodes_at, ahead):
-                    prefetch_node(st, tab, self.qkeys[g])
-                nodes_at = max(nodes_at, ahead)
-                chained = not by_content and i > 0
-            step = <uint32_t>i + 1
-            key = self.qkeys[i]
-            # A Stored event's blocks get consecutive nodes, so the block after the last one
-            # found is first looked for in the next node (exact: a used node is the one node of
-            # its engine hash); only when it is not there is the table probed.
-            if guess < st.node_top and (self.N(guess).n & KV_USED) and self.N(guess).engine == key:
-                id = guess
-            else:
-                chained = False
-                pos = table_find_pos(st, tab, key, by_content, NONE)
-                if pos == NONE:
-                    reached = i
-                    break
-                id = tab.ids[pos] & st.id_mask
-            if not by_content:
-                guess = id + 1
-            node = self.N(id)
-            cnt = node.n & KV_COUNT_MASK
-            # the content table has a node per engine hash that stands for this content
-            nxt = table_find_pos(st, tab, key, True, pos) if by_content else NONE
-            single = nxt == NONE
-            sig = node.sig
-            if full and single and cnt == prev_cnt and sig == prev_sig:
-                pending += 1
-                continue
-            if pending:
-                for k in range(nalive):
-                    slot = alive[k]
-                    run[slot] += pending
-                    if want_prim and slvl[slot] == 0:
-                        prim[slot] += pending
-                pending = 0
-            prev_cnt = cnt
-            prev_sig = sig
-            nnew = 0
-            while True:
-                node = self.N(id)
-                cnt = node.n & KV_COUNT_MASK
-                hs = node_holders(&self.st, node)
-                if i == 0:  # the first block: its holders start their runs
-                    for j in range(cnt):
-                        h = hs[j]
-                        lvl = (h >> KV_SLOT_BITS) & 0xF
-                        slot = h & KV_SLOT_MASK
-                        if lvl > <uint32_t>max_level or (has_window and slots[slot].window != window):
-                            continue
-                        if stamp[slot] != epoch:
-                            stamp[slot] = epoch
-                            run[slot] = 1
-                            touched[ntouched] = slot
-                            ntouched += 1
-                            alive[nnew] = slot
-                            nnew += 1
-                            if want_prim:
-                                prim[slot] = lvl == 0
-                                pstep[slot] = 1 if lvl == 0 else 0
-                                slvl[slot] = <uint8_t>lvl
-                        elif want_prim and lvl == 0 and pstep[slot] != 1:
-                            prim[slot] += 1
-                            pstep[slot] = 1
-                            slvl[slot] = 0
-                else:
-                    for j in range(cnt):
-                        h = hs[j]
-                        slot = h & KV_SLOT_MASK
-                        if stamp[slot] != epoch:
-                            continue
-                        lvl = (h >> KV_SLOT_BITS) & 0xF
-                        if lvl > <uint32_t>max_level or (has_window and slots[slot].window != window):
-                            continue
-                        r = run[slot]
-                        if r == <uint32_t>i:
-                            run[slot] = step
-                            alive[nnew] = slot
-                            nnew += 1
-                            if want_prim:
-                                slvl[slot] = <uint8_t>lvl
-                                if lvl == 0:
-                                    prim[slot] += 1
-                                    pstep[slot] = step
-                        elif want_prim and r == step and lvl == 0 and pstep[slot] != step:
-                            prim[slot] += 1
-                            pstep[slot] = step
-                            slvl[slot] = 0
-                if nxt == NONE:
-                    break
-                id = tab.ids[nxt] & st.id_mask
-                nxt = table_find_pos(st, tab, key, True, nxt)
-            if i == 0:
-                if single and nnew == prev_cnt:  # every holder of the first block is touched
-                    self.q_setsig = sig
-                    self.q_setsig_known = True
-            else:
-                dead = <uint32_t>(nalive - nnew)  # their runs end at i
-                if dead > mode_n:
-                    mode_n = dead
-                    mode_v = <uint32_t>i
-            nalive = nnew
-            if nnew == 0:
-                break
-            full = single and nnew == prev_cnt
-        if pending:
-            for k in range(nalive):
-                slot = alive[k]
-                run[slot] += pending
-                if want_prim and slvl[slot] == 0:
-                    prim[slot] += pending
-        if nalive > mode_n:  # the slots still alive: runs of ``reached``
-            mode_n = <uint32_t>nalive
-            mode_v = <uint32_t>reached
-        self.q_mode = mode_v
-        return ntouched
-
     def match(self, hashes, bint by_content, window, int max_level):
         """Per slot holding the first key: (slot, contiguous run length, primary blocks in it)."""
         cdef Py_ssize_t n
@@ -1568,8 +1223,8 @@ cdef class IndexCore:
         cdef uint32_t slot
         self._rlock()
         try:
-            n = self._load_keys(hashes)
-            t = self._match(n, by_content, window is not None, 0 if window is None else window, max_level, True)
+            n = load_query_keys(self, hashes)
+            t = match_walk(self, n, by_content, window is not None, 0 if window is None else window, max_level, True)
             out = []
             for k in range(t):
                 slot = self.touched[k]
@@ -1609,79 +1264,18 @@ cdef class IndexCore:
         cdef bint has_window = window is not None
         self._rlock()  # the query scratch (keys, scores, templates) is the lock holder's
         try:
-            n = self._load_keys(hashes)
-            t = self._match(n, by_content, has_window, 0 if window is None else window, max_level, False)
+            n = load_query_keys(self, hashes)
+            t = match_walk(self, n, by_content, has_window, 0 if window is None else window, max_level, False)
             if t >= 32 and (has_window or self.multi_workers == 0):
                 if self.q_setsig_known:
                     setsig = self.q_setsig
                 else:
                     for k in range(t):
                         setsig ^= holder_sig(self.touched[k])
-                return self._from_template(t, setsig ^ (<uint64_t>self.q_mode * KVH.k1), self.q_mode)
-            return self._build_counts(t)
+                return counts_from_template(self, t, setsig ^ (<uint64_t>self.q_mode * KVH.k1), self.q_mode)
+            return build_counts(self, t)
         finally:
             self._runlock()
-
-    cdef dict _build_counts(self, size_t t):
-        cdef size_t k
-        cdef uint32_t slot
-        cdef dict out = _PyDict_NewPresized(t)
-        cdef list keys = self.s_keys
-        cdef Slot *s
-        cdef PyObject *old
-        for k in range(t):
-            slot = self.touched[k]
-            s = &self.slots[slot]
-            key = keys[slot]
-            value = self.run[slot]
-            if self.wrk[s.worker].nactive != 1:
-                old = _PyDict_GetItem_KnownHash(out, key, s.khash)
-                if old != NULL and <object>old >= value:
-                    continue
-            _PyDict_SetItem_KnownHash(out, key, value, s.khash)
-        return out
-
-    cdef dict _from_template(self, size_t t, uint64_t ckey, uint32_t v):
-        """The result of ``touched[:t]`` (one window cache per worker) from a template."""
-        cdef size_t k, m
-        cdef uint32_t slot
-        cdef uint32_t epoch = self.epoch
-        cdef list keys = self.s_keys
-        cdef dict tmpl = None, out
-        cdef bytes tslots
-        cdef const uint32_t *ts
-        cdef bint hit = False
-        entry = self.templates.get(ckey)
-        if entry is not None:
-            tmpl, tslots = entry
-            m = len(tslots) // 4
-            if m == t:
-                ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
-                hit = True
-                for k in range(m):
-                    slot = ts[k]
-                    if self.stamp[slot] != epoch:
-                        hit = False
-                        break
-        if not hit:
-            tmpl = _PyDict_NewPresized(t)
-            tslots = PyBytes_FromStringAndSize(NULL, t * 4)
-            memcpy(PyBytes_AS_STRING(tslots), self.touched, t * 4)
-            value = v
-            for k in range(t):
-                slot = self.touched[k]
-                _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
-            if self.template_keys + t > (1 << 18):
-                self.templates.clear()
-                self.template_keys = 0
-            self.templates[ckey] = (tmpl, tslots)
-            self.template_keys += t
-        out = PyDict_Copy(tmpl)
-        for k in range(t):
-            slot = self.touched[k]
-            if self.run[slot] != v:
-                _PyDict_SetItem_KnownHash(out, keys[slot], self.run[slot], self.slots[slot].khash)
-        return out
 
     def content_hashes(self, tokens, Py_ssize_t block_size, lora_id, cache_salt, token_extra_ids, mm_keys):
         """Chained content hashes of the full blocks of ``tokens`` (see ``hashing``)."""
@@ -1875,245 +1469,20 @@ cdef class IndexCore:
         w.split_blocks = 0
         w.has_split_tail = 0
 
-    # ------------------------------------------------------------------ state
+    # ------------------------------------------------------------------ state (_indexcore_state.pxi)
+
+    def import_state(self, state):
+        """Replace everything with ``state`` (counters start from zero)."""
+        import_core_state(self, state)
 
     def export_state(self):
         self._rlock()
         try:
-            return self._export_state()
+            return export_core_state(self)
         finally:
             self._runlock()
 
-    cdef object _export_state(self):
-        cdef size_t wi
-        cdef list order = sorted(
-            [((<_Instance>self.instances[self.wrk[wi].inst]).instance_id, self.wrk[wi].rank, wi)
-             for wi in range(self.nworkers)]
-        )
-        cdef uint64_t *pe
-        cdef uint64_t *pc
-        cdef uint8_t *pf
-        cdef uint32_t *pn
-        cdef uint32_t *ph
-        cdef uint32_t *canon = <uint32_t *>PyMem_Malloc((self.nslots + 1) * sizeof(uint32_t))
-        cdef EngineId *ids = NULL
-        cdef uint32_t ncanon = 0, slot, id, cnt, j
-        cdef uint64_t k, nn = 0, nh = 0
-        cdef Worker *w
-        cdef Node *node
-        cdef uint32_t *hs
-        if canon == NULL:
-            raise MemoryError()
-        try:
-            workers = []
-            for _, _, widx in order:
-                w = &self.wrk[<uint32_t>widx]
-                slots = []
-                slot = w.first_slot
-                while slot != KV_NIL:
-                    if self.slots[slot].active:
-                        slots.append((self.slots[slot].window, slot))
-                    slot = self.slots[slot].next_slot
-                slots.sort()
-                windows = []
-                for window, slot in slots:
-                    canon[slot] = ncanon
-                    ncanon += 1
-                    cap = self.s_capacity[slot]
-                    windows.append(WindowState(window, None if cap is None else list(cap)))
-                workers.append(WorkerState(
-                    (<_Instance>self.instances[w.inst]).instance_id, w.rank,
-                    w.cursor if w.has_cursor else None, bool(w.last_created), bool(w.session_fresh),
-                    w.split_blocks, w.split_tail if w.has_split_tail else None,
-                    list(self.w_reasons[<uint32_t>widx]), w.gaps, windows,
-                ))
-            instances = [
-                InstanceState(i.instance_id, i.producer_id, i.sequence, sorted(i.retired), i.dp_size,
-                              [i.retired[p] for p in sorted(i.retired)])
-                for i in sorted(self.instances, key=lambda i: i.instance_id)
-            ]
-            ids = <EngineId *>PyMem_Malloc((self.st.nodes_used + 1) * sizeof(EngineId))
-            if ids == NULL:
-                raise MemoryError()
-            for id in range(self.st.node_top):
-                node = self.N(id)
-                if node.n & KV_USED:
-                    ids[nn].engine = node.engine
-                    ids[nn].id = id
-                    nn += 1
-                    nh += node.n & KV_COUNT_MASK
-            qsort(ids, nn, sizeof(EngineId), cmp_engine)
-            engine = PyBytes_FromStringAndSize(NULL, nn * 8)
-            content = PyBytes_FromStringAndSize(NULL, nn * 8)
-            flags = PyBytes_FromStringAndSize(NULL, nn)
-            counts = PyBytes_FromStringAndSize(NULL, nn * 4)
-            holders = PyBytes_FromStringAndSize(NULL, nh * 4)
-            pe = <uint64_t *>PyBytes_AS_STRING(engine)
-            pc = <uint64_t *>PyBytes_AS_STRING(content)
-            pf = <uint8_t *>PyBytes_AS_STRING(flags)
-            pn = <uint32_t *>PyBytes_AS_STRING(counts)
-            ph = <uint32_t *>PyBytes_AS_STRING(holders)
-            nh = 0
-            for k in range(nn):
-                node = self.N(ids[k].id)
-                pe[k] = node.engine
-                pf[k] = 1 if node.n & KV_HAS_CONTENT else 0
-                pc[k] = node.content if pf[k] else 0
-                cnt = node.n & KV_COUNT_MASK
-                pn[k] = cnt
-                hs = node_holders(&self.st, node)
-                for j in range(cnt):
-                    ph[nh + j] = (hs[j] & ~KV_SLOT_MASK) | canon[hs[j] & KV_SLOT_MASK]
-                qsort(ph + nh, cnt, sizeof(uint32_t), cmp_u32_slot)
-                nh += cnt
-            return IndexState(instances, workers, engine, content, flags, counts, holders)
-        finally:
-            PyMem_Free(canon)
-            PyMem_Free(ids)
 
-    def import_state(self, state):
-        """Replace everything with ``state`` (counters start from zero)."""
-        self._begin_write()
-        cdef const uint8_t[::1] engine = state.engine
-        cdef const uint8_t[::1] content = state.content
-        cdef const uint8_t[::1] flags = state.has_content
-        cdef const uint8_t[::1] counts = state.holder_counts
-        cdef const uint8_t[::1] holders = state.holders
-        cdef uint64_t nn = len(engine) // 8, k, pos = 0, total = 0, e, prev = 0
-        cdef uint32_t cnt, j, id, packed, canon_slot, c, nslots_canon
-        cdef uint32_t *canon = NULL
-        cdef uint32_t *tmp = NULL
-        cdef size_t tmp_cap = 0
-        cdef Node *node
-        cdef const uint64_t *pe
-        cdef const uint64_t *pc
-        cdef const uint32_t *pn
-        cdef const uint32_t *ph
-        cdef Worker *w
-        cdef uint32_t widx, slot, off
-        cdef uint32_t *hs
-        cdef Slot *s
-        cdef int64_t last_canon
-        if len(engine) != nn * 8 or len(content) != nn * 8 or len(flags) != nn or len(counts) != nn * 4:
-            raise ValueError(f"corrupt index state: node columns of unequal lengths ({nn} nodes)")
-        pn = <const uint32_t *>&counts[0] if nn else NULL
-        for k in range(nn):
-            if pn[k] == 0:
-                raise ValueError(f"corrupt index state: node {k} has no holder")
-            total += pn[k]
-        if len(holders) != total * 4:
-            raise ValueError(f"corrupt index state: {len(holders) // 4} holders, the counts say {total}")
-        self._reset_all()
-        for i in state.instances:
-            inst = self._instance(i.instance_id)
-            inst.producer_id = i.producer_id
-            inst.sequence = i.sequence
-            inst.retired = retired_of(i)
-            inst.dp_size = i.attention_dp_size
-        canon_list = []
-        for ws in state.workers:
-            widx = self._worker(self._instance(ws.instance_id), ws.rank)
-            w = &self.wrk[<uint32_t>widx]
-            w.has_cursor = ws.cursor is not None
-            w.cursor = 0 if ws.cursor is None else ws.cursor
-            w.last_created = ws.last_created
-            w.session_fresh = ws.session_fresh
-            w.split_blocks = ws.split_blocks
-            w.has_split_tail = ws.split_tail is not None
-            w.split_tail = 0 if ws.split_tail is None else ws.split_tail
-            w.gaps = ws.gaps
-            self.w_reasons[<uint32_t>widx] = list(ws.degraded_reasons)
-            for win in ws.windows:
-                slot = self._slot(<uint32_t>widx, win.window_size, True)
-                self.s_capacity[slot] = None if win.capacity is None else list(win.capacity)
-                canon_list.append(slot)
-        nslots_canon = len(canon_list)
-        if nn == 0:
-            return
-        canon = <uint32_t *>PyMem_Malloc((nslots_canon + 1) * sizeof(uint32_t))
-        if canon == NULL:
-            raise MemoryError()
-        try:
-            for j in range(nslots_canon):
-                canon[j] = canon_list[j]
-            table_reserve(&self.st, &self.st.etab, False, nn, KV_NIL)
-            table_reserve(&self.st, &self.st.ctab, True, nn, KV_NIL)
-            pe = <const uint64_t *>&engine[0]
-            pc = <const uint64_t *>&content[0]
-            ph = <const uint32_t *>&holders[0]
-            for k in range(nn):
-                e = pe[k]
-                if k and e <= prev:
-                    raise ValueError(f"corrupt index state: block hashes not strictly ascending at node {k}")
-                prev = e
-                id = node_alloc(&self.st, e)
-                table_insert(&self.st, &self.st.etab, False, id, e)
-                if flags[k]:
-                    set_content(&self.st, id, pc[k])
-                cnt = pn[k]
-                # Bulk: the node's holders straight into one pool run (adding them one by one
-                # scans the run for the slot each time, quadratic for blocks held by thousands).
-                grow(<void **>&tmp, &tmp_cap, cnt, sizeof(uint32_t))
-                last_canon = -1
-                for j in range(cnt):
-                    packed = ph[pos + j]
-                    canon_slot = packed & KV_SLOT_MASK
-                    if canon_slot >= nslots_canon:
-                        raise ValueError(f"corrupt index state: holder slot {canon_slot} of {nslots_canon}")
-                    if <int64_t>canon_slot <= last_canon:
-                        raise ValueError(f"corrupt index state: holders of node {k} not in ascending slot order")
-                    last_canon = canon_slot
-                    packed = (packed & ~KV_SLOT_MASK) | canon[canon_slot]
-                    tmp[j] = packed
-                    s = &self.slots[canon[canon_slot]]
-                    s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
-                    s.total += 1
-                set_holders(&self.st, id, tmp, cnt)
-                self.held += cnt
-                pos += cnt
-        finally:
-            PyMem_Free(canon)
-            PyMem_Free(tmp)
-
-
-def _decode_only(batches, bint ahead=True):
-    """Bench seam (bench/ingest.py): what the decoding thread does for each batch (the flat
-    reader, the limits, the salts, and with ``ahead`` the content hashes it computes ahead),
-    without the GIL, applying nothing. Returns how many batches were read; DecodeError for a
-    malformed one."""
-    cdef FlatBatch fb
-    cdef FlatError err
-    cdef FlatLimits lim
-    cdef Job job
-    cdef Py_buffer view
-    cdef int status
-    cdef Py_ssize_t n = 0
-    cdef uint64_t *cache = <uint64_t *>PyMem_RawCalloc(2 << SPEC_BITS, sizeof(uint64_t))
-    if cache == NULL:
-        raise MemoryError()
-    variants = flat_variants()
-    flat_limits(&lim, DEFAULT_LIMITS)
-    flat_init(&fb)
-    try:
-        for data in batches:
-            PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
-            try:
-                job.base = <const uint8_t *>view.buf
-                job.size = view.len
-                job.kind = JOB_FLAT
-                job.variant = variants.get(bytes(data[2:_HEADER]), -1)
-                if job.size < _HEADER or job.variant < 0:
-                    raise DecodeError("not a batch of a schema the flat reader reads")
-                with nogil:
-                    status = decode_into(&job, &fb, &err, &lim, &KVH)
-                    if status == STAGE_OK and ahead:
-                        speculate(&fb, cache, &KVH)
-                if status == STAGE_MALFORMED:
-                    flat_raise(&err)
-            finally:
-                PyBuffer_Release(&view)
-            n += 1
-    finally:
-        flat_free(&fb)
-        PyMem_RawFree(cache)
-    return n
+include "_indexcore_match.pxi"
+include "_indexcore_state.pxi"
+include "_indexcore_pipeline.pxi"

@@ -1,0 +1,298 @@
+# Included by _indexcore.pyx (textually, after IndexCore): the query walk behind find_matches and
+# match (the keys read from the query, the block-by-block walk over holders with its shortcuts,
+# the answer dict built or copied from a template). Functions of an IndexCore; callers hold the
+# index lock (IndexCore._rlock) and own its query scratch.
+
+cdef Py_ssize_t load_query_keys(IndexCore self, object hashes) except -1:
+    """Prepare ``qkeys``: an array('Q') is copied, a list is converted lazily by
+    ``_keys_upto`` (a query that stops matching early never converts its tail)."""
+    cdef Py_ssize_t n = len(hashes), i = 0
+    grow(<void **>&self.qkeys, &self.qkeys_cap, n if n else 1, sizeof(uint64_t))
+    self.qlist = None
+    self.qready = self.qfetched = n
+    if isinstance(hashes, carray.array) and hashes.typecode == 'Q':
+        if n:
+            memcpy(self.qkeys, (<carray.array>hashes).data.as_ulonglongs, n * sizeof(uint64_t))
+        return n
+    if type(hashes) is list:
+        self.qlist = hashes
+        self.qready = self.qfetched = 0
+        return n
+    for h in hashes:
+        self.qkeys[i] = h
+        i += 1
+    return n
+
+
+cdef inline void fetch_query_ints(IndexCore self, Py_ssize_t upto) noexcept:
+    """Prefetch the query list's int objects up to ``upto``: a query's ints sit apart in
+    memory (a router's freshly hashed ones are in cache; a bench's stored ones are not), and
+    converting them one by one waited for each."""
+    cdef list src = self.qlist
+    cdef Py_ssize_t i, end
+    if src is None or upto <= self.qfetched:
+        return
+    end = min(upto, PyList_GET_SIZE(src))
+    for i in range(self.qfetched, end):
+        prefetch(PyList_GET_ITEM(src, i))
+    self.qfetched = end
+
+
+cdef inline int query_keys_upto(IndexCore self, Py_ssize_t upto) except -1:
+    """Make ``qkeys[:upto]`` valid (converting the query list's ints; ``_match`` asks a few
+    groups ahead, so a query that stops matching early never converts its tail)."""
+    cdef Py_ssize_t i
+    cdef list src = self.qlist
+    if upto <= self.qready or src is None:
+        return 0
+    for i in range(self.qready, upto):
+        if i >= PyList_GET_SIZE(src):  # a key's __index__ shrank the list
+            raise RuntimeError("the query list changed size while it was read")
+        self.qkeys[i] = <object>PyList_GET_ITEM(src, i)
+    self.qready = upto
+    return 0
+
+
+cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_window, int32_t window,
+                   int max_level, bint want_prim) except? <size_t>-1:
+    """Score the ``n`` keys in ``qkeys``; the slots with a run are ``touched[:result]``.
+
+    Block by block, the slots whose run is still going ("alive") extend when they hold the
+    block. Shortcut: when every holder of the previous block was alive and extended, and
+    this block's node has the same holder set and levels (equal count and signature), all
+    alive slots extend without a look at the holders; such steps are counted in
+    ``pending`` and added to the alive slots when the set changes. Long shared prefixes
+    thus cost one table lookup per block. (A signature collision between two different
+    holder sets of equal size, about 2**-64 per comparison, would be missed.)
+
+    For ``match_counts`` it also leaves the most common run in ``q_mode`` (counted from the
+    slots whose runs end at each step, not from a pass over the touched slots) and, when
+    the touched slots are exactly the first block's holders, that node's signature in
+    ``q_setsig``. ``want_prim``: also count the primary blocks (``match``); the counts need
+    the runs only.
+    """
+    cdef size_t ntouched = 0, nalive = 0, nnew, k
+    cdef Py_ssize_t i
+    cdef uint32_t id, cnt, j, h, slot, lvl, r, step, pending = 0, prev_cnt = 0
+    cdef uint64_t prev_sig = 0, sig, pos = 0, nxt, key
+    cdef uint64_t NONE = <uint64_t>-1
+    cdef uint32_t *hs
+    cdef Node *node
+    cdef bint single, full = False, chained = False
+    cdef uint32_t guess = KV_NIL
+    cdef const NodeStore *st = &self.st
+    cdef uint32_t *stamp = self.stamp
+    cdef uint32_t *run = self.run
+    cdef uint32_t *prim = self.prim
+    cdef uint32_t *pstep = self.pstep
+    cdef uint32_t *alive = self.alive
+    cdef uint32_t *touched = self.touched
+    cdef uint8_t *slvl = self.slvl
+    cdef const Slot *slots = self.slots
+    cdef uint32_t epoch
+    cdef const Table *tab = &self.st.ctab if by_content else &self.st.etab
+    cdef Py_ssize_t group_end = 0, g, reached = n, ahead, entries_at = 0, nodes_at = 0
+    cdef uint32_t mode_n = 0, mode_v = 0, dead
+    self.q_setsig_known = False
+    self.epoch += 1
+    if self.epoch == 0:
+        memset(self.stamp, 0, self.score_cap * sizeof(uint32_t))
+        self.epoch = 1
+    epoch = self.epoch
+    # Pipelined group prefetching: keys go in groups of QGROUP; at the start of a group the
+    # ints of the keys three groups ahead are fetched, the keys two groups ahead converted
+    # (their ints fetched a group ago) and their table entries fetched, the nodes of the
+    # next group fetched (through their entries, fetched a group ago); so a group's memory
+    # waits overlap the groups before it instead of stalling it.
+    for i in range(n):
+        if i == group_end:
+            group_end = min(n, i + QGROUP)
+            fetch_query_ints(self, min(n, i + 4 * QGROUP))
+            ahead = min(n, i + 3 * QGROUP)
+            query_keys_upto(self, ahead)
+            if chained:  # the last group's nodes were all found in sequence: no table
+                entries_at = max(entries_at, ahead)
+                nodes_at = max(nodes_at, min(n, i + 2 * QGROUP))
+            for g in range(entries_at, ahead):
+                prefetch_entry(tab, self.qkeys[g])
+            entries_at = max(entries_at, ahead)
+            ahead = min(n, i + 2 * QGROUP)
+            for g in range(nodes_at, ahead):
+                prefetch_node(st, tab, self.qkeys[g])
+            nodes_at = max(nodes_at, ahead)
+            chained = not by_content and i > 0
+        step = <uint32_t>i + 1
+        key = self.qkeys[i]
+        # A Stored event's blocks get consecutive nodes, so the block after the last one
+        # found is first looked for in the next node (exact: a used node is the one node of
+        # its engine hash); only when it is not there is the table probed.
+        if guess < st.node_top and (self.N(guess).n & KV_USED) and self.N(guess).engine == key:
+            id = guess
+        else:
+            chained = False
+            pos = table_find_pos(st, tab, key, by_content, NONE)
+            if pos == NONE:
+                reached = i
+                break
+            id = tab.ids[pos] & st.id_mask
+        if not by_content:
+            guess = id + 1
+        node = self.N(id)
+        cnt = node.n & KV_COUNT_MASK
+        # the content table has a node per engine hash that stands for this content
+        nxt = table_find_pos(st, tab, key, True, pos) if by_content else NONE
+        single = nxt == NONE
+        sig = node.sig
+        if full and single and cnt == prev_cnt and sig == prev_sig:
+            pending += 1
+            continue
+        if pending:
+            for k in range(nalive):
+                slot = alive[k]
+                run[slot] += pending
+                if want_prim and slvl[slot] == 0:
+                    prim[slot] += pending
+            pending = 0
+        prev_cnt = cnt
+        prev_sig = sig
+        nnew = 0
+        while True:
+            node = self.N(id)
+            cnt = node.n & KV_COUNT_MASK
+            hs = node_holders(&self.st, node)
+            if i == 0:  # the first block: its holders start their runs
+                for j in range(cnt):
+                    h = hs[j]
+                    lvl = (h >> KV_SLOT_BITS) & 0xF
+                    slot = h & KV_SLOT_MASK
+                    if lvl > <uint32_t>max_level or (has_window and slots[slot].window != window):
+                        continue
+                    if stamp[slot] != epoch:
+                        stamp[slot] = epoch
+                        run[slot] = 1
+                        touched[ntouched] = slot
+                        ntouched += 1
+                        alive[nnew] = slot
+                        nnew += 1
+                        if want_prim:
+                            prim[slot] = lvl == 0
+                            pstep[slot] = 1 if lvl == 0 else 0
+                            slvl[slot] = <uint8_t>lvl
+                    elif want_prim and lvl == 0 and pstep[slot] != 1:
+                        prim[slot] += 1
+                        pstep[slot] = 1
+                        slvl[slot] = 0
+            else:
+                for j in range(cnt):
+                    h = hs[j]
+                    slot = h & KV_SLOT_MASK
+                    if stamp[slot] != epoch:
+                        continue
+                    lvl = (h >> KV_SLOT_BITS) & 0xF
+                    if lvl > <uint32_t>max_level or (has_window and slots[slot].window != window):
+                        continue
+                    r = run[slot]
+                    if r == <uint32_t>i:
+                        run[slot] = step
+                        alive[nnew] = slot
+                        nnew += 1
+                        if want_prim:
+                            slvl[slot] = <uint8_t>lvl
+                            if lvl == 0:
+                                prim[slot] += 1
+                                pstep[slot] = step
+                    elif want_prim and r == step and lvl == 0 and pstep[slot] != step:
+                        prim[slot] += 1
+                        pstep[slot] = step
+                        slvl[slot] = 0
+            if nxt == NONE:
+                break
+            id = tab.ids[nxt] & st.id_mask
+            nxt = table_find_pos(st, tab, key, True, nxt)
+        if i == 0:
+            if single and nnew == prev_cnt:  # every holder of the first block is touched
+                self.q_setsig = sig
+                self.q_setsig_known = True
+        else:
+            dead = <uint32_t>(nalive - nnew)  # their runs end at i
+            if dead > mode_n:
+                mode_n = dead
+                mode_v = <uint32_t>i
+        nalive = nnew
+        if nnew == 0:
+            break
+        full = single and nnew == prev_cnt
+    if pending:
+        for k in range(nalive):
+            slot = alive[k]
+            run[slot] += pending
+            if want_prim and slvl[slot] == 0:
+                prim[slot] += pending
+    if nalive > mode_n:  # the slots still alive: runs of ``reached``
+        mode_n = <uint32_t>nalive
+        mode_v = <uint32_t>reached
+    self.q_mode = mode_v
+    return ntouched
+
+
+cdef dict build_counts(IndexCore self, size_t t):
+    cdef size_t k
+    cdef uint32_t slot
+    cdef dict out = _PyDict_NewPresized(t)
+    cdef list keys = self.s_keys
+    cdef Slot *s
+    cdef PyObject *old
+    for k in range(t):
+        slot = self.touched[k]
+        s = &self.slots[slot]
+        key = keys[slot]
+        value = self.run[slot]
+        if self.wrk[s.worker].nactive != 1:
+            old = _PyDict_GetItem_KnownHash(out, key, s.khash)
+            if old != NULL and <object>old >= value:
+                continue
+        _PyDict_SetItem_KnownHash(out, key, value, s.khash)
+    return out
+
+
+cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t v):
+    """The result of ``touched[:t]`` (one window cache per worker) from a template."""
+    cdef size_t k, m
+    cdef uint32_t slot
+    cdef uint32_t epoch = self.epoch
+    cdef list keys = self.s_keys
+    cdef dict tmpl = None, out
+    cdef bytes tslots
+    cdef const uint32_t *ts
+    cdef bint hit = False
+    entry = self.templates.get(ckey)
+    if entry is not None:
+        tmpl, tslots = entry
+        m = len(tslots) // 4
+        if m == t:
+            ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
+            hit = True
+            for k in range(m):
+                slot = ts[k]
+                if self.stamp[slot] != epoch:
+                    hit = False
+                    break
+    if not hit:
+        tmpl = _PyDict_NewPresized(t)
+        tslots = PyBytes_FromStringAndSize(NULL, t * 4)
+        memcpy(PyBytes_AS_STRING(tslots), self.touched, t * 4)
+        value = v
+        for k in range(t):
+            slot = self.touched[k]
+            _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
+        if self.template_keys + t > (1 << 18):
+            self.templates.clear()
+            self.template_keys = 0
+        self.templates[ckey] = (tmpl, tslots)
+        self.template_keys += t
+    out = PyDict_Copy(tmpl)
+    for k in range(t):
+        slot = self.touched[k]
+        if self.run[slot] != v:
+            _PyDict_SetItem_KnownHash(out, keys[slot], self.run[slot], self.slots[slot].khash)
+    return out
