@@ -56,6 +56,7 @@ import sys
 import threading
 import time
 import urllib.request
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,24 @@ def _check(name: str, url: str, work: route_index.Workload) -> None:
         ], name
 
 
+def _wait_ready(url: str, timeout: float = 120.0) -> float:
+    """Seconds until ``/readyz`` answered 200 four times in a row, each on a new connection (so
+    on every process, most likely: a follower caught up with its topic, not still replaying)."""
+    started = time.monotonic()
+    in_a_row = 0
+    while in_a_row < 4:
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=2) as response:
+                in_a_row = in_a_row + 1 if response.status == 200 else 0
+        except OSError:
+            in_a_row = 0
+        if in_a_row < 4:
+            if time.monotonic() - started > timeout:
+                raise SystemExit(f"{url} not ready after {timeout:.0f} s")
+            time.sleep(0.05 if in_a_row else 0.2)
+    return time.monotonic() - started
+
+
 def _get(conn: Any, path: str) -> bytes:
     conn.request("GET", path)
     response = conn.getresponse()
@@ -281,9 +300,10 @@ def _process_figures(url: str, want: int) -> dict[str, Any]:
                         figures["gc"].setdefault(key, [0.0, 0.0, 0.0])[int(labels["generation"])] = value
                     else:
                         figures["gc"][key] = value
-                elif labels.get("route") in ("/match", "/match/hashes"):
+                elif labels.get("route") in ("/match", "/match/hashes") and labels.get("form") != "error":
                     le = float("inf") if labels["le"] == "+Inf" else float(labels["le"])
-                    buckets.setdefault(labels["route"], []).append((le, value))
+                    series = labels["route"] + (" batch" if labels.get("form") == "batch" else "")
+                    buckets.setdefault(series, []).append((le, value))
             for route, cumulative in buckets.items():
                 total = cumulative[-1][1]
                 p99 = next(le for le, n in cumulative if n >= 0.99 * total)
@@ -352,26 +372,79 @@ def _run_counted(pids: list[int], load: Any) -> dict[str, Any]:
     return result
 
 
+@dataclass(frozen=True)
+class Setting:
+    """How a paced run is made, beyond its rate: a warm-up at the paced rate before the measured
+    run (seconds), wrk's niceness, the server processes' niceness. Several settings given to
+    ``--warmup``/``--wrk-nice``/``--server-nice`` take turns over the repeats (interleaved)."""
+
+    warmup_s: float = 0.0
+    wrk_nice: int = 0
+    server_nice: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"warm-up {self.warmup_s:g} s, wrk nice {self.wrk_nice}, servers nice {self.server_nice}"
+
+    @property
+    def tag(self) -> str:
+        return f"w{self.warmup_s:g}/n{self.wrk_nice}/s{self.server_nice}"
+
+
+def _renice(pids: list[int], nice: int) -> None:
+    """Every thread of the server processes at niceness ``nice`` (Linux: a thread's own)."""
+    for p in pids:
+        for task in Path(f"/proc/{p}/task").iterdir():
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+            except (ProcessLookupError, FileNotFoundError):
+                continue
+
+
 def _paced_repeats(pids: list[int], url: str, endpoint: str, bodies: list[bytes], rate: float, seconds: float,
-                   connections: int, repeats: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
-    """``repeats`` paced runs at ``rate``: the one with the median p99, and all of them."""
-    load = partial(
-        wrk_load.paced, url, endpoint, bodies, rate=rate, seconds=seconds, max_connections=connections
-    )
-    runs = [_run_counted(pids, load) for _ in range(repeats)]
-    return sorted(runs, key=lambda r: r["p99_us"])[(len(runs) - 1) // 2], runs
+                   connections: int, repeats: int, settings: list[Setting],
+                   ) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+    """``repeats`` paced runs at ``rate``, the settings taking turns: the one with the median p99
+    (of the first setting's runs), and all of them (each with its ``setting``)."""
+    runs = []
+    for i in range(repeats):
+        setting = settings[i % len(settings)]
+        load = partial(wrk_load.paced, url, endpoint, bodies, rate=rate, seconds=seconds, max_connections=connections,
+                       warmup_s=setting.warmup_s, nice=setting.wrk_nice)  # fmt: skip
+        if setting.server_nice:
+            _renice(pids, setting.server_nice)
+        try:
+            run = _run_counted(pids, load)
+        finally:
+            if setting.server_nice:
+                _renice(pids, 0)
+        run["setting"] = asdict(setting)
+        runs.append(run)
+    first = [r for r in runs if r["setting"] == asdict(settings[0])]
+    return sorted(first, key=lambda r: r["p99_us"])[(len(first) - 1) // 2], runs
 
 
 def _p99s(runs: list[dict[str, Any]]) -> str:
-    """ " (repeats 3.10 4.20 ...)" in ms, or nothing for one run."""
-    values = " ".join(format(r["p99_us"] / 1000, ".2f") for r in runs)
-    return f" (repeats {values})" if len(runs) > 1 else ""
+    """ " (repeats 3.10 4.20 ...)" in ms, or nothing for one run; with a warm-up, its own p99 in
+    brackets before each (``[warm-up p99] measured p99``); with several settings, each tagged."""
+    tagged = len({json.dumps(r.get("setting"), sort_keys=True) for r in runs}) > 1
+    values = " ".join(
+        (f"[{r['warmup']['p99_us'] / 1000:.2f}]" if r.get("warmup") else "")
+        + format(r["p99_us"] / 1000, ".2f")
+        + (f"@{Setting(**r['setting']).tag}" if tagged else "")
+        for r in runs
+    )
+    return f" (repeats {values})" if len(runs) > 1 or runs[0].get("warmup") else ""
+
+
+FORMS = ("single", "hashes", "batch", "tiny")
 
 
 def _measure(
     name: str, url: str, work: route_index.Workload, seconds: float, connections: int, pids: list[int],
-    repeats: int = 1,
+    repeats: int = 1, settings: list[Setting] | None = None, only: tuple[str, ...] = FORMS,
 ) -> dict[str, Any]:  # fmt: skip
+    settings = settings or [Setting()]
     forms: dict[str, tuple[str, list[bytes]]] = {"single": ("/match", work.single)}
     if name != "stdlib":
         forms["hashes"] = ("/match/hashes", work.hashes)
@@ -379,16 +452,18 @@ def _measure(
         forms["tiny"] = ("/match/hashes", [b'{"block_hashes": [1]}'])  # the stack's own ceiling
     out: dict[str, Any] = {}
     for form, (endpoint, bodies) in forms.items():
+        if form not in only:
+            continue
         top = _run_counted(
             pids, partial(wrk_load.run, url, endpoint, bodies, connections=connections, seconds=seconds)
         )
         half, halves = _paced_repeats(pids, url, endpoint, bodies, top["requests_per_s"] / 2, seconds,
-                                      connections, repeats)  # fmt: skip
+                                      connections, repeats, settings)  # fmt: skip
         out[form] = {"max": top, "half": half, "half_repeats": halves}
         goal_step = ""
         if form in ("single", "hashes") and top["requests_per_s"] >= 1.2 * GOAL_HALF_PER_S:
             at, ats = _paced_repeats(
-                pids, url, endpoint, bodies, GOAL_HALF_PER_S, seconds, connections, repeats
+                pids, url, endpoint, bodies, GOAL_HALF_PER_S, seconds, connections, repeats, settings
             )
             out[form]["at_goal_half"], out[form]["at_goal_half_repeats"] = at, ats
             goal_step = (f" | at {at['requests_per_s']:>6,.0f} of {GOAL_HALF_PER_S:,} p99 {at['p99_us'] / 1000:5.2f} ms"
@@ -411,31 +486,46 @@ def _measure(
     return out
 
 
-def _goal(results: dict[str, Any]) -> dict[str, Any]:
+def _goal_of(top: dict[str, Any], ats: list[dict[str, Any]], halves: list[dict[str, Any]]) -> dict[str, Any]:
+    at_p99 = statistics.median(a["p99_us"] for a in ats) if ats else None
+    on_target = bool(ats) and all(a["on_target"] for a in ats)
+    met = top["requests_per_s"] >= GOAL_PER_S and on_target and at_p99 is not None and at_p99 <= GOAL_P99_US
+    return {"max_per_s": top["requests_per_s"],
+            "at_goal_half_per_s": [a["requests_per_s"] for a in ats],
+            "at_goal_half_p99_ms": [a["p99_us"] / 1000 for a in ats],
+            "at_goal_half_warmup_p99_ms": [a["warmup"]["p99_us"] / 1000 for a in ats if a.get("warmup")],
+            "at_goal_half_p99_ms_median": None if at_p99 is None else at_p99 / 1000,
+            "at_goal_half_on_target": on_target,
+            "half_of_max_per_s": [h["requests_per_s"] for h in halves],
+            "half_of_max_target_per_s": halves[0]["target_per_s"],
+            "half_of_max_p99_ms": [h["p99_us"] / 1000 for h in halves],
+            "half_of_max_p99_ms_median": statistics.median(h["p99_us"] for h in halves) / 1000,
+            "half_of_max_on_target": all(h["on_target"] for h in halves),
+            "met": met}  # fmt: skip
+
+
+def _goal(results: dict[str, Any], settings: list[Setting]) -> dict[str, Any]:
     """The issue's goal on single ``/match``: >= 10,000 req/s, and p99 <= 5 ms at half that load
     (5,000 req/s; the median of the repeats, every repeat on target). The p99 at half the
-    measured max is reported beside it (a harder step when the max is above 10,000)."""
+    measured max is reported beside it (a harder step when the max is above 10,000). With
+    several settings, the figures of each (``by_setting``); the top level reads the first."""
     out = {}
     for name, r in results.items():
-        top, half, halves = r["single"]["max"], r["single"]["half"], r["single"]["half_repeats"]
+        top, halves = r["single"]["max"], r["single"]["half_repeats"]
         ats = r["single"].get("at_goal_half_repeats", [])
-        at_p99 = statistics.median(a["p99_us"] for a in ats) if ats else None
-        on_target = bool(ats) and all(a["on_target"] for a in ats)
-        met = (
-            top["requests_per_s"] >= GOAL_PER_S and on_target and at_p99 is not None and at_p99 <= GOAL_P99_US
-        )
-        out[name] = {"max_per_s": top["requests_per_s"],
-                     "at_goal_half_per_s": [a["requests_per_s"] for a in ats],
-                     "at_goal_half_p99_ms": [a["p99_us"] / 1000 for a in ats],
-                     "at_goal_half_p99_ms_median": None if at_p99 is None else at_p99 / 1000,
-                     "at_goal_half_on_target": on_target,
-                     "half_of_max_per_s": [h["requests_per_s"] for h in halves],
-                     "half_of_max_target_per_s": half["target_per_s"],
-                     "half_of_max_p99_ms": [h["p99_us"] / 1000 for h in halves],
-                     "half_of_max_p99_ms_median": statistics.median(h["p99_us"] for h in halves) / 1000,
-                     "half_of_max_on_target": all(h["on_target"] for h in halves),
-                     "met": met}  # fmt: skip
+        by = []
+        for setting in settings:
+            pick = asdict(setting)
+            one = _goal_of(
+                top, [a for a in ats if a["setting"] == pick], [h for h in halves if h["setting"] == pick]
+            )
+            by.append({"setting": pick, "label": setting.label, **one})
+        out[name] = {**by[0], "by_setting": by}
     return out
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
 
 
 def main() -> None:
@@ -450,8 +540,21 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64, help="keep-alive connections at max load")
     parser.add_argument("--workers", type=int, default=256, help="index workers (default: 256)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each paced step (default: 1)")
+    parser.add_argument("--forms", default=",".join(FORMS), help=f"subset of {','.join(FORMS)} to measure "
+                        "(single is always measured: the goal reads it)")  # fmt: skip
+    parser.add_argument("--warmup", default="0", help="seconds of a warm-up run at the paced rate before each "
+                        "measured paced run (its p99 printed in brackets); a list (0,5) takes turns over the repeats")  # fmt: skip
+    parser.add_argument("--wrk-nice", default="0", help="wrk's niceness (e.g. 10: wrk yields the cores to the "
+                        "servers, as a load generator on another machine would); a list takes turns")  # fmt: skip
+    parser.add_argument("--server-nice", default="0", help="the server processes' niceness during the paced "
+                        "runs (negative: ahead of everything else on the machine); a list takes turns")  # fmt: skip
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
+    settings = [Setting(w, int(n), int(m)) for w in _floats(args.warmup) for n in _floats(args.wrk_nice)
+                for m in _floats(args.server_nice)]  # fmt: skip
+    if args.repeats < len(settings):
+        parser.error(f"--repeats {args.repeats} is fewer than the {len(settings)} settings to take turns")
+    only = tuple(f for f in FORMS if f in {x.strip() for x in args.forms.split(",")} | {"single"})
     if args.quick:
         args.seconds, args.workers = 1.0, 32
     names = [n.strip() for n in args.servers.split(",") if n.strip()]
@@ -464,6 +567,8 @@ def main() -> None:
           f"{work.blocks_per_prompt} blocks; load: wrk {args.connections} connections", file=sys.stderr)  # fmt: skip
     in_process = _in_process(work)
     print(f"in-process handler (no HTTP), p50 us: {in_process}", flush=True)
+    print("paced runs: " + "; ".join(f"{s.label} ({s.tag})" for s in settings)
+          + (" -- taking turns over the repeats" if len(settings) > 1 else ""), flush=True)  # fmt: skip
     ctx = multiprocessing.get_context("fork")
     results: dict[str, Any] = {}
     for name in names:
@@ -479,11 +584,15 @@ def main() -> None:
                     break
                 except OSError:
                     time.sleep(0.1)
+            if name.startswith("uvicorn"):
+                print(
+                    f"{name:<11} ready after {_wait_ready(url):.1f} s (/readyz 200 four times in a row)",
+                    flush=True,
+                )
             _check(name, url, work)
             assert child.pid is not None
-            results[name] = _measure(
-                name, url, work, args.seconds, args.connections, _server_pids(child.pid), args.repeats
-            )
+            results[name] = _measure(name, url, work, args.seconds, args.connections, _server_pids(child.pid),
+                                     args.repeats, settings, only)  # fmt: skip
             if name.startswith("uvicorn"):
                 own = _process_figures(url, len(_server_pids(child.pid)))
                 results[name]["process_figures"] = own
@@ -515,8 +624,8 @@ def main() -> None:
     }  # fmt: skip
     if over_old:
         print(f"max requests/s over the old handlers (old-2w): {over_old}")
-    goal = _goal(results)
-    for name, g in goal.items():
+    goal = _goal(results, settings)
+    for name, g in ((n, g) for n, whole in goal.items() for g in whole["by_setting"]):
         at = ("not run (max below 6,000)" if g["at_goal_half_p99_ms_median"] is None else
               f"p99 {g['at_goal_half_p99_ms_median']:.2f} ms at {GOAL_HALF_PER_S:,}"
               f" (repeats {' '.join(f'{v:.2f}' for v in g['at_goal_half_p99_ms'])})"
@@ -525,7 +634,8 @@ def main() -> None:
               f"{name:<11} {g['max_per_s']:,.0f} req/s, {at}: {'MET' if g['met'] else 'not met'}; at half the "
               f"measured max ({g['half_of_max_target_per_s']:,.0f}) p99 {g['half_of_max_p99_ms_median']:.2f} ms"
               f" (repeats {' '.join(f'{v:.2f}' for v in g['half_of_max_p99_ms'])})"
-              f"{'' if g['half_of_max_on_target'] else ' (off target)'}")  # fmt: skip
+              f"{'' if g['half_of_max_on_target'] else ' (off target)'}"
+              + (f" [{g['label']}]" if len(settings) > 1 or g["setting"] != asdict(Setting()) else ""))  # fmt: skip
     print(f"load average: at start {load_start}, at end {os.getloadavg()}")
     if args.quick:
         return
@@ -538,6 +648,7 @@ def main() -> None:
         "index": {"workers": args.workers, "held_blocks": work.index.held_blocks(),
                   "blocks_per_prompt": work.blocks_per_prompt, "batch_size": work.batch_size},
         "settings": {"seconds": args.seconds, "connections": args.connections, "repeats": args.repeats,
+                     "forms": list(only), "paced_settings": [asdict(s) for s in settings],
                      "paced": "half the max rate, and 5,000 req/s; mean delay 4 ms per connection (2-6), "
                               "connections by 1 s probes"},
         "goal": goal,
