@@ -45,6 +45,7 @@ Results: ``bench/results/route_serve.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -56,6 +57,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -341,9 +343,13 @@ def _sched(pids: list[int]) -> tuple[float, int]:
     core), and how many times they were put on a core, so far (``/proc/PID/schedstat``)."""
     wait, slices = 0.0, 0
     for p in pids:
-        fields = Path(f"/proc/{p}/schedstat").read_text().split()
-        wait += int(fields[1]) / 1e9
-        slices += int(fields[2])
+        for task in Path(f"/proc/{p}/task").iterdir():  # every thread (granian serves from Rust threads)
+            try:
+                fields = (task / "schedstat").read_text().split()
+            except OSError:
+                continue
+            wait += int(fields[1]) / 1e9
+            slices += int(fields[2])
     return wait, slices
 
 
@@ -401,27 +407,26 @@ def _renice(pids: list[int], nice: int) -> None:
                 continue
 
 
-def _paced_repeats(pids: list[int], url: str, endpoint: str, bodies: list[bytes], rate: float, seconds: float,
-                   connections: int, repeats: int, settings: list[Setting],
-                   ) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
-    """``repeats`` paced runs at ``rate``, the settings taking turns: the one with the median p99
-    (of the first setting's runs), and all of them (each with its ``setting``)."""
-    runs = []
-    for i in range(repeats):
-        setting = settings[i % len(settings)]
-        load = partial(wrk_load.paced, url, endpoint, bodies, rate=rate, seconds=seconds, max_connections=connections,
-                       warmup_s=setting.warmup_s, nice=setting.wrk_nice)  # fmt: skip
+def _paced_once(pids: list[int], url: str, endpoint: str, bodies: list[bytes], rate: float, seconds: float,
+                connections: int, setting: Setting) -> dict[str, Any]:  # fmt: skip
+    """One paced run at ``rate`` with ``setting`` (servers reniced for the run only)."""
+    load = partial(wrk_load.paced, url, endpoint, bodies, rate=rate, seconds=seconds, max_connections=connections,
+                   warmup_s=setting.warmup_s, nice=setting.wrk_nice)  # fmt: skip
+    if setting.server_nice:
+        _renice(pids, setting.server_nice)
+    try:
+        run = _run_counted(pids, load)
+    finally:
         if setting.server_nice:
-            _renice(pids, setting.server_nice)
-        try:
-            run = _run_counted(pids, load)
-        finally:
-            if setting.server_nice:
-                _renice(pids, 0)
-        run["setting"] = asdict(setting)
-        runs.append(run)
+            _renice(pids, 0)
+    run["setting"] = asdict(setting)
+    return run
+
+
+def _median_of_first(runs: list[dict[str, Any]], settings: list[Setting]) -> dict[str, Any]:
+    """The run with the median p99 among the first setting's runs."""
     first = [r for r in runs if r["setting"] == asdict(settings[0])]
-    return sorted(first, key=lambda r: r["p99_us"])[(len(first) - 1) // 2], runs
+    return sorted(first, key=lambda r: r["p99_us"])[(len(first) - 1) // 2]
 
 
 def _p99s(runs: list[dict[str, Any]]) -> str:
@@ -440,49 +445,69 @@ def _p99s(runs: list[dict[str, Any]]) -> str:
 FORMS = ("single", "hashes", "batch", "tiny")
 
 
-def _measure(
-    name: str, url: str, work: route_index.Workload, seconds: float, connections: int, pids: list[int],
-    repeats: int = 1, settings: list[Setting] | None = None, only: tuple[str, ...] = FORMS,
-) -> dict[str, Any]:  # fmt: skip
+def _measure(servers: dict[str, tuple[str, list[int]]], work: route_index.Workload, seconds: float,
+             connections: int, repeats: int = 1, settings: list[Setting] | None = None,
+             only: tuple[str, ...] = FORMS) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Each form on every server of ``servers`` (name: url, serving pids): the max runs, then the
+    paced steps' repeats taking turns between the servers (the order rotating by repeat) and
+    between the settings, so servers measured together see the same moments of the machine."""
     settings = settings or [Setting()]
-    forms: dict[str, tuple[str, list[bytes]]] = {"single": ("/match", work.single)}
-    if name != "stdlib":
-        forms["hashes"] = ("/match/hashes", work.hashes)
-        forms["batch"] = ("/match", work.batch)
-        forms["tiny"] = ("/match/hashes", [b'{"block_hashes": [1]}'])  # the stack's own ceiling
-    out: dict[str, Any] = {}
+    forms: dict[str, tuple[str, list[bytes]]] = {
+        "single": ("/match", work.single),
+        "hashes": ("/match/hashes", work.hashes),
+        "batch": ("/match", work.batch),
+        "tiny": ("/match/hashes", [b'{"block_hashes": [1]}']),  # the stack's own ceiling
+    }
+    out: dict[str, dict[str, Any]] = {name: {} for name in servers}
     for form, (endpoint, bodies) in forms.items():
-        if form not in only:
-            continue
-        top = _run_counted(
-            pids, partial(wrk_load.run, url, endpoint, bodies, connections=connections, seconds=seconds)
-        )
-        half, halves = _paced_repeats(pids, url, endpoint, bodies, top["requests_per_s"] / 2, seconds,
-                                      connections, repeats, settings)  # fmt: skip
-        out[form] = {"max": top, "half": half, "half_repeats": halves}
-        goal_step = ""
-        if form in ("single", "hashes") and top["requests_per_s"] >= 1.2 * GOAL_HALF_PER_S:
-            at, ats = _paced_repeats(
-                pids, url, endpoint, bodies, GOAL_HALF_PER_S, seconds, connections, repeats, settings
+        names = [n for n in servers if form in only and (form == "single" or n != "stdlib")]
+        tops = {}
+        for name in names:
+            url, pids = servers[name]
+            tops[name] = _run_counted(
+                pids, partial(wrk_load.run, url, endpoint, bodies, connections=connections, seconds=seconds)
             )
-            out[form]["at_goal_half"], out[form]["at_goal_half_repeats"] = at, ats
-            goal_step = (f" | at {at['requests_per_s']:>6,.0f} of {GOAL_HALF_PER_S:,} p99 {at['p99_us'] / 1000:5.2f} ms"
-                         f"{_p99s(ats)}"
-                         f" wait {at['server_runqueue_wait_us_per_request']:.0f} us/req"
-                         f"{'' if all(r['on_target'] for r in ats) else ' OFF TARGET'}")  # fmt: skip
-        if form == "batch":
-            out[form]["prompts_per_request"] = work.batch_size
-        print(f"{name:<11} {form:<7} max {top['requests_per_s']:>9,.0f} req/s p50 {top['p50_us'] / 1000:6.2f} "
-              f"p99 {top['p99_us'] / 1000:6.2f} ms cpu {top['cpu_share_by_process']} "
-              f"{top['server_cpu_us_per_request']:.0f} us/req | at {half['requests_per_s']:>8,.0f} of "
-              f"{half['target_per_s']:,.0f} req/s ({half['connections']} conn) p50 {half['p50_us'] / 1000:5.2f} "
-              f"p99 {half['p99_us'] / 1000:5.2f} ms"
-              f"{_p99s(halves)}"
-              f" cpu {half['cpu_share_by_process']} {half['server_cpu_us_per_request']:.0f} us/req"
-              f" wait {half['server_runqueue_wait_us_per_request']:.0f} us/req wrk {half['wrk_cpu_us_per_request']:.0f} us/req"
-              f"{'' if all(r['on_target'] for r in halves) else ' OFF TARGET'}{goal_step}"
-              f" errors {top['non2xx'] + top['read_errors'] + top['connect_errors'] + sum(r['non2xx'] for r in halves)}",
-              flush=True)  # fmt: skip
+        halves: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        ats: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        at_goal = [
+            n
+            for n in names
+            if form in ("single", "hashes") and tops[n]["requests_per_s"] >= 1.2 * GOAL_HALF_PER_S
+        ]
+        half_rates = {n: tops[n]["requests_per_s"] / 2 for n in names}
+        goal_rates = {n: float(GOAL_HALF_PER_S) for n in at_goal}
+        for rates, runs in ((half_rates, halves), (goal_rates, ats)):
+            turn = list(rates)
+            for i in range(repeats if turn else 0):
+                for name in turn[i % len(turn) :] + turn[: i % len(turn)]:
+                    url, pids = servers[name]
+                    runs[name].append(_paced_once(pids, url, endpoint, bodies, rates[name], seconds, connections,
+                                                  settings[i % len(settings)]))  # fmt: skip
+        for name in names:
+            top = tops[name]
+            half = _median_of_first(halves[name], settings)
+            out[name][form] = {"max": top, "half": half, "half_repeats": halves[name]}
+            goal_step = ""
+            if ats[name]:
+                at = _median_of_first(ats[name], settings)
+                out[name][form]["at_goal_half"], out[name][form]["at_goal_half_repeats"] = at, ats[name]
+                goal_step = (f" | at {at['requests_per_s']:>6,.0f} of {GOAL_HALF_PER_S:,} p99 {at['p99_us'] / 1000:5.2f} ms"
+                             f"{_p99s(ats[name])}"
+                             f" wait {at['server_runqueue_wait_us_per_request']:.0f} us/req"
+                             f"{'' if all(r['on_target'] for r in ats[name]) else ' OFF TARGET'}")  # fmt: skip
+            if form == "batch":
+                out[name][form]["prompts_per_request"] = work.batch_size
+            print(f"{name:<11} {form:<7} max {top['requests_per_s']:>9,.0f} req/s p50 {top['p50_us'] / 1000:6.2f} "
+                  f"p99 {top['p99_us'] / 1000:6.2f} ms cpu {top['cpu_share_by_process']} "
+                  f"{top['server_cpu_us_per_request']:.0f} us/req | at {half['requests_per_s']:>8,.0f} of "
+                  f"{half['target_per_s']:,.0f} req/s ({half['connections']} conn) p50 {half['p50_us'] / 1000:5.2f} "
+                  f"p99 {half['p99_us'] / 1000:5.2f} ms"
+                  f"{_p99s(halves[name])}"
+                  f" cpu {half['cpu_share_by_process']} {half['server_cpu_us_per_request']:.0f} us/req"
+                  f" wait {half['server_runqueue_wait_us_per_request']:.0f} us/req wrk {half['wrk_cpu_us_per_request']:.0f} us/req"
+                  f"{'' if all(r['on_target'] for r in halves[name]) else ' OFF TARGET'}{goal_step}"
+                  f" errors {top['non2xx'] + top['read_errors'] + top['connect_errors'] + sum(r['non2xx'] for r in halves[name])}",
+                  flush=True)  # fmt: skip
     return out
 
 
@@ -528,6 +553,35 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
+@contextlib.contextmanager
+def _started(ctx: Any, name: str, work: route_index.Workload) -> Iterator[tuple[str, int]]:
+    """Server ``name`` in a child process, ready and its answers checked: (url, child pid)."""
+    target, extra = SERVERS[name]
+    ports = ctx.Queue()
+    child = ctx.Process(target=target, args=(work.index, ports), kwargs=extra, daemon=False)
+    child.start()
+    try:
+        url = f"http://127.0.0.1:{ports.get(timeout=60)}"
+        for _ in range(100):  # every worker process listening
+            try:
+                urllib.request.urlopen(url + "/healthz", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        if name.startswith("uvicorn"):
+            print(
+                f"{name:<11} ready after {_wait_ready(url):.1f} s (/readyz 200 four times in a row)",
+                flush=True,
+            )
+        _check(name, url, work)
+        assert child.pid is not None
+        yield url, child.pid
+    finally:
+        if child.pid is not None:
+            os.kill(child.pid, signal.SIGTERM)
+        child.join(15)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -548,6 +602,8 @@ def main() -> None:
                         "servers, as a load generator on another machine would); a list takes turns")  # fmt: skip
     parser.add_argument("--server-nice", default="0", help="the server processes' niceness during the paced "
                         "runs (negative: ahead of everything else on the machine); a list takes turns")  # fmt: skip
+    parser.add_argument("--interleave", action="store_true", help="start every server first, then take turns "
+                        "between them run by run (each server's paced repeats beside the others', not minutes apart)")  # fmt: skip
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     settings = [Setting(w, int(n), int(m)) for w in _floats(args.warmup) for n in _floats(args.wrk_nice)
@@ -571,45 +627,27 @@ def main() -> None:
           + (" -- taking turns over the repeats" if len(settings) > 1 else ""), flush=True)  # fmt: skip
     ctx = multiprocessing.get_context("fork")
     results: dict[str, Any] = {}
-    for name in names:
-        target, extra = SERVERS[name]
-        ports = ctx.Queue()
-        child = ctx.Process(target=target, args=(work.index, ports), kwargs=extra, daemon=False)
-        child.start()
-        try:
-            url = f"http://127.0.0.1:{ports.get(timeout=60)}"
-            for _ in range(100):  # every worker process listening
-                try:
-                    urllib.request.urlopen(url + "/healthz", timeout=2).read()
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            if name.startswith("uvicorn"):
-                print(
-                    f"{name:<11} ready after {_wait_ready(url):.1f} s (/readyz 200 four times in a row)",
-                    flush=True,
-                )
-            _check(name, url, work)
-            assert child.pid is not None
-            results[name] = _measure(name, url, work, args.seconds, args.connections, _server_pids(child.pid),
-                                     args.repeats, settings, only)  # fmt: skip
-            if name.startswith("uvicorn"):
-                own = _process_figures(url, len(_server_pids(child.pid)))
-                results[name]["process_figures"] = own
-                print(f"{name:<11} per process (whole run): " + "; ".join(
-                    f"pid {pid}: gc {f['gc'].get('collections_total')} collections, longest "
-                    f"{[round(x * 1000, 2) for x in f['gc'].get('pause_max_seconds', [])]} ms, "
-                    f"{f['gc'].get('frozen_objects', 0):,.0f} frozen; in-app p99 <= "
-                    + ", ".join(f"{r} {v['p99_bucket_ms']:g} ms ({v['over_1ms_share']:.2%} > 1 ms)"
-                                for r, v in f["in_app"].items())
-                    for pid, f in own.items()), flush=True)  # fmt: skip
-            pss = _tree_pss_mb(child.pid)
-            results[name]["memory_pss_mb"] = {"total": round(sum(pss.values()), 1), "by_process": pss}
-            print(f"{name:<11} memory (PSS, every process): {sum(pss.values()):.1f} MB {pss}", flush=True)
-        finally:
-            if child.pid is not None:
-                os.kill(child.pid, signal.SIGTERM)
-            child.join(15)
+    groups = [names] if args.interleave else [[n] for n in names]
+    for group in groups:
+        with contextlib.ExitStack() as stack:
+            running = {name: stack.enter_context(_started(ctx, name, work)) for name in group}
+            measured = _measure({n: (url, _server_pids(pid)) for n, (url, pid) in running.items()}, work,
+                                args.seconds, args.connections, args.repeats, settings, only)  # fmt: skip
+            for name, (url, pid) in running.items():
+                results[name] = measured[name]
+                if name.startswith("uvicorn"):
+                    own = _process_figures(url, len(_server_pids(pid)))
+                    results[name]["process_figures"] = own
+                    print(f"{name:<11} per process (whole run): " + "; ".join(
+                        f"pid {p}: gc {f['gc'].get('collections_total')} collections, longest "
+                        f"{[round(x * 1000, 2) for x in f['gc'].get('pause_max_seconds', [])]} ms, "
+                        f"{f['gc'].get('frozen_objects', 0):,.0f} frozen; in-app p99 <= "
+                        + ", ".join(f"{r} {v['p99_bucket_ms']:g} ms ({v['over_1ms_share']:.2%} > 1 ms)"
+                                    for r, v in f["in_app"].items())
+                        for p, f in own.items()), flush=True)  # fmt: skip
+                pss = _tree_pss_mb(pid)
+                results[name]["memory_pss_mb"] = {"total": round(sum(pss.values()), 1), "by_process": pss}
+                print(f"{name:<11} memory (PSS, every process): {sum(pss.values()):.1f} MB {pss}", flush=True)
     base = results.get("stdlib", {}).get("single", {}).get("max", {}).get("requests_per_s")
     ratios = {
         name: round(r["single"]["max"]["requests_per_s"] / base, 2) for name, r in results.items() if base
