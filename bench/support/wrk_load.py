@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,14 +85,15 @@ def run(url: str, endpoint: str, bodies: list[bytes], *, connections: int, secon
 
 def paced(url: str, endpoint: str, bodies: list[bytes], *, rate: float, seconds: float, delay_ms: int = 4,
           tolerance: float = 0.1, probes: int = 3, max_connections: int = 64, warmup_s: float = 0.0,
-          nice: int = 0) -> dict[str, Any]:  # fmt: skip
+          nice: int = 0, on_measure: Callable[[], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """A run at about ``rate`` requests/s: each connection sends one request, waits ``delay_ms``
     on average after the answer (longer for a rate under ~4 connections' worth), and so on; the number of connections is chosen by probes of
     1 s (each scales it by target / achieved, at most ``max_connections``: a server that needs
     more to reach the rate is saturated). The result adds ``target_per_s`` and ``on_target``
     (achieved within ``tolerance`` of the target). ``warmup_s`` > 0: a run of that many seconds at
     the chosen connections between the probes and the measured run, its figures kept apart
-    (``warmup``: rate and p99), so the measured run starts on a server already at that rate."""
+    (``warmup``: rate and p99), so the measured run starts on a server already at that rate.
+    ``on_measure`` is called just before the measured run (to count its CPU alone)."""
     delay_ms = max(delay_ms, round(4000 / rate - 1.5))  # a low rate: at least 4 connections, waiting longer
     connections = min(max_connections, max(1, round(rate * (delay_ms + 1.5) / 1000)))  # 1.5 ms: answer, timer
     for _ in range(probes):
@@ -107,6 +109,8 @@ def paced(url: str, endpoint: str, bodies: list[bytes], *, rate: float, seconds:
         )
         warmup = {"seconds": max(1, round(warmup_s)), "requests_per_s": warm["requests_per_s"],
                   "p50_us": warm["p50_us"], "p99_us": warm["p99_us"]}  # fmt: skip
+    if on_measure is not None:
+        on_measure()
     result = run(
         url, endpoint, bodies, connections=connections, seconds=seconds, delay_ms=delay_ms, nice=nice
     )
