@@ -33,10 +33,18 @@ connection (a random 2-6 ms, mean 4, after each answer) and choosing the number 
 by 1 s probes; the achieved rate is printed next to the target and a step more than 10% off is
 flagged (and fails the goal). *5k*: the same pacing at 5,000 req/s, half the issue's 10,000
 (single and hashes forms, on a server whose max reached 6,000). ``--repeats N`` runs each paced
-step N times (the median p99 is shown, every repeat kept in the JSON). Per run: each server
-process's share of the server CPU (how evenly the connections were spread), server CPU per
-request, the time server processes spent runnable but waiting for a core (``/proc/PID/schedstat``)
-per request, and wrk's own CPU per request. Every server's answer is first checked against the
+step N times (the median p99 is shown, every repeat kept in the JSON). Per run (a paced step's
+measured run only, not its probes or warm-up): each server process's share of the server CPU
+(how evenly the connections were spread), server CPU per request, the time the server
+processes' threads spent runnable but waiting for a core (``/proc/PID/task/*/schedstat``) per
+request, and wrk's own CPU per request.
+
+Side by side: ``--interleave`` starts every server first and takes turns between them run by
+run (the paced repeats' order rotating), so servers are compared at the same moments of a
+shared machine rather than minutes apart. ``--warmup``, ``--wrk-nice`` and ``--server-nice``
+(each a list) set how paced runs are made: a warm-up at the paced rate before the measured run
+(its p99 printed in brackets), wrk's and the servers' niceness; the settings take turns over the
+repeats and each gets its own goal line. ``--forms single`` measures the goal's form alone. Every server's answer is first checked against the
 in-process scoring. The goal's verdict reads the 5k step (the issue: "p99 <= 5 ms at half that
 load", that load being 10,000 req/s); p99 at half the measured max is reported beside it.
 Results: ``bench/results/route_serve.json``.
