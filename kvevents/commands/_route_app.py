@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from kvevents.commands._route_answer import FastAnswers
-from kvevents.commands._route_metrics import RequestMetrics, render
+from kvevents.commands._route_metrics import RequestMetrics, match_form, render
 from kvevents.commands._route_requests import HASH_MAX, MAX_BATCH, HashesBody, MatchBody, score_query
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ _ROUTES: dict[str, tuple[str, ...]] = {
     "/readyz": ("GET", "HEAD"),
     "/metrics": ("GET", "HEAD"),
 }
+_MATCH_ROUTES = frozenset(("/match", "/match/hashes"))
 _ROUTE_LIST = "POST /match, POST /match/hashes, GET /workers, GET /healthz, GET /readyz, GET /metrics"
 _EXCLUSIONS_TTL_S = 0.2
 
@@ -127,7 +128,8 @@ class RouteApp:
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
-        self.requests.observe(route, status, time.perf_counter() - started)
+        form = match_form(status, body) if route in _MATCH_ROUTES else ""
+        self.requests.observe(route, status, time.perf_counter() - started, form)
 
     def answer_post(self, path: str, raw: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """``POST /match`` or ``/match/hashes`` with its whole body read and its Content-Length
@@ -142,7 +144,7 @@ class RouteApp:
                 log.exception("POST %s failed", path)
             status, headers, body = self._error(exc)
         headers.append((b"content-length", str(len(body)).encode()))
-        self.requests.observe(path, status, time.perf_counter() - started)
+        self.requests.observe(path, status, time.perf_counter() - started, match_form(status, body))
         return status, headers, body
 
     @staticmethod

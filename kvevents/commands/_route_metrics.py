@@ -11,28 +11,39 @@ if TYPE_CHECKING:
 
     from kvevents.commands._route_gc import GcPauses
 
-__all__ = ["LATENCY_BUCKETS_S", "RequestMetrics", "render"]
+__all__ = ["LATENCY_BUCKETS_S", "RequestMetrics", "match_form", "render"]
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class RequestMetrics:
-    """Request counts by (route, status) and a latency histogram by route (event loop only)."""
+    """Request counts by (route, status) and a latency histogram by route and form (event loop
+    only). ``form`` tells the answers of one route apart whose costs differ by an order of
+    magnitude: ``single`` (one prompt), ``batch`` (``prompts``), ``error`` (a match request
+    answered with an error); the empty form (other routes) is no label at all."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, int], int] = {}
-        self.buckets: dict[str, list[int]] = {}
-        self.sums: dict[str, float] = {}
+        self.buckets: dict[tuple[str, str], list[int]] = {}
+        self.sums: dict[tuple[str, str], float] = {}
 
-    def observe(self, route: str, status: int, seconds: float) -> None:
+    def observe(self, route: str, status: int, seconds: float, form: str = "") -> None:
         key = (route, status)
         self.counts[key] = self.counts.get(key, 0) + 1
-        buckets = self.buckets.get(route)
+        series = (route, form)
+        buckets = self.buckets.get(series)
         if buckets is None:
-            buckets = self.buckets[route] = [0] * (len(LATENCY_BUCKETS_S) + 1)
-            self.sums[route] = 0.0
+            buckets = self.buckets[series] = [0] * (len(LATENCY_BUCKETS_S) + 1)
+            self.sums[series] = 0.0
         buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
-        self.sums[route] += seconds
+        self.sums[series] += seconds
+
+
+def match_form(status: int, answer: bytes) -> str:
+    """The ``form`` of a match request's answer: every batch answer starts ``{"results":``."""
+    if status != 200:
+        return "error"
+    return "batch" if answer.startswith(b'{"results":') else "single"
 
 
 def _line(out: list[str], name: str, value: float, labels: str = "") -> None:
@@ -61,8 +72,14 @@ def render(
     _head(out, "kvevents_router_requests_total", "counter", "HTTP requests answered, by route and status")
     for (route, status), n in sorted(requests.counts.items()):
         _line(out, "kvevents_router_requests_total", n, f'{p},route="{route}",status="{status}"')
-    _head(out, "kvevents_router_request_duration_seconds", "histogram", "time to answer, by route")
-    for route, buckets in sorted(requests.buckets.items()):
+    _head(
+        out,
+        "kvevents_router_request_duration_seconds",
+        "histogram",
+        "time to answer, by route and form (match routes: single, batch, error)",
+    )
+    for (route, form), buckets in sorted(requests.buckets.items()):
+        labels = f'{p},route="{route}",form="{form}"' if form else f'{p},route="{route}"'
         total = 0
         for bound, n in zip((*LATENCY_BUCKETS_S, float("inf")), buckets, strict=True):
             total += n
@@ -71,15 +88,15 @@ def render(
                 out,
                 "kvevents_router_request_duration_seconds_bucket",
                 total,
-                f'{p},route="{route}",le="{le}"',
+                f'{labels},le="{le}"',
             )
         _line(
             out,
             "kvevents_router_request_duration_seconds_sum",
-            round(requests.sums[route], 6),
-            f'{p},route="{route}"',
+            round(requests.sums[route, form], 6),
+            labels,
         )
-        _line(out, "kvevents_router_request_duration_seconds_count", total, f'{p},route="{route}"')
+        _line(out, "kvevents_router_request_duration_seconds_count", total, labels)
     stats = index.stats()
     gauges: list[tuple[str, str, float]] = [
         ("kvevents_index_workers", "workers the index knows", stats.workers),

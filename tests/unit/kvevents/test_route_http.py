@@ -464,12 +464,55 @@ def test_metrics_are_prometheus_text_with_requests_and_index_figures(srv: Runnin
         == 1
     )
     assert (
-        samples[("kvevents_router_request_duration_seconds_count", (("process", "0"), ("route", "/match")))]
+        samples[
+            (
+                "kvevents_router_request_duration_seconds_count",
+                (("form", "single"), ("process", "0"), ("route", "/match")),
+            )
+        ]
         == 1
     )
     assert samples[("kvevents_index_workers", (("process", "0"),))] == 4
     assert samples[("kvevents_index_liveness_workers", (("process", "0"), ("state", "stale")))] == 1
     assert samples[("kvevents_index_held_blocks", (("process", "0"),))] == 13
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_match_latency_histogram_tells_single_batch_and_error_answers_apart(direct: bool) -> None:
+    index = CacheIndex()
+    sock = bind("127.0.0.1", 0)
+    server = make_server(sock, StaticSource(index), ServeOptions(block_size=BS, direct=direct))
+    with run_in_thread(server, sock) as port:
+        running = Running("127.0.0.1", port, LivenessSource(index), index)
+        for body in (
+            {"token_ids": PROMPT},
+            {"token_ids": PROMPT},
+            {"prompts": [{"token_ids": PROMPT}, {"token_ids": PROMPT}]},
+            {"token_ids": "not tokens"},
+        ):
+            post(running, "/match", body)
+        post(running, "/match/hashes", {"block_hashes": [1, 2]})
+        post(running, "/match/hashes", {"prompts": [{"block_hashes": [1]}]})
+        post(running, "/match/hashes", {"block_hashes": "no"})
+        request(running, "GET", "/healthz")
+        status, _headers, body = raw(running, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 200
+    counts = {
+        tuple(sorted(s.labels.items())): s.value
+        for f in text_string_to_metric_families(body.decode())
+        for s in f.samples
+        if s.name == "kvevents_router_request_duration_seconds_count"
+    }
+    p = ("process", "0")
+    assert counts == {
+        (("form", "single"), p, ("route", "/match")): 2,
+        (("form", "batch"), p, ("route", "/match")): 1,
+        (("form", "error"), p, ("route", "/match")): 1,
+        (("form", "single"), p, ("route", "/match/hashes")): 1,
+        (("form", "batch"), p, ("route", "/match/hashes")): 1,
+        (("form", "error"), p, ("route", "/match/hashes")): 1,
+        (p, ("route", "/healthz")): 1,
+    }
 
 
 def test_metrics_show_the_process_garbage_collections_when_timed() -> None:
