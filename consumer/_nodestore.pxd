@@ -61,6 +61,8 @@ cdef enum:
     MIN_ID_BITS = 16
     LOAD_NUM = 4         # tables grow past load 4/5, by half again
     LOAD_DEN = 5
+    REBUILD_AHEAD = 16   # table_rebuild fetches the entry of the node this far ahead
+    SHIFT_AHEAD = 8      # table_delete_at fetches at most this many nodes of the cluster ahead
 
 
 ctypedef struct Node:
@@ -270,6 +272,8 @@ cdef inline uint32_t node_alloc(NodeStore *s, uint64_t engine) except? 0xFFFFFFF
     if s.free_node != KV_NIL:
         id = s.free_node
         s.free_node = node_at(s, id).holders
+        if s.free_node != KV_NIL:  # the next one allocated (freed at random: a miss otherwise)
+            prefetch(node_at(s, s.free_node))
     else:
         if s.node_top >= s.id_mask:
             if s.id_bits >= 32:
@@ -347,8 +351,16 @@ cdef inline int table_rebuild(NodeStore *s, Table *t, bint by_content, uint64_t 
     cdef uint32_t id
     cdef Node *node
     cdef uint32_t need = KV_USED | (KV_HAS_CONTENT if by_content else 0)
+    cdef uint32_t ahead
     table_alloc(s, t, cap)
     for id in range(s.node_top):
+        # the nodes are read in order, the entries written at random: fetch the entry of the
+        # node REBUILD_AHEAD further on (its node read in order too), so the misses overlap
+        ahead = id + REBUILD_AHEAD
+        if ahead < s.node_top:
+            node = node_at(s, ahead)
+            if (node.n & need) == need:
+                prefetch(&t.ids[tab_home(t, key_mix(node.content if by_content else node.engine))])
         node = node_at(s, id)
         if (node.n & need) == need and id != skip:
             table_put(s, t, id, node.content if by_content else node.engine)
@@ -406,6 +418,19 @@ cdef inline void table_delete_at(NodeStore *s, Table *t, bint by_content, uint64
     recomputed from their nodes' keys)."""
     cdef uint64_t j = i, k
     cdef uint32_t e
+    cdef int n = 0
+    # every later entry of the cluster needs its node's key (its home): fetch those nodes
+    # together first, instead of one miss after the other in the loop below
+    while n < SHIFT_AHEAD:
+        j += 1
+        if j == t.cap:
+            j = 0
+        e = t.ids[j]
+        if e == KV_NIL:
+            break
+        prefetch(node_at(s, e & s.id_mask))
+        n += 1
+    j = i
     while True:
         j += 1
         if j == t.cap:
