@@ -109,6 +109,7 @@ from kvevents.consumer._nodestore cimport (
     prefetch,
     prefetch_entry,
     prefetch_node,
+    prefetch_removal,
     remove_holder_at,
     set_content,
     set_holders,
@@ -925,12 +926,18 @@ cdef class IndexCore:
     cdef int _remove_blocks(self, uint32_t slot, SEvent *e) except -1 nogil:
         """A Removed event's blocks out of ``slot`` (KV_NIL: the worker has no such cache)."""
         cdef FlatBatch *fb = self.fb
-        cdef uint32_t i
-        for i in range(e.first, e.first + e.count):
-            if i + 2 < e.first + e.count:
-                self._prefetch_key(<uint64_t>fb.vals[i + 2], 1)
-                if i + 16 < e.first + e.count:
-                    prefetch_entry(&self.st.etab, <uint64_t>fb.vals[i + 16])
+        cdef uint32_t i, end = e.first + e.count
+        for i in range(e.first, end):
+            # a pipeline of fetches: the table entry 16 blocks ahead, the node 8 ahead, the
+            # holder run or the content entry 4 ahead, the nodes a release shifts 2 ahead
+            if i + 2 < end:
+                prefetch_removal(&self.st, <uint64_t>fb.vals[i + 2], 1)
+                if i + 4 < end:
+                    prefetch_removal(&self.st, <uint64_t>fb.vals[i + 4], 0)
+                    if i + 8 < end:
+                        self._prefetch_key(<uint64_t>fb.vals[i + 8], 1)
+                        if i + 16 < end:
+                            prefetch_entry(&self.st.etab, <uint64_t>fb.vals[i + 16])
             if slot != KV_NIL and self._remove_holder(<uint64_t>fb.vals[i], slot):
                 self.c_blocks_removed += 1
             else:
