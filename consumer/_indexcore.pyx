@@ -498,7 +498,7 @@ cdef class IndexCore:
     cdef inline Node *N(self, uint32_t id) noexcept nogil:
         return node_at(&self.st, id)
 
-    cdef int _add_holder(self, uint32_t id, uint32_t packed) except -1 nogil:
+    cdef inline int _add_holder(self, uint32_t id, uint32_t packed) except -1 nogil:
         cdef Slot *s = &self.slots[packed & KV_SLOT_MASK]
         cdef uint32_t old = add_holder(&self.st, id, packed)
         if old != KV_NIL:
@@ -509,7 +509,7 @@ cdef class IndexCore:
         s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
         return 0
 
-    cdef int _remove_holder_at(self, uint32_t id, uint32_t i) except -1 nogil:
+    cdef inline int _remove_holder_at(self, uint32_t id, uint32_t i) except -1 nogil:
         """Remove holder ``i`` of node ``id``; release the node when it was the last."""
         cdef uint32_t packed = remove_holder_at(&self.st, id, i)
         cdef Slot *s = &self.slots[packed & KV_SLOT_MASK]
@@ -518,7 +518,7 @@ cdef class IndexCore:
         self.held -= 1
         return 0
 
-    cdef bint _remove_holder(self, uint64_t engine, uint32_t slot) except -1 nogil:
+    cdef inline bint _remove_holder(self, uint64_t engine, uint32_t slot) except -1 nogil:
         cdef uint32_t id = table_find(&self.st, &self.st.etab, engine, False)
         if id == KV_NIL:
             return False
