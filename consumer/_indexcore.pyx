@@ -164,6 +164,7 @@ cdef enum:
     PRIORITY_MAX = 255
     MAX_REASONS = 8
     QGROUP = 16          # keys per prefetch group of a query (_match)
+    HASH_AHEAD = 8       # _store computes a block's content this many blocks before storing it
 
 cdef enum Kind:
     K_CREATED = FLAT_CREATED
@@ -737,7 +738,8 @@ cdef class IndexCore:
         cdef SBlock *b
         cdef bint known
         cdef uint32_t end = first + count, ahead = first + 32 if count > 32 else end
-        cdef bint hashed
+        cdef uint32_t hash_end = end  # contents of blocks from here on are still to compute
+        cdef bint hashed, ahead_known = False
         if has_parent:
             id = table_find(&self.st, &self.st.etab, parent, False)
             if id != KV_NIL and (self.N(id).n & KV_HAS_CONTENT):
@@ -749,26 +751,36 @@ cdef class IndexCore:
         if hashed and spec != NULL and (
                 (state == 0 and spec.spec == SPEC_ROOT) or
                 (state == 1 and spec.spec == SPEC_CHAINED and spec.spec_start == pc)):
+            ahead_known = True
             for i in range(first, ahead):  # hashed ahead: start fetching both tables
                 prefetch_entry(&self.st.etab, fb.blk[i].engine)
                 prefetch_entry(&self.st.ctab, fb.blk[i].content)
         elif hashed:
-            # the whole chain's content is known now: hash it, and start fetching both tables
+            # the whole chain's content is known: hash its first HASH_AHEAD blocks now, the
+            # rest HASH_AHEAD blocks ahead of the loop below (the hash is one long chain of
+            # multiplies, the loop mostly waits for memory: in one loop they overlap)
             c = pc
-            for i in range(first, end):
+            hash_end = first + HASH_AHEAD if count > HASH_AHEAD else end
+            for i in range(first, hash_end):
                 b = &fb.blk[i]
                 c = block_content(c, i == first and state == 0, b, fb.tok, fb.ext, fb.mm)
                 b.content = c
-                if i < ahead:
-                    prefetch_entry(&self.st.etab, b.engine)
-                    prefetch_entry(&self.st.ctab, c)
+                prefetch_entry(&self.st.ctab, c)
+            for i in range(first, ahead):
+                prefetch_entry(&self.st.etab, fb.blk[i].engine)
         for i in range(first, end):
             b = &fb.blk[i]
+            if hash_end < end:  # the chain, HASH_AHEAD blocks ahead; fetch its content entry
+                c = block_content(fb.blk[hash_end - 1].content, False, &fb.blk[hash_end],
+                                  fb.tok, fb.ext, fb.mm)
+                fb.blk[hash_end].content = c
+                prefetch_entry(&self.st.ctab, c)
+                hash_end += 1
             if i + 2 < end:
                 self._prefetch_key(fb.blk[i + 2].engine, 1)
                 if i + 32 < end:
                     prefetch_entry(&self.st.etab, fb.blk[i + 32].engine)
-                    if hashed:
+                    if ahead_known:
                         prefetch_entry(&self.st.ctab, fb.blk[i + 32].content)
             known = state != 2
             if known:
