@@ -2,11 +2,17 @@
 decoding in a second thread (``KVEVENTS_INGEST_THREADS=2``) and in the writer thread (``=1``,
 the default), side by side in one run with a baseline build (``--baseline-python``: another
 checkout's interpreter, e.g. main's ``.venv/bin/python``) and the naive pure-Python index (fed
-already-decoded batches, ``support/index_naive.py``).
+already-decoded batches, ``support/index_naive.py``). ``--baseline-core`` takes another build's
+compiled core (a copy of its ``consumer/_indexcore*.so``) instead, loaded beside this one: its
+sides run with this checkout's everything else, and an *interleaved* comparison feeds this
+build's index and the baseline's the same batches in turn, one batch at a time (rotating which
+goes first; one thread, each call's thread CPU time summed), so both see the same machine
+noise at millisecond grain: the figure to trust on a busy machine.
 
     python bench/ingest.py                     # 256 workers x 10k blocks, 60k-event stream, 3 repeats
     python bench/ingest.py --quick             # a smoke test
     python bench/ingest.py --baseline-python /work/main/.venv/bin/python
+    python bench/ingest.py --baseline-core /tmp/main/_indexcore.cpython-311-x86_64-linux-gnu.so
 
 Two streams, generated once and kept in a temporary folder: the synthetic fleet of
 ``support/index_fleet.py`` (Stored and Removed events, 114 bytes of Avro per block) and the
@@ -20,7 +26,9 @@ scheduled time, against the mean time to apply one batch).
 
 bench/results/ingest.json: ``command``, ``loadavg_start`` / ``loadavg_end``, ``config``,
 ``sides[name]`` (``fleet`` and ``realistic``: ``blocks_per_s``, ``blocks_per_cpu_s``, the
-repeats), ``decode`` (ns per block), ``during_ingest[name]``, ``ratios``.
+repeats), ``decode`` (ns per block), ``during_ingest[name]``, ``ratios``, and with
+``--baseline-core`` ``interleaved`` (per stream: CPU ns per block of each build per repeat, and
+the ratio baseline / this build of their sums).
 """
 
 from __future__ import annotations
@@ -51,11 +59,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--events", type=int, default=None, help="realistic stream events (60k)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--baseline-python", default=None, help="interpreter of the baseline build")
+    p.add_argument(
+        "--baseline-core", default=None, help="another build's consumer/_indexcore*.so, run beside this one"
+    )
     p.add_argument("--no-naive", action="store_true", help="leave the naive index out")
     p.add_argument("--lookup-rate", type=float, default=2000.0, help="lookups/s during ingest")
     p.add_argument("--output", type=Path, default=RESULTS)
-    p.add_argument("--child", choices=["ours", "naive", "decode", "during"], help=argparse.SUPPRESS)
+    p.add_argument(
+        "--child", choices=["ours", "naive", "decode", "during", "interleaved"], help=argparse.SUPPRESS
+    )
     p.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--core", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.blocks_per_worker is None:
         args.blocks_per_worker = 2_000 if args.quick else 10_000
@@ -116,19 +130,25 @@ def _timed(feed: Any, *a: Any) -> tuple[float, float]:
     return time.perf_counter() - start, time.process_time() - cpu
 
 
-def child_ours(data: Path) -> dict[str, Any]:
+def _new_index(core: str | None) -> Any:
+    """A ``CacheIndex`` on this build's core, or on the compiled core at ``core`` (a path)."""
+    from index_sides import index_with_core, load_core
     from kvevents.consumer import CacheIndex
 
+    return CacheIndex() if core is None else index_with_core(load_core(core))
+
+
+def child_ours(data: Path, core: str | None = None) -> dict[str, Any]:
     with open(data / "fleet.pkl", "rb") as f:
         parts = pickle.load(f)
-    index = CacheIndex()
+    index = _new_index(core)
     batches = [b for batches, _, _ in parts for b in batches]
     blocks = sum(n for _, _, n in parts)
     wall, cpu = _timed(index.apply_encoded_many, batches)
     del batches, parts, index
     with open(data / "realistic.pkl", "rb") as f:
         encoded, rblocks = pickle.load(f)
-    index = CacheIndex()
+    index = _new_index(core)
     rwall, rcpu = _timed(index.apply_encoded_many, encoded)
     return {
         "fleet": {"seconds": wall, "cpu_seconds": cpu, "blocks": blocks},
@@ -155,6 +175,51 @@ def _fleet(data: Path) -> tuple[list[Any], list[bytes], int]:
     return parts, [b for batches, _, _ in parts for b in batches], sum(n for _, _, n in parts)
 
 
+def child_interleaved(data: Path, core: str, repeat: int) -> dict[str, Any]:
+    """This build and the core at ``core`` fed the same batches in turn, one at a time (one
+    thread: KVEVENTS_INGEST_THREADS=1 in this child's environment); the first of each pair
+    alternates. Each ``apply_encoded`` call's thread CPU time is summed per build."""
+    import gc
+
+    from kvevents.consumer import CacheIndex
+
+    _, fleet, fleet_blocks = _fleet(data)
+    with open(data / "realistic.pkl", "rb") as f:
+        realistic, realistic_blocks = pickle.load(f)
+    out: dict[str, Any] = {}
+    clock = time.thread_time
+    for stream, batches, blocks in (
+        ("fleet", fleet, fleet_blocks),
+        ("realistic", realistic, realistic_blocks),
+    ):
+        ours_ns, base_ns = [], []
+        for r in range(repeat):
+            indexes = [CacheIndex(), _new_index(core)]
+            applies = [x.apply_encoded for x in indexes]
+            spent = [0.0, 0.0]
+            gc.collect()
+            gc.disable()
+            try:
+                for j, batch in enumerate(batches):
+                    for k in (0, 1) if (j + r) % 2 == 0 else (1, 0):
+                        t0 = clock()
+                        applies[k](batch)
+                        spent[k] += clock() - t0
+            finally:
+                gc.enable()
+            if indexes[0].to_bytes() != indexes[1].to_bytes():
+                raise SystemExit(f"{stream}: this build and the baseline core built different indexes")
+            ours_ns.append(spent[0] / blocks * 1e9)
+            base_ns.append(spent[1] / blocks * 1e9)
+            del indexes, applies
+        out[stream] = {
+            "ours_ns_per_block": ours_ns,
+            "baseline_ns_per_block": base_ns,
+            "baseline_over_ours": sum(base_ns) / sum(ours_ns),
+        }
+    return out
+
+
 def child_decode(data: Path) -> dict[str, Any]:
     """This build: what the decoding thread does per block, alone (no index)."""
     from kvevents.consumer import _indexcore
@@ -171,15 +236,14 @@ def child_decode(data: Path) -> dict[str, Any]:
     return out
 
 
-def child_during(data: Path, lookup_rate: float) -> dict[str, Any]:
+def child_during(data: Path, lookup_rate: float, core: str | None = None) -> dict[str, Any]:
     """64-block lookups from a second thread while the fleet's last 4 instances are ingested."""
     from index_fleet import make_fleet_queries
     from index_sides import lookups_during_ingest, make_sides
-    from kvevents.consumer import CacheIndex
 
     parts, _, _ = _fleet(data)
     tail = 4
-    index = CacheIndex()
+    index = _new_index(core)
     index.apply_encoded_many([b for batches, _, _ in parts[:-tail] for b in batches])
     items = [b for batches, _, _ in parts[-tail:] for b in batches]
     paths = [p for _, ps, _ in parts for p in ps]
@@ -224,41 +288,55 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         if args.child == "ours":
-            result = child_ours(args.data)
+            result = child_ours(args.data, args.core)
+        elif args.child == "interleaved":
+            result = child_interleaved(args.data, args.core, args.repeat)
         elif args.child == "naive":
             result = child_naive(args.data)
         elif args.child == "decode":
             result = child_decode(args.data)
         else:
-            result = child_during(args.data, args.lookup_rate)
+            result = child_during(args.data, args.lookup_rate, args.core)
         print(json.dumps(result))
         return 0
     load_start = os.getloadavg()
-    sides: list[tuple[str, str, dict[str, str], str]] = [
-        ("kvevents (2 threads)", sys.executable, {"KVEVENTS_INGEST_THREADS": "2"}, "ours"),
-        ("kvevents (1 thread)", sys.executable, {"KVEVENTS_INGEST_THREADS": "1"}, "ours"),
+    sides: list[tuple[str, str, dict[str, str], str, list[str]]] = [
+        ("kvevents (2 threads)", sys.executable, {"KVEVENTS_INGEST_THREADS": "2"}, "ours", []),
+        ("kvevents (1 thread)", sys.executable, {"KVEVENTS_INGEST_THREADS": "1"}, "ours", []),
     ]
+    base_core = ["--core", str(Path(args.baseline_core).resolve())] if args.baseline_core else []
+    if base_core:
+        for name, threads in (("baseline core (2 threads)", "2"), ("baseline core (1 thread)", "1")):
+            sides.append((name, sys.executable, {"KVEVENTS_INGEST_THREADS": threads}, "ours", base_core))
     if args.baseline_python:
         # PYTHONDONTWRITEBYTECODE: the baseline checkout is read, never written
-        sides.append(("baseline build", args.baseline_python, {"PYTHONDONTWRITEBYTECODE": "1"}, "ours"))
+        sides.append(("baseline build", args.baseline_python, {"PYTHONDONTWRITEBYTECODE": "1"}, "ours", []))
     if not args.no_naive:
-        sides.append(("naive (decoded)", sys.executable, {}, "naive"))
+        sides.append(("naive (decoded)", sys.executable, {}, "naive", []))
     with tempfile.TemporaryDirectory(prefix="kvevents-ingest-") as tmp:
         data = Path(tmp)
         t0 = time.perf_counter()
         config = write_streams(args, data)
         print(f"streams written in {time.perf_counter() - t0:.1f} s: {json.dumps(config)}", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in sides}
-        during: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _, mode in sides if mode == "ours"}
+        during: dict[str, list[dict[str, Any]]] = {
+            name: [] for name, _, _, mode, _ in sides if mode == "ours"
+        }
         rate = ["--lookup-rate", str(args.lookup_rate)]
         for r in range(args.repeat):
-            for name, python, env, mode in sides:
-                runs[name].append(run_child(python, mode, data, env, []))
+            for name, python, env, mode, extra in sides:
+                runs[name].append(run_child(python, mode, data, env, extra))
                 print(f"  repeat {r + 1} {name}: {json.dumps(runs[name][-1])}", flush=True)
-            for name, python, env, mode in sides:
+            for name, python, env, mode, extra in sides:
                 if mode == "ours":
-                    during[name].append(run_child(python, "during", data, env, rate))
+                    during[name].append(run_child(python, "during", data, env, rate + extra))
         phases = run_child(sys.executable, "decode", data, {}, [])
+        interleaved: dict[str, Any] | None = None
+        if base_core:
+            one = {"KVEVENTS_INGEST_THREADS": "1"}
+            interleaved = run_child(
+                sys.executable, "interleaved", data, one, [*base_core, "--repeat", str(args.repeat)]
+            )
     results = {name: summarize(r) for name, r in runs.items()}
     ratios: dict[str, Any] = {}
     ours = results["kvevents (2 threads)"]
@@ -275,16 +353,17 @@ def main(argv: list[str] | None = None) -> int:
         "decode": phases,
         "during_ingest": {name: _median_during(rows) for name, rows in during.items()},
         "ratios": ratios,
+        "interleaved": interleaved,
     }
     print(
-        f"\n{'side':<22} {'fleet blocks/s':>15} {'per CPU-s':>12} {'realistic blocks/s':>19} {'per CPU-s':>12}"
+        f"\n{'side':<26} {'fleet blocks/s':>15} {'per CPU-s':>12} {'realistic blocks/s':>19} {'per CPU-s':>12}"
     )
     for name, res in results.items():
         f, rr = res.get("fleet"), res["realistic"]
         fleet_cells = (
             f"{f['blocks_per_s']:>15,.0f} {f['blocks_per_cpu_s']:>12,.0f}" if f else f"{'-':>15} {'-':>12}"
         )
-        print(f"{name:<22} {fleet_cells} {rr['blocks_per_s']:>19,.0f} {rr['blocks_per_cpu_s']:>12,.0f}")
+        print(f"{name:<26} {fleet_cells} {rr['blocks_per_s']:>19,.0f} {rr['blocks_per_cpu_s']:>12,.0f}")
     print("\nratios (medians):")
     for key, value in ratios.items():
         print(f"  {key}: {value:.2f}x")
@@ -294,7 +373,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("64-block lookups during ingest (medians of the repeats): p50 / p99 / batch apply mean, us")
     for name, d in report["during_ingest"].items():
-        print(f"  {name:<22} {d['p50_us']:>8.0f} {d['p99_us']:>8.0f} {d['batch_apply_us_mean']:>8.0f}")
+        print(f"  {name:<26} {d['p50_us']:>8.0f} {d['p99_us']:>8.0f} {d['batch_apply_us_mean']:>8.0f}")
+    if interleaved is not None:
+        print("interleaved with the baseline core (one thread, CPU ns per block per repeat):")
+        for stream_name, cpu in interleaved.items():
+            this_ns = ", ".join(f"{x:.0f}" for x in cpu["ours_ns_per_block"])
+            base_ns = ", ".join(f"{x:.0f}" for x in cpu["baseline_ns_per_block"])
+            ratio = cpu["baseline_over_ours"]
+            print(
+                f"  {stream_name:<10} this build {this_ns}; baseline {base_ns}; baseline / this {ratio:.3f}x"
+            )
     print(f"load average: start {load_start}, end {report['loadavg_end']}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")

@@ -61,6 +61,8 @@ cdef enum:
     MIN_ID_BITS = 16
     LOAD_NUM = 4         # tables grow past load 4/5, by half again
     LOAD_DEN = 5
+    REBUILD_AHEAD = 16   # table_rebuild fetches the entry of the node this far ahead
+    SHIFT_AHEAD = 8      # table_delete_at fetches at most this many nodes of the cluster ahead
 
 
 ctypedef struct Node:
@@ -270,6 +272,8 @@ cdef inline uint32_t node_alloc(NodeStore *s, uint64_t engine) except? 0xFFFFFFF
     if s.free_node != KV_NIL:
         id = s.free_node
         s.free_node = node_at(s, id).holders
+        if s.free_node != KV_NIL:  # the next one allocated (freed at random: a miss otherwise)
+            prefetch(node_at(s, s.free_node))
     else:
         if s.node_top >= s.id_mask:
             if s.id_bits >= 32:
@@ -347,8 +351,16 @@ cdef inline int table_rebuild(NodeStore *s, Table *t, bint by_content, uint64_t 
     cdef uint32_t id
     cdef Node *node
     cdef uint32_t need = KV_USED | (KV_HAS_CONTENT if by_content else 0)
+    cdef uint32_t ahead
     table_alloc(s, t, cap)
     for id in range(s.node_top):
+        # the nodes are read in order, the entries written at random: fetch the entry of the
+        # node REBUILD_AHEAD further on (its node read in order too), so the misses overlap
+        ahead = id + REBUILD_AHEAD
+        if ahead < s.node_top:
+            node = node_at(s, ahead)
+            if (node.n & need) == need:
+                prefetch(&t.ids[tab_home(t, key_mix(node.content if by_content else node.engine))])
         node = node_at(s, id)
         if (node.n & need) == need and id != skip:
             table_put(s, t, id, node.content if by_content else node.engine)
@@ -401,11 +413,30 @@ cdef inline uint32_t table_find(const NodeStore *s, const Table *t, uint64_t key
     return KV_NIL if i == <uint64_t>-1 else t.ids[i] & s.id_mask
 
 
+cdef inline void prefetch_shift(const NodeStore *s, const Table *t, uint64_t i) noexcept nogil:
+    """Fetch the nodes a deletion at position ``i`` will read (the keys of the cluster's later
+    entries, at most SHIFT_AHEAD of them)."""
+    cdef uint32_t e
+    cdef int n = 0
+    while n < SHIFT_AHEAD:
+        i += 1
+        if i == t.cap:
+            i = 0
+        e = t.ids[i]
+        if e == KV_NIL:
+            return
+        prefetch(node_at(s, e & s.id_mask))
+        n += 1
+
+
 cdef inline void table_delete_at(NodeStore *s, Table *t, bint by_content, uint64_t i) noexcept nogil:
     """Remove the entry at ``i``, shifting later entries of the cluster back (their homes are
     recomputed from their nodes' keys)."""
     cdef uint64_t j = i, k
     cdef uint32_t e
+    # every later entry of the cluster needs its node's key (its home): fetch those nodes
+    # together first (unless a removal's prefetch did already), not one miss after the other
+    prefetch_shift(s, t, i)
     while True:
         j += 1
         if j == t.cap:
@@ -441,6 +472,43 @@ cdef inline void prefetch_node(const NodeStore *s, const Table *t, uint64_t key)
         i += 1
         if i == t.cap:
             i = 0
+
+
+cdef inline void prefetch_removal(const NodeStore *s, uint64_t key, int stage) noexcept nogil:
+    """Ahead of removing a holder from ``key``'s node (its entry and node fetched before):
+    stage 0 fetches the node's holder run, or, when it has one holder (removing it releases
+    the node), its content-table entry; stage 1 (those fetched) fetches the nodes that the
+    release's two backward shifts read. Only hints: a key not there, or moved, costs nothing
+    but the look."""
+    cdef uint64_t pos = table_find_pos(s, &s.etab, key, False, <uint64_t>-1), i
+    cdef uint32_t id, e, steps = 0
+    cdef Node *node
+    if pos == <uint64_t>-1:
+        return
+    id = s.etab.ids[pos] & s.id_mask
+    node = node_at(s, id)
+    if (node.n & KV_COUNT_MASK) >= 2:
+        if stage == 0:
+            prefetch(s.pool + node.holders)
+        return
+    if stage == 0:
+        if node.n & KV_HAS_CONTENT:
+            prefetch(&s.ctab.ids[tab_home(&s.ctab, key_mix(node.content))])
+        return
+    prefetch_shift(s, &s.etab, pos)
+    if node.n & KV_HAS_CONTENT:
+        i = tab_home(&s.ctab, key_mix(node.content))
+        while steps < 64:
+            e = s.ctab.ids[i]
+            if e == KV_NIL:
+                return
+            if (e & s.id_mask) == id:
+                prefetch_shift(s, &s.ctab, i)
+                return
+            i += 1
+            if i == s.ctab.cap:
+                i = 0
+            steps += 1
 
 
 # ---------------------------------------------------------------------------- content, release
