@@ -18,7 +18,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 setup: $(STAMP)
 
 # Reinstalled when the packaging or a compiled extension's source changes.
-$(STAMP): pyproject.toml setup.py $(wildcard schemas/*.pyx schemas/*.pxd producer/*.pyx producer/bridge/*.pyx producer/bridge/*.pxd consumer/*.pyx consumer/*.pxd consumer/export/*.pyx kvevents/commands/*.pyx)
+$(STAMP): pyproject.toml setup.py $(wildcard schemas/*.pyx schemas/*.pxd producer/*.pyx producer/bridge/*.pyx producer/bridge/*.pxd consumer/*.pyx consumer/*.pxd consumer/*.pxi consumer/export/*.pyx kvevents/commands/*.pyx)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
@@ -58,7 +58,10 @@ lint: setup
 		$(COMPILED_MODULES) || status=1; \
 	exit $$status
 
+# bench/route_serve.py drives the router with wrk (Debian's package; no PyPI or Maven build).
 bench: setup
+	@command -v wrk >/dev/null || { echo "installing wrk (apt-get) for bench/route_serve.py"; \
+		apt-get install -y -q wrk >/dev/null || sudo apt-get install -y -q wrk >/dev/null; }
 	@set -e; found=0; for script in bench/*.py; do \
 		[ -e "$$script" ] || continue; found=1; \
 		echo "== $$script"; $(BIN)/python "$$script"; \
