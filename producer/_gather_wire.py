@@ -193,7 +193,8 @@ class EncodedBatch:
         self.windows = windows
 
 
-_SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+_HEADER = b"\xc3\x01" + current_fingerprint()
+"""The single-object header of a message of the current schema."""
 
 
 def read_encoded(data: bytearray, source_rank: int) -> EncodedBatch | None:
@@ -202,9 +203,7 @@ def read_encoded(data: bytearray, source_rank: int) -> EncodedBatch | None:
     events' bytes are kept (``data`` is consumed: its bytes become the events'). None when this
     cannot be done here (the compiled reader is not built, the message is another schema
     version's, or its events array is laid out otherwise): then call :func:`read_batch`."""
-    if scan_body is None or len(data) < 10:
-        return None
-    if data[:2] != _SINGLE_OBJECT_MAGIC or data[2:10] != current_fingerprint():
+    if scan_body is None or not data.startswith(_HEADER):
         return None
     try:
         scanned = scan_body(data, 10)
@@ -215,9 +214,11 @@ def read_encoded(data: bytearray, source_rank: int) -> EncodedBatch | None:
     dp_size, sequence, offset, dropped, start, stop, ends, ids, ranks, windows = scanned
     del data[stop:]  # in place: no copy of the events' bytes
     del data[:start]
-    events = EncodedEvents()
+    events = EncodedEvents.__new__(EncodedEvents)  # a whole one, over these arrays
     events.data, events.ends, events.ids, events.ranks = data, ends, ids, ranks
-    return EncodedBatch(dp_size, sequence, offset, [RankDrops(r, n) for r, n in dropped], events, windows)
+    events._start, events._stop = 0, -1
+    drops = [RankDrops(r, n) for r, n in dropped] if dropped else []
+    return EncodedBatch(dp_size, sequence, offset, drops, events, windows)
 
 
 def check_encoded(batch: EncodedBatch, source_rank: int, attention_dp_size: int, last_event_id: int) -> None:

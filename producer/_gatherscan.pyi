@@ -2,7 +2,7 @@
 # runs mypy's stubtest to check it against the built extension.
 from array import array
 
-__all__ = ["scan_body"]
+__all__ = ["extend_shifted", "rank_tallies", "scan_body"]
 
 def scan_body(
     body: bytes | bytearray | memoryview, offset: int
@@ -21,3 +21,7 @@ def scan_body(
     ]
     | None
 ): ...
+def extend_shifted(dst: array[int], src: array[int], a: int, b: int, delta: int) -> None: ...
+def rank_tallies(
+    ranks: array[int], ids: array[int], a: int, b: int
+) -> tuple[dict[int, int], dict[int, int]]: ...

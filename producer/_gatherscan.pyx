@@ -5,6 +5,7 @@ length, union branch and string, as ``decode_batch`` would), then walked once mo
 each event ends, its id, rank and window. The events' bytes then go to the Kafka sink as they
 came (``docs/GATHER_PROTOCOL.md``, pass-through)."""
 
+from cpython cimport array as carray
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
@@ -26,7 +27,7 @@ from array import array
 
 from kvevents.schemas import DecodeError
 
-__all__ = ["scan_body"]
+__all__ = ["extend_shifted", "rank_tallies", "scan_body"]
 
 
 cdef inline void _skip_longs(WireReader *r) noexcept nogil:
@@ -103,6 +104,12 @@ cdef inline void _skip_data(WireReader *r, int64_t kind) noexcept nogil:
         _skip_diff(r)
 
 
+cdef FlatBatch _fb  # reused: scan_body holds the GIL from flat_read to its last read of it
+flat_init(&_fb)
+cdef carray.array _LONGS = array("q")
+cdef carray.array _INTS = array("i")
+
+
 def scan_body(body, Py_ssize_t offset):
     """Read the ``EventBatch`` body ``body[offset:]`` (the current schema's) for rank 0's gather.
 
@@ -114,7 +121,7 @@ def scan_body(body, Py_ssize_t offset):
     back to back, and per event its end offset relative to ``items_start``, its id, its rank
     (-1: none) and window size, in arrays of types ``q``, ``q``, ``i``, ``i``.
     """
-    cdef FlatBatch fb
+    cdef FlatBatch *fb = &_fb
     cdef Py_buffer view
     cdef WireReader r
     cdef const uint8_t *base
@@ -122,18 +129,18 @@ def scan_body(body, Py_ssize_t offset):
     cdef const uint8_t *items
     cdef int64_t n, k
     cdef Py_ssize_t length
-    cdef int64_t[:] ends_v
-    cdef int64_t[:] ids_v
-    cdef int32_t[:] ranks_v
-    cdef int32_t[:] windows_v
+    cdef carray.array ends, ids, ranks, windows
+    cdef int64_t *ends_v
+    cdef int64_t *ids_v
+    cdef int32_t *ranks_v
+    cdef int32_t *windows_v
     PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
-    flat_init(&fb)
     try:
         if offset < 0 or offset > view.len:
             raise DecodeError(f"body offset {offset} is outside the {view.len} bytes given")
         base = <const uint8_t *>view.buf + offset
-        flat_read(&fb, base, view.len - offset, FLAT_HAS_SNAPSHOT)  # validates the whole body
-        dropped = [(fb.drops[2 * k], fb.drops[2 * k + 1]) for k in range(<int64_t>fb.ndrops)]
+        flat_read(fb, base, view.len - offset, FLAT_HAS_SNAPSHOT)  # validates the whole body
+        dropped = [(fb.drops[2 * k], fb.drops[2 * k + 1]) for k in range(<int64_t>fb.ndrops)] if fb.ndrops else []
         # The envelope again, to where the events array starts (flat_read checked all of it).
         r.p = base
         r.end = <const uint8_t *>view.buf + view.len
@@ -157,15 +164,15 @@ def scan_body(body, Py_ssize_t offset):
         if r.err or block_end != NULL or <size_t>n != fb.nev:
             return None
         items = r.p
-        ends = array("q", bytes(8 * n))
-        ids = array("q", bytes(8 * n))
-        ranks = array("i", bytes(4 * n))
-        windows = array("i", bytes(4 * n))
+        ends = carray.clone(_LONGS, n, False)
+        ids = carray.clone(_LONGS, n, False)
+        ranks = carray.clone(_INTS, n, False)
+        windows = carray.clone(_INTS, n, False)
         if n:
-            ends_v = ends
-            ids_v = ids
-            ranks_v = ranks
-            windows_v = windows
+            ends_v = <int64_t *>ends.data.as_voidptr
+            ids_v = <int64_t *>ids.data.as_voidptr
+            ranks_v = <int32_t *>ranks.data.as_voidptr
+            windows_v = <int32_t *>windows.data.as_voidptr
             for k in range(n):
                 ids_v[k] = wire_long(&r)
                 _skip_data(&r, wire_union(&r, 4))
@@ -192,5 +199,46 @@ def scan_body(body, Py_ssize_t offset):
             windows,
         )
     finally:
-        flat_free(&fb)
+        if fb.tok_cap > 65536:  # one large message does not keep its arrays
+            flat_free(fb)
+            flat_init(fb)
         PyBuffer_Release(&view)
+
+
+def extend_shifted(carray.array dst, carray.array src, Py_ssize_t a, Py_ssize_t b, int64_t delta):
+    """``dst.extend(x + delta for x in src[a:b])`` for arrays of type ``q`` (the end offsets of
+    events appended to an ``EncodedEvents``), in one pass in C."""
+    cdef Py_ssize_t n0 = len(dst), k
+    if dst.ob_descr.typecode != b"q" or src.ob_descr.typecode != b"q":
+        raise TypeError("extend_shifted takes arrays of type 'q'")
+    if a < 0 or b > len(src) or a > b:
+        raise IndexError(f"[{a}:{b}] is not a span of {len(src)} items")
+    carray.resize_smart(dst, n0 + b - a)
+    cdef int64_t *d = <int64_t *>dst.data.as_voidptr
+    cdef const int64_t *s = <const int64_t *>src.data.as_voidptr
+    for k in range(b - a):
+        d[n0 + k] = s[a + k] + delta
+
+
+def rank_tallies(carray.array ranks, carray.array ids, Py_ssize_t a, Py_ssize_t b):
+    """Per rank (-1 counts as 0), over events ``a:b``: how many, and the last event id; as two
+    dicts (``EncodedEvents.last_ids``)."""
+    cdef dict by_rank = {}, last = {}
+    cdef Py_ssize_t k, run_start
+    cdef int32_t rank, current
+    if ranks.ob_descr.typecode != b"i" or ids.ob_descr.typecode != b"q":
+        raise TypeError("rank_tallies takes ranks of type 'i' and ids of type 'q'")
+    if a < 0 or b > len(ranks) or b > len(ids) or a > b:
+        raise IndexError(f"[{a}:{b}] is not a span of {len(ranks)} items")
+    cdef const int32_t *r = <const int32_t *>ranks.data.as_voidptr
+    cdef const int64_t *i = <const int64_t *>ids.data.as_voidptr
+    k = a
+    while k < b:
+        current = r[k] if r[k] >= 0 else 0
+        run_start = k
+        k += 1
+        while k < b and (r[k] if r[k] >= 0 else 0) == current:
+            k += 1
+        by_rank[current] = by_rank.get(current, 0) + (k - run_start)
+        last[current] = i[k - 1]
+    return by_rank, last

@@ -42,9 +42,9 @@ __all__ = [
 ]
 
 try:
-    from ._gatherscan import scan_body
-except ImportError:  # not built: the callers take their object paths
-    scan_body = None  # type: ignore[assignment]
+    from ._gatherscan import extend_shifted, rank_tallies, scan_body
+except ImportError:  # not built: the callers take their object paths, these loop in Python
+    extend_shifted = rank_tallies = scan_body = None  # type: ignore[assignment]
 
 _PROBE = [
     KVCacheEvent(7, KVCacheRemovedData([1, 2**64 - 1]), 32, 1),
@@ -135,10 +135,12 @@ class EncodedEvents(Sequence[KVCacheEvent]):
         self._whole()
         base = len(self.data)
         self.data += data
-        if base:
-            self.ends.extend(end + base for end in ends)
-        else:
+        if not base:
             self.ends.extend(ends)
+        elif extend_shifted is not None:
+            extend_shifted(self.ends, ends, 0, len(ends), base)
+        else:
+            self.ends.extend(end + base for end in ends)
         self.ids.extend(ids)
         self.ranks.extend(ranks)
 
@@ -151,7 +153,10 @@ class EncodedEvents(Sequence[KVCacheEvent]):
         lo = other._offset(a)
         base = len(self.data) - lo
         self.data += memoryview(other.data)[lo : other.ends[b - 1]]
-        self.ends.extend(end + base for end in other.ends[a:b])
+        if extend_shifted is not None:
+            extend_shifted(self.ends, other.ends, a, b, base)
+        else:
+            self.ends.extend(end + base for end in other.ends[a:b])
         self.ids.extend(other.ids[a:b])
         self.ranks.extend(other.ranks[a:b])
 
@@ -211,8 +216,10 @@ class EncodedEvents(Sequence[KVCacheEvent]):
         return decode_body(self.message(_BODY_PREFIX)).events
 
     def count_by_rank(self) -> dict[int, int]:
-        counts: dict[int, int] = {}
         a, b = self._span()
+        if rank_tallies is not None:
+            return rank_tallies(self.ranks, self.ids, a, b)[0]
+        counts: dict[int, int] = {}
         for rank in self.ranks[a:b]:
             key = 0 if rank < 0 else rank
             counts[key] = counts.get(key, 0) + 1
@@ -221,6 +228,8 @@ class EncodedEvents(Sequence[KVCacheEvent]):
     def last_ids(self) -> tuple[dict[int, int], dict[int, int]]:
         """Per rank: how many events, and the last event id."""
         a, b = self._span()
+        if rank_tallies is not None:
+            return rank_tallies(self.ranks, self.ids, a, b)
         by_rank: dict[int, int] = {}
         last: dict[int, int] = {}
         for rank, event_id in zip(self.ranks[a:b], self.ids[a:b], strict=True):
