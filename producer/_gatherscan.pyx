@@ -104,8 +104,6 @@ cdef inline void _skip_data(WireReader *r, int64_t kind) noexcept nogil:
         _skip_diff(r)
 
 
-cdef FlatBatch _fb  # reused: scan_body holds the GIL from flat_read to its last read of it
-flat_init(&_fb)
 cdef carray.array _LONGS = array("q")
 cdef carray.array _INTS = array("i")
 
@@ -121,7 +119,8 @@ def scan_body(body, Py_ssize_t offset):
     back to back, and per event its end offset relative to ``items_start``, its id, its rank
     (-1: none) and window size, in arrays of types ``q``, ``q``, ``i``, ``i``.
     """
-    cdef FlatBatch *fb = &_fb
+    cdef FlatBatch flat  # per call: the gather thread and the sink thread both call this, and
+    cdef FlatBatch *fb = &flat  # an allocation below can run Python code (GC) and switch threads
     cdef Py_buffer view
     cdef WireReader r
     cdef const uint8_t *base
@@ -135,6 +134,7 @@ def scan_body(body, Py_ssize_t offset):
     cdef int32_t *ranks_v
     cdef int32_t *windows_v
     PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
+    flat_init(fb)
     try:
         if offset < 0 or offset > view.len:
             raise DecodeError(f"body offset {offset} is outside the {view.len} bytes given")
@@ -199,9 +199,7 @@ def scan_body(body, Py_ssize_t offset):
             windows,
         )
     finally:
-        if fb.tok_cap > 65536:  # one large message does not keep its arrays
-            flat_free(fb)
-            flat_init(fb)
+        flat_free(fb)
         PyBuffer_Release(&view)
 
 
