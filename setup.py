@@ -16,6 +16,7 @@ EXTENSIONS = [
     ("kvevents.schemas._fastcodec", "schemas/_fastcodec.pyx"),
     ("kvevents.consumer._indexcore", "consumer/_indexcore.pyx"),
     ("kvevents.producer._fastrecorder", "producer/_fastrecorder.pyx"),
+    ("kvevents.producer._gatherscan", "producer/_gatherscan.pyx"),
     ("kvevents.consumer.export._packtokens", "consumer/export/_packtokens.pyx"),
     ("kvevents.commands._route_fast", "kvevents/commands/_route_fast.pyx"),
     ("kvevents.producer.bridge._fastconvert", "producer/bridge/_fastconvert.pyx"),

@@ -11,7 +11,16 @@ from typing import Any
 from kvevents.schemas import EventBatch
 
 from ._gather_core import PROBE_MISSES, GatherCore, log
-from ._gather_wire import ProtocolError, Tag, check_batch, encode_resync, read_batch
+from ._gather_wire import (
+    EncodedBatch,
+    ProtocolError,
+    Tag,
+    check_batch,
+    check_encoded,
+    encode_resync,
+    read_batch,
+    read_encoded,
+)
 
 __all__ = ["CollectorRole", "Peer"]
 
@@ -203,10 +212,17 @@ class CollectorRole(GatherCore):
             )
 
     def _merge(self, peer: Peer, data: bytearray) -> None:
-        batch: EventBatch | None = None
+        """Check one message of ``peer`` and merge its events: kept as the Avro bytes they came
+        as when the compiled reader is built (the Kafka sink splices them as they are), else
+        decoded."""
+        batch: EventBatch | EncodedBatch | None = None
         try:
-            batch = read_batch(data, peer.rank)
-            check_batch(batch, peer.rank, self._size, peer.last_event_id)
+            batch = read_encoded(data, peer.rank) if self._config.pass_through else None
+            if batch is not None:
+                check_encoded(batch, peer.rank, self._size, peer.last_event_id)
+            else:
+                batch = read_batch(data, peer.rank)
+                check_batch(batch, peer.rank, self._size, peer.last_event_id)
         except ProtocolError as exc:
             lost = 1
             if batch is not None:
@@ -226,6 +242,13 @@ class CollectorRole(GatherCore):
         peer.next_sequence = batch.sequence + 1
         for drops in batch.dropped:  # rank r counted them itself: it needs no RESYNC for them
             self._buffer.record_drops(peer.rank, drops.dropped_events, notify=False)
+        if isinstance(batch, EncodedBatch):
+            count = len(batch.events)
+            if count:
+                self._buffer.extend_encoded(batch.events, batch.windows)
+                peer.last_event_id = batch.events.event_id(count - 1)
+                self._counters.events_received += count
+            return
         events = batch.events
         if events:
             self._buffer.extend(events)

@@ -44,6 +44,9 @@ class GatherConfig:
       ranks' gather threads to come back to MPI several times.
     - ``poll_interval_s``: how often rank 0 looks for messages while events flow (at most a
       quarter period; every 50 ms after a second without events).
+    - ``pass_through``: rank 0 keeps the other ranks' events as the Avro bytes they came as
+      (checked whole, not decoded) and the Kafka sink splices those bytes into its messages;
+      False decodes them into objects (as without the compiled reader).
     """
 
     heartbeat_interval_s: float = 0.5
@@ -53,6 +56,7 @@ class GatherConfig:
     max_events_per_message: int = 1024
     max_message_bytes: int = 8000
     poll_interval_s: float = 0.001
+    pass_through: bool = True
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "shutdown_timeout_s", "poll_interval_s"):

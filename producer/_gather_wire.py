@@ -12,20 +12,27 @@ from __future__ import annotations
 
 import struct
 import time
+from array import array
 from collections.abc import Sequence
 from enum import IntEnum
 
 from kvevents.schemas import DecodeError, EventBatch, KVCacheEvent, RankDrops, decode_batch, encode_batch
+from kvevents.schemas.codec import current_fingerprint
+
+from .sink_encoded import EncodedEvents, scan_body
 
 __all__ = [
     "RESYNC_FORMAT",
+    "EncodedBatch",
     "ProtocolError",
     "Tag",
     "check_batch",
+    "check_encoded",
     "chunk_batches",
     "decode_resync",
     "encode_resync",
     "read_batch",
+    "read_encoded",
 ]
 
 
@@ -161,3 +168,83 @@ def read_batch(data: bytes | bytearray | memoryview, source_rank: int) -> EventB
         return decode_batch(data)
     except DecodeError as exc:
         raise ProtocolError(f"rank {source_rank} sent {len(data)} bytes that do not decode: {exc}") from exc
+
+
+class EncodedBatch:
+    """A gather message read without building its events (:func:`read_encoded`): the envelope
+    fields rank 0 checks, and the events as the rank encoded them, with their window sizes."""
+
+    __slots__ = ("attention_dp_size", "dropped", "events", "first_event_block_offset", "sequence", "windows")
+
+    def __init__(
+        self,
+        attention_dp_size: int,
+        sequence: int,
+        first_event_block_offset: int,
+        dropped: list[RankDrops],
+        events: EncodedEvents,
+        windows: array[int],
+    ) -> None:
+        self.attention_dp_size = attention_dp_size
+        self.sequence = sequence
+        self.first_event_block_offset = first_event_block_offset
+        self.dropped = dropped
+        self.events = events
+        self.windows = windows
+
+
+_HEADER = b"\xc3\x01" + current_fingerprint()
+"""The single-object header of a message of the current schema."""
+
+
+def read_encoded(data: bytearray, source_rank: int) -> EncodedBatch | None:
+    """:func:`read_batch` without decoding the events (rank 0's pass-through to Kafka): the
+    whole body is checked as the decoder would (:class:`ProtocolError` when malformed), and the
+    events' bytes are kept (``data`` is consumed: its bytes become the events'). None when this
+    cannot be done here (the compiled reader is not built, the message is another schema
+    version's, or its events array is laid out otherwise): then call :func:`read_batch`."""
+    if scan_body is None or not data.startswith(_HEADER):
+        return None
+    try:
+        scanned = scan_body(data, 10)
+    except DecodeError as exc:
+        raise ProtocolError(f"rank {source_rank} sent {len(data)} bytes that do not decode: {exc}") from exc
+    if scanned is None:
+        return None
+    dp_size, sequence, offset, dropped, start, stop, ends, ids, ranks, windows = scanned
+    del data[stop:]  # in place: no copy of the events' bytes
+    del data[:start]
+    events = EncodedEvents.__new__(EncodedEvents)  # a whole one, over these arrays
+    events.data, events.ends, events.ids, events.ranks = data, ends, ids, ranks
+    events._start, events._stop = 0, -1
+    drops = [RankDrops(r, n) for r, n in dropped] if dropped else []
+    return EncodedBatch(dp_size, sequence, offset, drops, events, windows)
+
+
+def check_encoded(batch: EncodedBatch, source_rank: int, attention_dp_size: int, last_event_id: int) -> None:
+    """:func:`check_batch` for an :class:`EncodedBatch`: the same rules, the same errors."""
+    if batch.attention_dp_size != attention_dp_size:
+        raise ProtocolError(
+            f"rank {source_rank} sent attention_dp_size={batch.attention_dp_size}, expected {attention_dp_size}"
+        )
+    if batch.first_event_block_offset:
+        raise ProtocolError(
+            f"rank {source_rank} sent a split Stored event (first_event_block_offset="
+            f"{batch.first_event_block_offset}); the gather never splits events"
+        )
+    for drops in batch.dropped:
+        if drops.attention_dp_rank != source_rank or drops.dropped_events < 0:
+            raise ProtocolError(f"rank {source_rank} reported drops {drops!r} that are not its own")
+    events = batch.events
+    ranks = events.ranks
+    if ranks.count(source_rank) != len(ranks):
+        k = next(i for i, rank in enumerate(ranks) if rank != source_rank)
+        rank = None if ranks[k] < 0 else ranks[k]
+        raise ProtocolError(f"rank {source_rank} sent event {events.ids[k]} of attention_dp_rank {rank!r}")
+    previous = last_event_id
+    for event_id in events.ids:
+        if event_id <= previous:
+            raise ProtocolError(
+                f"rank {source_rank} sent event id {event_id} after {previous}: ids must increase"
+            )
+        previous = event_id

@@ -12,13 +12,18 @@ import logging
 import math
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 from kvevents.schemas import KVCacheEvent, RankDrops
 
 from .stats import BufferStats
+
+if TYPE_CHECKING:
+    from .sink_encoded import EncodedDrain, EncodedEvents
 
 __all__ = ["DEFAULT_DROP_WARNING_INTERVAL_S", "DropListener", "EventBuffer", "EventDrain", "check_timeout"]
 
@@ -65,6 +70,28 @@ def _rank_key(rank: int | None) -> int:
     return 0 if rank is None else rank
 
 
+class _Segment:
+    """Events of another rank as they came over the gather, still Avro (rank 0's pass-through:
+    ``docs/GATHER_PROTOCOL.md``): a view of an ``EncodedEvents`` and each event's window size."""
+
+    __slots__ = ("events", "windows")
+
+    def __init__(self, events: EncodedEvents, windows: array[int]) -> None:
+        self.events = events
+        self.windows = windows
+
+    def drop_front(self, k: int, by_key: dict[tuple[int | None, int], int], newest: dict[int, int]) -> None:
+        """Count the first ``k`` events as dropped (into ``by_key`` and ``newest``) and keep the rest."""
+        events = self.events
+        for i in range(k):
+            rank = events.rank(i)
+            key = (rank, self.windows[i])
+            by_key[key] = by_key.get(key, 0) + 1
+            newest[rank] = events.event_id(i)
+        self.events = events[k:]
+        self.windows = self.windows[k:]
+
+
 class EventBuffer:
     """Holds at most ``capacity`` events; drops the oldest first and counts every drop.
 
@@ -94,7 +121,9 @@ class EventBuffer:
         self._warning_interval = float(drop_warning_interval_s)
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
-        self._events: deque[KVCacheEvent] = deque()
+        self._events: deque[KVCacheEvent | _Segment] = deque()
+        self._count = 0  # events held (a segment holds several)
+        self._segments = 0  # segments among self._events
         self._closed = False
         self._high_water_mark = 0
         self._added_total = 0
@@ -117,7 +146,7 @@ class EventBuffer:
         return self._closed
 
     def __len__(self) -> int:
-        return len(self._events)
+        return self._count
 
     def add_drop_listener(self, listener: DropListener) -> None:
         """Call ``listener(source_rank, dropped_events, newest_dropped_event_id)`` after every
@@ -144,6 +173,17 @@ class EventBuffer:
         Each dropped event is counted under its own ``attention_dp_rank`` (0 when None) and
         ``window_size``. Wakes waiting readers.
         """
+        return self._extend(events, None)
+
+    def extend_encoded(self, events: EncodedEvents, windows: array[int]) -> int:
+        """:meth:`extend` for events still Avro-encoded (another rank's, as the gather received
+        them; ``windows`` their window sizes): kept as bytes, handed to the Kafka sink as such
+        by :meth:`drain_encoded`; :meth:`take` and :meth:`drain` decode them."""
+        if len(windows) != len(events):
+            raise ValueError(f"{len(events)} events with {len(windows)} window sizes")
+        return self._extend(events, windows)
+
+    def _extend(self, events: Sequence[KVCacheEvent], windows: array[int] | None) -> int:
         count = len(events)
         if count == 0:
             return 0
@@ -151,35 +191,58 @@ class EventBuffer:
         notify: dict[int, tuple[int, int | None]] = {}
         with self._cond:
             buffered = self._events
-            overflow = len(buffered) + count - self._capacity
-            dropped_now = 0
+            overflow = self._count + count - self._capacity
+            dropped_now = from_batch = 0
             if overflow > 0:
-                from_buffer = min(len(buffered), overflow)
+                from_buffer = min(self._count, overflow)
                 by_key: dict[tuple[int | None, int], int] = {}
                 newest: dict[int, int] = {}
                 popleft = buffered.popleft
-                for _ in range(from_buffer):
+                left = from_buffer
+                while left:
+                    item = buffered[0]
+                    if item.__class__ is _Segment:
+                        n = len(item.events)
+                        item.drop_front(min(n, left), by_key, newest)
+                        if n <= left:
+                            popleft()
+                            self._segments -= 1
+                        left -= min(n, left)
+                        continue
                     event = popleft()
-                    key = (event.attention_dp_rank, event.window_size)
+                    key = (event.attention_dp_rank, event.window_size)  # type: ignore[union-attr]
                     by_key[key] = by_key.get(key, 0) + 1
-                    newest[_rank_key(event.attention_dp_rank)] = event.event_id
+                    newest[_rank_key(event.attention_dp_rank)] = event.event_id  # type: ignore[union-attr]
+                    left -= 1
+                self._count -= from_buffer
                 from_batch = overflow - from_buffer
-                for event in events[:from_batch]:
-                    key = (event.attention_dp_rank, event.window_size)
-                    by_key[key] = by_key.get(key, 0) + 1
-                    newest[_rank_key(event.attention_dp_rank)] = event.event_id
                 if from_batch:
-                    events = events[from_batch:]
+                    if windows is not None:
+                        segment = _Segment(events, windows)  # type: ignore[arg-type]
+                        segment.drop_front(from_batch, by_key, newest)
+                        events, windows = segment.events, segment.windows
+                    else:
+                        for event in events[:from_batch]:
+                            key = (event.attention_dp_rank, event.window_size)
+                            by_key[key] = by_key.get(key, 0) + 1
+                            newest[_rank_key(event.attention_dp_rank)] = event.event_id
+                        events = events[from_batch:]
                 for (rank, window_size), n in by_key.items():
                     self._count_drops_locked(_rank_key(rank), n, window_size)
                     old_count, _ = notify.get(_rank_key(rank), (0, None))
                     notify[_rank_key(rank)] = (old_count + n, newest.get(_rank_key(rank)))
                 dropped_now = overflow
                 warning = self._warning_locked()
-            buffered.extend(events)
+            if windows is not None:
+                if len(events):
+                    buffered.append(_Segment(events, windows))  # type: ignore[arg-type]
+                    self._segments += 1
+            else:
+                buffered.extend(events)
+            self._count += count - from_batch
             self._added_total += count
-            if len(buffered) > self._high_water_mark:
-                self._high_water_mark = len(buffered)
+            if self._count > self._high_water_mark:
+                self._high_water_mark = self._count
             self._cond.notify_all()
         if warning is not None:
             log.warning(*warning)
@@ -266,11 +329,60 @@ class EventBuffer:
             self._undrained_drops = {}
         return EventDrain(events, [RankDrops(rank, drops[rank]) for rank in sorted(drops)])
 
+    def drain_encoded(self, timeout: float | None = None) -> EventDrain | EncodedDrain:
+        """:meth:`drain` for the Kafka sink (its ``drain_encoded`` seam): when the buffer holds
+        events still encoded (:meth:`extend_encoded`), every drained event comes as Avro bytes in
+        one ``EncodedEvents``, in buffer order (this rank's own events encoded here, the others'
+        bytes as they came); otherwise an :class:`EventDrain` of objects, as :meth:`drain`."""
+        timeout = check_timeout(timeout)
+        with self._cond:
+            if not self._events and not self._undrained_drops and not self._closed:
+                self._cond.wait_for(
+                    lambda: bool(self._events or self._undrained_drops) or self._closed, timeout
+                )
+            if self._segments:
+                items = list(self._events)
+                self._events.clear()
+                self._count = self._segments = 0
+            else:
+                items = None
+                events = self._take_locked()
+            drops = self._undrained_drops
+            self._undrained_drops = {}
+        dropped = [RankDrops(rank, drops[rank]) for rank in sorted(drops)]
+        if items is None:
+            return EventDrain(events, dropped)
+        from .sink_encoded import EncodedDrain, EncodedEvents, encode_events
+
+        out = EncodedEvents()
+        run: list[KVCacheEvent] = []
+        for item in items:
+            if item.__class__ is _Segment:
+                if run:
+                    encode_events(run, out)
+                    run = []
+                out.extend(item.events)
+            else:
+                run.append(item)  # type: ignore[arg-type]
+        if run:
+            encode_events(run, out)
+        return EncodedDrain(out, dropped)
+
     def _take_locked(self) -> list[KVCacheEvent]:
         if not self._events:
             return []
-        events = list(self._events)
+        if self._segments:
+            events: list[KVCacheEvent] = []
+            for item in self._events:
+                if item.__class__ is _Segment:
+                    events += item.events.decode()
+                else:
+                    events.append(item)  # type: ignore[arg-type]
+            self._segments = 0
+        else:
+            events = list(self._events)  # type: ignore[arg-type]
         self._events.clear()
+        self._count = 0
         return events
 
     # -- lifecycle and counters ------------------------------------------------------------
@@ -297,7 +409,7 @@ class EventBuffer:
         with self._cond:
             return BufferStats(
                 capacity=self._capacity,
-                buffered_events=len(self._events),
+                buffered_events=self._count,
                 buffer_high_water_mark=self._high_water_mark,
                 events_added_total=self._added_total,
                 events_dropped_total=self._dropped_total,

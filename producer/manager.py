@@ -29,6 +29,7 @@ from .stats import ManagerStats
 
 if TYPE_CHECKING:
     from .gather import AttentionDpGather, GatherConfig
+    from .sink_encoded import EncodedDrain
 
 log = logging.getLogger(__name__)
 
@@ -405,6 +406,13 @@ class KVCacheEventManager:
         dropped since the previous drain (the Kafka sink's seam: report the loss in-band).
         Returns when events or drops are pending, the manager is closed, or the timeout passed."""
         return self._buffer.drain(timeout)
+
+    def drain_encoded(self, timeout: float | None = None) -> EventDrain | EncodedDrain:
+        """:meth:`drain` for the Kafka sink: on attention-DP rank 0, the other ranks' events
+        stay the Avro bytes the gather received, and when some are drained every event comes
+        encoded (``EncodedEvents``, in buffer order), which the sink splices into its messages
+        without decoding them (``docs/GATHER_PROTOCOL.md``, pass-through); else as :meth:`drain`."""
+        return self._buffer.drain_encoded(timeout)
 
     def settle(self, timeout: float | None = None) -> bool:
         """Wait until every iteration flushed before this call is in the buffer (or dropped and

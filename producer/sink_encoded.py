@@ -31,7 +31,20 @@ from kvevents.schemas.codec import decode_body, encode_body
 from .buffer import EventDrain
 from .sink_chunks import Chunk, Chunker
 
-__all__ = ["EncodedChunker", "EncodedDrain", "EncodedEventSource", "EncodedEvents", "varint_of"]
+__all__ = [
+    "EncodedChunker",
+    "EncodedDrain",
+    "EncodedEventSource",
+    "EncodedEvents",
+    "encode_events",
+    "scan_body",
+    "varint_of",
+]
+
+try:
+    from ._gatherscan import extend_shifted, rank_tallies, scan_body
+except ImportError:  # not built: the callers take their object paths, these loop in Python
+    extend_shifted = rank_tallies = scan_body = None  # type: ignore[assignment]
 
 _PROBE = [
     KVCacheEvent(7, KVCacheRemovedData([1, 2**64 - 1]), 32, 1),
@@ -63,6 +76,19 @@ def encode_event(event: KVCacheEvent) -> bytes:
     """The Avro encoding of one event (as an item of ``EventBatch.events``); raises EncodeError."""
     body = encode_body(EventBatch("", [event], 1))
     return body[len(_BODY_PREFIX) + 1 : -1]  # after the envelope and the count 1, before the end 00
+
+
+def encode_events(events: list[KVCacheEvent], out: EncodedEvents) -> None:
+    """Append ``events`` to ``out``, encoded together (one codec call, then :func:`scan_body`
+    finds where each ends) when the compiled reader is built, else one by one."""
+    if scan_body is not None:
+        body = encode_body(EventBatch("", events, 1))
+        scanned = scan_body(body, 0)
+        if scanned is not None:
+            start, stop, ends, ids, ranks = scanned[4:9]
+            out.extend_raw(memoryview(body)[start:stop], ends, ids, ranks)
+            return
+    out.add(events)
 
 
 class EncodedEvents(Sequence[KVCacheEvent]):
@@ -101,6 +127,23 @@ class EncodedEvents(Sequence[KVCacheEvent]):
             rank = event.attention_dp_rank
             self.ranks.append(-1 if rank is None else rank)
 
+    def extend_raw(
+        self, data: bytes | bytearray | memoryview, ends: array[int], ids: array[int], ranks: array[int]
+    ) -> None:
+        """Append events given as their bytes back to back (``data``), each one's end offset in
+        ``data``, id and rank (-1: None), as :func:`scan_body` reads them."""
+        self._whole()
+        base = len(self.data)
+        self.data += data
+        if not base:
+            self.ends.extend(ends)
+        elif extend_shifted is not None:
+            extend_shifted(self.ends, ends, 0, len(ends), base)
+        else:
+            self.ends.extend(end + base for end in ends)
+        self.ids.extend(ids)
+        self.ranks.extend(ranks)
+
     def extend(self, other: EncodedEvents) -> None:
         """Append the events of ``other`` (a whole object or a view)."""
         self._whole()
@@ -110,7 +153,10 @@ class EncodedEvents(Sequence[KVCacheEvent]):
         lo = other._offset(a)
         base = len(self.data) - lo
         self.data += memoryview(other.data)[lo : other.ends[b - 1]]
-        self.ends.extend(end + base for end in other.ends[a:b])
+        if extend_shifted is not None:
+            extend_shifted(self.ends, other.ends, a, b, base)
+        else:
+            self.ends.extend(end + base for end in other.ends[a:b])
         self.ids.extend(other.ids[a:b])
         self.ranks.extend(other.ranks[a:b])
 
@@ -170,8 +216,10 @@ class EncodedEvents(Sequence[KVCacheEvent]):
         return decode_body(self.message(_BODY_PREFIX)).events
 
     def count_by_rank(self) -> dict[int, int]:
-        counts: dict[int, int] = {}
         a, b = self._span()
+        if rank_tallies is not None:
+            return rank_tallies(self.ranks, self.ids, a, b)[0]
+        counts: dict[int, int] = {}
         for rank in self.ranks[a:b]:
             key = 0 if rank < 0 else rank
             counts[key] = counts.get(key, 0) + 1
@@ -180,6 +228,8 @@ class EncodedEvents(Sequence[KVCacheEvent]):
     def last_ids(self) -> tuple[dict[int, int], dict[int, int]]:
         """Per rank: how many events, and the last event id."""
         a, b = self._span()
+        if rank_tallies is not None:
+            return rank_tallies(self.ranks, self.ids, a, b)
         by_rank: dict[int, int] = {}
         last: dict[int, int] = {}
         for rank, event_id in zip(self.ranks[a:b], self.ids[a:b], strict=True):
