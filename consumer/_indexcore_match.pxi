@@ -3,6 +3,51 @@
 # the answer dict built or copied from a template). Functions of an IndexCore; callers hold the
 # index lock (IndexCore._rlock) and own its query scratch.
 
+cdef extern from *:
+    """
+    /* The answer's values written in place (counts_from_template). A copy of a combined dict
+       (PyDict_Copy of a template never deleted from) has the template's entries at the same
+       positions; CPython 3.11's keys layout (Include/internal/pycore_dict.h, not exported)
+       is mirrored here to reach entry k. Any other layout or version: NULL, and the caller
+       sets the values through the dict API. */
+    #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    typedef struct { Py_hash_t me_hash; PyObject *me_key; PyObject *me_value; } kv_dict_entry;
+    typedef struct {
+        Py_ssize_t dk_refcnt;
+        uint8_t dk_log2_size;
+        uint8_t dk_log2_index_bytes;
+        uint8_t dk_kind;
+        uint32_t dk_version;
+        Py_ssize_t dk_usable;
+        Py_ssize_t dk_nentries;
+        char dk_indices[];
+    } kv_dict_keys;
+    static kv_dict_entry *kv_dict_entries(PyObject *d, Py_ssize_t n) {
+        PyDictObject *mp = (PyDictObject *)d;
+        kv_dict_keys *dk = (kv_dict_keys *)mp->ma_keys;
+        if (mp->ma_values != NULL || dk->dk_kind != 0 || dk->dk_nentries != n || mp->ma_used != n)
+            return NULL;
+        return (kv_dict_entry *)(&dk->dk_indices[(size_t)1 << dk->dk_log2_index_bytes]);
+    }
+    #else
+    typedef struct { Py_hash_t me_hash; PyObject *me_key; PyObject *me_value; } kv_dict_entry;
+    static kv_dict_entry *kv_dict_entries(PyObject *d, Py_ssize_t n) { return NULL; }
+    #endif
+    static inline void kv_entry_set(kv_dict_entry *e, PyObject *v) {
+        PyObject *old = e->me_value;
+        Py_INCREF(v);
+        e->me_value = v;
+        Py_DECREF(old);
+    }
+    """
+    ctypedef struct kv_dict_entry:
+        Py_hash_t me_hash
+        PyObject *me_key
+        PyObject *me_value
+    kv_dict_entry *kv_dict_entries(object d, Py_ssize_t n)
+    void kv_entry_set(kv_dict_entry *e, object v)
+
+
 cdef Py_ssize_t load_query_keys(IndexCore self, object hashes) except -1:
     """Prepare ``qkeys``: an array('Q') is copied, a list is converted lazily by
     ``_keys_upto`` (a query that stops matching early never converts its tail)."""
@@ -265,6 +310,8 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
     cdef bytes tslots
     cdef const uint32_t *ts
     cdef bint hit = False
+    cdef uint32_t r
+    cdef kv_dict_entry *entries
     entry = self.templates.get(ckey)
     if entry is not None:
         tmpl, tslots = entry
@@ -291,8 +338,19 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
         self.templates[ckey] = (tmpl, tslots)
         self.template_keys += t
     out = PyDict_Copy(tmpl)
+    # Entry k of the copy is the template's k-th insertion, the worker of ts[k]: its value is
+    # replaced in place (the dict is new, seen by no one yet) instead of a lookup per worker;
+    # an entry whose key is not that worker's (not expected) goes through the dict API.
+    ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
+    entries = kv_dict_entries(out, t)
     for k in range(t):
-        slot = self.touched[k]
-        if self.run[slot] != v:
-            _PyDict_SetItem_KnownHash(out, keys[slot], self.run[slot], self.slots[slot].khash)
+        slot = ts[k]
+        r = self.run[slot]
+        if r == v:
+            continue
+        value = r
+        if entries != NULL and entries[k].me_key == <PyObject *>keys[slot]:
+            kv_entry_set(&entries[k], value)
+        else:
+            _PyDict_SetItem_KnownHash(out, keys[slot], value, self.slots[slot].khash)
     return out
