@@ -33,6 +33,27 @@ cdef extern from *:
     typedef struct { Py_hash_t me_hash; PyObject *me_key; PyObject *me_value; } kv_dict_entry;
     static kv_dict_entry *kv_dict_entries(PyObject *d, Py_ssize_t n) { return NULL; }
     #endif
+    /* A query key's int read inline (an exact int of at most 64 bits, CPython < 3.12's
+       30-bit digits): PyLong_AsUnsignedLong was a call per key. Else 0: the caller converts. */
+    static inline int kv_long_u64(PyObject *o, uint64_t *out) {
+    #if PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+        const digit *d;
+        if (!PyLong_CheckExact(o))
+            return 0;
+        d = ((PyLongObject *)o)->ob_digit;
+        switch (Py_SIZE(o)) {
+        case 0: *out = 0; return 1;
+        case 1: *out = d[0]; return 1;
+        case 2: *out = (uint64_t)d[0] | ((uint64_t)d[1] << 30); return 1;
+        case 3:
+            if (d[2] >> 4)
+                return 0;
+            *out = (uint64_t)d[0] | ((uint64_t)d[1] << 30) | ((uint64_t)d[2] << 60);
+            return 1;
+        }
+    #endif
+        return 0;
+    }
     static inline void kv_entry_set(kv_dict_entry *e, PyObject *v) {
         PyObject *old = e->me_value;
         Py_INCREF(v);
@@ -46,6 +67,7 @@ cdef extern from *:
         PyObject *me_value
     kv_dict_entry *kv_dict_entries(object d, Py_ssize_t n)
     void kv_entry_set(kv_dict_entry *e, object v)
+    bint kv_long_u64(PyObject *o, uint64_t *out)
 
 
 cdef Py_ssize_t load_query_keys(IndexCore self, object hashes) except -1:
@@ -88,12 +110,15 @@ cdef inline int query_keys_upto(IndexCore self, Py_ssize_t upto) except -1:
     groups ahead, so a query that stops matching early never converts its tail)."""
     cdef Py_ssize_t i
     cdef list src = self.qlist
+    cdef PyObject *item
     if upto <= self.qready or src is None:
         return 0
     for i in range(self.qready, upto):
         if i >= PyList_GET_SIZE(src):  # a key's __index__ shrank the list
             raise RuntimeError("the query list changed size while it was read")
-        self.qkeys[i] = <object>PyList_GET_ITEM(src, i)
+        item = PyList_GET_ITEM(src, i)
+        if not kv_long_u64(item, &self.qkeys[i]):
+            self.qkeys[i] = <object>item
     self.qready = upto
     return 0
 
