@@ -183,14 +183,18 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
             if chained:  # the last group's nodes were all found in sequence: no table
                 entries_at = max(entries_at, ahead)
                 nodes_at = max(nodes_at, min(n, i + 2 * QGROUP))
+            elif i == 0 and not by_content:
+                # nothing known yet: only the first group's entries and nodes (a query stored
+                # in one event is then walked in sequence, its later entries never needed)
+                ahead = min(n, QGROUP)
             for g in range(entries_at, ahead):
                 prefetch_entry(tab, self.qkeys[g])
             entries_at = max(entries_at, ahead)
-            ahead = min(n, i + 2 * QGROUP)
+            ahead = min(n, i + (QGROUP if i == 0 and not by_content else 2 * QGROUP))
             for g in range(nodes_at, ahead):
                 prefetch_node(st, tab, self.qkeys[g])
             nodes_at = max(nodes_at, ahead)
-            chained = not by_content and i > 0
+            chained = not by_content
         step = <uint32_t>i + 1
         key = self.qkeys[i]
         # A Stored event's blocks get consecutive nodes, so the block after the last one
@@ -199,7 +203,8 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
         if guess < st.node_top and (self.N(guess).n & KV_USED) and self.N(guess).engine == key:
             id = guess
         else:
-            chained = False
+            if i > 0:  # the first key is always looked up in the table
+                chained = False
             pos = table_find_pos(st, tab, key, by_content, NONE)
             if pos == NONE:
                 reached = i
