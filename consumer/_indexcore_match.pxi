@@ -70,6 +70,11 @@ cdef extern from *:
     bint kv_long_u64(PyObject *o, uint64_t *out)
 
 
+cdef enum:
+    # mixed into a touched set's signature: the key of that set's last template (any run)
+    SHAPE = 0x53484150  # "SHAP"
+
+
 cdef Py_ssize_t load_query_keys(IndexCore self, object hashes) except -1:
     """Prepare ``qkeys``: an array('Q') is copied, a list is converted lazily by
     ``_keys_upto`` (a query that stops matching early never converts its tail)."""
@@ -330,48 +335,79 @@ cdef dict build_counts(IndexCore self, size_t t):
     return out
 
 
-cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t v):
-    """The result of ``touched[:t]`` (one window cache per worker) from a template."""
-    cdef size_t k, m
-    cdef uint32_t slot
-    cdef uint32_t epoch = self.epoch
-    cdef list keys = self.s_keys
-    cdef dict tmpl = None, out
+cdef inline const uint32_t *template_fits(IndexCore self, object entry, size_t t):
+    """The slots of a cached template ``(dict, slots, run)`` when they are exactly this query's
+    ``t`` touched slots (as many, each matched now), else NULL."""
     cdef bytes tslots
     cdef const uint32_t *ts
-    cdef bint hit = False
+    cdef size_t k
+    cdef uint32_t epoch = self.epoch
+    if entry is None:
+        return NULL
+    tslots = (<tuple>entry)[1]
+    if <size_t>(len(tslots) // 4) != t:
+        return NULL
+    ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
+    for k in range(t):
+        if self.stamp[ts[k]] != epoch:
+            return NULL
+    return ts
+
+
+cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t v):
+    """The result of ``touched[:t]`` (one window cache per worker) from a template.
+
+    ``self.templates`` holds, by ``ckey`` (the touched set's signature mixed with the most
+    common run ``v``), ``(dict of every worker at v, slots in the dict's order, v)``; and by
+    the set's signature alone (``^ SHAPE``) the last template made for that set, whatever its
+    run: a set seen before with another common run (a query of another length) gets its
+    template as a copy of that one with the values rewritten in place, not a dict filled
+    worker by worker."""
+    cdef size_t k
+    cdef uint32_t slot
+    cdef list keys = self.s_keys
+    cdef dict tmpl, out
+    cdef bytes tslots
+    cdef const uint32_t *ts
     cdef uint32_t r
     cdef kv_dict_entry *entries
+    cdef uint64_t skey = ckey ^ (<uint64_t>v * KVH.k1) ^ SHAPE
     entry = self.templates.get(ckey)
-    if entry is not None:
-        tmpl, tslots = entry
-        m = len(tslots) // 4
-        if m == t:
-            ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
-            hit = True
-            for k in range(m):
-                slot = ts[k]
-                if self.stamp[slot] != epoch:
-                    hit = False
-                    break
-    if not hit:
-        tmpl = _PyDict_NewPresized(t)
-        tslots = PyBytes_FromStringAndSize(NULL, t * 4)
-        memcpy(PyBytes_AS_STRING(tslots), self.touched, t * 4)
+    ts = template_fits(self, entry, t)
+    if ts != NULL and (<tuple>entry)[2] == v:
+        tmpl, tslots = (<tuple>entry)[0], (<tuple>entry)[1]
+    else:
+        entry = self.templates.get(skey)
+        ts = template_fits(self, entry, t)
         value = v
-        for k in range(t):
-            slot = self.touched[k]
-            _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
-        if self.template_keys + t > (1 << 18):
+        if ts != NULL:  # the same workers, another run: copy it, every value set to v
+            tmpl, tslots = PyDict_Copy((<tuple>entry)[0]), (<tuple>entry)[1]
+            entries = kv_dict_entries(tmpl, t)
+            for k in range(t):
+                slot = ts[k]
+                if entries != NULL and entries[k].me_key == <PyObject *>keys[slot]:
+                    kv_entry_set(&entries[k], value)
+                else:
+                    _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
+        else:
+            tmpl = _PyDict_NewPresized(t)
+            tslots = PyBytes_FromStringAndSize(NULL, t * 4)
+            memcpy(PyBytes_AS_STRING(tslots), self.touched, t * 4)
+            ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
+            for k in range(t):
+                slot = ts[k]
+                _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
+        if self.template_keys + 2 * t > (1 << 18):
             self.templates.clear()
             self.template_keys = 0
-        self.templates[ckey] = (tmpl, tslots)
-        self.template_keys += t
+        entry = (tmpl, tslots, v)
+        self.templates[ckey] = entry
+        self.templates[skey] = entry
+        self.template_keys += 2 * t  # the set's entry may keep a replaced template alive
     out = PyDict_Copy(tmpl)
     # Entry k of the copy is the template's k-th insertion, the worker of ts[k]: its value is
     # replaced in place (the dict is new, seen by no one yet) instead of a lookup per worker;
     # an entry whose key is not that worker's (not expected) goes through the dict API.
-    ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
     entries = kv_dict_entries(out, t)
     for k in range(t):
         slot = ts[k]
