@@ -374,7 +374,7 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
     cdef uint64_t skey = ckey ^ (<uint64_t>v * KVH.k1) ^ SHAPE
     entry = self.templates.get(ckey)
     ts = template_fits(self, entry, t)
-    if ts != NULL and (<tuple>entry)[2] == v:
+    if ts != NULL and <uint32_t>(<tuple>entry)[2] == v:
         tmpl, tslots = (<tuple>entry)[0], (<tuple>entry)[1]
     else:
         entry = self.templates.get(skey)
