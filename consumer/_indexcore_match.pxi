@@ -397,7 +397,7 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
             for k in range(t):
                 slot = ts[k]
                 _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
-        if self.template_keys + 2 * t > (1 << 18):
+        if self.template_keys + 2 * t > (1 << 19):  # as many templates as 2**18 keys before
             self.templates.clear()
             self.template_keys = 0
         entry = (tmpl, tslots, v)
