@@ -3,6 +3,78 @@
 # the answer dict built or copied from a template). Functions of an IndexCore; callers hold the
 # index lock (IndexCore._rlock) and own its query scratch.
 
+cdef extern from *:
+    """
+    /* The answer's values written in place (counts_from_template). A copy of a combined dict
+       (PyDict_Copy of a template never deleted from) has the template's entries at the same
+       positions; CPython 3.11's keys layout (Include/internal/pycore_dict.h, not exported)
+       is mirrored here to reach entry k. Any other layout or version: NULL, and the caller
+       sets the values through the dict API. */
+    #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    typedef struct { Py_hash_t me_hash; PyObject *me_key; PyObject *me_value; } kv_dict_entry;
+    typedef struct {
+        Py_ssize_t dk_refcnt;
+        uint8_t dk_log2_size;
+        uint8_t dk_log2_index_bytes;
+        uint8_t dk_kind;
+        uint32_t dk_version;
+        Py_ssize_t dk_usable;
+        Py_ssize_t dk_nentries;
+        char dk_indices[];
+    } kv_dict_keys;
+    static kv_dict_entry *kv_dict_entries(PyObject *d, Py_ssize_t n) {
+        PyDictObject *mp = (PyDictObject *)d;
+        kv_dict_keys *dk = (kv_dict_keys *)mp->ma_keys;
+        if (mp->ma_values != NULL || dk->dk_kind != 0 || dk->dk_nentries != n || mp->ma_used != n)
+            return NULL;
+        return (kv_dict_entry *)(&dk->dk_indices[(size_t)1 << dk->dk_log2_index_bytes]);
+    }
+    #else
+    typedef struct { Py_hash_t me_hash; PyObject *me_key; PyObject *me_value; } kv_dict_entry;
+    static kv_dict_entry *kv_dict_entries(PyObject *d, Py_ssize_t n) { return NULL; }
+    #endif
+    /* A query key's int read inline (an exact int of at most 64 bits, CPython < 3.12's
+       30-bit digits): PyLong_AsUnsignedLong was a call per key. Else 0: the caller converts. */
+    static inline int kv_long_u64(PyObject *o, uint64_t *out) {
+    #if PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+        const digit *d;
+        if (!PyLong_CheckExact(o))
+            return 0;
+        d = ((PyLongObject *)o)->ob_digit;
+        switch (Py_SIZE(o)) {
+        case 0: *out = 0; return 1;
+        case 1: *out = d[0]; return 1;
+        case 2: *out = (uint64_t)d[0] | ((uint64_t)d[1] << 30); return 1;
+        case 3:
+            if (d[2] >> 4)
+                return 0;
+            *out = (uint64_t)d[0] | ((uint64_t)d[1] << 30) | ((uint64_t)d[2] << 60);
+            return 1;
+        }
+    #endif
+        return 0;
+    }
+    static inline void kv_entry_set(kv_dict_entry *e, PyObject *v) {
+        PyObject *old = e->me_value;
+        Py_INCREF(v);
+        e->me_value = v;
+        Py_DECREF(old);
+    }
+    """
+    ctypedef struct kv_dict_entry:
+        Py_hash_t me_hash
+        PyObject *me_key
+        PyObject *me_value
+    kv_dict_entry *kv_dict_entries(object d, Py_ssize_t n)
+    void kv_entry_set(kv_dict_entry *e, object v)
+    bint kv_long_u64(PyObject *o, uint64_t *out)
+
+
+cdef enum:
+    # mixed into a touched set's signature: the key of that set's last template (any run)
+    SHAPE = 0x53484150  # "SHAP"
+
+
 cdef Py_ssize_t load_query_keys(IndexCore self, object hashes) except -1:
     """Prepare ``qkeys``: an array('Q') is copied, a list is converted lazily by
     ``_keys_upto`` (a query that stops matching early never converts its tail)."""
@@ -43,12 +115,15 @@ cdef inline int query_keys_upto(IndexCore self, Py_ssize_t upto) except -1:
     groups ahead, so a query that stops matching early never converts its tail)."""
     cdef Py_ssize_t i
     cdef list src = self.qlist
+    cdef PyObject *item
     if upto <= self.qready or src is None:
         return 0
     for i in range(self.qready, upto):
         if i >= PyList_GET_SIZE(src):  # a key's __index__ shrank the list
             raise RuntimeError("the query list changed size while it was read")
-        self.qkeys[i] = <object>PyList_GET_ITEM(src, i)
+        item = PyList_GET_ITEM(src, i)
+        if not kv_long_u64(item, &self.qkeys[i]):
+            self.qkeys[i] = <object>item
     self.qready = upto
     return 0
 
@@ -113,14 +188,18 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
             if chained:  # the last group's nodes were all found in sequence: no table
                 entries_at = max(entries_at, ahead)
                 nodes_at = max(nodes_at, min(n, i + 2 * QGROUP))
+            elif i == 0 and not by_content:
+                # nothing known yet: only the first group's entries and nodes (a query stored
+                # in one event is then walked in sequence, its later entries never needed)
+                ahead = min(n, QGROUP)
             for g in range(entries_at, ahead):
                 prefetch_entry(tab, self.qkeys[g])
             entries_at = max(entries_at, ahead)
-            ahead = min(n, i + 2 * QGROUP)
+            ahead = min(n, i + (QGROUP if i == 0 and not by_content else 2 * QGROUP))
             for g in range(nodes_at, ahead):
                 prefetch_node(st, tab, self.qkeys[g])
             nodes_at = max(nodes_at, ahead)
-            chained = not by_content and i > 0
+            chained = not by_content
         step = <uint32_t>i + 1
         key = self.qkeys[i]
         # A Stored event's blocks get consecutive nodes, so the block after the last one
@@ -129,7 +208,8 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
         if guess < st.node_top and (self.N(guess).n & KV_USED) and self.N(guess).engine == key:
             id = guess
         else:
-            chained = False
+            if i > 0:  # the first key is always looked up in the table
+                chained = False
             pos = table_find_pos(st, tab, key, by_content, NONE)
             if pos == NONE:
                 reached = i
@@ -255,44 +335,88 @@ cdef dict build_counts(IndexCore self, size_t t):
     return out
 
 
-cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t v):
-    """The result of ``touched[:t]`` (one window cache per worker) from a template."""
-    cdef size_t k, m
-    cdef uint32_t slot
-    cdef uint32_t epoch = self.epoch
-    cdef list keys = self.s_keys
-    cdef dict tmpl = None, out
+cdef inline const uint32_t *template_fits(IndexCore self, object entry, size_t t):
+    """The slots of a cached template ``(dict, slots, run)`` when they are exactly this query's
+    ``t`` touched slots (as many, each matched now), else NULL."""
     cdef bytes tslots
     cdef const uint32_t *ts
-    cdef bint hit = False
+    cdef size_t k
+    cdef uint32_t epoch = self.epoch
+    if entry is None:
+        return NULL
+    tslots = (<tuple>entry)[1]
+    if <size_t>(len(tslots) // 4) != t:
+        return NULL
+    ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
+    for k in range(t):
+        if self.stamp[ts[k]] != epoch:
+            return NULL
+    return ts
+
+
+cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t v):
+    """The result of ``touched[:t]`` (one window cache per worker) from a template.
+
+    ``self.templates`` holds, by ``ckey`` (the touched set's signature mixed with the most
+    common run ``v``), ``(dict of every worker at v, slots in the dict's order, v)``; and by
+    the set's signature alone (``^ SHAPE``) the last template made for that set, whatever its
+    run: a set seen before with another common run (a query of another length) gets its
+    template as a copy of that one with the values rewritten in place, not a dict filled
+    worker by worker."""
+    cdef size_t k
+    cdef uint32_t slot
+    cdef list keys = self.s_keys
+    cdef dict tmpl, out
+    cdef bytes tslots
+    cdef const uint32_t *ts
+    cdef uint32_t r
+    cdef kv_dict_entry *entries
+    cdef uint64_t skey = ckey ^ (<uint64_t>v * KVH.k1) ^ SHAPE
     entry = self.templates.get(ckey)
-    if entry is not None:
-        tmpl, tslots = entry
-        m = len(tslots) // 4
-        if m == t:
-            ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
-            hit = True
-            for k in range(m):
-                slot = ts[k]
-                if self.stamp[slot] != epoch:
-                    hit = False
-                    break
-    if not hit:
-        tmpl = _PyDict_NewPresized(t)
-        tslots = PyBytes_FromStringAndSize(NULL, t * 4)
-        memcpy(PyBytes_AS_STRING(tslots), self.touched, t * 4)
+    ts = template_fits(self, entry, t)
+    if ts != NULL and <uint32_t>(<tuple>entry)[2] == v:
+        tmpl, tslots = (<tuple>entry)[0], (<tuple>entry)[1]
+    else:
+        entry = self.templates.get(skey)
+        ts = template_fits(self, entry, t)
         value = v
-        for k in range(t):
-            slot = self.touched[k]
-            _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
-        if self.template_keys + t > (1 << 18):
+        if ts != NULL:  # the same workers, another run: copy it, every value set to v
+            tmpl, tslots = PyDict_Copy((<tuple>entry)[0]), (<tuple>entry)[1]
+            entries = kv_dict_entries(tmpl, t)
+            for k in range(t):
+                slot = ts[k]
+                if entries != NULL and entries[k].me_key == <PyObject *>keys[slot]:
+                    kv_entry_set(&entries[k], value)
+                else:
+                    _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
+        else:
+            tmpl = _PyDict_NewPresized(t)
+            tslots = PyBytes_FromStringAndSize(NULL, t * 4)
+            memcpy(PyBytes_AS_STRING(tslots), self.touched, t * 4)
+            ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
+            for k in range(t):
+                slot = ts[k]
+                _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
+        if self.template_keys + 2 * t > (1 << 19):  # as many templates as 2**18 keys before
             self.templates.clear()
             self.template_keys = 0
-        self.templates[ckey] = (tmpl, tslots)
-        self.template_keys += t
+        entry = (tmpl, tslots, v)
+        self.templates[ckey] = entry
+        self.templates[skey] = entry
+        self.template_keys += 2 * t  # the set's entry may keep a replaced template alive
     out = PyDict_Copy(tmpl)
+    # Entry k of the copy is the template's k-th insertion, the worker of ts[k]: its value is
+    # replaced in place (the dict is new, seen by no one yet) instead of a lookup per worker;
+    # an entry whose key is not that worker's (not expected) goes through the dict API.
+    entries = kv_dict_entries(out, t)
     for k in range(t):
-        slot = self.touched[k]
-        if self.run[slot] != v:
-            _PyDict_SetItem_KnownHash(out, keys[slot], self.run[slot], self.slots[slot].khash)
+        slot = ts[k]
+        r = self.run[slot]
+        if r == v:
+            continue
+        value = r
+        if entries != NULL and entries[k].me_key == <PyObject *>keys[slot]:
+            kv_entry_set(&entries[k], value)
+        else:
+            _PyDict_SetItem_KnownHash(out, keys[slot], value, self.slots[slot].khash)
     return out

@@ -374,7 +374,9 @@ def print_big(b: dict[str, Any]) -> None:
     )
     for size, q in b["lookups"].items():
         print(
-            f"  find_matches {size:>3} blocks: p50 {q['p50_us']:.1f} us, p99 {q['p99_us']:.1f} us, max {q['max_us']:.0f} us"
+            f"  find_matches {size:>3} blocks: p50 {q['p50_us']:.1f} us, p99 {q['p99_us']:.1f} us, max {q['max_us']:.0f} us "
+            f"(median of {q['repeats']} passes of {q.get('samples_per_pass', 0):,} queries; each query's best pass: "
+            f"p50 {q['p50_best_us']:.1f}, p99 {q['p99_best_us']:.1f} us)"
         )
     if "p99_us" in d:
         print(

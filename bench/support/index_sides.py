@@ -172,6 +172,7 @@ def lookups_interleaved(
         out[name] = {
             **median_of(r),
             "repeats": len(r),
+            "samples_per_pass": len(queries),
             "p50_best_us": b["p50_us"],
             "p99_best_us": b["p99_us"],
         }

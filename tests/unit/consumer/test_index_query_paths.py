@@ -136,3 +136,32 @@ def test_answers_from_templates_stay_exact_as_the_index_changes() -> None:
             prefixes[rng.randrange(3)],
         ):
             assert compiled.find_matches(q) == pure.find_matches(q), (round_, q[:3], len(q))
+
+
+def test_template_answers_with_long_runs_and_keys_that_are_not_exact_ints() -> None:
+    """Runs past CPython's cached small ints (values written into a copied template's entries
+    are new int objects) stay exact and alive over repeated queries; query keys that are int
+    subclasses are converted like plain ints."""
+    import enum
+    import gc
+    import sys
+
+    prefix = list(range(5000, 5320))
+    batches = [batch([created(0), stored(1, prefix[: 260 + (w * 7) % 60])], 0, f"w{w:02}") for w in range(40)]
+    compiled, pure = _both(batches)
+    expected = pure.find_matches(prefix)
+    assert len(set(expected.values())) > 10
+    answers = [compiled.find_matches(prefix) for _ in range(5)]  # a template, then copies
+    gc.collect()
+    assert all(a == expected for a in answers)
+    del answers[1:]
+    gc.collect()
+    assert answers[0] == expected == compiled.find_matches(prefix)  # no value freed early
+    assert all(sys.getrefcount(v) >= 2 for v in answers[0].values())
+
+    class Key(enum.IntEnum):
+        A = prefix[0]
+        B = prefix[1]
+
+    for q in ([Key.A, Key.B, *prefix[2:40]], [True, *prefix[1:40]]):
+        assert compiled.find_matches(q) == pure.find_matches(q)
