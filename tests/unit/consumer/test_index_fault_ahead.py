@@ -68,6 +68,10 @@ for h in (50_000, 262_143, 262_144, 262_145, 327_680, n1 - 1, n1, n1 + 65_535, n
     assert index.find_matches([2 * h + 1]) == {("i0", 0): 1}, h
     assert index.find_matches([2 * h + 1, 2 * h + 3]) == {("i0", 0): 1 if h == n2 - 1 else 2}, h
 assert index.find_matches([2 * n2 + 1]) == {}
+layout = index._core.store_layout()
+assert layout["node_top"] == n2 - 50_000, layout  # the freed ids were used again first
+assert layout["engine_table_count"] == layout["content_table_count"] == n2 - 50_000, layout
+assert layout["chunks"] << 14 >= layout["node_top"] and layout["id_bits"] == 19, layout
 again = CacheIndex.from_bytes(index.to_bytes(), core="compiled")
 assert again.same_state(index)
 print("ok")
