@@ -390,7 +390,7 @@ def print_big(b: dict[str, Any]) -> None:
             print(
                 f"    block store meanwhile: {st['rebuilds']} table rebuilds ({st['table_growths']} growths, "
                 f"{st['id_bit_rebuilds']} node-id bits; each one pass over every node holding the index lock, "
-                f"~0.3-0.5 s at 15-20M nodes); after: engine table at load {st['engine_table_load']:.2f} "
+                f"0.5-0.8 s at 14-17M nodes here); after: engine table at load {st['engine_table_load']:.2f} "
                 f"(grows past 0.80), {st['ids_to_next_bit']:,} node ids to the next id bit"
             )
     else:
