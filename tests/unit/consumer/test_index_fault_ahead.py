@@ -24,11 +24,11 @@ def stored(eid, first, n):
     blocks = [KVCacheStoredBlockData(2 * h + 1, [h % 50000, 7]) for h in range(first, first + n)]
     return KVCacheEvent(eid, KVCacheStoredData(None, blocks), 64, 0)
 
-def batches(seq0, eid0, first, n_batches):
+def batches(seq0, eid0, first, n_batches, per_batch=EVENTS):
     out = []
     for b in range(n_batches):
-        events = [stored(eid0 + b * EVENTS + k, first + (b * EVENTS + k) * PER_EVENT, PER_EVENT)
-                  for k in range(EVENTS)]
+        events = [stored(eid0 + b * per_batch + k, first + (b * per_batch + k) * PER_EVENT, PER_EVENT)
+                  for k in range(per_batch)]
         out.append(encode_batch(EventBatch("i0", events, attention_dp_size=1, producer_id=7,
                                            sequence=seq0 + b)))
     return out
@@ -55,8 +55,11 @@ assert index.held_blocks() == n1
 gone = [2 * h + 1 for h in range(50_000)]
 rm = KVCacheEvent(400, KVCacheRemovedData(gone), 64, 0)
 index.apply_encoded(encode_batch(EventBatch("i0", [rm], attention_dp_size=1, producer_id=7, sequence=100)))
-index.apply_encoded_many(batches(101, 401, n1, 38))
-n2 = n1 + 38 * EVENTS * PER_EVENT
+# one batch of 200k new blocks (150k past the free ids: more than the 65,536 node ids faulted
+# ahead, so node_top passes the faulted ones mid-page), then 18 of 4k
+index.apply_encoded_many(batches(101, 401, n1, 1, 200))
+index.apply_encoded_many(batches(102, 601, n1 + 200 * PER_EVENT, 18))
+n2 = n1 + 272 * PER_EVENT
 stop.set()
 thread.join()
 assert not errors, errors
@@ -68,10 +71,13 @@ for h in (50_000, 262_143, 262_144, 262_145, 327_680, n1 - 1, n1, n1 + 65_535, n
     assert index.find_matches([2 * h + 1]) == {("i0", 0): 1}, h
     assert index.find_matches([2 * h + 1, 2 * h + 3]) == {("i0", 0): 1 if h == n2 - 1 else 2}, h
 assert index.find_matches([2 * n2 + 1]) == {}
+for first in range(50_000, n2, PER_EVENT):  # every block, an event's run at a time
+    run = [2 * h + 1 for h in range(first, first + PER_EVENT)]
+    assert index.find_matches(run) == {("i0", 0): PER_EVENT}, first
 layout = index._core.store_layout()
 assert layout["node_top"] == n2 - 50_000, layout  # the freed ids were used again first
 assert layout["engine_table_count"] == layout["content_table_count"] == n2 - 50_000, layout
-assert layout["chunks"] << 14 >= layout["node_top"] and layout["id_bits"] == 19, layout
+assert layout["chunks"] << 14 >= layout["node_top"] and layout["id_bits"] == 20, layout
 again = CacheIndex.from_bytes(index.to_bytes(), core="compiled")
 assert again.same_state(index)
 print("ok")
