@@ -114,8 +114,10 @@ from kvevents.consumer._nodestore cimport (
     set_content,
     set_holders,
     store_bytes,
+    store_fault_ahead,
     store_free,
     store_init,
+    store_map_ahead,
     table_find,
     table_find_pos,
     table_insert,
@@ -1077,6 +1079,25 @@ cdef class IndexCore:
 
     def node_count(self):
         return self.st.nodes_used
+
+    def store_layout(self):
+        """The block store's shape (bench/support/index_big.py reports what changed while
+        lookups ran): node ids in use (node_top) and their bits, node chunks, and per table its
+        capacity and entries. A table passing load 0.8, or node ids needing one more bit, is
+        rebuilt inside one event, holding the index lock (docs/INDEX.md)."""
+        self._rlock()
+        try:
+            return {
+                "node_top": self.st.node_top,
+                "id_bits": self.st.id_bits,
+                "chunks": self.st.nchunks,
+                "engine_table_cap": self.st.etab.cap,
+                "engine_table_count": self.st.etab.count,
+                "content_table_cap": self.st.ctab.cap,
+                "content_table_count": self.st.ctab.count,
+            }
+        finally:
+            self._runlock()
 
     def memory_bytes(self):
         """Bytes of the C tables and arrays, plus an estimate for the per-worker Python objects."""

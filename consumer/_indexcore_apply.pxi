@@ -155,8 +155,12 @@ cdef int _apply_events(IndexCore self, int64_t offset) except -1 nogil:
     PyThread_acquire_lock(self.mu, WAIT_LOCK)
     try:
         _apply_events_locked(self, offset)
+        store_map_ahead(&self.st)
     finally:  # an event that raised leaves the lock free (and the events before it applied)
         PyThread_release_lock(self.mu)
+    # the next batch's new nodes' pages are faulted in here, without the lock, not by
+    # node_alloc inside an event (a 2 MiB page fault held every reader for ms: docs/INDEX.md)
+    store_fault_ahead(&self.st)
     return 0
 
 cdef int _apply_events_locked(IndexCore self, int64_t offset) except -1 nogil:

@@ -57,6 +57,30 @@ def _baseline_index(config: FleetConfig, tail: int, core_path: str) -> tuple[Cac
     return index, seconds
 
 
+def _store_layout(index: CacheIndex) -> dict[str, int] | None:
+    layout = getattr(index._core, "store_layout", None)  # not in older cores
+    return layout() if layout is not None else None
+
+
+def _store_changes(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, Any] | None:
+    """What the block store did while the lookups ran: each table whose capacity changed was
+    rebuilt (grown) once, each new node-id bit rebuilt both tables; every rebuild is one pass
+    over all nodes inside one event, holding the index lock (no lookup runs meanwhile)."""
+    if before is None or after is None:
+        return None
+    grown = sum(after[f"{t}_table_cap"] != before[f"{t}_table_cap"] for t in ("engine", "content"))
+    id_bits = after["id_bits"] - before["id_bits"]
+    return {
+        "before": before,
+        "after": after,
+        "table_growths": grown,
+        "id_bit_rebuilds": id_bits,
+        "rebuilds": grown + 2 * id_bits,
+        "engine_table_load": after["engine_table_count"] / after["engine_table_cap"],
+        "ids_to_next_bit": (1 << after["id_bits"]) - 1 - after["node_top"],
+    }
+
+
 def run_big(
     workers: int,
     blocks_per_worker: int,
@@ -119,7 +143,9 @@ def run_big(
         if side.thread_safe:
             q64 = make_fleet_queries(paths, 64, queries, seed=64)
             side.new = lambda index=index: index  # feed the index built so far
+            before = _store_layout(index)
             during = lookups_during_ingest(side, [], items, q64, lookup_rate)
+            during["store"] = _store_changes(before, _store_layout(index))
             during["ingest_blocks_per_s"] = tail_blocks / during["ingest_s"]
             during["ingest_blocks"] = tail_blocks
             during["lookup_size"] = 64
