@@ -132,10 +132,8 @@ def chunk_batches(
     return messages
 
 
-def check_batch(batch: EventBatch, source_rank: int, attention_dp_size: int, last_event_id: int) -> None:
-    """Raise :class:`ProtocolError` unless ``batch`` is a valid message of ``source_rank``:
-    every event and drop count is that rank's, event ids increase strictly and continue after
-    ``last_event_id`` (-1 before the first), the DP size matches, no split Stored event."""
+def _check_header(batch: EventBatch | EncodedBatch, source_rank: int, attention_dp_size: int) -> None:
+    """The rules on a message's batch fields (both readers): the DP size, no split, own drops."""
     if batch.attention_dp_size != attention_dp_size:
         raise ProtocolError(
             f"rank {source_rank} sent attention_dp_size={batch.attention_dp_size}, expected {attention_dp_size}"
@@ -148,6 +146,13 @@ def check_batch(batch: EventBatch, source_rank: int, attention_dp_size: int, las
     for drops in batch.dropped:
         if drops.attention_dp_rank != source_rank or drops.dropped_events < 0:
             raise ProtocolError(f"rank {source_rank} reported drops {drops!r} that are not its own")
+
+
+def check_batch(batch: EventBatch, source_rank: int, attention_dp_size: int, last_event_id: int) -> None:
+    """Raise :class:`ProtocolError` unless ``batch`` is a valid message of ``source_rank``:
+    every event and drop count is that rank's, event ids increase strictly and continue after
+    ``last_event_id`` (-1 before the first), the DP size matches, no split Stored event."""
+    _check_header(batch, source_rank, attention_dp_size)
     previous = last_event_id
     for event in batch.events:
         if event.attention_dp_rank != source_rank:
@@ -223,18 +228,7 @@ def read_encoded(data: bytearray, source_rank: int) -> EncodedBatch | None:
 
 def check_encoded(batch: EncodedBatch, source_rank: int, attention_dp_size: int, last_event_id: int) -> None:
     """:func:`check_batch` for an :class:`EncodedBatch`: the same rules, the same errors."""
-    if batch.attention_dp_size != attention_dp_size:
-        raise ProtocolError(
-            f"rank {source_rank} sent attention_dp_size={batch.attention_dp_size}, expected {attention_dp_size}"
-        )
-    if batch.first_event_block_offset:
-        raise ProtocolError(
-            f"rank {source_rank} sent a split Stored event (first_event_block_offset="
-            f"{batch.first_event_block_offset}); the gather never splits events"
-        )
-    for drops in batch.dropped:
-        if drops.attention_dp_rank != source_rank or drops.dropped_events < 0:
-            raise ProtocolError(f"rank {source_rank} reported drops {drops!r} that are not its own")
+    _check_header(batch, source_rank, attention_dp_size)
     events = batch.events
     ranks = events.ranks
     if ranks.count(source_rank) != len(ranks):
