@@ -58,7 +58,6 @@ import json
 import multiprocessing
 import os
 import platform
-import resource
 import signal
 import statistics
 import sys
@@ -74,7 +73,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kvevents.consumer import CacheIndex
-from support import route_index, wrk_load
+from support import route_index, route_procs, wrk_load
 
 from kvevents.commands._routing import score_prompt
 
@@ -184,23 +183,6 @@ SERVERS = {
     "granian-2w": (_serve_granian, {"workers": 2}),
 }
 DEFAULT = "stdlib,old-2w,uvicorn-2w"
-
-
-def _tree_pss_mb(pid: int) -> dict[str, float]:
-    """Proportional set size (shared pages split between sharers) of a process and its children."""
-    out: dict[str, float] = {}
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            text = Path(f"/proc/{p}/smaps_rollup").read_text()
-            pss = next(int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:"))
-            out[str(p)] = round(pss / 1024, 1)
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, StopIteration):
-            continue
-    return out
 
 
 def _in_process(work: route_index.Workload) -> dict[str, dict[str, float]]:
@@ -327,73 +309,6 @@ def _process_figures(url: str, want: int) -> dict[str, Any]:
     return out
 
 
-def _server_pids(pid: int) -> list[int]:
-    """The processes that serve (the child itself with one worker, else its worker processes)."""
-    kids = [
-        int(c)
-        for task in Path(f"/proc/{pid}/task").iterdir()
-        for c in (task / "children").read_text().split()
-    ]
-    return kids or [pid]
-
-
-def _cpu_s(pids: list[int]) -> list[float]:
-    """User + system CPU seconds of each process so far."""
-    out = []
-    for p in pids:
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        out.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
-    return out
-
-
-def _sched(pids: list[int]) -> tuple[float, int]:
-    """Seconds the processes' serving threads spent runnable but not running (waiting for a
-    core), and how many times they were put on a core, so far (``/proc/PID/schedstat``)."""
-    wait, slices = 0.0, 0
-    for p in pids:
-        for task in Path(f"/proc/{p}/task").iterdir():  # every thread (granian serves from Rust threads)
-            try:
-                fields = (task / "schedstat").read_text().split()
-            except OSError:
-                continue
-            wait += int(fields[1]) / 1e9
-            slices += int(fields[2])
-    return wait, slices
-
-
-def _children_cpu_s() -> float:
-    """User + system CPU of this process's finished children (the wrk runs)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _run_counted(pids: list[int], load: Any, paced: bool = False) -> dict[str, Any]:
-    """``load()``'s wrk figures plus each server process's share of the CPU the run took, the
-    server CPU per request (a process that takes most of it took most of the connections), the
-    servers' wait for a core per request, and wrk's CPU per request. A paced ``load`` is given
-    ``on_measure``, called just before its measured run: the figures count that run only, not
-    its probes and warm-up (they did until this session, inflating a paced step's CPU and wait
-    per request by up to the probes' share, ~3 s of 4)."""
-    start: list[Any] = []
-
-    def mark() -> None:
-        start[:] = [_cpu_s(pids), _sched(pids), _children_cpu_s()]
-
-    mark()
-    result: dict[str, Any] = load(on_measure=mark) if paced else load()
-    before, sched, wrk = start
-    used = [a - b for a, b in zip(_cpu_s(pids), before, strict=True)]
-    wait, slices = (a - b for a, b in zip(_sched(pids), sched, strict=True))
-    total = sum(used)
-    requests = max(1, result["requests"])
-    result["cpu_share_by_process"] = [round(u / total, 2) if total else None for u in used]
-    result["server_cpu_us_per_request"] = round(total / requests * 1e6, 1)
-    result["server_runqueue_wait_us_per_request"] = round(wait / requests * 1e6, 1)
-    result["server_slices_per_request"] = round(slices / requests, 2)
-    result["wrk_cpu_us_per_request"] = round((_children_cpu_s() - wrk) / requests * 1e6, 1)
-    return result
-
-
 @dataclass(frozen=True)
 class Setting:
     """How a paced run is made, beyond its rate: a warm-up at the paced rate before the measured
@@ -413,28 +328,18 @@ class Setting:
         return f"w{self.warmup_s:g}/n{self.wrk_nice}/s{self.server_nice}"
 
 
-def _renice(pids: list[int], nice: int) -> None:
-    """Every thread of the server processes at niceness ``nice`` (Linux: a thread's own)."""
-    for p in pids:
-        for task in Path(f"/proc/{p}/task").iterdir():
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-            except (ProcessLookupError, FileNotFoundError):
-                continue
-
-
 def _paced_once(pids: list[int], url: str, endpoint: str, bodies: list[bytes], rate: float, seconds: float,
                 connections: int, setting: Setting) -> dict[str, Any]:  # fmt: skip
     """One paced run at ``rate`` with ``setting`` (servers reniced for the run only)."""
     load = partial(wrk_load.paced, url, endpoint, bodies, rate=rate, seconds=seconds, max_connections=connections,
                    warmup_s=setting.warmup_s, nice=setting.wrk_nice)  # fmt: skip
     if setting.server_nice:
-        _renice(pids, setting.server_nice)
+        route_procs.renice(pids, setting.server_nice)
     try:
-        run = _run_counted(pids, load, paced=True)
+        run = route_procs.run_counted(pids, load, paced=True)
     finally:
         if setting.server_nice:
-            _renice(pids, 0)
+            route_procs.renice(pids, 0)
     run["setting"] = asdict(setting)
     return run
 
@@ -480,7 +385,7 @@ def _measure(servers: dict[str, tuple[str, list[int]]], work: route_index.Worklo
         tops = {}
         for name in names:
             url, pids = servers[name]
-            tops[name] = _run_counted(
+            tops[name] = route_procs.run_counted(
                 pids, partial(wrk_load.run, url, endpoint, bodies, connections=connections, seconds=seconds)
             )
         halves: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
@@ -647,12 +552,12 @@ def main() -> None:
     for group in groups:
         with contextlib.ExitStack() as stack:
             running = {name: stack.enter_context(_started(ctx, name, work)) for name in group}
-            measured = _measure({n: (url, _server_pids(pid)) for n, (url, pid) in running.items()}, work,
+            measured = _measure({n: (url, route_procs.server_pids(pid)) for n, (url, pid) in running.items()}, work,
                                 args.seconds, args.connections, args.repeats, settings, only)  # fmt: skip
             for name, (url, pid) in running.items():
                 results[name] = measured[name]
                 if name.startswith("uvicorn"):
-                    own = _process_figures(url, len(_server_pids(pid)))
+                    own = _process_figures(url, len(route_procs.server_pids(pid)))
                     results[name]["process_figures"] = own
                     print(f"{name:<11} per process (whole run): " + "; ".join(
                         f"pid {p}: gc {f['gc'].get('collections_total')} collections, longest "
@@ -661,7 +566,7 @@ def main() -> None:
                         + ", ".join(f"{r} {v['p99_bucket_ms']:g} ms ({v['over_1ms_share']:.2%} > 1 ms)"
                                     for r, v in f["in_app"].items())
                         for p, f in own.items()), flush=True)  # fmt: skip
-                pss = _tree_pss_mb(pid)
+                pss = route_procs.tree_pss_mb(pid)
                 results[name]["memory_pss_mb"] = {"total": round(sum(pss.values()), 1), "by_process": pss}
                 print(f"{name:<11} memory (PSS, every process): {sum(pss.values()):.1f} MB {pss}", flush=True)
     base = results.get("stdlib", {}).get("single", {}).get("max", {}).get("requests_per_s")
