@@ -99,6 +99,7 @@ from kvevents.consumer._nodestore cimport (
     KV_USED,
     Node,
     NodeStore,
+    Regrowth,
     Table,
     add_holder,
     holder_index,
@@ -118,6 +119,9 @@ from kvevents.consumer._nodestore cimport (
     store_free,
     store_init,
     store_map_ahead,
+    store_regrow_build,
+    store_regrow_release,
+    store_regrow_swap,
     table_find,
     table_find_pos,
     table_insert,
@@ -1082,9 +1086,9 @@ cdef class IndexCore:
 
     def store_layout(self):
         """The block store's shape (bench/support/index_big.py reports what changed while
-        lookups ran): node ids in use (node_top) and their bits, node chunks, and per table its
-        capacity and entries. A table passing load 0.8, or node ids needing one more bit, is
-        rebuilt inside one event, holding the index lock (docs/INDEX.md)."""
+        lookups ran): node ids in use (node_top) and their bits, node chunks, per table its
+        capacity and entries, and the table rebuilds: ahead (between batches, without the index
+        lock) and locked (inside an event: a batch outgrew the room made ahead; docs/INDEX.md)."""
         self._rlock()
         try:
             return {
@@ -1095,6 +1099,8 @@ cdef class IndexCore:
                 "engine_table_count": self.st.etab.count,
                 "content_table_cap": self.st.ctab.cap,
                 "content_table_count": self.st.ctab.count,
+                "rebuilds_ahead": self.st.rebuilds_ahead,
+                "rebuilds_locked": self.st.rebuilds_locked,
             }
         finally:
             self._runlock()

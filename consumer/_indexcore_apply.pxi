@@ -152,6 +152,7 @@ cdef int _apply_events(IndexCore self, int64_t offset) except -1 nogil:
     """Apply the scratch batch's events, without the GIL but for the events that need it
     (see ``_apply_fast``), holding the index lock; between two events the index is whole,
     and a reader waiting for the lock gets it (docs/INDEX.md "Threads")."""
+    _regrow_ahead(self, self.fb.nblk)
     PyThread_acquire_lock(self.mu, WAIT_LOCK)
     try:
         _apply_events_locked(self, offset)
@@ -161,6 +162,19 @@ cdef int _apply_events(IndexCore self, int64_t offset) except -1 nogil:
     # the next batch's new nodes' pages are faulted in here, without the lock, not by
     # node_alloc inside an event (a 2 MiB page fault held every reader for ms: docs/INDEX.md)
     store_fault_ahead(&self.st)
+    return 0
+
+cdef int _regrow_ahead(IndexCore self, uint64_t coming) except -1 nogil:
+    """Grow the tables (or give node ids one more bit) before a batch of ``coming`` blocks
+    needs it: built without the lock while readers use the old tables, swapped in under it, the
+    old ones freed after it (docs/INDEX.md "Threads")."""
+    cdef Regrowth g
+    if not store_regrow_build(&self.st, &g, coming):
+        return 0
+    PyThread_acquire_lock(self.mu, WAIT_LOCK)
+    store_regrow_swap(&self.st, &g)
+    PyThread_release_lock(self.mu)
+    store_regrow_release(&g)
     return 0
 
 cdef int _apply_events_locked(IndexCore self, int64_t offset) except -1 nogil:
