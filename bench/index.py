@@ -20,7 +20,10 @@ Parts (``--parts``, all by default):
 - realistic (``support/index_realistic.py``): the simulated fleet stream of
   ``support/index_stream.py``: ingest events/s and blocks/s against Dynamo and the naive
   index, find_matches on the final state, memory per worker-block in child processes, the
-  in-memory rebuild, the state round trip, and (``--topic-events``) the Kafka rebuilds.
+  in-memory rebuild, the state round trip, and (``--topic-events``) the Kafka rebuilds;
+- growth (``support/index_growth.py``): 64-block lookups on a schedule while the index grows
+  across table growths and a node-id bit (6M blocks, then 4M more), on this core and the
+  ``--baseline-core``: what a rebuild costs the lookups.
 
 ``--freshness`` also runs ``bench/freshness.py``'s ``measure()`` (end-to-end freshness) when that
 file exists. kvevents is fed with ``CacheIndex.apply_encoded_many`` when the class has it (the
@@ -33,7 +36,7 @@ targets: measured, bound, PASS/FAIL, where measured), ``matrix`` (``cells[worker
 ``ingest``, ``lookups[size]``, ``during_ingest``; ``cross_check``; ``stream``), ``big_scale``
 (``ingest``, ``during_ingest``, ``lookups``, ``memory``), ``realistic`` (``ingest``,
 ``find_matches``, ``memory``, ``rebuild_in_memory``, ``state_round_trip``, ``rebuild_from_topic``,
-``rebuild_from_checkpoint``), ``freshness``. Latencies are microseconds (``*_us``): lookups give
+``rebuild_from_checkpoint``), ``growth`` (``sides[core]``: ``median``, ``runs``), ``freshness``. Latencies are microseconds (``*_us``): lookups give
 p50/p99/max/mean per pass, the median over passes, and ``p50_best_us`` / ``p99_best_us`` over each
 query's fastest pass (the machine's scheduling noise stripped); ``during_ingest`` counts
 ``missed`` schedule slots. Rates are per second, sizes bytes.
@@ -58,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 import index_realistic as realistic
 from index_big import run_big
+from index_growth import print_growth, run_growth
 from index_matrix import run_matrix
 from index_report import compute_targets, print_big, print_matrix, print_realistic, print_targets
 from index_sides import ingest_method, load_dynamo
@@ -66,7 +70,7 @@ from kvevents.consumer.index import compiled_core_available
 
 RESULTS = Path(__file__).resolve().parent / "results" / "index.json"
 FRESHNESS = Path(__file__).resolve().parent / "freshness.py"
-PARTS = ("matrix", "big", "realistic")
+PARTS = ("matrix", "big", "realistic", "growth")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -103,6 +107,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "also run on it, interleaved, and print as ratios",
     )
     p.add_argument(
+        "--growth-prefill",
+        type=int,
+        default=None,
+        help="growth part: blocks in the index before the window (6M; quick 200k)",
+    )
+    p.add_argument(
+        "--growth-window",
+        type=int,
+        default=None,
+        help="growth part: blocks fed while lookups run (4M, crossing 2**23 node ids; quick 200k)",
+    )
+    p.add_argument(
         "--events", type=int, default=None, help="realistic stream events (60k; full 600k, quick 40k)"
     )
     p.add_argument("--queries", type=int, default=1000, help="realistic stream queries per size")
@@ -133,6 +149,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "matrix_worker_blocks": {"quick": 1 << 16, "default": 1 << 17, "full": 1 << 20},
         "big_blocks_per_worker": {"quick": 4_000, "default": 25_000, "full": 100_000},
         "events": {"quick": 40_000, "default": 60_000, "full": 600_000},
+        "growth_prefill": {"quick": 200_000, "default": 6_000_000, "full": 6_000_000},
+        "growth_window": {"quick": 200_000, "default": 4_000_000, "full": 4_000_000},
         "rebuild_events": {"quick": 0, "default": 0, "full": 10_000_000},
         "topic_events": {"quick": 0, "default": 0, "full": 10_000_000},
     }
@@ -258,6 +276,15 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         results["realistic"] = realistic.run_realistic(args, radix_tree)
         print(f"  realistic stream: {time.perf_counter() - t0:.0f} s", flush=True)
+    if "growth" in args.parts:
+        print("growth: lookups while the tables grow ...", flush=True)
+        results["growth"] = run_growth(
+            args.growth_prefill,
+            args.growth_window,
+            args.lookup_rate,
+            args.concurrent_repeat,
+            args.baseline_core,
+        )
     if args.freshness:
         results["freshness"] = freshness(args)
     results["machine"]["loadavg_end"] = os.getloadavg()
@@ -273,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "matrix",
         "big_scale",
         "realistic",
+        "growth",
         "freshness",
         "seconds",
     ]
@@ -286,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         _print_baseline(results["big_scale"].get("baseline_core"))
     if "realistic" in results:
         print_realistic(results["realistic"])
+    if "growth" in results:
+        print_growth(results["growth"])
     print_targets(results["targets"])
     m = results["machine"]
     print(

@@ -65,17 +65,20 @@ def _store_layout(index: CacheIndex) -> dict[str, int] | None:
 def _store_changes(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, Any] | None:
     """What the block store did while the lookups ran: each table whose capacity changed was
     rebuilt (grown) once, each new node-id bit rebuilt both tables; every rebuild is one pass
-    over all nodes inside one event, holding the index lock (no lookup runs meanwhile)."""
+    over all nodes, made ahead without the index lock or (older cores; a batch that outgrew
+    the room made ahead) inside one event, holding it (no lookup runs meanwhile)."""
     if before is None or after is None:
         return None
     grown = sum(after[f"{t}_table_cap"] != before[f"{t}_table_cap"] for t in ("engine", "content"))
     id_bits = after["id_bits"] - before["id_bits"]
+    where = {k: after[k] - before[k] for k in ("rebuilds_ahead", "rebuilds_locked") if k in after}
     return {
         "before": before,
         "after": after,
         "table_growths": grown,
         "id_bit_rebuilds": id_bits,
         "rebuilds": grown + 2 * id_bits,
+        **where,
         "engine_table_load": after["engine_table_count"] / after["engine_table_cap"],
         "ids_to_next_bit": (1 << after["id_bits"]) - 1 - after["node_top"],
     }

@@ -132,15 +132,24 @@ def test_fleet_bytes_are_encode_batch_bytes_and_every_index_agrees() -> None:
 
 @pytest.mark.slow
 def test_bench_index_runs_its_matrix_and_big_scale_end_to_end(tmp_path: Path) -> None:
-    """A tiny run of bench/index.py (matrix and big scale, Dynamo included): it must finish,
-    write its JSON, and find every side answering alike; no timing is asserted."""
+    """A tiny run of bench/index.py (matrix, big scale, growth; Dynamo included): it must
+    finish, write its JSON, and find every side answering alike; no timing is asserted."""
     import json
     import subprocess
 
     out = tmp_path / "index.json"
     script = Path(__file__).resolve().parents[3] / "bench" / "index.py"
-    args = ["--quick", "--parts", "matrix,big", "--matrix-workers", "16", "--matrix-worker-blocks", "4096"]
+    args = [
+        "--quick",
+        "--parts",
+        "matrix,big,growth",
+        "--matrix-workers",
+        "16",
+        "--matrix-worker-blocks",
+        "4096",
+    ]
     args += ["--big-workers", "16", "--big-blocks-per-worker", "1000", "--big-tail-instances", "1"]
+    args += ["--growth-prefill", "20000", "--growth-window", "20000"]
     proc = subprocess.run(
         [sys.executable, str(script), *args, "--output", str(out)],
         capture_output=True,
@@ -154,6 +163,9 @@ def test_bench_index_runs_its_matrix_and_big_scale_end_to_end(tmp_path: Path) ->
     for who in ("dynamo", "naive"):
         assert cell["cross_check"][who]["identical_answers"] == cell["cross_check"]["queries"] > 0
     assert result["big_scale"]["memory"]["held_worker_blocks"] > 0
+    grown = result["growth"]["sides"]["kvevents"]["runs"][0]
+    assert grown["table_growths"] >= 1 and grown["rebuilds_locked"] == 0, grown  # rebuilt ahead
+    assert grown["lookups"] > 0
     assert {t["verdict"] for t in result["targets"]} <= {"PASS", "FAIL"}
     assert "issue 17 targets" in proc.stdout
 
