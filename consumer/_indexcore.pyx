@@ -1087,8 +1087,9 @@ cdef class IndexCore:
     def store_layout(self):
         """The block store's shape (bench/support/index_big.py reports what changed while
         lookups ran): node ids in use (node_top) and their bits, node chunks, per table its
-        capacity and entries, and the table rebuilds: ahead (between batches, without the index
-        lock) and locked (inside an event: a batch outgrew the room made ahead; docs/INDEX.md)."""
+        capacity and entries, the holder pool's words and capacity, and the table rebuilds and
+        pool growths: ahead (before a batch, without the index lock) and locked (inside an
+        event: a batch outgrew the room made ahead; docs/INDEX.md)."""
         self._rlock()
         try:
             return {
@@ -1101,6 +1102,10 @@ cdef class IndexCore:
                 "content_table_count": self.st.ctab.count,
                 "rebuilds_ahead": self.st.rebuilds_ahead,
                 "rebuilds_locked": self.st.rebuilds_locked,
+                "pool_words": self.st.pool_len,
+                "pool_cap": self.st.pool_cap,
+                "pool_grown_ahead": self.st.pool_grown_ahead,
+                "pool_grown_locked": self.st.pool_grown_locked,
             }
         finally:
             self._runlock()

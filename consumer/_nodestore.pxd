@@ -100,11 +100,15 @@ ctypedef struct NodeStore:
     uint32_t pool_free[POOL_CLASSES]
     uint64_t rebuilds_ahead   # tables rebuilt between batches, without the index lock
     uint64_t rebuilds_locked  # tables rebuilt inside an event (a batch outgrew the room made ahead)
+    uint64_t pool_grown_ahead   # holder pool moved to a bigger allocation without the lock
+    uint64_t pool_grown_locked  # ... inside an event
 
 ctypedef struct Regrowth:
     Table etab           # built by store_regrow_build (ids == NULL: not rebuilt); after
     Table ctab           # store_regrow_swap, the tables they replaced
     int id_bits
+    uint32_t *pool       # a bigger copy of the holder pool (NULL: none); then the one replaced
+    size_t pool_cap
 
 
 # ---------------------------------------------------------------------------- small pieces
@@ -499,7 +503,29 @@ cdef inline bint store_regrow_build(const NodeStore *s, Regrowth *g, uint64_t co
     if not table_build_ahead(s, &g.ctab, &s.ctab, True, id_mask, more_bits, coming) and more_bits:
         table_release(&g.etab)
         return False
-    return g.etab.ids != NULL or g.ctab.ids != NULL
+    pool_build_ahead(s, g, coming)
+    return g.etab.ids != NULL or g.ctab.ids != NULL or g.pool != NULL
+
+
+cdef inline void pool_build_ahead(const NodeStore *s, Regrowth *g, uint64_t coming) noexcept nogil:
+    """A copy of the holder pool with room for ``coming`` blocks (a holder added moves a run
+    of n holders to one of 2n at most: counted as two words each, runs past 2 rarely double
+    in one batch) and an eighth more, when the pool lacks it (else pool_alloc would realloc it
+    inside an event: a copy of up to hundreds of MB). No memory: nothing (pool_alloc tries)."""
+    cdef uint64_t more = s.pool_len >> 3
+    cdef uint64_t need = s.pool_len + 2 * coming + (1024 if more < 1024 else more)
+    cdef uint64_t cap
+    if need <= s.pool_cap or need > 0xFFFFFFF0u:
+        return
+    cap = s.pool_cap + (s.pool_cap >> 1)
+    if cap < need:
+        cap = need
+    g.pool = <uint32_t *>PyMem_RawMalloc(cap * sizeof(uint32_t))
+    if g.pool == NULL:
+        return
+    if s.pool_len:
+        memcpy(g.pool, s.pool, s.pool_len * sizeof(uint32_t))
+    g.pool_cap = cap
 
 
 cdef inline void table_swap(Table *a, Table *b) noexcept nogil:
@@ -517,16 +543,22 @@ cdef inline void store_regrow_swap(NodeStore *s, Regrowth *g) noexcept nogil:
     if g.ctab.ids != NULL:
         table_swap(&s.ctab, &g.ctab)
         s.rebuilds_ahead += 1
+    if g.pool != NULL:
+        g.pool, s.pool = s.pool, g.pool
+        g.pool_cap, s.pool_cap = s.pool_cap, g.pool_cap
+        s.pool_grown_ahead += 1
     s.id_bits = g.id_bits
     s.id_mask = <uint32_t>(((<uint64_t>1) << g.id_bits) - 1)
 
 
 cdef inline void store_regrow_release(Regrowth *g) noexcept nogil:
-    """(Without the lock.) Free the tables store_regrow_swap replaced."""
+    """(Without the lock.) Free the tables (and pool) store_regrow_swap replaced."""
     if g.etab.ids != NULL:
         table_release(&g.etab)
     if g.ctab.ids != NULL:
         table_release(&g.ctab)
+    PyMem_RawFree(g.pool)
+    g.pool = NULL
 
 
 cdef inline int table_insert(NodeStore *s, Table *t, bint by_content, uint32_t id, uint64_t key) except -1 nogil:
@@ -718,6 +750,7 @@ cdef inline uint32_t pool_alloc(NodeStore *s, int c) except? 0xFFFFFFFF nogil:
                 raise MemoryError()
         s.pool = grown
         s.pool_cap = cap
+        s.pool_grown_locked += 1
     off = <uint32_t>s.pool_len
     s.pool_len += size
     return off

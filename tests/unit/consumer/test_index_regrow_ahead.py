@@ -1,8 +1,8 @@
 """The tables grow (and node ids gain bits) before a batch needs it, built without the index
 lock and swapped in under it (``store_regrow_build`` / ``store_regrow_swap`` in
-``_nodestore.pxd``): no table is rebuilt inside an event, for a stream of small batches or one
-batch of 120k new blocks, and the index is the one it would be otherwise (with a reader running,
-huge pages on and off)."""
+``_nodestore.pxd``), the holder pool likewise: no table is rebuilt and the pool is not moved
+inside an event, for a stream of small batches or one batch of 120k new blocks, and the index
+is the one it would be otherwise (with a reader running, huge pages on and off)."""
 
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ PER_EVENT = 500
 def block(h):
     return 2 * h + 1
 
-def batch(seq, eid, first, events):
+def batch(seq, eid, first, events, instance="i0"):
     out = []
     for k in range(events):
         start = first + k * PER_EVENT
         blocks = [KVCacheStoredBlockData(block(h), [h % 9973, 7]) for h in range(start, start + PER_EVENT)]
         out.append(KVCacheEvent(eid + k, KVCacheStoredData(None, blocks), 64, 0))
-    return encode_batch(EventBatch("i0", out, attention_dp_size=1, producer_id=7, sequence=seq))
+    return encode_batch(EventBatch(instance, out, attention_dp_size=1, producer_id=7, sequence=seq))
 
 index = CacheIndex(core="compiled")
 stop = threading.Event()
@@ -64,23 +64,33 @@ index.apply_encoded(encode_batch(EventBatch("i0", [rm], attention_dp_size=1, pro
 more = [batch(seq + 1 + b, eid + 1 + 2 * b, first + 1000 * b, 2) for b in range(100)]
 assert index.apply_encoded_many(more) == 100
 total = first + 100_000
+# a second instance stores blocks 100k..250k again: 150k nodes with two holders (the pool)
+twins = [batch(b, 2 * b, 100_000 + 1000 * b, 2, "i1") for b in range(150)]
+assert index.apply_encoded_many(twins) == 150
 stop.set()
 thread.join()
 assert not errors, errors
 assert answers[0] > 0
-assert index.held_blocks() == total - 50_000
+assert index.held_blocks() == total - 50_000 + 150_000
 for h in range(0, total, 997):
     want = {} if (h < 100_000 and h % 2 == 0) else {("i0", 0): 1}
+    if 100_000 <= h < 250_000:
+        want[("i1", 0)] = 1
     assert index.find_matches([block(h)]) == want, h
 for start in range(100_000, total, PER_EVENT):
     run = [block(h) for h in range(start, start + PER_EVENT)]
-    assert index.find_matches(run) == {("i0", 0): PER_EVENT}, start
+    want = {("i0", 0): PER_EVENT}
+    if start < 250_000:
+        want[("i1", 0)] = PER_EVENT
+    assert index.find_matches(run) == want, start
 layout = index._core.store_layout()
 assert layout["engine_table_count"] == layout["content_table_count"] == total - 50_000, layout
 assert layout["engine_table_count"] * 5 <= layout["engine_table_cap"] * 4, layout
 assert layout["node_top"] < 1 << layout["id_bits"], layout
 assert layout["rebuilds_ahead"] >= 20, layout
 assert layout["rebuilds_locked"] == 0, layout
+assert layout["pool_words"] >= 2 * 150_000 and layout["pool_grown_ahead"] >= 1, layout
+assert layout["pool_grown_locked"] == 0, layout
 again = CacheIndex.from_bytes(index.to_bytes(), core="compiled")
 assert again.same_state(index)
 print("ok", layout["rebuilds_ahead"], layout["rebuilds_locked"])
