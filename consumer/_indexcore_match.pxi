@@ -335,22 +335,27 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
 
 
 cdef dict build_counts(IndexCore self, size_t t):
+    """The result of ``touched[:t]`` built entry by entry. Per slot it reads the packed arrays
+    (touched, run, skhash, the keys list's items) and the key; the slot's and its worker's
+    records (Slot, Worker: a cold line each) only while some worker has two window caches."""
     cdef size_t k
     cdef uint32_t slot
     cdef dict out = _PyDict_NewPresized(t)
     cdef list keys = self.s_keys
-    cdef Slot *s
+    cdef const uint32_t *touched = self.touched
+    cdef const uint32_t *run = self.run
+    cdef const Py_hash_t *skhash = self.skhash
+    cdef bint multi = self.multi_workers != 0
     cdef PyObject *old
     for k in range(t):
-        slot = self.touched[k]
-        s = &self.slots[slot]
+        slot = touched[k]
         key = keys[slot]
-        value = self.run[slot]
-        if self.wrk[s.worker].nactive != 1:
-            old = _PyDict_GetItem_KnownHash(out, key, s.khash)
+        value = run[slot]
+        if multi and self.wrk[self.slots[slot].worker].nactive != 1:
+            old = _PyDict_GetItem_KnownHash(out, key, skhash[slot])
             if old != NULL and <object>old >= value:
                 continue
-        _PyDict_SetItem_KnownHash(out, key, value, s.khash)
+        _PyDict_SetItem_KnownHash(out, key, value, skhash[slot])
     return out
 
 
@@ -407,7 +412,7 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
                 if entries != NULL and entries[k].me_key == <PyObject *>keys[slot]:
                     kv_entry_set(&entries[k], value)
                 else:
-                    _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
+                    _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.skhash[slot])
         else:
             tmpl = _PyDict_NewPresized(t)
             tslots = PyBytes_FromStringAndSize(NULL, t * 4)
@@ -415,7 +420,7 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
             ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
             for k in range(t):
                 slot = ts[k]
-                _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
+                _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.skhash[slot])
         if self.template_keys + 2 * t > (1 << 19):  # as many templates as 2**18 keys before
             self.templates.clear()
             self.template_keys = 0
@@ -437,5 +442,5 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
         if entries != NULL and entries[k].me_key == <PyObject *>keys[slot]:
             kv_entry_set(&entries[k], value)
         else:
-            _PyDict_SetItem_KnownHash(out, keys[slot], value, self.slots[slot].khash)
+            _PyDict_SetItem_KnownHash(out, keys[slot], value, self.skhash[slot])
     return out
