@@ -103,8 +103,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--baseline-core",
         default="",
-        help="another build of the compiled core (a _indexcore*.so, e.g. main's): the big part's lookups "
-        "also run on it, interleaved, and print as ratios",
+        help="another build of the compiled core (a _indexcore*.so, e.g. main's): the big part's and the "
+        "matrix's lookups also run on it, interleaved with the other sides (the matrix's side 'baseline')",
     )
     p.add_argument(
         "--growth-prefill",

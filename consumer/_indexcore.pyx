@@ -341,6 +341,7 @@ cdef class IndexCore:
     cdef uint32_t *touched
     cdef uint32_t *alive
     cdef uint8_t *slvl
+    cdef Py_hash_t *skhash   # per slot, hash() of its worker key (Slot.khash, packed: build_counts)
     cdef size_t score_cap
     cdef uint32_t epoch
     cdef uint64_t *qkeys
@@ -396,6 +397,7 @@ cdef class IndexCore:
         self.wrk = NULL
         self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
         self.slvl = NULL
+        self.skhash = NULL
         self.qkeys = NULL
         self.ctok = NULL
         self.ctok_cap = 0
@@ -464,6 +466,8 @@ cdef class IndexCore:
         PyMem_Free(self.touched)
         PyMem_Free(self.alive)
         PyMem_Free(self.slvl)
+        PyMem_Free(self.skhash)
+        self.skhash = NULL
         self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
         self.slvl = NULL
         PyMem_Free(self.qkeys)
@@ -631,6 +635,7 @@ cdef class IndexCore:
         self.s_capacity.append(None)
         self.s_keys.append(self.w_keys[widx])
         self._score_reserve(self.nslots)
+        self.skhash[slot] = s.khash
         return slot
 
     cdef inline void _nactive_add(self, uint32_t widx, int delta) noexcept:
@@ -687,6 +692,8 @@ cdef class IndexCore:
         grow(<void **>&self.alive, &cap, n, sizeof(uint32_t))
         cap = old
         grow(<void **>&self.slvl, &cap, n, sizeof(uint8_t))
+        cap = old
+        grow(<void **>&self.skhash, &cap, n, sizeof(Py_hash_t))
         memset(self.stamp + old, 0, (cap - old) * sizeof(uint32_t))
         self.score_cap = cap
         return 0

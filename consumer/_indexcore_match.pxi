@@ -174,32 +174,49 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
         memset(self.stamp, 0, self.score_cap * sizeof(uint32_t))
         self.epoch = 1
     epoch = self.epoch
-    # Pipelined group prefetching: keys go in groups of QGROUP; at the start of a group the
-    # ints of the keys three groups ahead are fetched, the keys two groups ahead converted
-    # (their ints fetched a group ago) and their table entries fetched, the nodes of the
-    # next group fetched (through their entries, fetched a group ago); so a group's memory
-    # waits overlap the groups before it instead of stalling it.
+    # Pipelined group prefetching: keys go in groups of QGROUP, and at the start of a group
+    # the memory of later groups is asked for, so that a group's memory waits overlap the
+    # groups before it instead of stalling it.
+    # - By content: the ints of the keys three groups ahead are fetched, the keys two groups
+    #   ahead converted (their ints fetched a group ago) and their table entries fetched, the
+    #   nodes of the next group fetched (through their entries, fetched a group ago).
+    # - By engine hash: a Stored event's blocks are consecutive nodes and the walk goes from
+    #   node to node (``guess``), each step prefetching the node four on; no entry is needed
+    #   but the first key's and those of the steps that leave the sequence. So the entries
+    #   up to two groups ahead are only prefetched (nothing waits for a prefetch; a step
+    #   that leaves the sequence finds its entry fetched) and nodes are fetched through the table
+    #   only after a group that left the sequence, and only through entries prefetched a
+    #   group before. Fetching a node reads its entry: reading entries still on their way
+    #   (the first group's, and two groups' on every group in sequence, as before) waited
+    #   for each, most of a cold query's walk (issue 17, the bench's matrix).
     for i in range(n):
         if i == group_end:
             group_end = min(n, i + QGROUP)
-            fetch_query_ints(self, min(n, i + 4 * QGROUP))
-            ahead = min(n, i + 3 * QGROUP)
-            query_keys_upto(self, ahead)
-            if chained:  # the last group's nodes were all found in sequence: no table
+            if by_content:
+                fetch_query_ints(self, min(n, i + 4 * QGROUP))
+                ahead = min(n, i + 3 * QGROUP)
+                query_keys_upto(self, ahead)
+                for g in range(entries_at, ahead):
+                    prefetch_entry(tab, self.qkeys[g])
                 entries_at = max(entries_at, ahead)
-                nodes_at = max(nodes_at, min(n, i + 2 * QGROUP))
-            elif i == 0 and not by_content:
-                # nothing known yet: only the first group's entries and nodes (a query stored
-                # in one event is then walked in sequence, its later entries never needed)
-                ahead = min(n, QGROUP)
-            for g in range(entries_at, ahead):
-                prefetch_entry(tab, self.qkeys[g])
-            entries_at = max(entries_at, ahead)
-            ahead = min(n, i + (QGROUP if i == 0 and not by_content else 2 * QGROUP))
-            for g in range(nodes_at, ahead):
-                prefetch_node(st, tab, self.qkeys[g])
-            nodes_at = max(nodes_at, ahead)
-            chained = not by_content
+                ahead = min(n, i + 2 * QGROUP)
+                for g in range(nodes_at, ahead):
+                    prefetch_node(st, tab, self.qkeys[g])
+                nodes_at = max(nodes_at, ahead)
+            else:
+                fetch_query_ints(self, min(n, i + 3 * QGROUP))
+                ahead = min(n, i + 2 * QGROUP)
+                query_keys_upto(self, ahead)
+                if not chained and i > 0:  # entries below entries_at: prefetched a group ago
+                    g = max(nodes_at, i)
+                    while g < min(entries_at, ahead):
+                        prefetch_node(st, tab, self.qkeys[g])
+                        g += 1
+                    nodes_at = max(nodes_at, min(entries_at, ahead))
+                for g in range(entries_at, ahead):
+                    prefetch_entry(tab, self.qkeys[g])
+                entries_at = max(entries_at, ahead)
+                chained = True
         step = <uint32_t>i + 1
         key = self.qkeys[i]
         # A Stored event's blocks get consecutive nodes, so the block after the last one
@@ -217,6 +234,8 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
             id = tab.ids[pos] & st.id_mask
         if not by_content:
             guess = id + 1
+            if id + 4 < st.node_top:  # the node the walk guesses four steps on (32 bytes each)
+                prefetch(self.N(id + 4))
         node = self.N(id)
         cnt = node.n & KV_COUNT_MASK
         # the content table has a node per engine hash that stands for this content
@@ -316,22 +335,27 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
 
 
 cdef dict build_counts(IndexCore self, size_t t):
+    """The result of ``touched[:t]`` built entry by entry. Per slot it reads the packed arrays
+    (touched, run, skhash, the keys list's items) and the key; the slot's and its worker's
+    records (Slot, Worker: a cold line each) only while some worker has two window caches."""
     cdef size_t k
     cdef uint32_t slot
     cdef dict out = _PyDict_NewPresized(t)
     cdef list keys = self.s_keys
-    cdef Slot *s
+    cdef const uint32_t *touched = self.touched
+    cdef const uint32_t *run = self.run
+    cdef const Py_hash_t *skhash = self.skhash
+    cdef bint multi = self.multi_workers != 0
     cdef PyObject *old
     for k in range(t):
-        slot = self.touched[k]
-        s = &self.slots[slot]
+        slot = touched[k]
         key = keys[slot]
-        value = self.run[slot]
-        if self.wrk[s.worker].nactive != 1:
-            old = _PyDict_GetItem_KnownHash(out, key, s.khash)
+        value = run[slot]
+        if multi and self.wrk[self.slots[slot].worker].nactive != 1:
+            old = _PyDict_GetItem_KnownHash(out, key, skhash[slot])
             if old != NULL and <object>old >= value:
                 continue
-        _PyDict_SetItem_KnownHash(out, key, value, s.khash)
+        _PyDict_SetItem_KnownHash(out, key, value, skhash[slot])
     return out
 
 
@@ -388,7 +412,7 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
                 if entries != NULL and entries[k].me_key == <PyObject *>keys[slot]:
                     kv_entry_set(&entries[k], value)
                 else:
-                    _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
+                    _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.skhash[slot])
         else:
             tmpl = _PyDict_NewPresized(t)
             tslots = PyBytes_FromStringAndSize(NULL, t * 4)
@@ -396,7 +420,7 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
             ts = <const uint32_t *>PyBytes_AS_STRING(tslots)
             for k in range(t):
                 slot = ts[k]
-                _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.slots[slot].khash)
+                _PyDict_SetItem_KnownHash(tmpl, keys[slot], value, self.skhash[slot])
         if self.template_keys + 2 * t > (1 << 19):  # as many templates as 2**18 keys before
             self.templates.clear()
             self.template_keys = 0
@@ -418,5 +442,5 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
         if entries != NULL and entries[k].me_key == <PyObject *>keys[slot]:
             kv_entry_set(&entries[k], value)
         else:
-            _PyDict_SetItem_KnownHash(out, keys[slot], value, self.slots[slot].khash)
+            _PyDict_SetItem_KnownHash(out, keys[slot], value, self.skhash[slot])
     return out

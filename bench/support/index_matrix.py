@@ -19,7 +19,17 @@ import time
 from typing import Any
 
 from index_fleet import FleetConfig, fleet_instance_id, generate_fleet, make_fleet_queries
-from index_sides import lookups_during_ingest, lookups_interleaved, make_sides, timed_ingest
+from index_sides import (
+    Side,
+    index_with_core,
+    ingest_ours,
+    load_core,
+    lookups_during_ingest,
+    lookups_interleaved,
+    make_sides,
+    timed_ingest,
+)
+from kvevents.consumer import CacheIndex
 from kvevents.schemas import decode_batch
 
 QUERY_SIZES = (1, 64, 512)
@@ -136,6 +146,21 @@ def run_cell(workers: int, args: Any, radix_tree: Any) -> dict[str, Any]:
         for size in QUERY_SIZES
     }
     targets = [(side, objs[side.name]) for side in sides]
+    if ours is not None and getattr(args, "baseline_core", None):
+        # another build of the compiled core (e.g. main's), fed the same stream, interleaved
+        # with the other sides query by query (its lookups only: ingest is bench/ingest.py's)
+        base = index_with_core(load_core(args.baseline_core))
+        ingest_ours(base, stream.batches)
+        if base.held_blocks() != stream.held_worker_blocks:
+            raise SystemExit(
+                f"the baseline core holds {base.held_blocks()} worker-blocks, ours {ours.held_blocks()}"
+            )
+        check = [q for size in QUERY_SIZES for q in queries[size][: args.cross_check // len(QUERY_SIZES)]]
+        same = sum(base.find_matches(q[0]) == ours.find_matches(q[0]) for q in check)
+        row["baseline_core"] = {"path": args.baseline_core, "identical_answers": same, "queries": len(check)}
+        row["sides"]["baseline"] = {}
+        # right after ours, so each runs after a side that is not the other build of itself
+        targets.insert(1, (Side("baseline", CacheIndex, ingest_ours, sides[0].lookup, 0), base))
     for size, qs in queries.items():
         res = lookups_interleaved(targets, qs, max(3, args.repeat))
         for name, figures in res.items():
@@ -148,10 +173,10 @@ def run_cell(workers: int, args: Any, radix_tree: Any) -> dict[str, Any]:
     print(
         "    64-block p50/p99 us with the GC off: "
         + ", ".join(f"{name} {f['p50_us']:.1f}/{f['p99_us']:.1f}" for name, f in res.items())
-        + (
-            f"; kvevents p99 / naive's {res['kvevents']['p99_us'] / res['naive']['p99_us']:.4f}"
-            if "kvevents" in res and "naive" in res
-            else ""
+        + "".join(
+            f"; {name} p99 / naive's {res[name]['p99_us'] / res['naive']['p99_us']:.4f}"
+            for name in ("kvevents", "baseline")
+            if name in res and "naive" in res
         ),
         flush=True,
     )
@@ -160,6 +185,8 @@ def run_cell(workers: int, args: Any, radix_tree: Any) -> dict[str, Any]:
     objs.clear()
     gc.collect()
     # ---- lookups from a second thread during ingest
+    if "baseline" in row["sides"]:
+        row["sides"]["baseline"]["during_ingest"] = {"status": "not measured for the baseline core"}
     for side in sides:
         if not side.thread_safe:
             row["sides"][side.name]["during_ingest"] = {"status": "skipped: this core is not thread-safe"}

@@ -343,8 +343,9 @@ def print_matrix(m: dict[str, Any]) -> None:
                 rate = f"{d['ingest_blocks_per_s'] / 1e6:.2f} ({d['ingest_rate_vs_alone']:.2f}x)"
             else:
                 during, rate = d.get("status", "-"), ""
+            ingest = f"{side['ingest']['blocks_per_s'] / 1e6:13.2f}" if "ingest" in side else f"{'-':>13}"
             print(
-                f"{workers:>7} {name:9} {side['ingest']['blocks_per_s'] / 1e6:13.2f} {cols[0]:>15} {cols[1]:>15} "
+                f"{workers:>7} {name:9} {ingest} {cols[0]:>15} {cols[1]:>15} "
                 f"{cols[2]:>15}  {during:>30} {rate:>25}"
             )
         cc = cell["cross_check"]
@@ -353,6 +354,9 @@ def print_matrix(m: dict[str, Any]) -> None:
             for who in ("dynamo", "naive")
             if who in cc
         ]
+        if "baseline_core" in cell:
+            b = cell["baseline_core"]
+            parts.append(f"baseline core: {b['identical_answers']}/{b['queries']} whole")
         s = cell["stream"]
         print(
             f"{'':>7} ({s['events']:,} events, {s['blocks_stored']:,} blocks stored, {s['held_worker_blocks']:,} held; "
