@@ -99,7 +99,6 @@ from kvevents.consumer._nodestore cimport (
     KV_USED,
     Node,
     NodeStore,
-    Regrowth,
     Table,
     add_holder,
     holder_index,
@@ -119,13 +118,16 @@ from kvevents.consumer._nodestore cimport (
     store_free,
     store_init,
     store_map_ahead,
-    store_regrow_build,
-    store_regrow_release,
-    store_regrow_swap,
     table_find,
     table_find_pos,
     table_insert,
     table_reserve,
+)
+from kvevents.consumer._storegrow cimport (
+    Regrowth,
+    store_regrow_build,
+    store_regrow_release,
+    store_regrow_swap,
 )
 
 from kvevents.schemas import (

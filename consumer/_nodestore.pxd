@@ -64,7 +64,6 @@ cdef enum:
     REBUILD_AHEAD = 16   # table_rebuild fetches the entry of the node this far ahead
     SHIFT_AHEAD = 8      # table_delete_at fetches at most this many nodes of the cluster ahead
     FAULT_AHEAD = 1 << 16  # store_fault_ahead: node ids past node_top whose memory is faulted in (2 MiB)
-    GROW_AHEAD = 1 << 15   # store_regrow_build: at most this much room made ahead (entries, node ids)
 
 
 ctypedef struct Node:
@@ -102,13 +101,6 @@ ctypedef struct NodeStore:
     uint64_t rebuilds_locked  # tables rebuilt inside an event (a batch outgrew the room made ahead)
     uint64_t pool_grown_ahead   # holder pool moved to a bigger allocation without the lock
     uint64_t pool_grown_locked  # ... inside an event
-
-ctypedef struct Regrowth:
-    Table etab           # built by store_regrow_build (ids == NULL: not rebuilt); after
-    Table ctab           # store_regrow_swap, the tables they replaced
-    int id_bits
-    uint32_t *pool       # a bigger copy of the holder pool (NULL: none); then the one replaced
-    size_t pool_cap
 
 
 # ---------------------------------------------------------------------------- small pieces
@@ -453,112 +445,6 @@ cdef inline int table_reserve(NodeStore *s, Table *t, bint by_content, uint64_t 
     if cap == t.cap:
         return 0
     return table_rebuild(s, t, by_content, cap, skip)
-
-
-# ---------------------------------------------------------------------------- growing ahead
-
-cdef inline uint64_t room_ahead(uint64_t n, uint64_t coming) noexcept nogil:
-    """How far past ``n`` (entries, node ids) store_regrow_build makes room: for the ``coming``
-    blocks (each adds at most one node and one entry per table), and an eighth more (at least
-    1,024, at most GROW_AHEAD) so that the next batches rarely need a rebuild of their own."""
-    cdef uint64_t m = n >> 3
-    if m < 1024:
-        m = 1024
-    elif m > GROW_AHEAD:
-        m = GROW_AHEAD
-    return m + coming
-
-
-cdef inline bint table_build_ahead(const NodeStore *s, Table *t, const Table *now, bint by_content,
-                                   uint32_t id_mask, bint rebuild, uint64_t coming) noexcept nogil:
-    """Build in ``t`` (zeroed) the table that will replace ``now``, when ``rebuild`` or when
-    ``now`` lacks the room. False when there was no need, or no memory (then the event that
-    needs the room rebuilds ``now`` itself, and raises MemoryError there)."""
-    cdef uint64_t cap = table_cap_for(now.cap, now.count + room_ahead(now.count, coming))
-    if (cap == now.cap and not rebuild) or cap > (<uint64_t>1) << 32:
-        return False
-    t.ids = <uint32_t *>huge_alloc(s, cap * sizeof(uint32_t), &t.raw, &t.raw_size)
-    if t.ids == NULL:
-        return False
-    memset(t.ids, 0xFF, cap * sizeof(uint32_t))
-    t.cap = cap
-    table_fill(s, t, by_content, id_mask, KV_NIL)
-    return True
-
-
-cdef inline bint store_regrow_build(const NodeStore *s, Regrowth *g, uint64_t coming) noexcept nogil:
-    """(The writer, before a batch of ``coming`` blocks, WITHOUT the index lock.) Build the
-    tables that the batch would otherwise rebuild inside an event, holding the lock (0.3-0.8 s
-    at 20M blocks): a table within room_ahead() of load 0.8, or both when node ids are within
-    it of needing one more bit. Safe: the writer is the only thread that changes the store, and
-    is here; readers keep using the store's own tables. True when ``g`` holds something to swap in."""
-    cdef bint more_bits = (<uint64_t>s.node_top + room_ahead(s.node_top, coming) >= s.id_mask
-                           and s.id_bits < 32)
-    cdef uint32_t id_mask
-    memset(g, 0, sizeof(Regrowth))
-    g.id_bits = s.id_bits + 1 if more_bits else s.id_bits
-    id_mask = <uint32_t>(((<uint64_t>1) << g.id_bits) - 1)
-    if not table_build_ahead(s, &g.etab, &s.etab, False, id_mask, more_bits, coming) and more_bits:
-        return False  # no memory for the new entries: nothing changes now
-    if not table_build_ahead(s, &g.ctab, &s.ctab, True, id_mask, more_bits, coming) and more_bits:
-        table_release(&g.etab)
-        return False
-    pool_build_ahead(s, g, coming)
-    return g.etab.ids != NULL or g.ctab.ids != NULL or g.pool != NULL
-
-
-cdef inline void pool_build_ahead(const NodeStore *s, Regrowth *g, uint64_t coming) noexcept nogil:
-    """A copy of the holder pool with room for ``coming`` blocks (a holder added moves a run
-    of n holders to one of 2n at most: counted as two words each, runs past 2 rarely double
-    in one batch) and an eighth more, when the pool lacks it (else pool_alloc would realloc it
-    inside an event: a copy of up to hundreds of MB). No memory: nothing (pool_alloc tries)."""
-    cdef uint64_t more = s.pool_len >> 3
-    cdef uint64_t need = s.pool_len + 2 * coming + (1024 if more < 1024 else more)
-    cdef uint64_t cap
-    if need <= s.pool_cap or need > 0xFFFFFFF0u:
-        return
-    cap = s.pool_cap + (s.pool_cap >> 1)
-    if cap < need:
-        cap = need
-    g.pool = <uint32_t *>PyMem_RawMalloc(cap * sizeof(uint32_t))
-    if g.pool == NULL:
-        return
-    if s.pool_len:
-        memcpy(g.pool, s.pool, s.pool_len * sizeof(uint32_t))
-    g.pool_cap = cap
-
-
-cdef inline void table_swap(Table *a, Table *b) noexcept nogil:
-    cdef Table t = a[0]
-    a[0] = b[0]
-    b[0] = t
-
-
-cdef inline void store_regrow_swap(NodeStore *s, Regrowth *g) noexcept nogil:
-    """(The writer, holding the index lock.) Put in place what store_regrow_build built; ``g``
-    keeps the tables replaced, for store_regrow_release once the lock is free."""
-    if g.etab.ids != NULL:
-        table_swap(&s.etab, &g.etab)
-        s.rebuilds_ahead += 1
-    if g.ctab.ids != NULL:
-        table_swap(&s.ctab, &g.ctab)
-        s.rebuilds_ahead += 1
-    if g.pool != NULL:
-        g.pool, s.pool = s.pool, g.pool
-        g.pool_cap, s.pool_cap = s.pool_cap, g.pool_cap
-        s.pool_grown_ahead += 1
-    s.id_bits = g.id_bits
-    s.id_mask = <uint32_t>(((<uint64_t>1) << g.id_bits) - 1)
-
-
-cdef inline void store_regrow_release(Regrowth *g) noexcept nogil:
-    """(Without the lock.) Free the tables (and pool) store_regrow_swap replaced."""
-    if g.etab.ids != NULL:
-        table_release(&g.etab)
-    if g.ctab.ids != NULL:
-        table_release(&g.ctab)
-    PyMem_RawFree(g.pool)
-    g.pool = NULL
 
 
 cdef inline int table_insert(NodeStore *s, Table *t, bint by_content, uint32_t id, uint64_t key) except -1 nogil:

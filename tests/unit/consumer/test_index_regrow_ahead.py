@@ -1,6 +1,6 @@
 """The tables grow (and node ids gain bits) before a batch needs it, built without the index
 lock and swapped in under it (``store_regrow_build`` / ``store_regrow_swap`` in
-``_nodestore.pxd``), the holder pool likewise: no table is rebuilt and the pool is not moved
+``_storegrow.pxd``), the holder pool likewise: no table is rebuilt and the pool is not moved
 inside an event, for a stream of small batches or one batch of 120k new blocks, and the index
 is the one it would be otherwise (with a reader running, huge pages on and off)."""
 
