@@ -391,11 +391,16 @@ def print_big(b: dict[str, Any]) -> None:
         )
         st = d.get("store")
         if st:
+            where = (
+                f"{st['rebuilds_ahead']} built ahead without the index lock, {st['rebuilds_locked']} inside an event"
+                if "rebuilds_ahead" in st
+                else "each one pass over every node holding the index lock"
+            )
             print(
                 f"    block store meanwhile: {st['rebuilds']} table rebuilds ({st['table_growths']} growths, "
-                f"{st['id_bit_rebuilds']} node-id bits; each one pass over every node holding the index lock, "
-                f"0.5-0.8 s at 14-17M nodes here); after: engine table at load {st['engine_table_load']:.2f} "
-                f"(grows past 0.80), {st['ids_to_next_bit']:,} node ids to the next id bit"
+                f"{st['id_bit_rebuilds']} node-id bits; {where}; `--parts growth` measures lookups across them); "
+                f"after: engine table at load {st['engine_table_load']:.2f} (grows past 0.80), "
+                f"{st['ids_to_next_bit']:,} node ids to the next id bit"
             )
     else:
         print(f"  during ingest: {d.get('status')}")
