@@ -69,7 +69,7 @@ def run_case(protocol: str, args: argparse.Namespace, world: Any, rank: int, siz
     reader = None
     sink = None
     if rank == 0:
-        extend = manager.buffer.extend
+        extend, extend_encoded = manager.buffer.extend, manager.buffer.extend_encoded
 
         def stamped(events: Any) -> int:
             dropped = extend(events)
@@ -86,7 +86,19 @@ def run_case(protocol: str, args: argparse.Namespace, world: Any, rank: int, siz
                 )
             return dropped
 
+        def stamped_encoded(events: Any, windows: Any) -> int:
+            # the other ranks' events as the gather received them (rank 0 passes their bytes
+            # through): the same record, read from the encoded events' ids and ranks
+            dropped = extend_encoded(events, windows)
+            if len(events):
+                n = len(events)
+                arrivals.append(
+                    (time.monotonic(), events.rank(0), events.event_id(0), events.event_id(n - 1), n)
+                )
+            return dropped
+
         manager.buffer.extend = stamped  # type: ignore[method-assign]
+        manager.buffer.extend_encoded = stamped_encoded  # type: ignore[method-assign]
 
         def read() -> None:
             while not stop_reader.is_set():
