@@ -370,18 +370,25 @@ cdef inline void table_release(Table *t) noexcept nogil:
     t.ids = NULL
 
 
+cdef inline bint table_map(const NodeStore *s, Table *t, uint64_t cap) noexcept nogil:
+    """Give ``t`` (released or zeroed) ``cap`` empty entries; False when there is no memory."""
+    t.ids = <uint32_t *>huge_alloc(s, cap * sizeof(uint32_t), &t.raw, &t.raw_size)
+    if t.ids == NULL:
+        return False
+    memset(t.ids, 0xFF, cap * sizeof(uint32_t))
+    t.cap = cap
+    t.count = 0
+    return True
+
+
 cdef inline int table_alloc(NodeStore *s, Table *t, uint64_t cap) except -1 nogil:
     if cap > (<uint64_t>1) << 32:
         with gil:
             raise OverflowError("a hash table of more than 2**32 entries")
     table_release(t)
-    t.ids = <uint32_t *>huge_alloc(s, cap * sizeof(uint32_t), &t.raw, &t.raw_size)
-    if t.ids == NULL:
+    if not table_map(s, t, cap):
         with gil:
             raise MemoryError()
-    memset(t.ids, 0xFF, cap * sizeof(uint32_t))
-    t.cap = cap
-    t.count = 0
     return 0
 
 

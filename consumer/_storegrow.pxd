@@ -13,9 +13,9 @@ from kvevents.consumer._nodestore cimport (
     KV_NIL,
     NodeStore,
     Table,
-    huge_alloc,
     table_cap_for,
     table_fill,
+    table_map,
     table_release,
 )
 
@@ -52,11 +52,8 @@ cdef inline bint table_build_ahead(const NodeStore *s, Table *t, const Table *no
     cdef uint64_t cap = table_cap_for(now.cap, now.count + room_ahead(now.count, coming))
     if (cap == now.cap and not rebuild) or cap > (<uint64_t>1) << 32:
         return False
-    t.ids = <uint32_t *>huge_alloc(s, cap * sizeof(uint32_t), &t.raw, &t.raw_size)
-    if t.ids == NULL:
+    if not table_map(s, t, cap):
         return False
-    memset(t.ids, 0xFF, cap * sizeof(uint32_t))
-    t.cap = cap
     table_fill(s, t, by_content, id_mask, KV_NIL)
     return True
 

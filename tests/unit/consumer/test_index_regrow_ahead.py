@@ -50,7 +50,6 @@ def reader():
 thread = threading.Thread(target=reader)
 thread.start()
 # 300k blocks in batches of 2 events x 500 blocks: tables 1,024 -> 562k entries, node ids 16 -> 19 bits
-seq = eid = first = 0
 batches = [batch(b, 2 * b, 1000 * b, 2) for b in range(300)]
 assert index.apply_encoded_many(batches) == 300
 seq, eid, first = 300, 600, 300_000
