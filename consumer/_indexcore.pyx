@@ -91,6 +91,8 @@ from kvevents.consumer._ingest cimport (
 )
 from kvevents.consumer._kvh64 cimport Kvh64, kvh64_absorb, kvh64_constants, kvh64_finish, kvh64_salt
 from kvevents.consumer._nodestore cimport (
+    KV_CHUNK,
+    KV_CHUNK_MASK,
     KV_COUNT_MASK,
     KV_HAS_CONTENT,
     KV_NIL,
@@ -111,6 +113,7 @@ from kvevents.consumer._nodestore cimport (
     prefetch_node,
     prefetch_removal,
     remove_holder_at,
+    run_sig,
     set_content,
     set_holders,
     store_bytes,
@@ -1096,7 +1099,8 @@ cdef class IndexCore:
     def store_layout(self):
         """The block store's shape (bench/support/index_big.py reports what changed while
         lookups ran): node ids in use (node_top) and their bits, node chunks, per table its
-        capacity and entries, the holder pool's words and capacity, and the table rebuilds and
+        capacity and entries, the holder pool's words and capacity, its runs in use and the nodes
+        pointing at them (nodes with equal holder lists share one), and the table rebuilds and
         pool growths: ahead (before a batch, without the index lock) and locked (inside an
         event: a batch outgrew the room made ahead; docs/INDEX.md)."""
         self._rlock()
@@ -1115,6 +1119,8 @@ cdef class IndexCore:
                 "pool_cap": self.st.pool_cap,
                 "pool_grown_ahead": self.st.pool_grown_ahead,
                 "pool_grown_locked": self.st.pool_grown_locked,
+                "holder_runs": self.st.runs_live,
+                "holder_run_refs": self.st.run_refs,
             }
         finally:
             self._runlock()
@@ -1191,3 +1197,4 @@ include "_indexcore_apply.pxi"
 include "_indexcore_match.pxi"
 include "_indexcore_state.pxi"
 include "_indexcore_pipeline.pxi"
+

@@ -134,27 +134,28 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
 
     Block by block, the slots whose run is still going ("alive") extend when they hold the
     block. Shortcut: when every holder of the previous block was alive and extended, and
-    this block's node has the same holder set and levels (equal count and signature), all
-    alive slots extend without a look at the holders; such steps are counted in
-    ``pending`` and added to the alive slots when the set changes. Long shared prefixes
-    thus cost one table lookup per block. (A signature collision between two different
-    holder sets of equal size, about 2**-64 per comparison, would be missed.)
+    this block's node has the same holders with the same levels (its one holder's slot and
+    level equal, or the same shared holder run: exact), all alive slots extend without a
+    look at the holders; such steps are counted in ``pending`` and added to the alive slots
+    when the set changes. Long shared prefixes thus cost one table lookup per block.
 
     For ``match_counts`` it also leaves the most common run in ``q_mode`` (counted from the
-    slots whose runs end at each step, not from a pass over the touched slots) and, when
-    the touched slots are exactly the first block's holders, that node's signature in
-    ``q_setsig``. ``want_prim``: also count the primary blocks (``match``); the counts need
-    the runs only.
+    slots whose runs end at each step, not from a pass over the touched slots) and, when the
+    touched slots are exactly the first block's holders and these have a run, that run's
+    signature in ``q_setsig``.
+    ``want_prim``: also count the primary blocks (``match``); the counts need the runs only.
     """
     cdef size_t ntouched = 0, nalive = 0, nnew, k
     cdef Py_ssize_t i
     cdef uint32_t id, cnt, j, h, slot, lvl, r, step, pending = 0, prev_cnt = 0
-    cdef uint64_t prev_sig = 0, sig, pos = 0, nxt, key
+    cdef uint64_t pos = 0, nxt, key
+    cdef uint32_t prev_set = 0, hset
     cdef uint64_t NONE = <uint64_t>-1
     cdef uint32_t *hs
     cdef Node *node
     cdef bint single, full = False, chained = False
     cdef uint32_t guess = KV_NIL
+    cdef Node *gnode = NULL  # the node of ``guess`` (NULL: none)
     cdef const NodeStore *st = &self.st
     cdef uint32_t *stamp = self.stamp
     cdef uint32_t *run = self.run
@@ -222,8 +223,9 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
         # A Stored event's blocks get consecutive nodes, so the block after the last one
         # found is first looked for in the next node (exact: a used node is the one node of
         # its engine hash); only when it is not there is the table probed.
-        if guess < st.node_top and (self.N(guess).n & KV_USED) and self.N(guess).engine == key:
+        if gnode != NULL and (gnode.n & KV_USED) and gnode.engine == key:
             id = guess
+            node = gnode
         else:
             if i > 0:  # the first key is always looked up in the table
                 chained = False
@@ -232,17 +234,28 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
                 reached = i
                 break
             id = tab.ids[pos] & st.id_mask
+            node = self.N(id)
         if not by_content:
+            # the next node: one on in the same chunk (no chunk lookup), else through chunks
             guess = id + 1
-            if id + 4 < st.node_top:  # the node the walk guesses four steps on (32 bytes each)
-                prefetch(self.N(id + 4))
-        node = self.N(id)
+            if guess >= st.node_top:
+                gnode = NULL
+            elif guess & KV_CHUNK_MASK:
+                gnode = node + 1
+            else:
+                gnode = self.N(guess)
+            if id + 4 < st.node_top:  # the node the walk guesses four steps on
+                prefetch(node + 4 if (id & KV_CHUNK_MASK) < KV_CHUNK - 4 else self.N(id + 4))
         cnt = node.n & KV_COUNT_MASK
         # the content table has a node per engine hash that stands for this content
         nxt = table_find_pos(st, tab, key, True, pos) if by_content else NONE
         single = nxt == NONE
-        sig = node.sig
-        if full and single and cnt == prev_cnt and sig == prev_sig:
+        # the node's holder list: its one holder's slot and level, or its run (shared by equal lists)
+        hset = node.holders & 0xFFFFFFu if cnt == 1 else node.holders
+        if full and single and cnt == prev_cnt and (hset == prev_set or (
+                cnt >= 2 and memcmp(st.pool + hset, st.pool + prev_set, cnt * sizeof(uint32_t)) == 0)):
+            # the same run, or an equal list in another (made by another event): the same holders
+            prev_set = hset
             pending += 1
             continue
         if pending:
@@ -253,7 +266,7 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
                     prim[slot] += pending
             pending = 0
         prev_cnt = cnt
-        prev_sig = sig
+        prev_set = hset
         nnew = 0
         while True:
             node = self.N(id)
@@ -309,8 +322,8 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
             id = tab.ids[nxt] & st.id_mask
             nxt = table_find_pos(st, tab, key, True, nxt)
         if i == 0:
-            if single and nnew == prev_cnt:  # every holder of the first block is touched
-                self.q_setsig = sig
+            if single and nnew == prev_cnt and prev_cnt >= 2:  # every holder of the first block is touched
+                self.q_setsig = run_sig(st, hset) * KVH.k1  # a 32-bit signature spread out
                 self.q_setsig_known = True
         else:
             dead = <uint32_t>(nalive - nnew)  # their runs end at i

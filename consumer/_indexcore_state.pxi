@@ -186,6 +186,8 @@ cdef object import_core_state(IndexCore self, state):
                 s = &self.slots[canon[canon_slot]]
                 s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
                 s.total += 1
+            if cnt > 1:  # the store keeps holders in its own slots' order
+                qsort(tmp, cnt, sizeof(uint32_t), cmp_u32_slot)
             set_holders(&self.st, id, tmp, cnt)
             self.held += cnt
             pos += cnt

@@ -1,16 +1,17 @@
 # cython: language_level=3
 # The compiled index core's block store: nodes, the two hash tables, the holder pool.
 #
-# One node (32 bytes) per engine block hash held by anyone, in chunks of 2**14 (never moved);
+# One node (24 bytes) per engine block hash held by anyone, in chunks of 2**14 (never moved);
 # two open-addressing tables of u32 entries (node id | fingerprint bits, linear probing,
 # backward-shift deletion, any size: the home is a multiply-shift of the key's mix); holders
-# of a node held once inline, else in a pool run (power-of-two sizes, free lists per size).
+# of a node held once inline, else in a refcounted pool run that nodes with the same holder
+# list share (power-of-two sizes, free lists per size; copied before a shared run changes).
 # Layout and the reasons for it: docs/INDEX.md "The compiled core's layout". The functions are
 # inline: they compile into the core that cimports this file (consumer/_indexcore.pyx).
 
 from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc, PyMem_RawRealloc
 from libc.stdint cimport int64_t, uint32_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memmove, memset
 
 
 cdef extern from *:
@@ -71,7 +72,6 @@ ctypedef struct Node:
     uint32_t holders     # count 1: the packed holder; count >= 2: its pool run; free: next free id
     uint32_t n           # count | KV_HAS_CONTENT | KV_USED
     uint64_t content
-    uint64_t sig         # XOR of holder_sig() over the holders: equal sets have equal signatures
 
 ctypedef struct Table:
     uint32_t *ids        # entries: node id | (the key's fingerprint bits above id_bits); KV_NIL empty
@@ -101,6 +101,10 @@ ctypedef struct NodeStore:
     uint64_t rebuilds_locked  # tables rebuilt inside an event (a batch outgrew the room made ahead)
     uint64_t pool_grown_ahead   # holder pool moved to a bigger allocation without the lock
     uint64_t pool_grown_locked  # ... inside an event
+    uint32_t memo_run    # the holder run the writer made or changed last (KV_NIL: none) ...
+    uint32_t memo_n      # ... and its holder count: a node getting the same list shares it
+    int64_t runs_live    # holder runs in use
+    int64_t run_refs     # nodes pointing at one (runs_live of them the first)
 
 
 # ---------------------------------------------------------------------------- small pieces
@@ -146,20 +150,29 @@ cdef inline uint32_t *node_holders(const NodeStore *s, Node *node) noexcept nogi
     return &node.holders if (node.n & KV_COUNT_MASK) == 1 else s.pool + node.holders
 
 
-cdef inline void sig_xor(NodeStore *s, Node *node, uint64_t x) noexcept nogil:
-    node.sig ^= x
+cdef inline uint32_t holder_rank(const uint32_t *hs, uint32_t n, uint32_t slot) noexcept nogil:
+    """How many of the ``n`` holders ``hs`` (in ascending slot order) have a slot below ``slot``."""
+    cdef uint32_t lo = 0, hi = n, mid
+    while hi - lo > 8:
+        mid = (lo + hi) >> 1
+        if (hs[mid] & KV_SLOT_MASK) < slot:
+            lo = mid + 1
+        else:
+            hi = mid
+    while lo < hi and (hs[lo] & KV_SLOT_MASK) < slot:
+        lo += 1
+    return lo
 
 
 cdef inline int64_t holder_index(const NodeStore *s, Node *node, uint32_t slot) noexcept nogil:
+    """The index of ``slot``'s holder among node's holders (kept in ascending slot order), -1 if none."""
     cdef uint32_t n = node.n & KV_COUNT_MASK, i
     cdef uint32_t *hs
     if n == 0:
         return -1
     hs = node_holders(s, node)
-    for i in range(n):
-        if (hs[i] & KV_SLOT_MASK) == slot:
-            return i
-    return -1
+    i = holder_rank(hs, n, slot)
+    return i if i < n and (hs[i] & KV_SLOT_MASK) == slot else -1
 
 
 # ---------------------------------------------------------------------------- allocation
@@ -170,11 +183,17 @@ cdef inline void *huge_alloc(NodeStore *s, size_t nbytes, void **raw, size_t *ra
     costs as much as the lookup. The unaligned head is never touched, so it takes no memory;
     the mapping is returned whole when freed (advice given inside malloc's heap would outlive
     the block and give later small allocations there huge pages)."""
-    cdef size_t addr
     raw_size[0] = 0
     if nbytes < (<size_t>4) * HUGE_PAGE or not s.huge:
         raw[0] = PyMem_RawMalloc(nbytes)
         return raw[0]
+    return huge_map(nbytes, raw, raw_size)
+
+
+cdef inline void *huge_map(size_t nbytes, void **raw, size_t *raw_size) noexcept nogil:
+    """``nbytes`` mapped on their own, 2 MiB-aligned, advised to use huge pages (huge_alloc)."""
+    cdef size_t addr
+    raw_size[0] = 0
     raw[0] = mmap(NULL, nbytes + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
     if raw[0] == MAP_FAILED:
         raw[0] = NULL
@@ -200,6 +219,7 @@ cdef inline int store_init(NodeStore *s, bint huge) except -1 nogil:
     memset(s, 0, sizeof(NodeStore))
     s.huge = huge
     s.free_node = KV_NIL
+    s.memo_run = KV_NIL
     s.id_bits = MIN_ID_BITS
     s.id_mask = (1u << MIN_ID_BITS) - 1
     for i in range(POOL_CLASSES):
@@ -255,10 +275,10 @@ cdef inline int chunk_add(NodeStore *s) except -1 nogil:
         if raw == NULL:
             with gil:
                 raise MemoryError()
-        chunks[k] = <Node *>((<size_t>raw + 63) & ~(<size_t>63))  # a node never straddles two lines
+        chunks[k] = <Node *>((<size_t>raw + 63) & ~(<size_t>63))
         raws[k] = raw
     elif k % SLAB_CHUNKS == 0:
-        mem = huge_alloc(s, slab_bytes() - HUGE_PAGE, &raw, &size)
+        mem = huge_map(slab_bytes() - HUGE_PAGE, &raw, &size)  # always mapped: freed by munmap
         if mem == NULL:
             with gil:
                 raise MemoryError()
@@ -298,7 +318,6 @@ cdef inline uint32_t node_alloc(NodeStore *s, uint64_t engine) except? 0xFFFFFFF
     node.engine = engine
     node.content = 0
     node.holders = 0
-    node.sig = 0
     node.n = KV_USED
     s.nodes_used += 1
     return id
@@ -654,38 +673,186 @@ cdef inline void pool_release(NodeStore *s, uint32_t off, int c) noexcept nogil:
     s.pool_free[c] = off
 
 
+# A node of two or more holders points at a run (node.holders is its first holder's offset):
+# a header of RUN_HEAD words before the holders (the list's 32-bit signature, the XOR of
+# holder_sig() over its holders, then the count of nodes pointing at the run), the holders in
+# ascending slot order (so equal sets are equal lists, whatever order they came in). Nodes
+# with equal lists share a run: a change to a shared run makes a new one, and a changed list
+# equal to memo_run's (the list the writer made last, which the next block of the same event
+# usually repeats) takes that run instead. So a shared prefix's nodes hold one run, and "same
+# holders as the previous block" is a comparison of two offsets (the lookup walk's shortcut).
+
+cdef enum:
+    RUN_HEAD = 2
+
+
+cdef inline int run_class(uint32_t n) noexcept nogil:
+    """The pool class of a run of ``n`` holders (with its header)."""
+    return pool_class(n + RUN_HEAD)
+
+
+cdef inline uint32_t run_sig(const NodeStore *s, uint32_t h) noexcept nogil:
+    """The signature of run ``h``'s list (equal sets, equal signatures)."""
+    return s.pool[h - 2]
+
+
+cdef inline void run_sig_xor(NodeStore *s, uint32_t h, uint64_t x) noexcept nogil:
+    s.pool[h - 2] ^= <uint32_t>x
+
+
+cdef inline uint32_t run_new(NodeStore *s, uint32_t n, uint64_t sig) except? 0xFFFFFFFF nogil:
+    """A run for ``n`` holders of signature ``sig``, one reference; its holders are the
+    caller's to write."""
+    cdef uint32_t off = pool_alloc(s, run_class(n))
+    s.pool[off] = <uint32_t>sig
+    s.pool[off + 1] = 1
+    s.runs_live += 1
+    s.run_refs += 1
+    return off + RUN_HEAD
+
+
+cdef inline void run_drop(NodeStore *s, uint32_t h, uint32_t n) noexcept nogil:
+    """A node of ``n`` holders lets go of run ``h``; the last one frees it."""
+    s.pool[h - 1] -= 1
+    s.run_refs -= 1
+    if s.pool[h - 1] == 0:
+        if s.memo_run == h:
+            s.memo_run = KV_NIL
+        pool_release(s, h - RUN_HEAD, run_class(n))
+        s.runs_live -= 1
+
+
+cdef inline void run_take(NodeStore *s, Node *node, uint32_t n_before, uint32_t m) noexcept nogil:
+    """Point ``node`` (``n_before`` holders) at run ``m`` (equal to its new list)."""
+    s.pool[m - 1] += 1
+    s.run_refs += 1
+    if n_before >= 2:
+        run_drop(s, node.holders, n_before)
+    node.holders = m
+
+
+cdef inline uint32_t run_resized(NodeStore *s, Node *node, uint32_t n, uint32_t n_new) except? 0xFFFFFFFF nogil:
+    """Node's own run (one reference, ``n`` holders) with room for ``n_new``: moved, header
+    and all, to a run of the next or previous size when the class changes (the first
+    min(n, n_new) holders kept)."""
+    cdef int c = run_class(n), c_new = run_class(n_new)
+    cdef uint32_t h = node.holders, off
+    if c == c_new:
+        return h
+    off = pool_alloc(s, c_new)
+    h = node.holders
+    memcpy(s.pool + off, s.pool + h - RUN_HEAD, (RUN_HEAD + (n if n < n_new else n_new)) * sizeof(uint32_t))
+    if s.memo_run == h:
+        s.memo_run = KV_NIL
+    pool_release(s, h - RUN_HEAD, c)
+    node.holders = off + RUN_HEAD
+    return off + RUN_HEAD
+
+
+cdef inline bint memo_fits(const NodeStore *s, uint32_t n_new, uint32_t h) noexcept nogil:
+    return s.memo_run != KV_NIL and s.memo_n == n_new and s.memo_run != h
+
+
+cdef inline void memo_set(NodeStore *s, uint32_t h, uint32_t n) noexcept nogil:
+    s.memo_run = h
+    s.memo_n = n
+
+
+cdef inline int run_add(NodeStore *s, Node *node, uint32_t n, uint32_t packed) except -1 nogil:
+    """Node of ``n`` >= 1 holders: insert ``packed`` (a new slot) in slot order."""
+    cdef uint32_t h = node.holders if n >= 2 else KV_NIL, m = s.memo_run, first, at
+    if n == 1:
+        first = node.holders
+        if (first & KV_SLOT_MASK) > (packed & KV_SLOT_MASK):
+            first, packed = packed, first
+        if memo_fits(s, 2, h) and s.pool[m] == first and s.pool[m + 1] == packed:
+            run_take(s, node, 1, m)
+            return 0
+        h = run_new(s, 2, holder_sig(first) ^ holder_sig(packed))
+        s.pool[h] = first
+        s.pool[h + 1] = packed
+    else:
+        at = holder_rank(s.pool + h, n, packed & KV_SLOT_MASK)
+        if (memo_fits(s, n + 1, h) and s.pool[m + at] == packed
+                and memcmp(s.pool + m, s.pool + h, at * sizeof(uint32_t)) == 0
+                and memcmp(s.pool + m + at + 1, s.pool + h + at, (n - at) * sizeof(uint32_t)) == 0):
+            run_take(s, node, n, m)
+            return 0
+        if s.pool[h - 1] == 1:
+            h = run_resized(s, node, n, n + 1)
+            memmove(s.pool + h + at + 1, s.pool + h + at, (n - at) * sizeof(uint32_t))
+            run_sig_xor(s, h, holder_sig(packed))
+        else:  # a run of its own with ``packed`` at ``at``
+            h = run_new(s, n + 1, run_sig(s, node.holders) ^ holder_sig(packed))
+            memcpy(s.pool + h, s.pool + node.holders, at * sizeof(uint32_t))
+            memcpy(s.pool + h + at + 1, s.pool + node.holders + at, (n - at) * sizeof(uint32_t))
+            run_drop(s, node.holders, n)
+        s.pool[h + at] = packed
+    node.holders = h
+    memo_set(s, h, n + 1)
+    return 0
+
+
+cdef inline int run_replace(NodeStore *s, Node *node, uint32_t n, uint32_t i, uint32_t packed) except -1 nogil:
+    """Node of ``n`` >= 2 holders: holder ``i`` becomes ``packed`` (another level or priority)."""
+    cdef uint32_t h = node.holders, m = s.memo_run
+    cdef uint64_t x = holder_sig(s.pool[h + i]) ^ holder_sig(packed)
+    if (memo_fits(s, n, h) and s.pool[m + i] == packed
+            and memcmp(s.pool + m, s.pool + h, i * sizeof(uint32_t)) == 0
+            and memcmp(s.pool + m + i + 1, s.pool + h + i + 1, (n - i - 1) * sizeof(uint32_t)) == 0):
+        run_take(s, node, n, m)
+        return 0
+    if s.pool[h - 1] != 1:  # a copy of its own
+        h = run_new(s, n, run_sig(s, node.holders))
+        memcpy(s.pool + h, s.pool + node.holders, n * sizeof(uint32_t))
+        run_drop(s, node.holders, n)
+        node.holders = h
+    s.pool[h + i] = packed
+    run_sig_xor(s, h, x)
+    memo_set(s, h, n)
+    return 0
+
+
+cdef inline int run_remove(NodeStore *s, Node *node, uint32_t n, uint32_t i) except -1 nogil:
+    """Node of ``n`` >= 3 holders: holder ``i`` leaves (the ones after it move down one)."""
+    cdef uint32_t h = node.holders, m = s.memo_run
+    cdef uint64_t x = holder_sig(s.pool[h + i])
+    if (memo_fits(s, n - 1, h) and memcmp(s.pool + m, s.pool + h, i * sizeof(uint32_t)) == 0
+            and memcmp(s.pool + m + i, s.pool + h + i + 1, (n - 1 - i) * sizeof(uint32_t)) == 0):
+        run_take(s, node, n, m)
+        return 0
+    if s.pool[h - 1] == 1:
+        memmove(s.pool + h + i, s.pool + h + i + 1, (n - 1 - i) * sizeof(uint32_t))
+        h = run_resized(s, node, n, n - 1)
+        run_sig_xor(s, h, x)
+    else:  # a run of its own without holder i
+        h = run_new(s, n - 1, run_sig(s, node.holders) ^ x)
+        memcpy(s.pool + h, s.pool + node.holders, i * sizeof(uint32_t))
+        memcpy(s.pool + h + i, s.pool + node.holders + i + 1, (n - 1 - i) * sizeof(uint32_t))
+        run_drop(s, node.holders, n)
+        node.holders = h
+    memo_set(s, h, n - 1)
+    return 0
+
+
 cdef inline uint32_t add_holder(NodeStore *s, uint32_t id, uint32_t packed) except? 0xFFFFFFFE nogil:
     """Add ``packed`` to node ``id``'s holders, or replace the holder of its slot. Returns the
     replaced holder, KV_NIL when it is a new one."""
     cdef Node *node = node_at(s, id)
-    cdef uint32_t n = node.n & KV_COUNT_MASK, off, old
+    cdef uint32_t n = node.n & KV_COUNT_MASK, old
     cdef int64_t i = holder_index(s, node, packed & KV_SLOT_MASK)
-    cdef uint32_t *hs
-    cdef int c
     if i >= 0:
-        hs = node_holders(s, node)
-        old = hs[i]
-        hs[i] = packed
-        sig_xor(s, node, holder_sig(old) ^ holder_sig(packed))
+        old = node_holders(s, node)[i]
+        if old != packed:
+            if n == 1:
+                node.holders = packed
+            else:
+                run_replace(s, node, n, <uint32_t>i, packed)
         return old
     if n == 0:
         node.holders = packed
-    elif n == 1:
-        off = pool_alloc(s, pool_class(2))
-        node = node_at(s, id)
-        s.pool[off] = node.holders
-        s.pool[off + 1] = packed
-        node.holders = off
     else:
-        c = pool_class(n)
-        if pool_class(n + 1) != c:  # a full run: move to one twice as long
-            off = pool_alloc(s, c + 1)
-            node = node_at(s, id)
-            memcpy(s.pool + off, s.pool + node.holders, (n) * sizeof(uint32_t))
-            pool_release(s, node.holders, c)
-            node.holders = off
-        s.pool[node.holders + n] = packed
-    sig_xor(s, node, holder_sig(packed))
+        run_add(s, node, n, packed)
     node.n += 1
     return KV_NIL
 
@@ -693,49 +860,39 @@ cdef inline uint32_t add_holder(NodeStore *s, uint32_t id, uint32_t packed) exce
 cdef inline uint32_t remove_holder_at(NodeStore *s, uint32_t id, uint32_t i) except? 0xFFFFFFFE nogil:
     """Remove holder ``i`` of node ``id`` (releasing the node when it was the last); returns it."""
     cdef Node *node = node_at(s, id)
-    cdef uint32_t n = node.n & KV_COUNT_MASK, off, base
-    cdef uint32_t *hs = node_holders(s, node)
-    cdef uint32_t packed = hs[i]
-    cdef int c
-    sig_xor(s, node, holder_sig(packed))
+    cdef uint32_t n = node.n & KV_COUNT_MASK, h
+    cdef uint32_t packed = node_holders(s, node)[i]
     if n == 1:
         node.n -= 1
         release_node(s, id)
         return packed
-    base = node.holders
     if n == 2:
-        node.holders = s.pool[base + (1 - i)]
-        pool_release(s, base, pool_class(2))
+        h = node.holders
+        node.holders = s.pool[h + (1 - i)]
+        run_drop(s, h, 2)
     else:
-        s.pool[base + i] = s.pool[base + n - 1]
-        c = pool_class(n)
-        if pool_class(n - 1) != c:  # fits a run half as long
-            off = pool_alloc(s, c - 1)
-            node = node_at(s, id)
-            memcpy(s.pool + off, s.pool + base, (n - 1) * sizeof(uint32_t))
-            pool_release(s, base, c)
-            node.holders = off
+        run_remove(s, node, n, i)
     node.n -= 1
     return packed
 
 
 cdef inline int set_holders(NodeStore *s, uint32_t id, const uint32_t *packed, uint32_t n) except -1 nogil:
-    """Give node ``id`` (no holders yet) ``n`` holders at once (a state import)."""
-    cdef Node *node
-    cdef uint32_t off, j
+    """Give node ``id`` (no holders yet) ``n`` holders at once, in ascending slot order (a state
+    import)."""
+    cdef Node *node = node_at(s, id)
+    cdef uint32_t h, m = s.memo_run, j
     cdef uint64_t sig = 0
-    for j in range(n):
-        sig ^= holder_sig(packed[j])
     if n == 1:
-        node = node_at(s, id)
         node.holders = packed[0]
     elif n > 1:
-        off = pool_alloc(s, pool_class(n))
-        for j in range(n):
-            s.pool[off + j] = packed[j]
-        node = node_at(s, id)
-        node.holders = off
-    node = node_at(s, id)
-    node.sig = sig
+        if memo_fits(s, n, KV_NIL) and memcmp(s.pool + m, packed, n * sizeof(uint32_t)) == 0:
+            run_take(s, node, 0, m)
+        else:
+            for j in range(n):
+                sig ^= holder_sig(packed[j])
+            h = run_new(s, n, sig)
+            memcpy(s.pool + h, packed, n * sizeof(uint32_t))
+            node.holders = h
+            memo_set(s, h, n)
     node.n += n
     return 0

@@ -80,13 +80,14 @@ cdef inline bint store_regrow_build(const NodeStore *s, Regrowth *g, uint64_t co
 
 
 cdef inline void pool_build_ahead(const NodeStore *s, Regrowth *g, uint64_t coming) noexcept nogil:
-    """A copy of the holder pool with room for ``coming`` blocks (a holder added moves a run
-    of n holders to one of 2n at most: counted as four words a block, a run of 2 doubling;
-    longer runs rarely double in one batch) and an eighth more, when the pool lacks it (else
+    """A copy of the holder pool with room for ``coming`` blocks (a holder added makes a new
+    run, or moves one to a run twice as long: counted as eight words a block, a run of 2 with
+    its header doubling; longer runs rarely do in one batch, and consecutive blocks mostly
+    share one) and an eighth more, when the pool lacks it (else
     pool_alloc reallocs it inside an event). Pages of the room not yet written take no
     memory. No memory: nothing (pool_alloc tries)."""
     cdef uint64_t more = s.pool_len >> 3
-    cdef uint64_t need = s.pool_len + 4 * coming + (1024 if more < 1024 else more)
+    cdef uint64_t need = s.pool_len + 8 * coming + (1024 if more < 1024 else more)
     cdef uint64_t cap
     if need <= s.pool_cap or need > 0xFFFFFFF0u:
         return

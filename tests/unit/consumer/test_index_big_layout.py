@@ -1,5 +1,6 @@
 """The compiled core past its small layout: node chunks in huge-page slabs (after 16 chunks of
-2**14 nodes) and 2 MiB-aligned tables (from 8 MiB), with huge pages on and off."""
+2**14 nodes) and 2 MiB-aligned tables (from 8 MiB), with huge pages on and off; dropping the
+index gives the memory back."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ import sys
 import pytest
 
 SCRIPT = r"""
+import ctypes, gc, os
 from array import array
 from kvevents.consumer.index import CacheIndex
 from kvevents.consumer._state import IndexState, InstanceState, WindowState, WorkerState
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 n = 1_200_000  # 74 chunks (4 slabs and more), tables of 2**21 entries (16 MiB)
 engine = array("Q", range(1, 2 * n + 1, 2))
@@ -29,6 +35,17 @@ for k in (0, 1, 16383, 16384, 262143, 262144, 500_000, n - 1):
 assert index.find_matches([2]) == {}
 again = CacheIndex.from_bytes(index.to_bytes(), core="compiled")
 assert again.same_state(index)
+# dropping an index gives its memory back (node slabs and big tables are unmapped)
+store = again.memory_bytes()
+del index
+gc.collect()
+ctypes.CDLL("libc.so.6").malloc_trim(0)
+before = rss()
+del again
+gc.collect()
+ctypes.CDLL("libc.so.6").malloc_trim(0)
+freed = before - rss()
+assert freed >= 0.8 * store, (freed, store)
 print("ok")
 """
 

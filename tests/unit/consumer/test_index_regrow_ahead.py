@@ -24,11 +24,12 @@ PER_EVENT = 500
 def block(h):
     return 2 * h + 1
 
-def batch(seq, eid, first, events, instance="i0"):
+def batch(seq, eid, first, events, instance="i0", priorities=1):
     out = []
     for k in range(events):
         start = first + k * PER_EVENT
-        blocks = [KVCacheStoredBlockData(block(h), [h % 9973, 7]) for h in range(start, start + PER_EVENT)]
+        blocks = [KVCacheStoredBlockData(block(h), [h % 9973, 7], priority=h % priorities)
+                  for h in range(start, start + PER_EVENT)]
         out.append(KVCacheEvent(eid + k, KVCacheStoredData(None, blocks), 64, 0))
     return encode_batch(EventBatch(instance, out, attention_dp_size=1, producer_id=7, sequence=seq))
 
@@ -63,8 +64,9 @@ index.apply_encoded(encode_batch(EventBatch("i0", [rm], attention_dp_size=1, pro
 more = [batch(seq + 1 + b, eid + 1 + 2 * b, first + 1000 * b, 2) for b in range(100)]
 assert index.apply_encoded_many(more) == 100
 total = first + 100_000
-# a second instance stores blocks 100k..250k again: 150k nodes with two holders (the pool)
-twins = [batch(b, 2 * b, 100_000 + 1000 * b, 2, "i1") for b in range(150)]
+# a second instance stores blocks 100k..250k again: 150k nodes with two holders (the pool),
+# every block's list unlike the one before (priorities alternate), so each has its own run
+twins = [batch(b, 2 * b, 100_000 + 1000 * b, 2, "i1", priorities=2) for b in range(150)]
 assert index.apply_encoded_many(twins) == 150
 stop.set()
 thread.join()
@@ -89,6 +91,7 @@ assert layout["node_top"] < 1 << layout["id_bits"], layout
 assert layout["rebuilds_ahead"] >= 20, layout
 assert layout["rebuilds_locked"] == 0, layout
 assert layout["pool_words"] >= 2 * 150_000 and layout["pool_grown_ahead"] >= 1, layout
+assert layout["holder_runs"] == layout["holder_run_refs"] == 150_000, layout
 assert layout["pool_grown_locked"] == 0, layout
 again = CacheIndex.from_bytes(index.to_bytes(), core="compiled")
 assert again.same_state(index)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from _index_helpers import batch, block, created, removed, stored_blocks
+from _index_helpers import batch, block, created, removed, stored_blocks, updated
 from kvevents.consumer.index import CacheIndex, compiled_core_available
 from kvevents.schemas import KVCacheEvent
 
@@ -140,3 +140,50 @@ def test_query_keys_of_every_width_are_read_exactly() -> None:
         indexes[1].find_matches([2**64])
     with pytest.raises(OverflowError):
         indexes[1].find_matches([-1])
+
+
+def _runs(index: CacheIndex) -> tuple[int, int]:
+    layout = index._core.store_layout()
+    return layout["holder_runs"], layout["holder_run_refs"]
+
+
+def test_equal_holder_lists_share_one_run_copied_before_it_changes() -> None:
+    """Workers storing one chain leave its nodes on one shared holder run; a change to one
+    node's holders (a priority, a removal, a worker reset) copies the run for the nodes that
+    change only, and the answers, the state and a state round trip stay the pure core's."""
+    indexes = _pair()
+    workers = 6
+    feed = _Feed(indexes, workers)
+    chain = list(range(70_000, 70_200))
+    for w in range(workers):
+        feed.send(w, lambda eid, r: stored_blocks(eid, [block(h) for h in chain], rank=r))
+    assert _runs(indexes[1]) == (1, 200)  # each worker's event moved all 200 to one new run
+    # the same holders come in the other order: an equal list (kept in slot order) on a run of
+    # its own, made by other events than the chain's; its blocks share it
+    twin = list(range(80_000, 80_050))
+    for w in reversed(range(workers)):
+        feed.send(w, lambda eid, r: stored_blocks(eid, [block(h) for h in twin], rank=r))
+    assert _runs(indexes[1]) == (2, 250)
+    assert indexes[1].find_matches(chain[:3] + twin) == indexes[0].find_matches(chain[:3] + twin)
+    _same(indexes, [twin, chain], [])
+    for w in range(workers):
+        feed.send(w, lambda eid, r: removed(eid, twin, rank=r))
+    assert _runs(indexes[1]) == (1, 200)
+    _same(indexes, [chain, chain[:1], chain[150:]], [])
+    feed.send(2, lambda eid, r: updated(eid, chain[100], priority=(35, 80), rank=r))
+    assert _runs(indexes[1]) == (2, 200)  # block 100 alone on a copy
+    _same(indexes, [chain, chain[99:102]], [])
+    feed.send(3, lambda eid, r: removed(eid, chain[50:], rank=r))
+    runs, refs = _runs(indexes[1])
+    assert refs == 200 and runs <= 5, (runs, refs)
+    _same(indexes, [chain, chain[40:60], chain[100:]], [])
+    feed.send_all([created(feed.eid[0], rank=0)], feed.seq)  # worker 0's cache reset
+    feed.seq += 1
+    _same(indexes, [chain, chain[:60], chain[100:]], [])
+    runs, refs = _runs(indexes[1])
+    assert refs == 200 and runs <= 5, (runs, refs)
+    again = CacheIndex.from_bytes(indexes[1].to_bytes(), core="compiled")
+    assert again.same_state(indexes[0])
+    assert _runs(again)[1] == 200 and _runs(again)[0] <= runs + 2, (_runs(again), runs)
+    for q in [chain, chain[99:], chain[49:51]]:
+        assert again.find_matches(q) == indexes[0].find_matches(q)
