@@ -436,7 +436,15 @@ class EngineSimulator:
 
     def step(self) -> IterationReport:
         """Run one engine iteration and flush its events."""
-        self.start()
+        iteration = self.iteration
+        admitted, finished, hits = self._step()
+        return IterationReport(iteration, admitted, finished, hits)
+
+    def _step(self) -> tuple[int, int, int]:
+        """:meth:`step` without its report (a frozen dataclass per iteration: :meth:`run`'s
+        loop does not need it); returns (admitted, finished, hit blocks)."""
+        if not self._started:
+            self.start()
         cfg = self.config
         self._take_arrivals(self.now)
         admitted = hits = 0
@@ -470,9 +478,8 @@ class EngineSimulator:
             self.publish_snapshot()
         if self.events is not None:
             self.events.flush()
-        report = IterationReport(self.iteration, admitted, finished, hits)
         self.iteration += 1
-        return report
+        return admitted, finished, hits
 
     def run(
         self,
@@ -525,12 +532,12 @@ class EngineSimulator:
                 break
             if not self._arrivals_open and self.idle:
                 break
-            self.step()
+            self._step()
             pace()
         if drain:
             self.close_arrivals()
             while not self.idle and not stopping():
-                self.step()
+                self._step()
                 pace()
         return self.stats()
 
