@@ -86,7 +86,12 @@ def test_the_flush_log_notes_every_flush_that_handed_over_events(tmp_path):
     import json
 
     config = SimRunConfig(
-        requests=60, realtime=False, instance_prefix="log", topic=None, flush_log_dir=str(tmp_path)
+        requests=60,
+        realtime=False,
+        instance_prefix="log",
+        topic=None,
+        flush_log_dir=str(tmp_path),
+        simulator=SimulatorConfig(num_primary_blocks=160, num_secondary_blocks=16),  # evicts
     )
     (result,) = run(config)
     log = json.loads((tmp_path / "flush-log-0-0.json").read_text())
