@@ -36,6 +36,8 @@ the entry point for ``bench/index.py``.
                                               # this checkout's code vs another's, interleaved
     python bench/freshness.py --rates 80,160 --repeats 4 --try none:compression.type=none
                                               # a producer setting side by side with the defaults
+    python bench/freshness.py --rates 640 --repeats 4 --try-simulate 'slack0:--pace-slack-ms 0'
+                                              # engine flags (kvevents simulate) side by side
 """
 
 from __future__ import annotations
@@ -191,6 +193,7 @@ def run_step(
     realtime: bool = True,
     python: str | None = None,
     settle_s: float = 1.0,
+    simulate_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """One run of the simulators at ``rate`` requests/s per rank (``realtime=False``: as fast as
     they can, ``--no-realtime``); the step's figures. Latencies count the events flushed
@@ -216,6 +219,7 @@ def run_step(
             ]  # fmt: skip
             if not realtime:
                 command.append("--no-realtime")
+            command += simulate_args  # --try-simulate: a variant's own engine flags
             for key, value in (producer or {}).items():
                 command += ["-X", f"{key}={value}"]
             ticks0, children0, self0 = (
@@ -296,6 +300,7 @@ def measure(
     flat_out: bool = False,
     pythons: Mapping[str, str] | None = None,
     settle_s: float = 1.0,
+    simulate_args: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Freshness at each rate for each variant (name -> (producer -X settings, reader config);
     default: only the current defaults), interleaved per rate (in reverse order when
@@ -303,7 +308,8 @@ def measure(
     its first rate with drops or where the simulators could not keep real time (when
     ``stop_at_drops``, as ``bench/e2e.py`` steps). ``flat_out``: then one run per variant at the
     last rate as fast as the simulators go (the most this machine's pipeline carries). ``pythons``:
-    the ranks' interpreter per variant (default this one). Returns ``{"variants": {name: {"steps",
+    the ranks' interpreter per variant (default this one); ``simulate_args``: extra ``kvevents
+    simulate`` flags per variant (default none). Returns ``{"variants": {name: {"steps",
     "highest_drop_free"}}, "kafka", "loadavg"}``."""
     variants = dict(variants or {"defaults": ({}, {})})
     steps: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
@@ -327,6 +333,7 @@ def measure(
                     sample=sample,
                     python=(pythons or {}).get(name),
                     settle_s=settle_s,
+                    simulate_args=(simulate_args or {}).get(name, ()),
                 )
                 steps[name].append(step)
                 print(f"  {name:>8} {rate:g}/s per rank: {summary_line(step)}", file=sys.stderr)
@@ -345,6 +352,7 @@ def measure(
                 realtime=False,
                 python=(pythons or {}).get(name),
                 settle_s=settle_s,
+                simulate_args=(simulate_args or {}).get(name, ()),
             )
             print(f"  {name:>8} flat out: {summary_line(flat[name])}", file=sys.stderr)
     result: dict[str, Any] = {
@@ -467,6 +475,16 @@ def main(argv: list[str] | None = None) -> int:
         "per rate with the defaults; repeatable (e.g. --try none:compression.type=none)",
     )
     parser.add_argument(
+        "--try-simulate",
+        dest="try_simulate",
+        action="append",
+        default=[],
+        metavar="NAME:FLAGS",
+        help="also run a variant whose ranks get these extra 'kvevents simulate' flags (space "
+        "separated), interleaved per rate with the defaults; repeatable (e.g. "
+        "--try-simulate 'slack0:--pace-slack-ms 0')",
+    )
+    parser.add_argument(
         "--flat-out",
         action="store_true",
         help="end each run with one flat-out run per variant at the last rate (--no-realtime; --compare does)",
@@ -498,6 +516,13 @@ def main(argv: list[str] | None = None) -> int:
         if not name or not pairs or any(not k or not eq for k, eq, _ in pairs):
             parser.error(f"--try wants NAME:KEY=VALUE[,KEY=VALUE], got {spec!r}")
         variants[name] = ({k: v for k, _, v in pairs}, {})
+    extra_simulate: dict[str, list[str]] = {}
+    for spec in args.try_simulate:
+        name, _, flags = spec.partition(":")
+        if not name or not flags.split() or name in variants:
+            parser.error(f"--try-simulate wants a new NAME:FLAGS, got {spec!r}")
+        variants[name] = ({}, {})
+        extra_simulate[name] = flags.split()
     pythons: dict[str, str] = {}
     if args.baseline_python:
         variants["baseline"] = ({}, {})
@@ -506,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [
         measure(args.bootstrap_servers, rates, ranks=args.ranks, duration=args.duration, sample=args.sample,
                 variants=variants, stop_at_drops=args.compare, warm_up=i == 0, flat_out=args.compare or args.flat_out, reverse=i % 2 == 1,
-                pythons=pythons, settle_s=args.settle)
+                pythons=pythons, settle_s=args.settle, simulate_args=extra_simulate)
         for i in range(args.repeats)
     ]  # fmt: skip
     for i, run in enumerate(runs):
@@ -527,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
             "sample": f"1 in {args.sample}",
             "settle_s": args.settle,
             "tries": args.tries,
+            "try_simulate": args.try_simulate,
         },
         "runs": runs,
         "seconds": round(time.monotonic() - started, 1),

@@ -17,6 +17,7 @@ __all__ = [
     "RetentionRange",
     "block_hashes",
     "chained_block_hash",
+    "retention_priorities",
     "retention_priority",
     "to_token_array",
 ]
@@ -24,6 +25,7 @@ __all__ = [
 _ROOT_SEED = 0
 _LORA = struct.Struct("<Q")
 _BIG_ENDIAN = sys.byteorder == "big"
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
 def to_token_array(tokens: Iterable[int]) -> array[int]:
@@ -47,13 +49,16 @@ def chained_block_hash(parent_hash: int | None, tokens: Iterable[int], lora_id: 
     hashes to be chained and deterministic.
     """
     arr = to_token_array(tokens)
+    seed = _ROOT_SEED if parent_hash is None else parent_hash
+    if lora_id is None and not _BIG_ENDIAN:
+        return _xxh3(arr, seed=seed)  # the array's buffer: its little-endian int32 bytes
     if _BIG_ENDIAN:
         arr = array("i", arr)
         arr.byteswap()
     data = arr.tobytes()
     if lora_id is not None:
         data += _LORA.pack(lora_id)
-    return xxhash.xxh3_64_intdigest(data, seed=_ROOT_SEED if parent_hash is None else parent_hash)
+    return _xxh3(data, seed=seed)
 
 
 def block_hashes(
@@ -72,6 +77,14 @@ def block_hashes(
     if max_blocks is not None:
         count = min(count, max_blocks)
     hashes: list[int] = []
+    if lora_id is None and not _BIG_ENDIAN:  # chained_block_hash on views of the array, no copies
+        seed = _ROOT_SEED if parent_hash is None else parent_hash
+        view = memoryview(arr)
+        for start in range(0, count * block_size, block_size):
+            seed = _xxh3(view[start : start + block_size], seed=seed)
+            hashes.append(seed)
+        view.release()  # the array may grow later (a held export would forbid it)
+        return hashes
     parent = parent_hash
     for i in range(count):
         parent = chained_block_hash(parent, arr[i * block_size : (i + 1) * block_size], lora_id)
@@ -100,6 +113,20 @@ def retention_priority(ranges: Sequence[RetentionRange], index: int, block_size:
         if r.start <= first and (r.end is None or last <= r.end):
             return r.priority
     return None
+
+
+def retention_priorities(
+    ranges: Sequence[RetentionRange], block_size: int, start: int, stop: int
+) -> list[int | None]:
+    """``[retention_priority(ranges, i, block_size) for i in range(start, stop)]``, a few slice
+    assignments instead of a call and a scan of the ranges per block."""
+    out: list[int | None] = [None] * max(stop - start, 0)
+    for r in reversed(ranges):  # the first covering range wins: it is written last
+        lo = max(start, -(-r.start // block_size))  # first block whose tokens all lie at or after start
+        hi = stop if r.end is None else min(stop, r.end // block_size)  # blocks ending by end
+        if lo < hi:
+            out[lo - start : hi - start] = [r.priority] * (hi - lo)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,13 @@ to TensorRT-LLM and its deliberate simplifications: ``docs/SIMULATOR.md``.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import xxhash
 from kvevents.producer.block import BlockInfo
 from kvevents.schemas import (
     DEFAULT_PRIORITY,
@@ -27,7 +29,7 @@ from .blocks import (
     RetentionRange,
     block_hashes,
     chained_block_hash,
-    retention_priority,
+    retention_priorities,
     to_token_array,
 )
 from .eviction import CachedBlock, EvictionQueue
@@ -50,6 +52,13 @@ DEFAULT_WINDOW_SIZE = 8192
 """Attention window size used when the caller names none (one window size per cache)."""
 DEFAULT_OFFLOAD_MIN_PRIORITY = 30
 """TensorRT-LLM's default ``secondary_offload_min_priority``: lower-priority victims are dropped."""
+
+_OFFLOAD = KVCacheEventDiff(PRIMARY_LEVEL, SECONDARY_LEVEL)
+_ONBOARD = KVCacheEventDiff(SECONDARY_LEVEL, PRIMARY_LEVEL)
+"""The two level changes, shared by every Updated event that carries one (immutable)."""
+_FAST_HASH = sys.byteorder == "little"
+"""A block's hash straight from its token array's buffer (no LoRA id): ``chained_block_hash``."""
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
 class KVEventSink(Protocol):
@@ -324,8 +333,9 @@ class PagedBlockCache:
             if b.ref_count == 0 and b.level == PRIMARY_LEVEL:
                 self._referenced_primary += 1
             b.ref_count += 1
+        priorities = retention_priorities(retention, self.block_size, 0, len(matched)) if retention else None
         for i, b in enumerate(matched):
-            priority = retention_priority(retention, i, self.block_size) if retention else None
+            priority = None if priorities is None else priorities[i]
             if priority is not None and priority != b.priority:
                 self._emit_updated(b.block_hash, priority=KVCacheEventDiff(b.priority, priority))
                 b.priority = priority
@@ -368,9 +378,14 @@ class PagedBlockCache:
         stored: list[CachedBlock] = []
         stored_parent = parent
         newly_stored = 0
+        fast_hash = _FAST_HASH and lora_id is None
+        priorities = retention_priorities(seq.retention, bs, start, full) if seq.retention else None
         for i in range(start, full):
             block_tokens = arr[i * bs : (i + 1) * bs]
-            h = chained_block_hash(None if parent is None else parent.block_hash, block_tokens, lora_id)
+            if fast_hash:  # chained_block_hash, inline
+                h = _xxh3(block_tokens, seed=0 if parent is None else parent.block_hash)
+            else:
+                h = chained_block_hash(None if parent is None else parent.block_hash, block_tokens, lora_id)
             seq.private -= 1
             self._private -= 1
             existing = blocks.get(h)
@@ -382,7 +397,7 @@ class PagedBlockCache:
                 seq.blocks.append(existing)
                 parent = stored_parent = existing
                 continue
-            priority = retention_priority(seq.retention, i, bs) if seq.retention else None
+            priority = None if priorities is None else priorities[i - start]
             b = CachedBlock(
                 h, parent, block_tokens, lora_id, DEFAULT_PRIORITY if priority is None else priority
             )
@@ -453,7 +468,7 @@ class PagedBlockCache:
             b.level = PRIMARY_LEVEL
             if b.parent is not None:
                 b.parent.primary_children += 1
-            self._emit_updated(b.block_hash, cache_level=KVCacheEventDiff(SECONDARY_LEVEL, PRIMARY_LEVEL))
+            self._emit_updated(b.block_hash, cache_level=_ONBOARD)
             self.stats.onboards += 1
             self._referenced_primary += 1
         else:
@@ -471,12 +486,19 @@ class PagedBlockCache:
         if b.parent is not None:
             b.parent.primary_children += 1
         self._referenced_primary += 1
-        self._emit_updated(b.block_hash, cache_level=KVCacheEventDiff(SECONDARY_LEVEL, PRIMARY_LEVEL))
+        self._emit_updated(b.block_hash, cache_level=_ONBOARD)
         self.stats.onboards += 1
 
+    # Eviction is the simulator's hot path: at the freshness bench's top step every new block
+    # evicts one (offloaded: an Updated event; a secondary block removed for it: a Removed one).
+
     def _make_primary_room(self) -> None:
-        while self._used[PRIMARY_LEVEL] >= self.num_primary_blocks:
-            victim = self._evictable.pop(PRIMARY_LEVEL)
+        used = self._used
+        if used[PRIMARY_LEVEL] < self.num_primary_blocks:
+            return
+        pop = self._evictable.pop
+        while used[PRIMARY_LEVEL] >= self.num_primary_blocks:
+            victim = pop(PRIMARY_LEVEL)
             if victim is None:
                 raise CacheFullError(f"no evictable primary block (window {self.window_size})")
             self._evict_primary(victim)
@@ -484,7 +506,8 @@ class PagedBlockCache:
     def _make_secondary_room(self) -> bool:
         if self.num_secondary_blocks == 0:
             return False
-        while self._used[SECONDARY_LEVEL] >= self.num_secondary_blocks:
+        used = self._used
+        while used[SECONDARY_LEVEL] >= self.num_secondary_blocks:
             victim = self._evictable.pop(SECONDARY_LEVEL)
             if victim is None:
                 return False
@@ -492,20 +515,25 @@ class PagedBlockCache:
         return True
 
     def _evict_primary(self, victim: CachedBlock) -> None:
-        self.stats.evictions += 1
+        stats = self.stats
+        stats.evictions += 1
         if victim.priority >= self.offload_min_priority and self._make_secondary_room():
-            self._used[PRIMARY_LEVEL] -= 1
-            self._used[SECONDARY_LEVEL] += 1
+            used = self._used
+            used[PRIMARY_LEVEL] -= 1
+            used[SECONDARY_LEVEL] += 1
             victim.level = SECONDARY_LEVEL
             parent = victim.parent
-            self._emit_updated(
-                victim.block_hash, cache_level=KVCacheEventDiff(PRIMARY_LEVEL, SECONDARY_LEVEL)
-            )
-            self.stats.offloads += 1
+            events = self._events
+            if events is not None:  # self._emit_updated(..., cache_level=_OFFLOAD), inline
+                events.enqueue_updated_event(
+                    KVCacheUpdatedData(victim.block_hash, _OFFLOAD, None), self.window_size
+                )
+            stats.offloads += 1
+            push = self._evictable.push
             if parent is not None:
                 parent.primary_children -= 1
-                self._evictable.push(parent)
-            self._evictable.push(victim)
+                push(parent)
+            push(victim)
         else:
             self._remove_subtree(victim)
 
@@ -522,16 +550,19 @@ class PagedBlockCache:
 
     def _remove(self, b: CachedBlock) -> None:
         assert b.ref_count == 0 and not b.children, "only unreferenced leaves leave the cache"
-        if self._events is not None:
-            self._events.enqueue_removed_event(b.block_hash, self.window_size)
+        h = b.block_hash
+        events = self._events
+        if events is not None:
+            events.enqueue_removed_event(h, self.window_size)
         self.stats.removed_blocks += 1
-        self._used[b.level] -= 1
-        del self._blocks[b.block_hash]
+        level = b.level
+        self._used[level] -= 1
+        del self._blocks[h]
         b.alive = False
         parent = b.parent
         if parent is not None:
             parent.children.discard(b)
-            if b.level == PRIMARY_LEVEL:
+            if level == PRIMARY_LEVEL:
                 parent.primary_children -= 1
             self._evictable.push(parent)
 

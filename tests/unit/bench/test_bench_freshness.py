@@ -97,3 +97,25 @@ def test_the_machine_counters_read_from_proc() -> None:
     busy, total = freshness.cpu_ticks()
     if Path("/proc/stat").exists():
         assert 0 < busy <= total
+
+
+def test_try_simulate_gives_a_variant_its_own_engine_flags(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--try-simulate NAME:FLAGS``: a variant run with the defaults' producer settings whose
+    ranks get the extra ``kvevents simulate`` flags; the other variants get none."""
+    seen: dict[str, Any] = {}
+
+    def fake_measure(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        seen.update(kwargs)
+        return {"variants": {}, "kafka": None, "loadavg_start": (0, 0, 0), "loadavg_end": (0, 0, 0)}
+
+    monkeypatch.setattr(freshness, "measure", fake_measure)
+    out = tmp_path / "f.json"
+    argv = ["--rates", "640", "--try-simulate", "slack0:--pace-slack-ms 0", "--output", str(out)]
+    assert freshness.main(argv) == 0
+    assert list(seen["variants"]) == ["defaults", "slack0"]
+    assert seen["variants"]["slack0"] == ({}, {})
+    assert seen["simulate_args"] == {"slack0": ["--pace-slack-ms", "0"]}
+    with pytest.raises(SystemExit):
+        freshness.main(["--try-simulate", "defaults:--pace-slack-ms 0", "--output", str(out)])

@@ -388,3 +388,23 @@ def test_a_parent_whose_children_were_offloaded_is_next_in_lru_order() -> None:
     one_block_request(cache, "y", 98)  # p is now older than o: p goes
     assert level_moves(events) == [(c, 0, 1), (p, 0, 1)]
     check(cache, events)
+
+
+def test_retention_priorities_match_the_per_block_rule() -> None:
+    """The slice-built priorities of a run of blocks equal ``retention_priority`` block by block."""
+    import random
+
+    from kvevents.producer.simulator.blocks import RetentionRange, retention_priorities, retention_priority
+
+    rng = random.Random(5)
+    for _ in range(2000):
+        bs = rng.choice((1, 3, 8, 16, 32))
+        ranges = []
+        for _ in range(rng.randrange(4)):
+            start = rng.randrange(-10, 200)
+            end = None if rng.random() < 0.3 else start + rng.randrange(-5, 200)
+            ranges.append(RetentionRange(start, end, rng.randrange(101)))
+        start = rng.randrange(0, 12)
+        stop = start + rng.randrange(-2, 20)
+        want = [retention_priority(ranges, i, bs) for i in range(start, stop)]
+        assert retention_priorities(ranges, bs, start, stop) == want, (ranges, bs, start, stop)

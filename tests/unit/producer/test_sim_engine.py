@@ -182,6 +182,53 @@ def test_realtime_keeps_the_wall_clock_pace() -> None:
     assert sim.iteration == 15
 
 
+class _FakeClock:
+    """time.monotonic / time.sleep of the engine module: the clock moves only when it sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, delay: float) -> None:
+        self.sleeps.append(delay)
+        self.now += delay
+
+
+@pytest.mark.parametrize(
+    ("ips", "slack", "sleeps"),
+    [
+        (1000.0, 0.0, 100),  # a sleep per iteration, as before the slack
+        (1000.0, 0.0045, 20),  # runs up to 4.5 ms ahead, then sleeps back to the schedule
+        (100.0, 0.001, 100),  # iterations longer than the slack: each one paced
+    ],
+)
+def test_realtime_sleeps_only_once_the_slack_is_reached(
+    monkeypatch: pytest.MonkeyPatch, ips: float, slack: float, sleeps: int
+) -> None:
+    from kvevents.producer.simulator import engine
+
+    clock = _FakeClock()
+    monkeypatch.setattr(engine.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(engine.time, "sleep", clock.sleep)
+    sim, events = simulator(iterations_per_second=ips, realtime=True, pace_slack_s=slack)
+    start = clock.now
+    flushed_at: list[float] = []
+    events.on_flush = lambda: flushed_at.append(clock.now)
+    sim.run(max_iterations=100)
+    assert len(clock.sleeps) == sleeps
+    assert clock.now - start == pytest.approx(100 / ips)  # the same pace overall
+    for i, at in enumerate(flushed_at):  # never late, at most the slack early
+        assert start + i / ips - slack - 1e-9 <= at <= start + i / ips + 1e-9
+
+
+def test_pace_slack_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="pace_slack_s"):
+        SimulatorConfig(pace_slack_s=-0.001)
+
+
 def test_counting_event_manager_counts_every_call() -> None:
     counter = CountingEventManager()
     sim = EngineSimulator(
