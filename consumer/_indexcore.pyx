@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The compiled index core: compact C tables behind ``CacheIndex`` (same results as ``_pycore``).
 
-The block store (nodes, the engine-hash and content-hash tables, the holder pool) is
-``_nodestore.pxd``, the content hash ``_kvh64.pxd`` (constants from ``hashing``); this module
+The block store (nodes, the engine-hash and content-hash tables, the holder pool's memory) is
+``_nodestore.pxd``, the holder lists and their shared runs ``_holders.pxd``, the content hash ``_kvh64.pxd`` (constants from ``hashing``); this module
 holds the rules a batch is applied by, the queries and the state. ``apply_encoded`` has the
 compiled codec read the Avro body (``flat_read``, cimported from ``kvevents.schemas._fastcodec``)
 into its flat C arrays without building Python objects; ``apply_batch`` fills the same arrays (``_flatfill.pxd``)
@@ -61,6 +61,15 @@ from kvevents.schemas._fastcodec cimport (
     flat_validate,
 )
 from kvevents.consumer._flatfill cimport fill_block, fill_event
+from kvevents.consumer._holders cimport (
+    add_holder,
+    holder_index,
+    holder_sig,
+    node_holders,
+    remove_holder_at,
+    run_sig,
+    set_holders,
+)
 from kvevents.consumer._ingest cimport (
     JOB_FLAT,
     JOB_WRITER,
@@ -102,20 +111,13 @@ from kvevents.consumer._nodestore cimport (
     Node,
     NodeStore,
     Table,
-    add_holder,
-    holder_index,
-    holder_sig,
     node_alloc,
     node_at,
-    node_holders,
     prefetch,
     prefetch_entry,
     prefetch_node,
     prefetch_removal,
-    remove_holder_at,
-    run_sig,
     set_content,
-    set_holders,
     store_bytes,
     store_fault_ahead,
     store_free,
