@@ -404,7 +404,7 @@ class PagedBlockCache:
             b.ref_count = 1
             blocks[h] = b
             if parent is not None:
-                parent.children.add(b)
+                parent.children[b] = None
                 parent.primary_children += 1
             self._referenced_primary += 1
             seq.blocks.append(b)
@@ -561,7 +561,7 @@ class PagedBlockCache:
         b.alive = False
         parent = b.parent
         if parent is not None:
-            parent.children.discard(b)
+            del parent.children[b]
             if level == PRIMARY_LEVEL:
                 parent.primary_children -= 1
             self._evictable.push(parent)

@@ -47,7 +47,9 @@ class CachedBlock:
         self.level = PRIMARY_LEVEL
         self.ref_count = 0
         self.last_used = 0
-        self.children: set[CachedBlock] = set()
+        # a dict, not a set: a subtree is removed in the order its branches were stored, not
+        # in the order of their memory addresses (the stream repeats exactly for one seed)
+        self.children: dict[CachedBlock, None] = {}
         self.primary_children = 0
         self.alive = True
 

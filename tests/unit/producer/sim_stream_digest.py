@@ -9,9 +9,10 @@ simulator before it was made cheaper: any change to the stream, its order or its
 boundaries fails it.
 
 One order is not pinned: within a run of consecutive Removed calls of one window, the hashes
-are digested sorted. The simulator at 4e4074c removed an evicted subtree's sibling branches in
-the iteration order of a ``set`` of blocks, which follows their memory addresses and so varies
-from run to run of the same seed (any order is valid: children still go before their parent).
+are digested sorted (unless ``sort_removed=False``). The simulator at 4e4074c, whose digests are
+pinned, removed an evicted subtree's sibling branches in the iteration order of a ``set`` of
+blocks, which followed their memory addresses; children are now kept in insertion order, and
+``test_stream_repeats_in_exact_order`` checks the exact order repeats.
 
     python tests/unit/producer/sim_stream_digest.py     # print the digests of the current code
 """
@@ -33,7 +34,8 @@ class StreamDigest:
 
     snapshot_requested = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, sort_removed: bool = True) -> None:
+        self._sort_removed = sort_removed
         self._h = hashlib.sha256()
         self.calls = 0
         self._removed: list[int] = []
@@ -42,7 +44,7 @@ class StreamDigest:
     def _end_removed(self) -> None:
         if self._removed:
             removed, self._removed = self._removed, []
-            self._put("removed", sorted(removed), self._removed_window)
+            self._put("removed", sorted(removed) if self._sort_removed else removed, self._removed_window)
 
     def _feed(self, *parts: object) -> None:
         self._end_removed()
@@ -171,8 +173,9 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def digest(name: str) -> tuple[str, str, int]:
-    """(stream digest, ground-truth digest, calls) of one case."""
+def digest(name: str, *, sort_removed: bool = True) -> tuple[str, str, int]:
+    """(stream digest, ground-truth digest, calls) of one case; ``sort_removed=False`` digests
+    Removed runs in the order they were emitted (for checking that a run repeats exactly)."""
     case = CASES[name]
     if "run" in case:
         r = case["run"]
@@ -182,7 +185,7 @@ def digest(name: str) -> tuple[str, str, int]:
     else:
         workload = WorkloadConfig(**case["workload"])
         sim_cfg = SimulatorConfig(**case["simulator"])
-    events = StreamDigest()
+    events = StreamDigest(sort_removed=sort_removed)
     sim = EngineSimulator(sim_cfg, events, WorkloadGenerator(workload))
     every = case.get("snapshot_every")
     for i in range(case["iterations"]):
