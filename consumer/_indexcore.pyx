@@ -124,6 +124,7 @@ from kvevents.consumer._nodestore cimport (
     store_init,
     store_map_ahead,
     table_find,
+    table_check,
     table_find_pos,
     table_insert,
     table_reserve,
@@ -1126,6 +1127,21 @@ cdef class IndexCore:
             }
         finally:
             self._runlock()
+
+    def check_tables(self):
+        """A test seam: per table (``engine``, ``content``), its wrong entries (docs/INDEX.md:
+        distance from home, fingerprint, node in use), longest distance and saturated distances."""
+        cdef uint64_t bad, far, sat, cbad, cfar, csat
+        self._rlock()
+        try:
+            bad = table_check(&self.st, &self.st.etab, False, &far, &sat)
+            cbad = table_check(&self.st, &self.st.ctab, True, &cfar, &csat)
+        finally:
+            self._runlock()
+        return {
+            "engine": {"wrong": bad, "longest": far, "saturated": sat},
+            "content": {"wrong": cbad, "longest": cfar, "saturated": csat},
+        }
 
     def memory_bytes(self):
         """Bytes of the C tables and arrays, plus an estimate for the per-worker Python objects."""

@@ -2,8 +2,9 @@
 # The compiled index core's block store: nodes, the two hash tables, the holder pool's memory.
 #
 # One node (24 bytes) per engine block hash held by anyone, in chunks of 2**14 (never moved);
-# two open-addressing tables of u32 entries (node id | fingerprint bits, linear probing,
-# backward-shift deletion, any size: the home is a multiply-shift of the key's mix). A node's
+# two open-addressing tables of u32 entries (node id | distance from home | fingerprint bits,
+# linear probing, backward-shift deletion, any size: the home is a multiply-shift of the key's
+# mix). A node's
 # holders (inline, or a shared run of the pool) are consumer/_holders.pxd's.
 # Layout and the reasons for it: docs/INDEX.md "The compiled core's layout". The functions are
 # inline: they compile into the core that cimports this file (consumer/_indexcore.pyx).
@@ -42,6 +43,7 @@ cdef extern from *:
     const uint32_t KV_SLOT_MASK
     const uint64_t KV_MIX
     void prefetch "KV_PREFETCH"(const void *p) noexcept nogil
+    int count_trailing_zeros "__builtin_ctz"(unsigned int x) noexcept nogil
 
 cdef extern from "sys/mman.h":
     int madvise(void *addr, size_t length, int advice) nogil
@@ -59,6 +61,8 @@ cdef enum:
     HUGE_PAGE = 1 << 21
     SLAB_CHUNKS = 16
     MIN_ID_BITS = 16
+    DIST_BITS = 3        # an entry's distance from its home: 0-6 kept, 7 meaning "7 or more" ...
+    MIN_FP_BITS = 5      # ... in the bits the fingerprint leaves above this many (fewer past 24 id bits)
     LOAD_NUM = 4         # tables grow past load 4/5, by half again
     LOAD_DEN = 5
     REBUILD_AHEAD = 16   # table_rebuild fetches the entry of the node this far ahead
@@ -73,7 +77,7 @@ ctypedef struct Node:
     uint64_t content
 
 ctypedef struct Table:
-    uint32_t *ids        # entries: node id | (the key's fingerprint bits above id_bits); KV_NIL empty
+    uint32_t *ids        # entries: node id | distance from home | the key's fingerprint bits; KV_NIL empty
     void *raw            # the allocation ids lives in (2 MiB-aligned in a big table)
     size_t raw_size      # its size when mapped (huge_alloc), 0 when from PyMem_Malloc
     uint64_t cap
@@ -87,8 +91,9 @@ ctypedef struct NodeStore:
     uint32_t faulted_top # node memory below this id was written by store_fault_ahead (or node_alloc)
     uint32_t free_node
     int64_t nodes_used
-    int id_bits          # node ids take the low id_bits of an entry; the rest is fingerprint
-    uint32_t id_mask
+    int id_bits          # node ids take the low id_bits of an entry, then its distance from
+    uint32_t id_mask     # home (dist_max: up to DIST_BITS), then fingerprint bits
+    uint32_t fp_mask     # the fingerprint bits of an entry (set_id_bits)
     bint huge            # tables >= 8 MiB and node slabs on 2 MiB pages
     Table etab           # engine hash -> node
     Table ctab           # content hash -> every node with that content (a multimap)
@@ -117,7 +122,37 @@ cdef inline uint64_t tab_home(const Table *t, uint64_t m) noexcept nogil:
 
 
 cdef inline uint32_t fp_bits(const NodeStore *s, uint64_t m) noexcept nogil:
-    return (<uint32_t>m) & ~s.id_mask
+    return (<uint32_t>m) & s.fp_mask
+
+
+cdef inline int dist_shift(uint32_t id_mask) noexcept nogil:
+    """Where an entry's distance field starts: right above the node id (id_mask's bits)."""
+    return 32 if id_mask == KV_NIL else count_trailing_zeros(~id_mask)
+
+
+cdef inline uint32_t dist_max(uint32_t id_mask) noexcept nogil:
+    """The distance field's largest value (it means "this or more": the node's key tells),
+    0 when there is no field: the field takes at most DIST_BITS, and only bits beyond the
+    MIN_FP_BITS that the fingerprint keeps (a lookup reads a node on a false match)."""
+    cdef int bits = 32 - dist_shift(id_mask) - MIN_FP_BITS
+    if bits <= 0:
+        return 0
+    return (<uint32_t>1 << (bits if bits < DIST_BITS else DIST_BITS)) - 1
+
+
+cdef inline uint32_t dist_field(uint32_t id_mask, uint64_t dist) noexcept nogil:
+    """``dist`` (saturated) in its place in an entry."""
+    cdef uint32_t dmax = dist_max(id_mask)
+    if dmax == 0:
+        return 0
+    return (<uint32_t>(dist if dist < dmax else dmax)) << dist_shift(id_mask)
+
+
+cdef inline void set_id_bits(NodeStore *s, int bits) noexcept nogil:
+    """Node ids take ``bits`` bits of an entry (the tables must be (re)built to match)."""
+    s.id_bits = bits
+    s.id_mask = <uint32_t>(((<uint64_t>1) << bits) - 1)
+    s.fp_mask = ~(s.id_mask | dist_field(s.id_mask, KV_NIL))
 
 
 cdef inline Node *node_at(const NodeStore *s, uint32_t id) noexcept nogil:
@@ -174,8 +209,7 @@ cdef inline int store_init(NodeStore *s, bint huge) except -1 nogil:
     s.huge = huge
     s.free_node = KV_NIL
     s.memo_run = KV_NIL
-    s.id_bits = MIN_ID_BITS
-    s.id_mask = (1u << MIN_ID_BITS) - 1
+    set_id_bits(s, MIN_ID_BITS)
     for i in range(POOL_CLASSES):
         s.pool_free[i] = KV_NIL
     table_alloc(s, &s.etab, 1024)
@@ -260,8 +294,7 @@ cdef inline uint32_t node_alloc(NodeStore *s, uint64_t engine) except? 0xFFFFFFF
                 with gil:
                     raise OverflowError("more than 2**32 - 2 distinct blocks in one index")
             # one more bit of node id, one fingerprint bit less: every entry is rewritten
-            s.id_bits += 1
-            s.id_mask = <uint32_t>(((<uint64_t>1) << s.id_bits) - 1)
+            set_id_bits(s, s.id_bits + 1)
             table_rebuild(s, &s.etab, False, s.etab.cap, KV_NIL)
             table_rebuild(s, &s.ctab, True, s.ctab.cap, KV_NIL)
         if (s.node_top >> KV_CHUNK_BITS) >= s.nchunks:
@@ -368,12 +401,14 @@ cdef inline int table_alloc(NodeStore *s, Table *t, uint64_t cap) except -1 nogi
 cdef inline void table_place(Table *t, uint32_t id, uint64_t key, uint32_t id_mask) noexcept nogil:
     """Place ``id`` under ``key`` (room is there), for node ids of ``id_mask``'s bits."""
     cdef uint64_t m = key_mix(key)
-    cdef uint64_t i = tab_home(t, m)
+    cdef uint64_t i = tab_home(t, m), dist = 0
+    cdef uint32_t dist_bits = dist_field(id_mask, KV_NIL)
     while t.ids[i] != KV_NIL:
         i += 1
+        dist += 1
         if i == t.cap:
             i = 0
-    t.ids[i] = id | ((<uint32_t>m) & ~id_mask)
+    t.ids[i] = id | dist_field(id_mask, dist) | ((<uint32_t>m) & ~(id_mask | dist_bits))
     t.count += 1
 
 
@@ -439,7 +474,7 @@ cdef inline uint64_t table_find_pos(const NodeStore *s, const Table *t, uint64_t
     """The position of the first entry from ``start`` (a position, or -1: the key's home) to the
     end of its cluster whose node has ``key``; -1 if none."""
     cdef uint64_t m = key_mix(key)
-    cdef uint32_t fp = fp_bits(s, m), e, mask = s.id_mask
+    cdef uint32_t fp = fp_bits(s, m), e, mask = s.id_mask, fpm = s.fp_mask
     cdef uint64_t i
     if start == <uint64_t>-1:
         i = tab_home(t, m)
@@ -451,7 +486,7 @@ cdef inline uint64_t table_find_pos(const NodeStore *s, const Table *t, uint64_t
         e = t.ids[i]
         if e == KV_NIL:
             return <uint64_t>-1
-        if (e & ~mask) == fp and node_key(s, e & mask, by_content) == key:
+        if (e & fpm) == fp and node_key(s, e & mask, by_content) == key:
             return i
         i += 1
         if i == t.cap:
@@ -464,9 +499,9 @@ cdef inline uint32_t table_find(const NodeStore *s, const Table *t, uint64_t key
 
 
 cdef inline void prefetch_shift(const NodeStore *s, const Table *t, uint64_t i) noexcept nogil:
-    """Fetch the nodes a deletion at position ``i`` will read (the keys of the cluster's later
-    entries, at most SHIFT_AHEAD of them)."""
-    cdef uint32_t e
+    """Fetch the nodes a deletion at position ``i`` will read: the keys of the cluster's later
+    entries whose distance from home is not in the entry (at most SHIFT_AHEAD entries on)."""
+    cdef uint32_t e, dist_bits = dist_field(s.id_mask, KV_NIL)
     cdef int n = 0
     while n < SHIFT_AHEAD:
         i += 1
@@ -475,16 +510,20 @@ cdef inline void prefetch_shift(const NodeStore *s, const Table *t, uint64_t i) 
         e = t.ids[i]
         if e == KV_NIL:
             return
-        prefetch(node_at(s, e & s.id_mask))
+        if (e & dist_bits) == dist_bits:
+            prefetch(node_at(s, e & s.id_mask))
         n += 1
 
 
 cdef inline void table_delete_at(NodeStore *s, Table *t, bint by_content, uint64_t i) noexcept nogil:
-    """Remove the entry at ``i``, shifting later entries of the cluster back (their homes are
-    recomputed from their nodes' keys)."""
-    cdef uint64_t j = i, k
-    cdef uint32_t e
-    # every later entry of the cluster needs its node's key (its home): fetch those nodes
+    """Remove the entry at ``i``, shifting later entries of the cluster back: an entry moves
+    into the hole when its home is not between the hole and it, i.e. when its distance from
+    home is at least the hole's distance from it. The distance is in the entry, or (saturated)
+    recomputed from its node's key."""
+    cdef uint64_t j = i, k, dist, gap
+    cdef uint32_t e, dist_bits = dist_field(s.id_mask, KV_NIL)
+    cdef int shift = dist_shift(s.id_mask)
+    # the later entries whose distance is saturated need their node's key: fetch those nodes
     # together first (unless a removal's prefetch did already), not one miss after the other
     prefetch_shift(s, t, i)
     while True:
@@ -494,12 +533,54 @@ cdef inline void table_delete_at(NodeStore *s, Table *t, bint by_content, uint64
         e = t.ids[j]
         if e == KV_NIL:
             break
-        k = tab_home(t, key_mix(node_key(s, e & s.id_mask, by_content)))
-        if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
-            t.ids[i] = e
+        if (e & dist_bits) != dist_bits:
+            dist = (e & dist_bits) >> shift
+        else:
+            k = tab_home(t, key_mix(node_key(s, e & s.id_mask, by_content)))
+            dist = j - k if j >= k else j + t.cap - k
+        gap = j - i if j >= i else j + t.cap - i
+        if dist >= gap:
+            t.ids[i] = (e & ~dist_bits) | dist_field(s.id_mask, dist - gap)
             i = j
     t.ids[i] = KV_NIL
     t.count -= 1
+
+
+cdef inline uint64_t table_check(const NodeStore *s, const Table *t, bint by_content,
+                                 uint64_t *far, uint64_t *saturated) noexcept nogil:
+    """The entries of ``t`` that are wrong (a test seam): a distance field that is not the
+    entry's distance from its key's home (or, saturated, more than it), a fingerprint that is
+    not its key's, or a node not in use. ``far``: the longest distance; ``saturated``: entries
+    whose distance field is saturated."""
+    cdef uint64_t i, k, dist, bad = 0
+    cdef uint32_t e, dist_bits = dist_field(s.id_mask, KV_NIL)
+    cdef uint32_t dmax = dist_max(s.id_mask)
+    cdef int shift = dist_shift(s.id_mask)
+    cdef uint64_t m
+    cdef Node *node
+    far[0] = saturated[0] = 0
+    for i in range(t.cap):
+        e = t.ids[i]
+        if e == KV_NIL:
+            continue
+        node = node_at(s, e & s.id_mask)
+        if not (node.n & KV_USED):
+            bad += 1
+            continue
+        m = key_mix(node.content if by_content else node.engine)
+        k = tab_home(t, m)
+        dist = i - k if i >= k else i + t.cap - k
+        if dist > far[0]:
+            far[0] = dist
+        if dmax != 0 and (e & dist_bits) == dist_bits:
+            saturated[0] += 1
+            if dist < dmax:
+                bad += 1
+        elif dmax != 0 and ((e & dist_bits) >> shift) != dist:
+            bad += 1
+        if (e & s.fp_mask) != fp_bits(s, m):
+            bad += 1
+    return bad
 
 
 cdef inline void prefetch_entry(const Table *t, uint64_t key) noexcept nogil:
@@ -516,7 +597,7 @@ cdef inline void prefetch_node(const NodeStore *s, const Table *t, uint64_t key)
         e = t.ids[i]
         if e == KV_NIL:
             return
-        if (e & ~s.id_mask) == fp:
+        if (e & s.fp_mask) == fp:
             prefetch(node_at(s, e & s.id_mask))
             return
         i += 1

@@ -13,6 +13,7 @@ from kvevents.consumer._nodestore cimport (
     KV_NIL,
     NodeStore,
     Table,
+    set_id_bits,
     table_cap_for,
     table_fill,
     table_map,
@@ -121,8 +122,7 @@ cdef inline void store_regrow_swap(NodeStore *s, Regrowth *g) noexcept nogil:
         g.pool, s.pool = s.pool, g.pool
         g.pool_cap, s.pool_cap = s.pool_cap, g.pool_cap
         s.pool_grown_ahead += 1
-    s.id_bits = g.id_bits
-    s.id_mask = <uint32_t>(((<uint64_t>1) << g.id_bits) - 1)
+    set_id_bits(s, g.id_bits)
 
 
 cdef inline void store_regrow_release(Regrowth *g) noexcept nogil:
