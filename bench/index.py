@@ -16,7 +16,8 @@ Parts (``--parts``, all by default):
   from each lookup's scheduled time, so waiting for the GIL behind a batch counts); cross-checks;
 - big (``support/index_big.py``): kvevents alone at 256 workers x ``--big-blocks-per-worker``
   (100k in ``--full``: 25.6M worker-blocks, the issue's scale; Dynamo and the naive index would
-  take minutes there), in a child process: ingest, lookups during ingest, lookups, RSS;
+  take minutes there), in a child process: ingest, lookups during ingest, lookups, how long a
+  worker's restart (a Created event) holds the index, RSS;
 - realistic (``support/index_realistic.py``): the simulated fleet stream of
   ``support/index_stream.py``: ingest events/s and blocks/s against Dynamo and the naive
   index, find_matches on the final state, memory per worker-block in child processes, the
@@ -34,7 +35,7 @@ bench/results/index.json, top-level keys: ``command``, ``machine`` (with ``loada
 ``loadavg_end``), ``core`` (compiled, ingest method, Dynamo version), ``targets`` (issue 17's
 targets: measured, bound, PASS/FAIL, where measured), ``matrix`` (``cells[workers].sides[side]``:
 ``ingest``, ``lookups[size]``, ``during_ingest``; ``cross_check``; ``stream``), ``big_scale``
-(``ingest``, ``during_ingest``, ``lookups``, ``memory``), ``realistic`` (``ingest``,
+(``ingest``, ``during_ingest``, ``lookups``, ``worker_restart``, ``memory``), ``realistic`` (``ingest``,
 ``find_matches``, ``memory``, ``rebuild_in_memory``, ``state_round_trip``, ``rebuild_from_topic``,
 ``rebuild_from_checkpoint``), ``growth`` (``sides[core]``: ``median``, ``runs``), ``freshness``. Latencies are microseconds (``*_us``): lookups give
 p50/p99/max/mean per pass, the median over passes, and ``p50_best_us`` / ``p99_best_us`` over each

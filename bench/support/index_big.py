@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any
 
-from index_fleet import Fleet, FleetConfig, make_fleet_queries
+from index_fleet import Fleet, FleetConfig, fleet_instance_id, make_fleet_queries
 from index_matrix import QUERY_SIZES
 from index_sides import (
     Side,
@@ -31,6 +31,7 @@ from index_sides import (
     make_sides,
 )
 from kvevents.consumer import CacheIndex
+from kvevents.schemas import EventBatch, KVCacheCreatedData, KVCacheEvent
 
 
 def rss_bytes() -> int:
@@ -82,6 +83,31 @@ def _store_changes(before: dict[str, int] | None, after: dict[str, int] | None) 
         "engine_table_load": after["engine_table_count"] / after["engine_table_cap"],
         "ids_to_next_bit": (1 << after["id_bits"]) - 1 - after["node_top"],
     }
+
+
+def worker_restart_stall(index: CacheIndex, config: FleetConfig, instances: int) -> dict[str, Any]:
+    """How long a worker's restart (a Created event: its cache starts empty) holds the index:
+    one event, so lookups wait for all of it. The core finds the worker's blocks by scanning
+    every node (docs/INDEX.md "Threads"). Three workers: the first instance's, a middle one's,
+    the last one's (rank 0 each), after the lookups were measured."""
+    runs = []
+    for inst in (0, instances // 2, instances - 1):
+        held = index.held_blocks()
+        restart = EventBatch(
+            fleet_instance_id(inst),
+            [
+                KVCacheEvent(
+                    1 << 40, KVCacheCreatedData([config.blocks_per_worker], False), config.window_size, 0
+                )
+            ],
+            attention_dp_size=config.dp_size,
+            producer_id=inst + 1,
+            sequence=1 << 40,
+        )
+        t0 = time.perf_counter()
+        index.apply(restart)
+        runs.append({"ms": (time.perf_counter() - t0) * 1e3, "blocks_dropped": held - index.held_blocks()})
+    return {"distinct_blocks": index.stats().distinct_blocks, "runs": runs}
 
 
 def run_big(
@@ -190,6 +216,7 @@ def run_big(
                 "identical_answers": same,
                 "queries": len(qs),
             }
+    restart = worker_restart_stall(index, config, n)
     del targets  # the indexes are dropped below, each alone
     # The RSS delta above also holds what the bench keeps beside the index (the sampled query
     # paths: Python ints); what dropping the index gives back is the index's alone.
@@ -208,6 +235,7 @@ def run_big(
         "during_ingest": during,
         "lookups": lookups,
         "baseline_core": baseline,
+        "worker_restart": restart,
         "memory": memory,
         "loadavg": os.getloadavg(),
     }

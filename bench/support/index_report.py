@@ -404,6 +404,13 @@ def print_big(b: dict[str, Any]) -> None:
             )
     else:
         print(f"  during ingest: {d.get('status')}")
+    restart = b.get("worker_restart")
+    if restart:
+        print(
+            "  a worker's restart (a Created event) holds the index for "
+            + ", ".join(f"{r['ms']:.1f} ms ({r['blocks_dropped']:,} blocks dropped)" for r in restart["runs"])
+            + f" among {restart['distinct_blocks']:,} distinct blocks (a scan of every node: lookups wait)"
+        )
     print(
         f"  memory: RSS {mem['rss_bytes_per_worker_block']:.1f} B/worker-block while building (with the "
         f"bench's query paths), {mem.get('rss_freed_bytes_per_worker_block', float('nan')):.1f} given back "
