@@ -198,6 +198,9 @@ cdef bint use_huge = _os.environ.get("KVEVENTS_INDEX_HUGEPAGES", "1") != "0"
 # writer applies; the default, 1, decodes in the writer thread (docs/INDEX.md "Ingest": on a
 # shared 2-core machine the second thread measured slower, or lookups waited for a core).
 cdef int ingest_threads = int(_os.environ.get("KVEVENTS_INGEST_THREADS", "1"))
+# The second thread runs under SCHED_IDLE (a waking reader preempts it at once); =nice keeps it
+# at nice 10 instead (docs/INDEX.md "Ingest").
+cdef bint decoder_idle = _os.environ.get("KVEVENTS_DECODER_SCHED", "idle") != "nice"
 
 
 def _set_ingest_threads(int threads):

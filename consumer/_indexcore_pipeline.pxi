@@ -43,6 +43,7 @@ cdef object apply_pipelined(IndexCore self, list items):
         p.njobs = <size_t>n
         p.decoded = p.released = 0
         p.stop = p.sleepers = 0
+        p.idle = decoder_idle
         p.lim = &self.lim
         p.kvh = &KVH
         p.spec = self.spec

@@ -64,13 +64,26 @@ cdef extern from *:
     static inline void kv_thread_nice(int nice) {
         (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice);
     }
+    #include <sched.h>
+    #ifndef SCHED_IDLE
+    #define SCHED_IDLE 5
+    #endif
+    /* Move this thread to SCHED_IDLE: it runs only when no other thread wants the core, and a
+       waking thread preempts it at once. Allowed without privilege; returns 0 on success. */
+    static inline int kv_thread_idle(void) {
+        struct sched_param param;
+        param.sched_priority = 0;
+        return sched_setscheduler((pid_t)syscall(SYS_gettid), SCHED_IDLE, &param);
+    }
     #else
     static inline void kv_thread_nice(int nice) { (void)nice; }
+    static inline int kv_thread_idle(void) { return -1; }
     #endif
     """
     size_t kv_load_size(size_t *p) noexcept nogil
     void kv_store_size(size_t *p, size_t v) noexcept nogil
     void kv_thread_nice(int nice) noexcept nogil
+    int kv_thread_idle() noexcept nogil
     int kv_add_int(int *p, int v) noexcept nogil
     int kv_load_int(int *p) noexcept nogil
 
@@ -116,6 +129,7 @@ ctypedef struct Pipe:
     size_t decoded       # jobs decoded (stage ready for the writer); atomic
     size_t released      # jobs the writer is done with (their stage free again); atomic
     int stop             # the writer stops early (an error): the decoder ends; atomic
+    int idle             # the decoder runs under SCHED_IDLE (else at nice DECODER_NICE)
     int sleepers         # threads asleep on cv (or about to be): a side that moves wakes them
     const FlatLimits *lim
     const Kvh64 *kvh
@@ -246,7 +260,8 @@ cdef inline void *decoder_main(void *arg) noexcept nogil:
     needs."""
     cdef Pipe *p = <Pipe *>arg
     cdef size_t i
-    kv_thread_nice(DECODER_NICE)
+    if not p.idle or kv_thread_idle() != 0:
+        kv_thread_nice(DECODER_NICE)
     for i in range(p.njobs):
         if not _decoder_may_go(p, i):
             pthread_mutex_lock(&p.mu)
