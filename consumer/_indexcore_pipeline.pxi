@@ -42,7 +42,8 @@ cdef object apply_pipelined(IndexCore self, list items):
         p.jobs = jobs
         p.njobs = <size_t>n
         p.decoded = p.released = 0
-        p.stop = p.sleepers = 0
+        p.stop = p.decoder_sleeps = p.writer_sleeps = 0
+        p.decoder_wants = 0
         p.idle = decoder_idle
         p.lim = &self.lim
         p.kvh = &KVH

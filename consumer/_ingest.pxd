@@ -90,7 +90,8 @@ cdef extern from *:
 
 cdef enum:
     DECODER_NICE = 10    # the decoding thread's nice: a lookup thread that wakes gets a core first
-    NSTAGES = 4          # flat batches in flight: the decoder runs up to 3 batches ahead
+    NSTAGES = 16         # flat batches in flight: the decoder runs up to 15 batches ahead ...
+    BURST = 8            # ... and, once it has waited, waits until BURST stages are free
     HEADER = 10          # the single-object header (magic and schema fingerprint) before a body
     SPEC_BITS = 16       # the decoder's content cache: 2**16 (engine hash, content hash) pairs
     SPEC_CHAINED = 1     # FlatEvent.spec: contents computed ahead from spec_start (the parent's)
@@ -130,7 +131,9 @@ ctypedef struct Pipe:
     size_t released      # jobs the writer is done with (their stage free again); atomic
     int stop             # the writer stops early (an error): the decoder ends; atomic
     int idle             # the decoder runs under SCHED_IDLE (else at nice DECODER_NICE)
-    int sleepers         # threads asleep on cv (or about to be): a side that moves wakes them
+    int decoder_sleeps   # the decoder is asleep on cv (or about to be); atomic ...
+    size_t decoder_wants # ... until ``released`` reaches this; atomic
+    int writer_sleeps    # the writer is asleep on cv (or about to be): each decoded job wakes it
     const FlatLimits *lim
     const Kvh64 *kvh
     uint64_t *spec       # the decoder's content cache (2 << SPEC_BITS words), or NULL
@@ -239,42 +242,45 @@ cdef inline void decode_job(const Job *job, Stage *stage, const FlatLimits *lim,
 
 
 cdef inline void _pipe_wake(Pipe *p) noexcept nogil:
-    """After moving ``decoded``, ``released`` or ``stop``: wake a side that sleeps (seq_cst: a
-    side that is about to sleep counts itself first, then checks again under the lock)."""
-    if kv_load_int(&p.sleepers):
-        pthread_mutex_lock(&p.mu)
-        pthread_cond_broadcast(&p.cv)
-        pthread_mutex_unlock(&p.mu)
+    """Wake the side asleep on ``cv`` (the caller has seen that it sleeps and that what it
+    waits for has come; seq_cst: a side about to sleep either is seen here or sees the move
+    when it checks again under the lock)."""
+    pthread_mutex_lock(&p.mu)
+    pthread_cond_broadcast(&p.cv)
+    pthread_mutex_unlock(&p.mu)
 
 
-cdef inline bint _decoder_may_go(Pipe *p, size_t i) noexcept nogil:
-    return i < kv_load_size(&p.released) + NSTAGES or kv_load_int(&p.stop)
+cdef inline bint _decoder_may_go(Pipe *p, size_t released_needed) noexcept nogil:
+    return kv_load_size(&p.released) >= released_needed or kv_load_int(&p.stop)
 
 
 cdef inline void *decoder_main(void *arg) noexcept nogil:
     """The decoding thread: each job in turn into its stage, when the writer has released the
     stage's previous job; ends after the last job or when the writer says stop. A side that
-    must wait sleeps on the condition; the other wakes it only when it sleeps (no lock or
-    system call per batch otherwise). Polling before sleeping (a pause loop, sched_yield) was
-    tried: slower on this shared 2-core VM, where the poller takes the core the other side
-    needs."""
+    must wait sleeps on the condition; once the decoder has had to wait, it sleeps until BURST
+    stages are free, so it is woken once per BURST batches rather than once per batch.
+    Polling before sleeping (a pause loop, sched_yield) was tried: slower on this shared 2-core
+    VM, where the poller takes the core the other side needs."""
     cdef Pipe *p = <Pipe *>arg
-    cdef size_t i
+    cdef size_t i, last
     if not p.idle or kv_thread_idle() != 0:
         kv_thread_nice(DECODER_NICE)
     for i in range(p.njobs):
-        if not _decoder_may_go(p, i):
+        if not _decoder_may_go(p, i + 1 - NSTAGES if i >= NSTAGES else 0):
+            last = i + BURST if i + BURST < p.njobs else p.njobs
             pthread_mutex_lock(&p.mu)
-            kv_add_int(&p.sleepers, 1)
-            while not _decoder_may_go(p, i):
+            kv_store_size(&p.decoder_wants, last - NSTAGES)
+            kv_add_int(&p.decoder_sleeps, 1)
+            while not _decoder_may_go(p, last - NSTAGES):
                 pthread_cond_wait(&p.cv, &p.mu)
-            kv_add_int(&p.sleepers, -1)
+            kv_add_int(&p.decoder_sleeps, -1)
             pthread_mutex_unlock(&p.mu)
         if kv_load_int(&p.stop):
             break
         decode_job(&p.jobs[i], &p.stages[i % NSTAGES], p.lim, p.kvh, p.spec)
         kv_store_size(&p.decoded, i + 1)
-        _pipe_wake(p)
+        if kv_load_int(&p.writer_sleeps):
+            _pipe_wake(p)
     return NULL
 
 
@@ -282,10 +288,10 @@ cdef inline void pipe_wait_decoded(Pipe *p, size_t i) noexcept nogil:
     """The writer waits for job ``i``'s stage."""
     if kv_load_size(&p.decoded) <= i:
         pthread_mutex_lock(&p.mu)
-        kv_add_int(&p.sleepers, 1)
+        kv_add_int(&p.writer_sleeps, 1)
         while kv_load_size(&p.decoded) <= i:
             pthread_cond_wait(&p.cv, &p.mu)
-        kv_add_int(&p.sleepers, -1)
+        kv_add_int(&p.writer_sleeps, -1)
         pthread_mutex_unlock(&p.mu)
 
 
@@ -294,4 +300,5 @@ cdef inline void pipe_release(Pipe *p, size_t done, bint stop) noexcept nogil:
     if stop:
         kv_add_int(&p.stop, 1)
     kv_store_size(&p.released, done)
-    _pipe_wake(p)
+    if kv_load_int(&p.decoder_sleeps) and (stop or done >= kv_load_size(&p.decoder_wants)):
+        _pipe_wake(p)
