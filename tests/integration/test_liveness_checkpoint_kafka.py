@@ -23,7 +23,7 @@ from kvevents.consumer import (
     save_checkpoint,
 )
 from kvevents.consumer.liveness import CONTROL_HEADER, Heard
-from test_route_live_kafka import heartbeat, produce_with_headers, stored_batch
+from test_route_live_kafka import heartbeat, produce_with_headers, stored_batch, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -59,10 +59,20 @@ def test_a_restart_from_a_checkpoint_keeps_closed_instances_closed_and_silent_on
     live = LiveIndex(kafka_bootstrap, kafka_topic, stale_after_s=2.0)
     live.start()
     with live:
+        # the reader is consuming (its first fetch can take a while on a busy machine) ...
+        wait_for(lambda: seen(live, time.time())["chatty"][2] == 3, 30.0, "the stored batches applied")
+        last = heartbeat("chatty", 1)
         for sequence in range(1, 7):  # only "chatty" speaks: "quiet" goes silent past the TTL
-            produce(kafka_bootstrap, kafka_topic, [heartbeat("chatty", sequence)])
+            last = heartbeat("chatty", sequence)
+            produce(kafka_bootstrap, kafka_topic, [last])
             time.sleep(0.5)
-        time.sleep(0.5)  # the last heartbeat applied
+        # ... and has applied the last heartbeat (liveness runs on the messages' clock: the Kafka
+        # timestamp, in ms, stamped when it was produced, after it was made)
+        wait_for(
+            lambda: seen(live, time.time())["chatty"][1] >= (last.created_at_us // 1000) / 1000,
+            30.0,
+            "chatty's last heartbeat applied",
+        )
         live.stop()
         at = time.time()
         before = seen(live, at)
