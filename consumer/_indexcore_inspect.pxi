@@ -1,0 +1,158 @@
+# Included by _indexcore.pyx (textually, after IndexCore): the bodies of its introspection
+# methods (workers, their blocks, counters, the block store's shape and memory, the table
+# check); the methods, with their docstrings, stay in the class.
+
+cdef object inspect_slot_key(IndexCore self, uint32_t slot):
+    cdef Slot *s = &self.slots[slot]
+    cdef Worker *w = &self.wrk[s.worker]
+    return (<_Instance>self.instances[w.inst]).instance_id, w.rank, s.window
+
+
+cdef object inspect_workers(IndexCore self):
+    return sorted((inst.instance_id, r) for inst in self.instances for r in inst.workers)
+
+
+cdef object inspect_worker_info(IndexCore self, str instance_id, int32_t rank):
+    cdef int64_t widx = self._find_worker(instance_id, rank)
+    cdef uint32_t slot
+    cdef Slot *s
+    cdef int lvl
+    cdef Worker *w
+    self._rlock()
+    try:
+        if widx < 0:
+            return None
+        w = &self.wrk[widx]
+        windows = {}
+        slot = w.first_slot
+        while slot != KV_NIL:
+            s = &self.slots[slot]
+            if s.active:
+                cap = self.s_capacity[slot]
+                windows[s.window] = (
+                    {lvl: s.levels[lvl] for lvl in range(LEVELS) if s.levels[lvl]},
+                    None if cap is None else tuple(cap),
+                )
+            slot = s.next_slot
+        inst = <_Instance>self.instances[w.inst]
+        return {
+            "reasons": tuple(self.w_reasons[widx]),
+            "gaps": w.gaps,
+            "cursor": w.cursor if w.has_cursor else None,
+            "producer_id": inst.producer_id,
+            "sequence": None if inst.producer_id is None else inst.sequence,
+            "windows": dict(sorted(windows.items())),
+        }
+    finally:
+        self._runlock()
+
+
+cdef object inspect_worker_blocks(IndexCore self, str instance_id, int32_t rank, int32_t window):
+    cdef int64_t widx = self._find_worker(instance_id, rank)
+    cdef uint32_t slot, id
+    cdef int64_t i
+    cdef Node *node
+    cdef uint32_t packed
+    self._rlock()
+    try:
+        if widx < 0:
+            return []
+        slot = self._slot(<uint32_t>widx, window, False)
+        if slot == KV_NIL:
+            return []
+        out = []
+        for id in range(self.st.node_top):
+            node = self.N(id)
+            if node.n & KV_USED:
+                i = holder_index(&self.st, node, slot)
+                if i >= 0:
+                    packed = node_holders(&self.st, node)[i]
+                    out.append((node.engine, node.content if node.n & KV_HAS_CONTENT else None,
+                                (packed >> KV_SLOT_BITS) & 0xF, packed >> 24))
+        out.sort()
+        return out
+    finally:
+        self._runlock()
+
+
+cdef object inspect_counters(IndexCore self):
+    self._rlock()
+    try:
+        return {
+            "batches_applied": self.c_batches_applied,
+            "batches_replayed": self.c_batches_replayed,
+            "batches_stale": self.c_batches_stale,
+            "events_applied": self.c_events_applied,
+            "events_duplicate": self.c_events_duplicate,
+            "blocks_stored": self.c_blocks_stored,
+            "blocks_removed": self.c_blocks_removed,
+            "orphan_blocks": self.c_orphan_blocks,
+            "unknown_removed": self.c_unknown_removed,
+            "unknown_updated": self.c_unknown_updated,
+            "content_conflicts": self.c_content_conflicts,
+            "gaps": self.c_gaps,
+            "resyncs": self.c_resyncs,
+            "session_conflicts": self.c_session_conflicts,
+        }
+    finally:
+        self._runlock()
+
+
+cdef object inspect_held_blocks(IndexCore self):
+    return self.held
+
+
+cdef object inspect_node_count(IndexCore self):
+    return self.st.nodes_used
+
+
+cdef object inspect_store_layout(IndexCore self):
+    self._rlock()
+    try:
+        return {
+            "node_top": self.st.node_top,
+            "id_bits": self.st.id_bits,
+            "chunks": self.st.nchunks,
+            "engine_table_cap": self.st.etab.cap,
+            "engine_table_count": self.st.etab.count,
+            "content_table_cap": self.st.ctab.cap,
+            "content_table_count": self.st.ctab.count,
+            "rebuilds_ahead": self.st.rebuilds_ahead,
+            "rebuilds_locked": self.st.rebuilds_locked,
+            "pool_words": self.st.pool_len,
+            "pool_cap": self.st.pool_cap,
+            "pool_grown_ahead": self.st.pool_grown_ahead,
+            "pool_grown_locked": self.st.pool_grown_locked,
+            "holder_runs": self.st.runs_live,
+            "holder_run_refs": self.st.run_refs,
+        }
+    finally:
+        self._runlock()
+
+
+cdef object inspect_check_tables(IndexCore self):
+    cdef uint64_t bad, far, sat, cbad, cfar, csat
+    self._rlock()
+    try:
+        bad = table_check(&self.st, &self.st.etab, False, &far, &sat)
+        cbad = table_check(&self.st, &self.st.ctab, True, &cfar, &csat)
+    finally:
+        self._runlock()
+    return {
+        "engine": {"wrong": bad, "longest": far, "saturated": sat},
+        "content": {"wrong": cbad, "longest": cfar, "saturated": csat},
+    }
+
+
+cdef object inspect_memory_bytes(IndexCore self):
+    cdef size_t total = 0, k
+    total += store_bytes(&self.st)
+    total += self.slots_cap * sizeof(Slot) + self.workers_cap * sizeof(Worker)
+    total += self.score_cap * (6 * sizeof(uint32_t) + 1) + self.qkeys_cap * sizeof(uint64_t)
+    total += flat_bytes(&self.fb0)
+    if self.pipe.stages != NULL:  # apply_encoded_many's flat batches and content cache
+        for k in range(NSTAGES):
+            total += flat_bytes(&self.pipe.stages[k].fb)
+        total += (2 << SPEC_BITS) * sizeof(uint64_t)
+    total += 300 * self.nworkers + 100 * self.nslots + 500 * len(self.instances)
+    return total
