@@ -93,6 +93,7 @@ ctypedef struct NodeStore:
     int64_t nodes_used
     int id_bits          # node ids take the low id_bits of an entry, then its distance from
     uint32_t id_mask     # home (dist_max: up to DIST_BITS), then fingerprint bits
+    uint32_t dist_mask   # the distance bits of an entry (set_id_bits; 0: no distance field)
     uint32_t fp_mask     # the fingerprint bits of an entry (set_id_bits)
     bint huge            # tables >= 8 MiB and node slabs on 2 MiB pages
     Table etab           # engine hash -> node
@@ -152,7 +153,8 @@ cdef inline void set_id_bits(NodeStore *s, int bits) noexcept nogil:
     """Node ids take ``bits`` bits of an entry (the tables must be (re)built to match)."""
     s.id_bits = bits
     s.id_mask = <uint32_t>(((<uint64_t>1) << bits) - 1)
-    s.fp_mask = ~(s.id_mask | dist_field(s.id_mask, KV_NIL))
+    s.dist_mask = dist_field(s.id_mask, KV_NIL)
+    s.fp_mask = ~(s.id_mask | s.dist_mask)
 
 
 cdef inline Node *node_at(const NodeStore *s, uint32_t id) noexcept nogil:
@@ -501,7 +503,7 @@ cdef inline uint32_t table_find(const NodeStore *s, const Table *t, uint64_t key
 cdef inline void prefetch_shift(const NodeStore *s, const Table *t, uint64_t i) noexcept nogil:
     """Fetch the nodes a deletion at position ``i`` will read: the keys of the cluster's later
     entries whose distance from home is not in the entry (at most SHIFT_AHEAD entries on)."""
-    cdef uint32_t e, dist_bits = dist_field(s.id_mask, KV_NIL)
+    cdef uint32_t e, dist_bits = s.dist_mask
     cdef int n = 0
     while n < SHIFT_AHEAD:
         i += 1
@@ -521,8 +523,8 @@ cdef inline void table_delete_at(NodeStore *s, Table *t, bint by_content, uint64
     home is at least the hole's distance from it. The distance is in the entry, or (saturated)
     recomputed from its node's key."""
     cdef uint64_t j = i, k, dist, gap
-    cdef uint32_t e, dist_bits = dist_field(s.id_mask, KV_NIL)
-    cdef int shift = dist_shift(s.id_mask)
+    cdef uint32_t e, dist_bits = s.dist_mask
+    cdef int shift = s.id_bits
     # the later entries whose distance is saturated need their node's key: fetch those nodes
     # together first (unless a removal's prefetch did already), not one miss after the other
     prefetch_shift(s, t, i)
@@ -553,9 +555,9 @@ cdef inline uint64_t table_check(const NodeStore *s, const Table *t, bint by_con
     not its key's, or a node not in use. ``far``: the longest distance; ``saturated``: entries
     whose distance field is saturated."""
     cdef uint64_t i, k, dist, bad = 0
-    cdef uint32_t e, dist_bits = dist_field(s.id_mask, KV_NIL)
+    cdef uint32_t e, dist_bits = s.dist_mask
     cdef uint32_t dmax = dist_max(s.id_mask)
-    cdef int shift = dist_shift(s.id_mask)
+    cdef int shift = s.id_bits
     cdef uint64_t m
     cdef Node *node
     far[0] = saturated[0] = 0
