@@ -28,7 +28,7 @@ from cpython.pythread cimport (
     PyThread_type_lock,
 )
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport qsort
+from libc.stdlib cimport free, qsort
 from libc.string cimport memcmp, memcpy, memset
 
 
@@ -74,6 +74,7 @@ from kvevents.consumer._ingest cimport (
     JOB_FLAT,
     JOB_WRITER,
     NSTAGES,
+    READY_STRIDE,
     STAGE_LIMITS,
     STAGE_MALFORMED,
     STAGE_OK,
@@ -84,11 +85,14 @@ from kvevents.consumer._ingest cimport (
     Job,
     Pipe,
     Stage,
+    aligned_alloc,
     decode_into,
     decoder_main,
     kvh64_block,
+    TAKE_SELF,
+    TAKE_STAGE,
     pipe_release,
-    pipe_wait_decoded,
+    pipe_take,
     pthread_cond_destroy,
     pthread_cond_init,
     pthread_create,
@@ -201,6 +205,7 @@ cdef int ingest_threads = int(_os.environ.get("KVEVENTS_INGEST_THREADS", "1"))
 # The second thread runs under SCHED_IDLE (a waking reader preempts it at once); =nice keeps it
 # at nice 10 instead (docs/INDEX.md "Ingest").
 cdef bint decoder_idle = _os.environ.get("KVEVENTS_DECODER_SCHED", "idle") != "nice"
+cdef uint64_t decoder_stall_ns = 0  # test seam: the decoding thread sleeps this long per batch
 
 
 def _set_ingest_threads(int threads):
@@ -208,6 +213,15 @@ def _set_ingest_threads(int threads):
     global ingest_threads
     old = ingest_threads
     ingest_threads = threads
+    return old
+
+
+def _set_decoder_stall(double seconds):
+    """Test seam: the decoding thread sleeps ``seconds`` before each batch it reads (a decoder
+    starved of CPU), so the writer reads batches itself; returns the old value."""
+    global decoder_stall_ns
+    old = decoder_stall_ns / 1e9
+    decoder_stall_ns = <uint64_t>(seconds * 1e9)
     return old
 cdef enum:
     NOGIL_DECODE_BYTES = 4096   # apply_encoded reads a body this big or bigger without the GIL
@@ -384,6 +398,7 @@ cdef class IndexCore:
     cdef int last_variant
     cdef bint has_last_fp
     cdef Pipe pipe           # apply_encoded_many's decoding thread (_ingest.pxd)
+    cdef tuple pipe_counts   # the last two-thread call's (ahead, waited, stolen, duplicated)
     cdef uint64_t *spec      # its content cache (_ingest.speculate), kept from call to call
     cdef FlatLimits lim
     cdef readonly object limits
@@ -415,6 +430,7 @@ cdef class IndexCore:
         self.applying = False
         self.has_last_fp = False
         memset(&self.pipe, 0, sizeof(Pipe))
+        self.pipe_counts = (0, 0, 0, 0)
         flat_init(&self.fb0)
         self.fb = &self.fb0
 
@@ -1034,6 +1050,13 @@ cdef class IndexCore:
         pool growths: ahead (before a batch, without the index lock) and locked (inside an
         event: a batch outgrew the room made ahead; docs/INDEX.md)."""
         return inspect_store_layout(self)
+
+    def pipeline_counts(self):
+        """How the last two-thread ``apply_encoded_many`` got its batches: ``ahead`` (read by
+        the decoding thread before the writer came to them), ``waited`` (the writer waited for
+        the decoder to finish), ``stolen`` (the writer read them itself, the decoder not having
+        started) and ``duplicated`` (the writer read them itself after waiting its patience)."""
+        return dict(zip(("ahead", "waited", "stolen", "duplicated"), self.pipe_counts))
 
     def check_tables(self):
         """A test seam: per table (``engine``, ``content``), its wrong entries (docs/INDEX.md:

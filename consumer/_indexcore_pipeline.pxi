@@ -6,7 +6,8 @@ cdef object apply_pipelined(IndexCore self, list items):
     """``apply_encoded_many``'s two-thread path: a native thread reads batch ``i + 1``
     (``_ingest.pxd``: up to NSTAGES - 1 ahead) without the GIL while this thread applies
     batch ``i``; batches are applied in order, by this thread only, exactly as
-    ``apply_encoded`` would, and the first that raises stops the call (the note names it)."""
+    ``apply_encoded`` would, and the first that raises stops the call (the note names it).
+    A batch the decoder has not read in time this thread reads itself (``pipe_take``)."""
     cdef Py_ssize_t n = len(items), i, held = 0
     cdef Py_buffer *views = <Py_buffer *>PyMem_Malloc(n * sizeof(Py_buffer))
     cdef Job *jobs = <Job *>PyMem_Malloc(n * sizeof(Job))
@@ -15,6 +16,8 @@ cdef object apply_pipelined(IndexCore self, list items):
     cdef bint started = False
     cdef Stage *stage
     cdef Py_ssize_t done = 0
+    cdef int take
+    cdef size_t k
     if views == NULL or jobs == NULL:
         PyMem_Free(views)
         PyMem_Free(jobs)
@@ -39,11 +42,14 @@ cdef object apply_pipelined(IndexCore self, list items):
             if jobs[i].variant >= 0:
                 jobs[i].kind = JOB_FLAT
         stages_ready(self)
+        memset(p.ready, 0, NSTAGES * READY_STRIDE * sizeof(size_t))
         p.jobs = jobs
         p.njobs = <size_t>n
-        p.decoded = p.released = 0
-        p.stop = p.decoder_sleeps = p.writer_sleeps = 0
+        p.claimed = p.released = 0
+        p.stop = p.decoder_sleeps = 0
         p.decoder_wants = 0
+        p.ahead = p.waited = p.stolen = p.duplicated = 0
+        p.stall_ns = decoder_stall_ns
         p.idle = decoder_idle
         p.lim = &self.lim
         p.kvh = &KVH
@@ -53,11 +59,12 @@ cdef object apply_pipelined(IndexCore self, list items):
         started = True
         for i in range(n):
             with nogil:
-                pipe_wait_decoded(p, <size_t>i)
+                take = pipe_take(p, <size_t>i)
             stage = &p.stages[i % NSTAGES]
-            self.fb = &stage.fb
+            if take == TAKE_STAGE:
+                self.fb = &stage.fb
             try:
-                if stage.status == STAGE_WRITER:
+                if take == TAKE_SELF or stage.status == STAGE_WRITER:
                     self._apply_encoded(items[i])  # its own path (raises for a non-buffer)
                 else:
                     self._apply_decoded(jobs[i].base, stage.status, &stage.err)
@@ -70,15 +77,12 @@ cdef object apply_pipelined(IndexCore self, list items):
             done += 1
             with nogil:
                 pipe_release(p, <size_t>done, False)
-    except BaseException:
-        if started:
-            with nogil:
-                pipe_release(p, <size_t>done, True)
-        raise
     finally:
         if started:
             with nogil:
+                pipe_release(p, <size_t>done, True)
                 pthread_join(thread, NULL)
+            self.pipe_counts = (p.ahead, p.waited, p.stolen, p.duplicated)
         for i in range(held):
             PyBuffer_Release(&views[i])
         PyMem_Free(views)
@@ -95,11 +99,14 @@ cdef int stages_ready(IndexCore self) except -1:
         return 0
     self.spec = <uint64_t *>PyMem_RawCalloc(2 << SPEC_BITS, sizeof(uint64_t))
     self.pipe.stages = <Stage *>PyMem_RawMalloc(NSTAGES * sizeof(Stage))
-    if self.pipe.stages == NULL or self.spec == NULL:
+    self.pipe.ready = <size_t *>aligned_alloc(64, NSTAGES * READY_STRIDE * sizeof(size_t))
+    if self.pipe.stages == NULL or self.spec == NULL or self.pipe.ready == NULL:
         PyMem_RawFree(self.spec)
         PyMem_RawFree(self.pipe.stages)
+        free(self.pipe.ready)
         self.spec = NULL
         self.pipe.stages = NULL
+        self.pipe.ready = NULL
         raise MemoryError()
     for k in range(NSTAGES):
         flat_init(&self.pipe.stages[k].fb)
@@ -118,6 +125,8 @@ cdef void stages_free(IndexCore self) noexcept:
         flat_free(&self.pipe.stages[k].fb)
     PyMem_RawFree(self.pipe.stages)
     self.pipe.stages = NULL
+    free(self.pipe.ready)
+    self.pipe.ready = NULL
     PyMem_RawFree(self.spec)
     self.spec = NULL
     pthread_mutex_destroy(&self.pipe.mu)

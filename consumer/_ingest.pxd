@@ -6,7 +6,10 @@
 # cimports it (consumer/_indexcore.pyx). It also computes ahead the Stored blocks' content hashes
 # (``speculate``), which the writer checks and uses. The writer owns everything else (instances, sessions,
 # the index); a stage is the decoder's from the moment the writer releases it until it is
-# marked decoded, and the writer's from then until it releases it again.
+# marked decoded, and the writer's from then until it releases it again. Jobs are claimed in
+# order by whichever side gets there first: the writer decodes a batch itself when the decoder
+# has not started it, and when the decoder has held it longer than it should take (a decoder
+# starved of CPU), so the writer never sleeps waiting for the decoder.
 
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
@@ -21,6 +24,10 @@ from kvevents.schemas._fastcodec cimport (
     flat_read_nogil,
     flat_within_limits,
 )
+
+
+cdef extern from "<stdlib.h>" nogil:
+    void *aligned_alloc(size_t alignment, size_t size)
 
 
 cdef extern from "<pthread.h>" nogil:
@@ -42,6 +49,7 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_mutex_init(pthread_mutex_t *mu, const pthread_mutexattr_t *attr)
     int pthread_mutex_destroy(pthread_mutex_t *mu)
     int pthread_mutex_lock(pthread_mutex_t *mu)
+    int pthread_mutex_trylock(pthread_mutex_t *mu)
     int pthread_mutex_unlock(pthread_mutex_t *mu)
     int pthread_cond_init(pthread_cond_t *cv, const pthread_condattr_t *attr)
     int pthread_cond_destroy(pthread_cond_t *cv)
@@ -55,6 +63,27 @@ cdef extern from *:
     #define kv_store_size(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
     #define kv_add_int(p, v) __atomic_add_fetch((p), (v), __ATOMIC_SEQ_CST)
     #define kv_load_int(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+    #define kv_cas_size(p, expected, v) __extension__ ({ size_t kv_e_ = (expected); \
+        __atomic_compare_exchange_n((p), &kv_e_, (v), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); })
+    #include <time.h>
+    static inline uint64_t kv_now_ns(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    }
+    static inline void kv_sleep_ns(uint64_t ns) {
+        struct timespec ts;
+        ts.tv_sec = (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        nanosleep(&ts, NULL);
+    }
+    #if defined(__x86_64__) || defined(__i386__)
+    #define kv_cpu_relax() __builtin_ia32_pause()
+    #elif defined(__aarch64__)
+    #define kv_cpu_relax() __asm__ __volatile__("yield")
+    #else
+    #define kv_cpu_relax() ((void)0)
+    #endif
     #ifdef __linux__
     #include <sys/resource.h>
     #include <sys/syscall.h>
@@ -86,16 +115,28 @@ cdef extern from *:
     int kv_thread_idle() noexcept nogil
     int kv_add_int(int *p, int v) noexcept nogil
     int kv_load_int(int *p) noexcept nogil
+    bint kv_cas_size(size_t *p, size_t expected, size_t v) noexcept nogil
+    uint64_t kv_now_ns() noexcept nogil
+    void kv_sleep_ns(uint64_t ns) noexcept nogil
+    void kv_cpu_relax() noexcept nogil
 
 
 cdef enum:
     DECODER_NICE = 10    # the decoding thread's nice: a lookup thread that wakes gets a core first
     NSTAGES = 16         # flat batches in flight: the decoder runs up to 15 batches ahead ...
     BURST = 8            # ... and, once it has waited, waits until BURST stages are free
+    READY_STRIDE = 8     # Pipe.ready: one 64-byte line per stage (the writer polls it while
+                         # the decoder fills the stage: no line of the stage is shared)
     HEADER = 10          # the single-object header (magic and schema fingerprint) before a body
     SPEC_BITS = 16       # the decoder's content cache: 2**16 (engine hash, content hash) pairs
     SPEC_CHAINED = 1     # FlatEvent.spec: contents computed ahead from spec_start (the parent's)
     SPEC_ROOT = 2        # FlatEvent.spec: contents computed ahead as a prefix's root
+    PATIENCE_BASE_NS = 50000   # how long the writer waits for a batch the decoder is reading:
+    PATIENCE_NS_PER_BYTE = 4   # 50 us plus 4 ns per byte (it reads 1.4-1.7 ns per byte)
+
+cdef enum Take:
+    TAKE_STAGE = 0       # the decoder read the job into its stage
+    TAKE_SELF = 1        # the writer reads the job itself (apply_encoded's path)
 
 cdef enum JobKind:
     JOB_FLAT = 0         # a body the flat reader reads (variant known)
@@ -127,13 +168,18 @@ ctypedef struct Pipe:
     Job *jobs
     size_t njobs
     Stage *stages        # NSTAGES of them, job i in stages[i % NSTAGES]
-    size_t decoded       # jobs decoded (stage ready for the writer); atomic
+    size_t *ready        # ready[k * READY_STRIDE]: 1 + the job last decoded into stage k; atomic
+    size_t claimed       # jobs claimed, in order, by the decoder or the writer; atomic
     size_t released      # jobs the writer is done with (their stage free again); atomic
-    int stop             # the writer stops early (an error): the decoder ends; atomic
+    int stop             # the writer is done (or stops at an error): the decoder ends; atomic
     int idle             # the decoder runs under SCHED_IDLE (else at nice DECODER_NICE)
     int decoder_sleeps   # the decoder is asleep on cv (or about to be); atomic ...
     size_t decoder_wants # ... until ``released`` reaches this; atomic
-    int writer_sleeps    # the writer is asleep on cv (or about to be): each decoded job wakes it
+    uint64_t stall_ns    # test seam: the decoder sleeps this long before each job
+    size_t ahead         # the writer's counts: jobs it found decoded, ...
+    size_t waited        # ... found being decoded and waited for, ...
+    size_t stolen        # ... read itself, the decoder not having started them, ...
+    size_t duplicated    # ... read itself after waiting PATIENCE for the decoder
     const FlatLimits *lim
     const Kvh64 *kvh
     uint64_t *spec       # the decoder's content cache (2 << SPEC_BITS words), or NULL
@@ -241,11 +287,16 @@ cdef inline void decode_job(const Job *job, Stage *stage, const FlatLimits *lim,
             speculate(&stage.fb, spec, kvh)
 
 
-cdef inline void _pipe_wake(Pipe *p) noexcept nogil:
-    """Wake the side asleep on ``cv`` (the caller has seen that it sleeps and that what it
-    waits for has come; seq_cst: a side about to sleep either is seen here or sees the move
-    when it checks again under the lock)."""
-    pthread_mutex_lock(&p.mu)
+cdef inline void _pipe_wake(Pipe *p, bint block) noexcept nogil:
+    """Wake the decoder asleep on ``cv`` (the caller has seen that it sleeps and that what it
+    waits for has come; seq_cst: a decoder about to sleep either is seen here or sees the move
+    when it checks again under the lock). Unless ``block``, give up when the lock is taken:
+    the decoder holds it only around its check, and a decoder short of CPU may hold it long,
+    so the writer tries again at its next release rather than wait behind it."""
+    if block:
+        pthread_mutex_lock(&p.mu)
+    elif pthread_mutex_trylock(&p.mu) != 0:
+        return
     pthread_cond_broadcast(&p.cv)
     pthread_mutex_unlock(&p.mu)
 
@@ -255,17 +306,20 @@ cdef inline bint _decoder_may_go(Pipe *p, size_t released_needed) noexcept nogil
 
 
 cdef inline void *decoder_main(void *arg) noexcept nogil:
-    """The decoding thread: each job in turn into its stage, when the writer has released the
-    stage's previous job; ends after the last job or when the writer says stop. A side that
-    must wait sleeps on the condition; once the decoder has had to wait, it sleeps until BURST
-    stages are free, so it is woken once per BURST batches rather than once per batch.
-    Polling before sleeping (a pause loop, sched_yield) was tried: slower on this shared 2-core
-    VM, where the poller takes the core the other side needs."""
+    """The decoding thread: claims the next job (unless the writer claimed it first) and reads
+    it into its stage, once the writer has released the stage's previous job; ends when every
+    job is claimed or the writer says stop. When it must wait for a stage it sleeps on the
+    condition until BURST stages are free, so it is woken once per BURST batches rather than
+    once per batch. Polling before sleeping (a pause loop, sched_yield) was tried: slower on
+    this shared 2-core VM, where the poller takes the core the other side needs."""
     cdef Pipe *p = <Pipe *>arg
     cdef size_t i, last
     if not p.idle or kv_thread_idle() != 0:
         kv_thread_nice(DECODER_NICE)
-    for i in range(p.njobs):
+    while not kv_load_int(&p.stop):
+        i = kv_load_size(&p.claimed)
+        if i >= p.njobs:
+            break
         if not _decoder_may_go(p, i + 1 - NSTAGES if i >= NSTAGES else 0):
             last = i + BURST if i + BURST < p.njobs else p.njobs
             pthread_mutex_lock(&p.mu)
@@ -275,30 +329,49 @@ cdef inline void *decoder_main(void *arg) noexcept nogil:
                 pthread_cond_wait(&p.cv, &p.mu)
             kv_add_int(&p.decoder_sleeps, -1)
             pthread_mutex_unlock(&p.mu)
-        if kv_load_int(&p.stop):
-            break
+            continue
+        if not kv_cas_size(&p.claimed, i, i + 1):
+            continue  # the writer took it
+        if p.stall_ns:
+            kv_sleep_ns(p.stall_ns)
         decode_job(&p.jobs[i], &p.stages[i % NSTAGES], p.lim, p.kvh, p.spec)
-        kv_store_size(&p.decoded, i + 1)
-        if kv_load_int(&p.writer_sleeps):
-            _pipe_wake(p)
+        kv_store_size(&p.ready[(i % NSTAGES) * READY_STRIDE], i + 1)
     return NULL
 
 
-cdef inline void pipe_wait_decoded(Pipe *p, size_t i) noexcept nogil:
-    """The writer waits for job ``i``'s stage."""
-    if kv_load_size(&p.decoded) <= i:
-        pthread_mutex_lock(&p.mu)
-        kv_add_int(&p.writer_sleeps, 1)
-        while kv_load_size(&p.decoded) <= i:
-            pthread_cond_wait(&p.cv, &p.mu)
-        kv_add_int(&p.writer_sleeps, -1)
-        pthread_mutex_unlock(&p.mu)
+cdef inline int pipe_take(Pipe *p, size_t i) noexcept nogil:
+    """How the writer gets job ``i`` (a Take): from its stage when the decoder has read it; by
+    reading it itself when the decoder has not started it (the writer claims it); else it
+    waits for the decoder, at most PATIENCE for the job's size, spinning (the decoder is on
+    the other core, or starved of one: then sleeping would not bring it back sooner), and then
+    reads it itself, the decoder's copy going unused."""
+    cdef size_t *ready = &p.ready[(i % NSTAGES) * READY_STRIDE]
+    cdef uint64_t deadline
+    cdef uint32_t spins = 0
+    if kv_load_size(ready) == i + 1:
+        p.ahead += 1
+        return TAKE_STAGE
+    if kv_load_size(&p.claimed) == i and kv_cas_size(&p.claimed, i, i + 1):
+        p.stolen += 1
+        return TAKE_SELF
+    deadline = kv_now_ns() + PATIENCE_BASE_NS + PATIENCE_NS_PER_BYTE * <uint64_t>p.jobs[i].size
+    while kv_load_size(ready) != i + 1:
+        spins += 1
+        if (spins & 63) == 0 and kv_now_ns() > deadline:
+            p.duplicated += 1
+            return TAKE_SELF
+        kv_cpu_relax()
+    p.waited += 1
+    return TAKE_STAGE
 
 
 cdef inline void pipe_release(Pipe *p, size_t done, bint stop) noexcept nogil:
-    """The writer is done with the jobs before ``done`` (and with all of them when ``stop``)."""
+    """The writer is done with the jobs before ``done`` (with all of them when ``stop``: the
+    decoder is told to end and woken for sure)."""
     if stop:
         kv_add_int(&p.stop, 1)
     kv_store_size(&p.released, done)
-    if kv_load_int(&p.decoder_sleeps) and (stop or done >= kv_load_size(&p.decoder_wants)):
-        _pipe_wake(p)
+    if stop:
+        _pipe_wake(p, True)
+    elif kv_load_int(&p.decoder_sleeps) and done >= kv_load_size(&p.decoder_wants):
+        _pipe_wake(p, False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -28,6 +29,16 @@ def two_threads() -> Iterator[None]:
     old = _indexcore._set_ingest_threads(2)
     yield
     _indexcore._set_ingest_threads(old)
+
+
+@contextmanager
+def decoder_stalled(seconds: float) -> Iterator[None]:
+    """The decoding thread sleeps ``seconds`` before each batch (as when starved of CPU)."""
+    old = _indexcore._set_decoder_stall(seconds)
+    try:
+        yield
+    finally:
+        _indexcore._set_decoder_stall(old)
 
 
 NOTE = re.compile(r"apply_encoded_many: batch (\d+) \(the \1 before it are applied\)")
@@ -86,7 +97,10 @@ def test_the_pipeline_applies_like_one_by_one_on_the_oracle(data: st.DataObject)
     piped = CacheIndex(core="compiled", limits=limits)
     oracle = CacheIndex(core="python", limits=limits)
     one_by_one = CacheIndex(core="compiled", limits=limits)
-    assert feed_many(piped, messages) == feed_one_by_one(oracle, messages)
+    # a stalled decoder makes the writer read some batches itself, the others from the stages
+    with decoder_stalled(data.draw(st.sampled_from([0.0, 0.0002]), label="decoder stall")):
+        failed = feed_many(piped, messages)
+    assert failed == feed_one_by_one(oracle, messages)
     feed_one_by_one(one_by_one, messages)
     assert piped.to_bytes() == oracle.to_bytes() == one_by_one.to_bytes()
     assert piped.stats().counters == oracle.stats().counters == one_by_one.stats().counters
@@ -156,3 +170,25 @@ def test_lookups_are_served_during_one_pipelined_call() -> None:
     assert any(len(answer) < 8 for answer in seen)  # some answers came before the end
     for answer in seen:
         assert all(v in (32, 40) for v in answer.values()), answer
+
+
+@pytest.mark.parametrize("stall", [0.0, 0.003])
+def test_the_writer_reads_batches_the_decoder_is_late_with(stall: float) -> None:
+    """Every batch is taken exactly once, from the decoder's stage or read by the writer; with
+    the decoder stalled 3 ms per batch the writer reads most of them itself (claiming the ones
+    the decoder has not started, and re-reading the one it holds once its patience is out)
+    instead of waiting 3 ms for each, and the index is the one the batches make one by one."""
+    data = shared_prefix_batches(60)
+    index = CacheIndex(core="compiled")
+    with decoder_stalled(stall):
+        assert index.apply_encoded_many(data) == len(data)
+    counts = index._core.pipeline_counts()  # type: ignore[attr-defined]
+    assert sum(counts.values()) == len(data), counts
+    if stall:
+        assert counts["stolen"] > len(data) // 2, counts
+        assert counts["duplicated"] >= 1, counts
+    alone = CacheIndex(core="compiled")
+    for body in data:
+        alone.apply_encoded(body)
+    assert index.to_bytes() == alone.to_bytes()
+    assert index.stats().counters == alone.stats().counters
