@@ -16,8 +16,9 @@ Parts (``--parts``, all by default):
   from each lookup's scheduled time, so waiting for the GIL behind a batch counts); cross-checks;
 - big (``support/index_big.py``): kvevents alone at 256 workers x ``--big-blocks-per-worker``
   (100k in ``--full``: 25.6M worker-blocks, the issue's scale; Dynamo and the naive index would
-  take minutes there), in a child process: ingest, lookups during ingest, lookups, how long a
-  worker's restart (a Created event) holds the index, RSS;
+  take minutes there), in a child process: ingest, lookups during ingest, lookups, a worker's
+  restart (a Created event: the writer's time, and the longest 64-block lookup meanwhile; with
+  ``--baseline-core`` for both cores), RSS;
 - realistic (``support/index_realistic.py``): the simulated fleet stream of
   ``support/index_stream.py``: ingest events/s and blocks/s against Dynamo and the naive
   index, find_matches on the final state, memory per worker-block in child processes, the

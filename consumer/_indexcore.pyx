@@ -16,7 +16,15 @@ from cpython cimport array as carray
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc, PyMem_Realloc
+from cpython.mem cimport (
+    PyMem_Free,
+    PyMem_Malloc,
+    PyMem_RawCalloc,
+    PyMem_RawFree,
+    PyMem_RawMalloc,
+    PyMem_RawRealloc,
+    PyMem_Realloc,
+)
 from cpython.pythread cimport (
     NOWAIT_LOCK,
     WAIT_LOCK,
@@ -225,6 +233,7 @@ def _set_decoder_stall(double seconds):
     return old
 cdef enum:
     NOGIL_DECODE_BYTES = 4096   # apply_encoded reads a body this big or bigger without the GIL
+    PLAN_SLOTS = 8              # caches a batch's Created events plan to clear before its lock
 
 
 # ---------------------------------------------------------------------------- records
@@ -398,6 +407,13 @@ cdef class IndexCore:
     cdef int last_variant
     cdef bint has_last_fp
     cdef Pipe pipe           # apply_encoded_many's decoding thread (_ingest.pxd)
+    cdef uint32_t *plan_ids  # nodes holding plan_slots' blocks, found before the batch's lock
+    cdef size_t plan_n       # (_indexcore_clear.pxi)
+    cdef size_t plan_cap
+    cdef uint32_t plan_slots[PLAN_SLOTS]
+    cdef int plan_nslots
+    cdef int64_t clears_planned  # caches cleared from a plan ...
+    cdef int64_t clears_scanned  # ... and by a scan of every node under the lock
     cdef tuple pipe_counts   # the last two-thread call's (ahead, waited, stolen, duplicated)
     cdef uint64_t *spec      # its content cache (_ingest.speculate), kept from call to call
     cdef FlatLimits lim
@@ -430,6 +446,10 @@ cdef class IndexCore:
         self.applying = False
         self.has_last_fp = False
         memset(&self.pipe, 0, sizeof(Pipe))
+        self.plan_ids = NULL
+        self.plan_n = self.plan_cap = 0
+        self.plan_nslots = 0
+        self.clears_planned = self.clears_scanned = 0
         self.pipe_counts = (0, 0, 0, 0)
         flat_init(&self.fb0)
         self.fb = &self.fb0
@@ -445,6 +465,7 @@ cdef class IndexCore:
     def __dealloc__(self):
         self._free_all()
         stages_free(self)
+        PyMem_RawFree(self.plan_ids)
         PyMem_Free(self.ev_widx)
         if self.mu != NULL:
             PyThread_free_lock(self.mu)
@@ -567,20 +588,9 @@ cdef class IndexCore:
         return True
 
     cdef int _clear_slot(self, uint32_t slot) except -1:
-        """Drop every block of ``slot`` (a scan of all nodes: Created and resets are rare)."""
-        cdef uint32_t id
-        cdef int64_t i
-        cdef Node *node
-        if self.slots[slot].total == 0:
-            return 0
-        for id in range(self.st.node_top):
-            node = self.N(id)
-            if node.n & KV_USED:
-                i = holder_index(&self.st, node, slot)
-                if i >= 0:
-                    self._remove_holder_at(id, <uint32_t>i)
-                    if self.slots[slot].total == 0:
-                        break
+        """Drop every block of ``slot`` (``_indexcore_clear.pxi``), without the GIL."""
+        with nogil:
+            clear_slot(self, slot)
         return 0
 
     # ------------------------------------------------------------------ workers and slots
@@ -1048,7 +1058,9 @@ cdef class IndexCore:
         capacity and entries, the holder pool's words and capacity, its runs in use and the nodes
         pointing at them (nodes with equal holder lists share one), and the table rebuilds and
         pool growths: ahead (before a batch, without the index lock) and locked (inside an
-        event: a batch outgrew the room made ahead; docs/INDEX.md)."""
+        event: a batch outgrew the room made ahead; docs/INDEX.md), and the caches a worker's
+        restart cleared from the nodes found before the batch's lock (``clears_planned``) or by
+        a scan of every node under it (``clears_scanned``)."""
         return inspect_store_layout(self)
 
     def pipeline_counts(self):
@@ -1122,6 +1134,7 @@ cdef class IndexCore:
 
 
 include "_indexcore_apply.pxi"
+include "_indexcore_clear.pxi"
 include "_indexcore_match.pxi"
 include "_indexcore_state.pxi"
 include "_indexcore_pipeline.pxi"

@@ -151,14 +151,17 @@ cdef int _apply_scratch(IndexCore self, _Instance inst, int64_t pid, int64_t seq
 cdef int _apply_events(IndexCore self, int64_t offset) except -1 nogil:
     """Apply the scratch batch's events, without the GIL but for the events that need it
     (see ``_apply_fast``), holding the index lock; between two events the index is whole,
-    and a reader waiting for the lock gets it (docs/INDEX.md "Threads")."""
+    and a reader waiting for the lock gets it (docs/INDEX.md "Threads"). Table growth and
+    the scans for the caches a Created event clears run before, without the lock."""
     _regrow_ahead(self, self.fb.nblk)
+    plan_clears(self)  # a Created event's scan for its caches' blocks, before the lock
     PyThread_acquire_lock(self.mu, WAIT_LOCK)
     try:
         _apply_events_locked(self, offset)
         store_map_ahead(&self.st)
     finally:  # an event that raised leaves the lock free (and the events before it applied)
         PyThread_release_lock(self.mu)
+        self.plan_nslots = 0
     # the next batch's new nodes' pages are faulted in here, without the lock, not by
     # node_alloc inside an event (a 2 MiB page fault held every reader for ms: docs/INDEX.md)
     store_fault_ahead(&self.st)

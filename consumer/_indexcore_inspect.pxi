@@ -125,6 +125,8 @@ cdef object inspect_store_layout(IndexCore self):
             "pool_grown_locked": self.st.pool_grown_locked,
             "holder_runs": self.st.runs_live,
             "holder_run_refs": self.st.run_refs,
+            "clears_planned": self.clears_planned,
+            "clears_scanned": self.clears_scanned,
         }
     finally:
         self._runlock()

@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import itertools
 import os
+import threading
 import time
 from typing import Any
 
@@ -63,6 +65,13 @@ def _store_layout(index: CacheIndex) -> dict[str, int] | None:
     return layout() if layout is not None else None
 
 
+def _clears(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int]:
+    """The caches cleared from a plan made before the lock, and by a scan under it."""
+    if before is None or after is None or "clears_planned" not in after:
+        return {}
+    return {k: after[k] - before[k] for k in ("clears_planned", "clears_scanned")}
+
+
 def _store_changes(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, Any] | None:
     """What the block store did while the lookups ran: each table whose capacity changed was
     rebuilt (grown) once, each new node-id bit rebuilt both tables; every rebuild is one pass
@@ -85,29 +94,76 @@ def _store_changes(before: dict[str, int] | None, after: dict[str, int] | None) 
     }
 
 
-def worker_restart_stall(index: CacheIndex, config: FleetConfig, instances: int) -> dict[str, Any]:
-    """How long a worker's restart (a Created event: its cache starts empty) holds the index:
-    one event, so lookups wait for all of it. The core finds the worker's blocks by scanning
-    every node (docs/INDEX.md "Threads"). Three workers: the first instance's, a middle one's,
-    the last one's (rank 0 each), after the lookups were measured."""
-    runs = []
-    for inst in (0, instances // 2, instances - 1):
-        held = index.held_blocks()
-        restart = EventBatch(
-            fleet_instance_id(inst),
-            [
-                KVCacheEvent(
-                    1 << 40, KVCacheCreatedData([config.blocks_per_worker], False), config.window_size, 0
-                )
-            ],
-            attention_dp_size=config.dp_size,
-            producer_id=inst + 1,
-            sequence=1 << 40,
-        )
+def _restart_batch(config: FleetConfig, inst: int) -> EventBatch:
+    """Instance ``inst``'s rank 0 restarts: a Created event (its cache starts empty)."""
+    created = KVCacheCreatedData([config.blocks_per_worker], False)
+    return EventBatch(
+        fleet_instance_id(inst),
+        [KVCacheEvent(1 << 40, created, config.window_size, 0)],
+        attention_dp_size=config.dp_size,
+        producer_id=inst + 1,
+        sequence=1 << 40,
+    )
+
+
+def worker_restart_stall(
+    indexes: dict[str, CacheIndex], config: FleetConfig, instances: int, queries: list[list[int]]
+) -> dict[str, Any]:
+    """What a worker's restart (a Created event) costs the writer, and how long lookups wait
+    meanwhile (``_restart_once``). Three workers per index (the first instance's, a middle
+    one's, the last one's; rank 0 each), after the lookups were measured. The core finds a
+    cache's blocks by a scan of every node: this core before it takes the index lock
+    (docs/INDEX.md "Threads"), the cores before it under the lock."""
+    out = {
+        name: [
+            _restart_once(index, _restart_batch(config, inst), queries)
+            for inst in (0, instances // 2, instances - 1)
+        ]
+        for name, index in indexes.items()
+    }
+    first = next(iter(indexes.values()))
+    return {"distinct_blocks": first.stats().distinct_blocks, "runs": out["kvevents"], "by_core": out}
+
+
+def _restart_once(index: CacheIndex, restart: EventBatch, queries: list[list[int]]) -> dict[str, Any]:
+    """Apply ``restart`` while a second thread runs 64-block lookups back to back; the wait is
+    the longest time between two lookups' ends around it (a lookup blocked on the GIL or the
+    index lock, before or inside ``find_matches``). The cyclic GC is off meanwhile: a full
+    collection of the bench's millions of path ints is no wait on the index."""
+    held = index.held_blocks()
+    ends: list[float] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        k = 0
+        while not stop.is_set():
+            index.find_matches(queries[k % len(queries)])
+            ends.append(time.perf_counter())
+            k += 1
+
+    before = _store_layout(index)
+    gc.collect()
+    gc.disable()
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        time.sleep(0.05)
         t0 = time.perf_counter()
         index.apply(restart)
-        runs.append({"ms": (time.perf_counter() - t0) * 1e3, "blocks_dropped": held - index.held_blocks()})
-    return {"distinct_blocks": index.stats().distinct_blocks, "runs": runs}
+        t1 = time.perf_counter()
+        time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join()
+        gc.enable()
+    gaps = [b - a for a, b in itertools.pairwise(ends) if b >= t0 and a <= t1]
+    return {
+        "ms": (t1 - t0) * 1e3,
+        "blocks_dropped": held - index.held_blocks(),
+        "lookups_during": sum(t0 <= b <= t1 for b in ends),
+        "lookup_max_wait_ms": max(gaps, default=float("nan")) * 1e3,
+        **_clears(before, _store_layout(index)),
+    }
 
 
 def run_big(
@@ -216,7 +272,13 @@ def run_big(
                 "identical_answers": same,
                 "queries": len(qs),
             }
-    restart = worker_restart_stall(index, config, n)
+    restart_queries = [q for q, _ in make_fleet_queries(paths, 64, 200, seed=6400)]
+    restart = worker_restart_stall(
+        {"kvevents": index, **({"baseline": targets[1][1]} if baseline is not None else {})},
+        config,
+        n,
+        restart_queries,
+    )
     del targets  # the indexes are dropped below, each alone
     # The RSS delta above also holds what the bench keeps beside the index (the sampled query
     # paths: Python ints); what dropping the index gives back is the index's alone.

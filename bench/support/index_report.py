@@ -406,11 +406,17 @@ def print_big(b: dict[str, Any]) -> None:
         print(f"  during ingest: {d.get('status')}")
     restart = b.get("worker_restart")
     if restart:
-        print(
-            "  a worker's restart (a Created event) holds the index for "
-            + ", ".join(f"{r['ms']:.1f} ms ({r['blocks_dropped']:,} blocks dropped)" for r in restart["runs"])
-            + f" among {restart['distinct_blocks']:,} distinct blocks (a scan of every node: lookups wait)"
-        )
+        print(f"  a worker's restart (a Created event) among {restart['distinct_blocks']:,} distinct blocks:")
+        for name, runs in restart.get("by_core", {"kvevents": restart["runs"]}).items():
+            print(
+                f"    {name}: applied in "
+                + ", ".join(f"{r['ms']:.1f} ms ({r['blocks_dropped']:,} blocks dropped)" for r in runs)
+                + "; longest lookup meanwhile "
+                + ", ".join(f"{r.get('lookup_max_wait_ms', float('nan')):.2f} ms" for r in runs)
+                + " ("
+                + ", ".join(str(r.get("lookups_during", "?")) for r in runs)
+                + " lookups)"
+            )
     print(
         f"  memory: RSS {mem['rss_bytes_per_worker_block']:.1f} B/worker-block while building (with the "
         f"bench's query paths), {mem.get('rss_freed_bytes_per_worker_block', float('nan')):.1f} given back "

@@ -1,0 +1,118 @@
+# Included by _indexcore.pyx (textually, after IndexCore): dropping a cache's blocks when its
+# worker restarts (a Created event). The blocks of a cache are found by a scan of every node,
+# tens of ms at 256 x 100k; the writer runs that scan before taking the index lock for the
+# batch (it alone changes the store, so it may read it while readers do), and under the lock
+# drops the holders of the nodes it found (docs/INDEX.md "Threads").
+
+cdef int plan_clears(IndexCore self) except -1 nogil:
+    """Before a batch is applied: for the caches its Created events may clear (every active,
+    non-empty cache of each worker that has one), the nodes holding them, found by one scan
+    without the lock into ``plan_ids``. Nothing when the batch has no Created event."""
+    cdef size_t k
+    cdef uint32_t slot, id
+    cdef int j
+    cdef Node *node
+    self.plan_nslots = 0
+    self.plan_n = 0
+    for k in range(self.fb.nev):
+        if self.fb.ev[k].kind != K_CREATED:
+            continue
+        slot = self.wrk[self.ev_widx[k]].first_slot
+        while slot != KV_NIL:
+            if self.slots[slot].active and self.slots[slot].total and not _planned(self, slot):
+                if self.plan_nslots == PLAN_SLOTS:
+                    self.plan_nslots = 0  # too many: each is scanned under the lock
+                    return 0
+                self.plan_slots[self.plan_nslots] = slot
+                self.plan_nslots += 1
+            slot = self.slots[slot].next_slot
+    if self.plan_nslots == 0:
+        return 0
+    for id in range(self.st.node_top):
+        node = self.N(id)
+        if not (node.n & KV_USED):
+            continue
+        for j in range(self.plan_nslots):
+            if holder_index(&self.st, node, self.plan_slots[j]) >= 0:
+                if self.plan_n == self.plan_cap:
+                    _plan_grow(self)
+                self.plan_ids[self.plan_n] = id
+                self.plan_n += 1
+                break
+    return 0
+
+
+cdef inline void _prefetch_planned(IndexCore self, size_t k) noexcept nogil:
+    """Fetches ahead of clearing the planned node ``k`` (as ``_remove_blocks`` does by key):
+    the node 16 ahead, its engine-table entry 12 ahead, its holder run or content entry 8
+    ahead, the nodes its release would shift 4 ahead. Hints only."""
+    cdef Node *node
+    if k + 16 < self.plan_n:
+        prefetch(self.N(self.plan_ids[k + 16]))
+    if k + 12 < self.plan_n:
+        node = self.N(self.plan_ids[k + 12])
+        if node.n & KV_USED:
+            prefetch_entry(&self.st.etab, node.engine)
+    if k + 8 < self.plan_n:
+        node = self.N(self.plan_ids[k + 8])
+        if node.n & KV_USED:
+            prefetch_removal(&self.st, node.engine, 0)
+    if k + 4 < self.plan_n:
+        node = self.N(self.plan_ids[k + 4])
+        if node.n & KV_USED:
+            prefetch_removal(&self.st, node.engine, 1)
+
+
+cdef inline bint _planned(IndexCore self, uint32_t slot) noexcept nogil:
+    cdef int j
+    for j in range(self.plan_nslots):
+        if self.plan_slots[j] == slot:
+            return True
+    return False
+
+
+cdef int _plan_grow(IndexCore self) except -1 nogil:
+    cdef size_t cap = self.plan_cap * 2 if self.plan_cap else 4096
+    cdef uint32_t *ids = <uint32_t *>PyMem_RawRealloc(self.plan_ids, cap * sizeof(uint32_t))
+    if ids == NULL:
+        self.plan_nslots = 0  # no plan: clear_slot scans
+        with gil:
+            raise MemoryError()
+    self.plan_ids = ids
+    self.plan_cap = cap
+    return 0
+
+
+cdef int clear_slot(IndexCore self, uint32_t slot) except -1 nogil:
+    """Drop every block of ``slot``: from the nodes ``plan_clears`` found when it planned the
+    slot (a node since released is skipped; one since reused for another block the slot holds
+    loses that holder too, as it must), then, if the slot still holds blocks (stored after the
+    plan, by an earlier event of the batch), by a scan of every node."""
+    cdef size_t k
+    cdef uint32_t id
+    cdef int64_t i
+    cdef Node *node
+    if self.slots[slot].total == 0:
+        return 0
+    if _planned(self, slot):
+        self.clears_planned += 1
+        for k in range(self.plan_n):
+            _prefetch_planned(self, k)
+            id = self.plan_ids[k]
+            node = self.N(id)
+            if node.n & KV_USED:
+                i = holder_index(&self.st, node, slot)
+                if i >= 0:
+                    self._remove_holder_at(id, <uint32_t>i)
+                    if self.slots[slot].total == 0:
+                        return 0
+    self.clears_scanned += 1
+    for id in range(self.st.node_top):
+        node = self.N(id)
+        if node.n & KV_USED:
+            i = holder_index(&self.st, node, slot)
+            if i >= 0:
+                self._remove_holder_at(id, <uint32_t>i)
+                if self.slots[slot].total == 0:
+                    break
+    return 0
