@@ -588,8 +588,13 @@ cdef class IndexCore:
         return True
 
     cdef int _clear_slot(self, uint32_t slot) except -1:
-        """Drop every block of ``slot`` (``_indexcore_clear.pxi``), without the GIL."""
-        with nogil:
+        """Drop every block of ``slot`` (``_indexcore_clear.pxi``): inside an event (the index
+        lock held: readers wait for it) without the GIL; from ``reset_worker``, which holds no
+        index lock, with the GIL, which keeps the readers out."""
+        if self.applying:
+            with nogil:
+                clear_slot(self, slot)
+        else:
             clear_slot(self, slot)
         return 0
 
