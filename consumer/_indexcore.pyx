@@ -588,13 +588,9 @@ cdef class IndexCore:
         return True
 
     cdef int _clear_slot(self, uint32_t slot) except -1:
-        """Drop every block of ``slot`` (``_indexcore_clear.pxi``): inside an event (the index
-        lock held: readers wait for it) without the GIL; from ``reset_worker``, which holds no
-        index lock, with the GIL, which keeps the readers out."""
-        if self.applying:
-            with nogil:
-                clear_slot(self, slot)
-        else:
+        """Drop every block of ``slot`` (``_indexcore_clear.pxi``) without the GIL: its callers
+        (a Created event, ``reset_worker``) hold the index lock, so readers wait for that."""
+        with nogil:
             clear_slot(self, slot)
         return 0
 
@@ -1089,7 +1085,7 @@ cdef class IndexCore:
     def reset_worker(self, str instance_id, int32_t rank, bint clear_degraded):
         self._begin_write()
         cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
-        self._drop_worker_windows(widx)
+        reset_planned(self, widx)
         self.wrk[widx].split_blocks = 0
         self.wrk[widx].has_split_tail = 0
         if clear_degraded:

@@ -2,30 +2,63 @@
 # worker restarts (a Created event). The blocks of a cache are found by a scan of every node,
 # tens of ms at 256 x 100k; the writer runs that scan before taking the index lock for the
 # batch (it alone changes the store, so it may read it while readers do), and under the lock
-# drops the holders of the nodes it found (docs/INDEX.md "Threads").
+# drops the holders of the nodes it found (docs/INDEX.md "Threads"); ``reset_worker`` the same.
 
 cdef int plan_clears(IndexCore self) except -1 nogil:
     """Before a batch is applied: for the caches its Created events may clear (every active,
     non-empty cache of each worker that has one), the nodes holding them, found by one scan
     without the lock into ``plan_ids``. Nothing when the batch has no Created event."""
     cdef size_t k
-    cdef uint32_t slot, id
-    cdef int j
-    cdef Node *node
     self.plan_nslots = 0
     self.plan_n = 0
     for k in range(self.fb.nev):
-        if self.fb.ev[k].kind != K_CREATED:
-            continue
-        slot = self.wrk[self.ev_widx[k]].first_slot
-        while slot != KV_NIL:
-            if self.slots[slot].active and self.slots[slot].total and not _planned(self, slot):
-                if self.plan_nslots == PLAN_SLOTS:
-                    self.plan_nslots = 0  # too many: each is scanned under the lock
-                    return 0
-                self.plan_slots[self.plan_nslots] = slot
-                self.plan_nslots += 1
-            slot = self.slots[slot].next_slot
+        if self.fb.ev[k].kind == K_CREATED and not _plan_worker(self, self.ev_widx[k]):
+            return 0
+    return _plan_scan(self)
+
+
+cdef int reset_planned(IndexCore self, uint32_t widx) except -1:
+    """``reset_worker``'s drop of a worker's caches, as an event's: its nodes found by a scan
+    without the GIL or the index lock (readers go on), then the drop holding the lock, the
+    writer flagged as applying (another writer is refused; ``_clear_slot`` lets the GIL go)."""
+    self.plan_nslots = 0
+    self.plan_n = 0
+    _plan_worker(self, widx)
+    self.applying = True
+    try:
+        with nogil:
+            _plan_scan(self)
+            PyThread_acquire_lock(self.mu, WAIT_LOCK)
+        try:
+            self._drop_worker_windows(widx)
+        finally:
+            PyThread_release_lock(self.mu)
+    finally:
+        self.plan_nslots = 0
+        self.applying = False
+    return 0
+
+
+cdef bint _plan_worker(IndexCore self, uint32_t widx) noexcept nogil:
+    """Add the worker's active, non-empty caches to the plan; False (and no plan) when that
+    would pass PLAN_SLOTS: each is then scanned under the lock."""
+    cdef uint32_t slot = self.wrk[widx].first_slot
+    while slot != KV_NIL:
+        if self.slots[slot].active and self.slots[slot].total and not _planned(self, slot):
+            if self.plan_nslots == PLAN_SLOTS:
+                self.plan_nslots = 0
+                return False
+            self.plan_slots[self.plan_nslots] = slot
+            self.plan_nslots += 1
+        slot = self.slots[slot].next_slot
+    return True
+
+
+cdef int _plan_scan(IndexCore self) except -1 nogil:
+    """The nodes holding any planned cache, into ``plan_ids`` (one pass over every node)."""
+    cdef uint32_t id
+    cdef int j
+    cdef Node *node
     if self.plan_nslots == 0:
         return 0
     for id in range(self.st.node_top):

@@ -18,6 +18,8 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from index_fleet import Fleet, FleetConfig, fleet_instance_id, make_fleet_queries
@@ -32,7 +34,7 @@ from index_sides import (
     lookups_interleaved,
     make_sides,
 )
-from kvevents.consumer import CacheIndex
+from kvevents.consumer import CacheIndex, WorkerKey
 from kvevents.schemas import EventBatch, KVCacheCreatedData, KVCacheEvent
 
 
@@ -110,23 +112,32 @@ def worker_restart_stall(
     indexes: dict[str, CacheIndex], config: FleetConfig, instances: int, queries: list[list[int]]
 ) -> dict[str, Any]:
     """What a worker's restart (a Created event) costs the writer, and how long lookups wait
-    meanwhile (``_restart_once``). Three workers per index (the first instance's, a middle
-    one's, the last one's; rank 0 each), after the lookups were measured. The core finds a
-    cache's blocks by a scan of every node: this core before it takes the index lock
-    (docs/INDEX.md "Threads"), the cores before it under the lock."""
-    out = {
-        name: [
-            _restart_once(index, _restart_batch(config, inst), queries)
-            for inst in (0, instances // 2, instances - 1)
+    meanwhile (``_restart_once``); then the same for ``reset_worker`` (liveness: an instance
+    that closed). Three workers per index and way (the first instance's, a middle one's, the
+    last one's; rank 0 restarts, rank 1 is reset), after the lookups were measured. The core
+    finds a cache's blocks by a scan of every node: this core before it takes the index lock
+    (docs/INDEX.md "Threads"), the cores before it under the lock (reset_worker: holding the GIL)."""
+    picks = (0, instances // 2, instances - 1)
+    out: dict[str, Any] = {}
+    resets: dict[str, Any] = {}
+    for name, index in indexes.items():
+        out[name] = [
+            _restart_once(index, partial(index.apply, _restart_batch(config, i)), queries) for i in picks
         ]
-        for name, index in indexes.items()
-    }
+        if config.dp_size > 1:
+            keys = [WorkerKey(fleet_instance_id(i), 1) for i in picks]
+            resets[name] = [_restart_once(index, partial(index.reset_worker, k), queries) for k in keys]
     first = next(iter(indexes.values()))
-    return {"distinct_blocks": first.stats().distinct_blocks, "runs": out["kvevents"], "by_core": out}
+    return {
+        "distinct_blocks": first.stats().distinct_blocks,
+        "runs": out["kvevents"],
+        "by_core": out,
+        "resets": resets,
+    }
 
 
-def _restart_once(index: CacheIndex, restart: EventBatch, queries: list[list[int]]) -> dict[str, Any]:
-    """Apply ``restart`` while a second thread runs 64-block lookups back to back; the wait is
+def _restart_once(index: CacheIndex, restart: Callable[[], None], queries: list[list[int]]) -> dict[str, Any]:
+    """Call ``restart`` while a second thread runs 64-block lookups back to back; the wait is
     the longest time between two lookups' ends around it (a lookup blocked on the GIL or the
     index lock, before or inside ``find_matches``). The cyclic GC is off meanwhile: a full
     collection of the bench's millions of path ints is no wait on the index."""
@@ -149,7 +160,7 @@ def _restart_once(index: CacheIndex, restart: EventBatch, queries: list[list[int
     try:
         time.sleep(0.05)
         t0 = time.perf_counter()
-        index.apply(restart)
+        restart()
         t1 = time.perf_counter()
         time.sleep(0.01)
     finally:

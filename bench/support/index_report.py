@@ -407,18 +407,27 @@ def print_big(b: dict[str, Any]) -> None:
     restart = b.get("worker_restart")
     if restart:
         print(f"  a worker's restart (a Created event) among {restart['distinct_blocks']:,} distinct blocks:")
-        for name, runs in restart.get("by_core", {"kvevents": restart["runs"]}).items():
-            print(
-                f"    {name}: applied in "
-                + ", ".join(f"{r['ms']:.1f} ms ({r['blocks_dropped']:,} blocks dropped)" for r in runs)
-                + "; longest lookup meanwhile "
-                + ", ".join(f"{r.get('lookup_max_wait_ms', float('nan')):.2f} ms" for r in runs)
-                + " ("
-                + ", ".join(str(r.get("lookups_during", "?")) for r in runs)
-                + " lookups)"
-            )
+        ways = [("", restart.get("by_core", {"kvevents": restart["runs"]}))]
+        if restart.get("resets"):
+            ways.append((" reset_worker", restart["resets"]))
+        for way, by_core in ways:
+            _print_restarts(way, by_core)
+
     print(
         f"  memory: RSS {mem['rss_bytes_per_worker_block']:.1f} B/worker-block while building (with the "
         f"bench's query paths), {mem.get('rss_freed_bytes_per_worker_block', float('nan')):.1f} given back "
         f"when the index is dropped; core's estimate {mem['estimate_bytes_per_worker_block']:.1f}"
     )
+
+
+def _print_restarts(way: str, by_core: dict[str, list[dict[str, Any]]]) -> None:
+    for name, runs in by_core.items():
+        print(
+            f"    {name}{way}: done in "
+            + ", ".join(f"{r['ms']:.1f} ms ({r['blocks_dropped']:,} blocks dropped)" for r in runs)
+            + "; longest lookup meanwhile "
+            + ", ".join(f"{r.get('lookup_max_wait_ms', float('nan')):.2f} ms" for r in runs)
+            + " ("
+            + ", ".join(str(r.get("lookups_during", "?")) for r in runs)
+            + " lookups)"
+        )

@@ -77,3 +77,15 @@ def test_a_node_released_and_reused_between_plan_and_clear(twice: bool) -> None:
         events += [stored(7, [8 * 10**6 + j for j in range(20)], rank=3), created(8, rank=3)]
     compiled, _ = both([*fleet(), batch(events, 1, dp=RANKS)])
     assert compiled.find_matches([8 * 10**6]) == {}
+
+
+def test_reset_worker_drops_the_blocks_found_before_the_lock() -> None:
+    """reset_worker (liveness, snapshots) finds the worker's blocks the same way, then drops
+    them as the pure-Python core does."""
+    compiled, oracle = both(fleet())
+    for index in (compiled, oracle):
+        index.reset_worker(("i0", 3), clear_degraded=True)  # type: ignore[arg-type]
+    assert compiled.to_bytes() == oracle.to_bytes()
+    assert compiled.stats().counters == oracle.stats().counters
+    assert (layout(compiled)["clears_planned"], layout(compiled)["clears_scanned"]) == (2, 0)
+    assert compiled.held_blocks() == 2 * 300 * (RANKS - 1)
