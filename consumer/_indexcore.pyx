@@ -1097,11 +1097,23 @@ cdef class IndexCore:
         self._degrade(self._worker(self._instance(instance_id), rank), reason)
 
     def load_window(self, str instance_id, int32_t rank, int32_t window, capacity, stored):
+        """Store a snapshot's window. The tables and the pool grow for all its blocks first,
+        without the GIL or the index lock (``_regrow_ahead``; readers go on); the blocks are
+        stored holding the GIL, which keeps readers out (this seam takes no index lock)."""
         self._begin_write()
         cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
         cdef uint32_t slot = self._slot(widx, window, True)
+        cdef uint64_t coming
         if capacity is not None:
             self.s_capacity[slot] = list(capacity)
+        stored = stored if type(stored) is list else list(stored)
+        coming = sum(len(data.blocks) for data in stored)
+        self.applying = True  # another writer is refused while the GIL is let go
+        try:
+            with nogil:
+                _regrow_ahead(self, coming)
+        finally:
+            self.applying = False
         for data in stored:
             self._scratch_clear()
             for block in data.blocks:

@@ -108,3 +108,22 @@ def test_tables_grow_between_batches_and_the_index_is_the_same(huge: str, shape:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ok "), out.stdout
+
+
+def test_a_snapshot_window_grows_the_tables_before_it_is_stored() -> None:
+    """load_worker_snapshot of a 60k-block window into an index of 1k blocks: the tables grow
+    for all of it first (without the GIL), none inside a store, and the worker's blocks are the
+    pure-Python core's."""
+    from _index_helpers import batch, block, stored
+    from kvevents.consumer.index import CacheIndex
+    from kvevents.schemas import KVCacheStoredData, encode_batch
+
+    first = encode_batch(batch([stored(1, list(range(1, 1001)))], 0))
+    window = [KVCacheStoredData(None, [block(h) for h in range(10**6, 10**6 + 60_000)])]
+    compiled, oracle = CacheIndex(core="compiled"), CacheIndex(core="python")
+    for index in (compiled, oracle):
+        index.apply_encoded(first)
+        index.load_worker_snapshot(("i0", 1), {64: window}, last_event_id=5)  # type: ignore[arg-type]
+    layout = compiled._core.store_layout()  # type: ignore[attr-defined]
+    assert layout["rebuilds_ahead"] >= 1 and layout["rebuilds_locked"] == 0, layout
+    assert compiled.to_bytes() == oracle.to_bytes()
