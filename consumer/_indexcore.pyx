@@ -1083,14 +1083,21 @@ cdef class IndexCore:
     # ------------------------------------------------------------------ seams for snapshots
 
     def reset_worker(self, str instance_id, int32_t rank, bint clear_degraded):
+        self.reset_workers([(instance_id, rank)], clear_degraded)
+
+    def reset_workers(self, keys, bint clear_degraded):
+        """``reset_worker`` for each (instance id, rank) of ``keys``, their blocks found by as
+        few scans of every node as the plans hold (``reset_planned``)."""
         self._begin_write()
-        cdef uint32_t widx = self._worker(self._instance(instance_id), rank)
-        reset_planned(self, widx)
-        self.wrk[widx].split_blocks = 0
-        self.wrk[widx].has_split_tail = 0
-        if clear_degraded:
-            self.w_reasons[widx] = []
-            self.wrk[widx].gaps = 0
+        cdef list widxs = [self._worker(self._instance(instance_id), rank) for instance_id, rank in keys]
+        cdef uint32_t widx
+        reset_planned(self, widxs)
+        for widx in widxs:
+            self.wrk[widx].split_blocks = 0
+            self.wrk[widx].has_split_tail = 0
+            if clear_degraded:
+                self.w_reasons[widx] = []
+                self.wrk[widx].gaps = 0
 
     def mark_degraded(self, str instance_id, int32_t rank, str reason):
         self._begin_write()

@@ -6,33 +6,44 @@
 
 cdef int plan_clears(IndexCore self) except -1 nogil:
     """Before a batch is applied: for the caches its Created events may clear (every active,
-    non-empty cache of each worker that has one), the nodes holding them, found by one scan
-    without the lock into ``plan_ids``. Nothing when the batch has no Created event."""
+    non-empty cache of each worker that has one, as long as PLAN_SLOTS hold them), the nodes
+    holding them, found by one scan without the lock into ``plan_ids``. Nothing when the batch
+    has no Created event."""
     cdef size_t k
     self.plan_nslots = 0
     self.plan_n = 0
     for k in range(self.fb.nev):
         if self.fb.ev[k].kind == K_CREATED and not _plan_worker(self, self.ev_widx[k]):
-            return 0
+            break  # the caches of this worker and the ones after: scanned under the lock
     return _plan_scan(self)
 
 
-cdef int reset_planned(IndexCore self, uint32_t widx) except -1:
-    """``reset_worker``'s drop of a worker's caches, as an event's: its nodes found by a scan
-    without the GIL or the index lock (readers go on), then the drop holding the lock, the
-    writer flagged as applying (another writer is refused; ``_clear_slot`` lets the GIL go)."""
-    self.plan_nslots = 0
-    self.plan_n = 0
-    _plan_worker(self, widx)
+cdef int reset_planned(IndexCore self, list widxs) except -1:
+    """``reset_workers``' drop of the workers' caches, as an event's: the nodes of as many
+    workers as a plan holds found by one scan without the GIL or the index lock (readers go
+    on), then their drop holding the lock; the writer flagged as applying meanwhile (another
+    writer is refused; ``_clear_slot`` lets the GIL go). A worker with more caches than a plan
+    holds is dropped by scans under the lock."""
+    cdef Py_ssize_t pos = 0, end, k, n = len(widxs)
     self.applying = True
     try:
-        with nogil:
-            _plan_scan(self)
-            PyThread_acquire_lock(self.mu, WAIT_LOCK)
-        try:
-            self._drop_worker_windows(widx)
-        finally:
-            PyThread_release_lock(self.mu)
+        while pos < n:
+            self.plan_nslots = 0
+            self.plan_n = 0
+            end = pos
+            while end < n and _plan_worker(self, <uint32_t>widxs[end]):
+                end += 1
+            if end == pos:
+                end = pos + 1
+            with nogil:
+                _plan_scan(self)
+                PyThread_acquire_lock(self.mu, WAIT_LOCK)
+            try:
+                for k in range(pos, end):
+                    self._drop_worker_windows(<uint32_t>widxs[k])
+            finally:
+                PyThread_release_lock(self.mu)
+            pos = end
     finally:
         self.plan_nslots = 0
         self.applying = False
@@ -40,13 +51,14 @@ cdef int reset_planned(IndexCore self, uint32_t widx) except -1:
 
 
 cdef bint _plan_worker(IndexCore self, uint32_t widx) noexcept nogil:
-    """Add the worker's active, non-empty caches to the plan; False (and no plan) when that
-    would pass PLAN_SLOTS: each is then scanned under the lock."""
+    """Add the worker's active, non-empty caches to the plan; False, and the plan as it was,
+    when they do not all fit in PLAN_SLOTS."""
     cdef uint32_t slot = self.wrk[widx].first_slot
+    cdef int before = self.plan_nslots
     while slot != KV_NIL:
         if self.slots[slot].active and self.slots[slot].total and not _planned(self, slot):
             if self.plan_nslots == PLAN_SLOTS:
-                self.plan_nslots = 0
+                self.plan_nslots = before
                 return False
             self.plan_slots[self.plan_nslots] = slot
             self.plan_nslots += 1

@@ -523,6 +523,10 @@ class PyIndexCore:
             w.reasons.clear()
             w.gaps = 0
 
+    def reset_workers(self, keys: Iterable[tuple[str, int]], clear_degraded: bool) -> None:
+        for instance_id, rank in keys:
+            self.reset_worker(instance_id, rank, clear_degraded)
+
     def mark_degraded(self, instance_id: str, rank: int, reason: str) -> None:
         self._degrade(self._worker(self._instance(instance_id), rank), reason)
 

@@ -325,6 +325,11 @@ class CacheIndex:
         clears its degraded flag; otherwise it stays as it was."""
         self._core.reset_worker(key[0], key[1], clear_degraded)
 
+    def reset_workers(self, keys: Iterable[WorkerKey], *, clear_degraded: bool = False) -> None:
+        """:meth:`reset_worker` for each of ``keys`` (an instance's ranks, say); the compiled
+        core finds all their blocks in one pass over the index instead of one per worker."""
+        self._core.reset_workers([(key[0], key[1]) for key in keys], clear_degraded)
+
     def mark_degraded(self, key: WorkerKey, reason: str) -> None:
         """Flag ``key`` as incomplete (e.g. a reader that skipped a malformed message)."""
         self._core.mark_degraded(key[0], key[1], reason)

@@ -150,7 +150,5 @@ def observe_liveness(liveness: Liveness, index: CacheIndex, message: Any) -> str
     index's lock); if its instance closes, its workers leave ``index``: returns that instance."""
     closing = liveness.observe_message(message)
     if closing is not None:
-        for key in index.workers():
-            if key.instance_id == closing:
-                index.reset_worker(key, clear_degraded=True)
+        index.reset_workers([k for k in index.workers() if k.instance_id == closing], clear_degraded=True)
     return closing

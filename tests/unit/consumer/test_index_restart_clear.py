@@ -58,11 +58,13 @@ def test_blocks_stored_after_the_plan_are_dropped_by_a_scan() -> None:
     assert compiled.find_matches(fresh) == {}
 
 
-def test_more_caches_than_a_plan_holds_are_each_scanned() -> None:
+def test_caches_past_what_a_plan_holds_are_each_scanned() -> None:
+    """Ten ranks restart in one batch, two caches each: the first four ranks' eight caches are
+    planned, the other twelve are scanned under the lock."""
     restart = batch([created(4 + r, rank=r) for r in range(RANKS)], 1, dp=RANKS)
     compiled, _ = both([*fleet(), restart])
-    assert layout(compiled)["clears_planned"] == 0
-    assert layout(compiled)["clears_scanned"] == 2 * RANKS  # every rank's both caches
+    assert layout(compiled)["clears_planned"] == 8
+    assert layout(compiled)["clears_scanned"] == 2 * RANKS - 8
     assert compiled.held_blocks() == 0
 
 
@@ -89,3 +91,16 @@ def test_reset_worker_drops_the_blocks_found_before_the_lock() -> None:
     assert compiled.stats().counters == oracle.stats().counters
     assert (layout(compiled)["clears_planned"], layout(compiled)["clears_scanned"]) == (2, 0)
     assert compiled.held_blocks() == 2 * 300 * (RANKS - 1)
+
+
+def test_reset_workers_plans_as_many_workers_per_scan_as_fit() -> None:
+    """An instance's ten ranks reset at once (liveness: the instance closed): four ranks'
+    caches per plan, none scanned under the lock; the index is the oracle's."""
+    compiled, oracle = both(fleet())
+    keys = [("i0", r) for r in range(RANKS)]
+    for index in (compiled, oracle):
+        index.reset_workers(keys, clear_degraded=True)  # type: ignore[arg-type]
+    assert compiled.to_bytes() == oracle.to_bytes()
+    assert compiled.stats().counters == oracle.stats().counters
+    assert (layout(compiled)["clears_planned"], layout(compiled)["clears_scanned"]) == (2 * RANKS, 0)
+    assert compiled.held_blocks() == 0
