@@ -110,7 +110,7 @@ cdef int _apply_scratch(IndexCore self, _Instance inst, int64_t pid, int64_t seq
     elif pid != inst.producer_id:
         if pid in inst.retired:
             if seq > inst.retired[pid]:
-                self._session_conflict(inst, pid, seq)
+                note_session_conflict(self, inst, pid, seq)
             else:
                 self.c_batches_stale += 1
             return 0
@@ -121,12 +121,12 @@ cdef int _apply_scratch(IndexCore self, _Instance inst, int64_t pid, int64_t seq
             self.wrk[<uint32_t>w].session_fresh = 1
             self.wrk[<uint32_t>w].last_created = 0
         if seq != 0:
-            self._degrade_all(inst, dp_size, _reasons.new_session_not_at_zero(pid, seq))
+            degrade_all(self, inst, dp_size, _reasons.new_session_not_at_zero(pid, seq))
     elif seq <= inst.sequence:
         replay = True
     else:
         if seq > inst.sequence + 1:
-            self._degrade_all(inst, dp_size, _reasons.batches_lost(pid, inst.sequence, seq))
+            degrade_all(self, inst, dp_size, _reasons.batches_lost(pid, inst.sequence, seq))
         inst.sequence = seq
     if replay:
         self.c_batches_replayed += 1
@@ -134,14 +134,14 @@ cdef int _apply_scratch(IndexCore self, _Instance inst, int64_t pid, int64_t seq
         inst.dp_size = dp_size
         for k in range(self.fb.ndrops):
             if self.fb.drops[2 * k + 1] > 0:
-                self._degrade(self._worker(inst, <int32_t>self.fb.drops[2 * k]),
+                degrade(self, worker_for(self, inst, <int32_t>self.fb.drops[2 * k]),
                               _reasons.events_dropped(self.fb.drops[2 * k + 1], seq))
     self.c_batches_applied += 1
     grow(<void **>&self.ev_widx, &self.ev_widx_cap, self.fb.nev + 1, sizeof(uint32_t))
     for k in range(self.fb.nev):
         e = &self.fb.ev[k]
         if e.rank != cached_rank:
-            widx = self._worker(inst, e.rank)
+            widx = worker_for(self, inst, e.rank)
             cached_rank = e.rank
         self.ev_widx[k] = widx
     with nogil:
@@ -215,7 +215,7 @@ cdef int _apply_fast(IndexCore self, uint32_t widx, SEvent *e, int64_t offset) e
     if kind == K_STORED:
         if offset != 0:
             return 0
-        slot = self._slot_active(widx, e.window)
+        slot = active_slot(self, widx, e.window)
         if slot == KV_NIL:
             return 0
     self.c_events_applied += 1
@@ -229,7 +229,7 @@ cdef int _apply_fast(IndexCore self, uint32_t widx, SEvent *e, int64_t offset) e
         w.split_blocks = 0
         w.has_split_tail = 0
         if kind == K_REMOVED:
-            _remove_blocks(self, self._slot_active(widx, e.window), e)
+            _remove_blocks(self, active_slot(self, widx, e.window), e)
         else:
             _update(self, widx, e)
     w = &self.wrk[widx]
@@ -294,10 +294,10 @@ cdef int _apply_event(IndexCore self, uint32_t widx, SEvent *e, int64_t offset) 
         expected = w.cursor + 1 if w.has_cursor else 0
         if not is_created and not (offset == 0 and event_id == expected):
             if not w.has_cursor:
-                self._degrade(widx, _reasons.joined_mid_stream(event_id))
+                degrade(self, widx, _reasons.joined_mid_stream(event_id))
             else:
                 pid = self.instances[w.inst].producer_id
-                self._degrade(widx, _reasons.new_session_not_continuous(pid or 0, w.cursor, event_id))
+                degrade(self, widx, _reasons.new_session_not_continuous(pid or 0, w.cursor, event_id))
     else:
         cursor = w.cursor if w.has_cursor else -1
         if event_id < cursor:
@@ -312,18 +312,18 @@ cdef int _apply_event(IndexCore self, uint32_t widx, SEvent *e, int64_t offset) 
                         return 0
                     tail_parent = True
                 else:
-                    self._degrade(widx, _reasons.missing_fragment(event_id, offset, w.split_blocks))
+                    degrade(self, widx, _reasons.missing_fragment(event_id, offset, w.split_blocks))
             else:
                 self.c_events_duplicate += 1
                 return 0
         elif event_id == cursor + 1:
             if offset > 0:
-                self._degrade(widx, _reasons.missing_fragment(event_id, offset, 0))
+                degrade(self, widx, _reasons.missing_fragment(event_id, offset, 0))
         else:
-            self._degrade(widx, _reasons.event_ids_jumped(cursor, event_id))
+            degrade(self, widx, _reasons.event_ids_jumped(cursor, event_id))
     self.c_events_applied += 1
     if is_stored:
-        slot = self._slot(widx, e.window, True)
+        slot = slot_for(self, widx, e.window, True)
         w = &self.wrk[widx]
         if tail_parent:
             has_parent = w.has_split_tail
@@ -345,16 +345,16 @@ cdef int _apply_event(IndexCore self, uint32_t widx, SEvent *e, int64_t offset) 
         w.has_split_tail = 0
         if is_created:
             if not w.last_created:
-                self._drop_worker_windows(widx)
+                drop_worker_windows(self, widx)
                 self.w_reasons[widx] = []
                 self.wrk[widx].gaps = 0
                 if e.snapshot:
                     self.c_resyncs += 1
-            slot = self._slot(widx, e.window, True)
+            slot = slot_for(self, widx, e.window, True)
             self._clear_slot(slot)
             self.s_capacity[slot] = [self.fb.vals[e.first + i] for i in range(e.count)]
         elif kind == K_REMOVED:
-            _remove_blocks(self, self._slot_active(widx, e.window), e)
+            _remove_blocks(self, active_slot(self, widx, e.window), e)
         else:
             _update(self, widx, e)
     w = &self.wrk[widx]
@@ -364,7 +364,7 @@ cdef int _apply_event(IndexCore self, uint32_t widx, SEvent *e, int64_t offset) 
     return 0
 
 cdef int _update(IndexCore self, uint32_t widx, SEvent *e) except -1 nogil:
-    cdef uint32_t slot = self._slot_active(widx, e.window), id = KV_NIL, packed, level
+    cdef uint32_t slot = active_slot(self, widx, e.window), id = KV_NIL, packed, level
     cdef int64_t i = -1
     cdef uint32_t *hs
     cdef Slot *s

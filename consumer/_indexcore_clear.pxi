@@ -40,7 +40,7 @@ cdef int reset_planned(IndexCore self, list widxs) except -1:
                 PyThread_acquire_lock(self.mu, WAIT_LOCK)
             try:
                 for k in range(pos, end):
-                    self._drop_worker_windows(<uint32_t>widxs[k])
+                    drop_worker_windows(self, <uint32_t>widxs[k])
             finally:
                 PyThread_release_lock(self.mu)
             pos = end

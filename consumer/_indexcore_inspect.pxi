@@ -13,7 +13,7 @@ cdef object inspect_workers(IndexCore self):
 
 
 cdef object inspect_worker_info(IndexCore self, str instance_id, int32_t rank):
-    cdef int64_t widx = self._find_worker(instance_id, rank)
+    cdef int64_t widx = find_worker(self, instance_id, rank)
     cdef uint32_t slot
     cdef Slot *s
     cdef int lvl
@@ -48,7 +48,7 @@ cdef object inspect_worker_info(IndexCore self, str instance_id, int32_t rank):
 
 
 cdef object inspect_worker_blocks(IndexCore self, str instance_id, int32_t rank, int32_t window):
-    cdef int64_t widx = self._find_worker(instance_id, rank)
+    cdef int64_t widx = find_worker(self, instance_id, rank)
     cdef uint32_t slot, id
     cdef int64_t i
     cdef Node *node
@@ -57,7 +57,7 @@ cdef object inspect_worker_blocks(IndexCore self, str instance_id, int32_t rank,
     try:
         if widx < 0:
             return []
-        slot = self._slot(<uint32_t>widx, window, False)
+        slot = slot_for(self, <uint32_t>widx, window, False)
         if slot == KV_NIL:
             return []
         out = []

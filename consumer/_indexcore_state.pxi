@@ -123,14 +123,14 @@ cdef object import_core_state(IndexCore self, state):
         raise ValueError(f"corrupt index state: {len(holders) // 4} holders, the counts say {total}")
     self._reset_all()
     for i in state.instances:
-        inst = self._instance(i.instance_id)
+        inst = instance_for(self, i.instance_id)
         inst.producer_id = i.producer_id
         inst.sequence = i.sequence
         inst.retired = retired_of(i)
         inst.dp_size = i.attention_dp_size
     canon_list = []
     for ws in state.workers:
-        widx = self._worker(self._instance(ws.instance_id), ws.rank)
+        widx = worker_for(self, instance_for(self, ws.instance_id), ws.rank)
         w = &self.wrk[<uint32_t>widx]
         w.has_cursor = ws.cursor is not None
         w.cursor = 0 if ws.cursor is None else ws.cursor
@@ -142,7 +142,7 @@ cdef object import_core_state(IndexCore self, state):
         w.gaps = ws.gaps
         self.w_reasons[<uint32_t>widx] = list(ws.degraded_reasons)
         for win in ws.windows:
-            slot = self._slot(<uint32_t>widx, win.window_size, True)
+            slot = slot_for(self, <uint32_t>widx, win.window_size, True)
             self.s_capacity[slot] = None if win.capacity is None else list(win.capacity)
             canon_list.append(slot)
     nslots_canon = len(canon_list)

@@ -1,0 +1,192 @@
+# Included by _indexcore.pyx (textually, after IndexCore): the workers (an instance's ranks) and
+# their window caches (slots), which events name, and the flags that degrade a worker. Functions
+# of an IndexCore, called by its methods and the apply code.
+
+
+cdef _Instance instance_for(IndexCore self, str instance_id):
+    cdef _Instance inst = self.inst_by_id.get(instance_id)
+    if inst is None:
+        inst = _Instance(instance_id, len(self.instances))
+        self.inst_by_id[instance_id] = inst
+        self.instances.append(inst)
+    return inst
+
+
+cdef uint32_t worker_for(IndexCore self, _Instance inst, int32_t rank) except? 0xFFFFFFFF:
+    cdef object found = inst.workers.get(rank)
+    if found is not None:
+        return <uint32_t>found
+    grow(<void **>&self.wrk, &self.workers_cap, self.nworkers + 1, sizeof(Worker))
+    cdef uint32_t widx = <uint32_t>self.nworkers
+    cdef Worker *w = &self.wrk[widx]
+    memset(w, 0, sizeof(Worker))
+    w.inst = inst.idx
+    w.rank = rank
+    w.first_slot = KV_NIL
+    w.session_fresh = 1
+    self.nworkers += 1
+    self.w_reasons.append([])
+    self.w_keys.append(self.key_factory(inst.instance_id, rank))
+    inst.workers[rank] = widx
+    return widx
+
+
+cdef int64_t find_worker(IndexCore self, str instance_id, int32_t rank) except -2:
+    cdef _Instance inst = self.inst_by_id.get(instance_id)
+    if inst is None:
+        return -1
+    cdef object found = inst.workers.get(rank)
+    return -1 if found is None else <int64_t>found
+
+
+cdef uint32_t active_slot(IndexCore self, uint32_t widx, int32_t window) noexcept nogil:
+    """The active slot of (worker, window); KV_NIL when there is none."""
+    cdef uint32_t slot = self.wrk[widx].first_slot
+    while slot != KV_NIL:
+        if self.slots[slot].window == window:
+            return slot if self.slots[slot].active else KV_NIL
+        slot = self.slots[slot].next_slot
+    return KV_NIL
+
+
+cdef uint32_t slot_for(IndexCore self, uint32_t widx, int32_t window, bint create) except? 0xFFFFFFFE:
+    """The active slot of (worker, window); KV_NIL when absent and not ``create``."""
+    cdef uint32_t slot = self.wrk[widx].first_slot
+    cdef Slot *s
+    while slot != KV_NIL:
+        s = &self.slots[slot]
+        if s.window == window:
+            if s.active:
+                return slot
+            if not create:
+                return KV_NIL
+            s.active = 1
+            count_active(self, widx, 1)
+            self.s_capacity[slot] = None
+            return slot
+        slot = s.next_slot
+    if not create:
+        return KV_NIL
+    if self.nslots > KV_SLOT_MASK:
+        raise OverflowError(f"more than {KV_SLOT_MASK} (worker, window size) caches in one index")
+    grow(<void **>&self.slots, &self.slots_cap, self.nslots + 1, sizeof(Slot))
+    slot = <uint32_t>self.nslots
+    s = &self.slots[slot]
+    memset(s, 0, sizeof(Slot))
+    s.worker = widx
+    s.window = window
+    s.khash = hash(self.w_keys[widx])
+    s.active = 1
+    s.next_slot = self.wrk[widx].first_slot
+    self.wrk[widx].first_slot = slot
+    count_active(self, widx, 1)
+    self.nslots += 1
+    self.s_capacity.append(None)
+    self.s_keys.append(self.w_keys[widx])
+    score_reserve(self, self.nslots)
+    self.skhash[slot] = s.khash
+    return slot
+
+
+cdef inline void count_active(IndexCore self, uint32_t widx, int delta) noexcept:
+    """Count a worker's active window caches, and the workers with more than one (while
+    there are none, an answer needs no best-of-windows per worker: match_counts)."""
+    cdef uint32_t old = self.wrk[widx].nactive
+    self.wrk[widx].nactive = old + delta
+    if delta > 0 and old == 1:
+        self.multi_workers += 1
+    elif delta < 0 and old == 2:
+        self.multi_workers -= 1
+
+
+cdef int check_capacity(IndexCore self, _Instance inst) except -1:
+    """IndexFullError unless every (rank, window) cache the scratch batch's Stored and Created
+    events name exists already or fits under ``max_caches`` (as ``_pycore``); ``inst`` may be
+    None (not yet seen). Called only when the batch has more events than room is left."""
+    cdef size_t k
+    cdef SEvent *e
+    cdef uint32_t slot
+    cdef bint known
+    new = set()
+    for k in range(self.fb.nev):
+        e = &self.fb.ev[k]
+        if e.kind != K_STORED and e.kind != K_CREATED:
+            continue
+        known = False
+        found = None if inst is None else inst.workers.get(e.rank)
+        if found is not None:
+            slot = self.wrk[<uint32_t>found].first_slot
+            while slot != KV_NIL and not known:
+                known = self.slots[slot].window == e.window
+                slot = self.slots[slot].next_slot
+        if not known:
+            new.add((e.rank, e.window))
+    if self.nslots + len(new) > self.max_caches:
+        raise index_full(self.nslots, len(new), self.limits)
+    return 0
+
+
+cdef int score_reserve(IndexCore self, size_t n) except -1:
+    cdef size_t old = self.score_cap, cap
+    if n <= old:
+        return 0
+    cap = old
+    grow(<void **>&self.stamp, &cap, n, sizeof(uint32_t))
+    cap = old
+    grow(<void **>&self.run, &cap, n, sizeof(uint32_t))
+    cap = old
+    grow(<void **>&self.prim, &cap, n, sizeof(uint32_t))
+    cap = old
+    grow(<void **>&self.pstep, &cap, n, sizeof(uint32_t))
+    cap = old
+    grow(<void **>&self.touched, &cap, n, sizeof(uint32_t))
+    cap = old
+    grow(<void **>&self.alive, &cap, n, sizeof(uint32_t))
+    cap = old
+    grow(<void **>&self.slvl, &cap, n, sizeof(uint8_t))
+    cap = old
+    grow(<void **>&self.skhash, &cap, n, sizeof(Py_hash_t))
+    memset(self.stamp + old, 0, (cap - old) * sizeof(uint32_t))
+    self.score_cap = cap
+    return 0
+
+
+cdef int drop_worker_windows(IndexCore self, uint32_t widx) except -1:
+    cdef uint32_t slot = self.wrk[widx].first_slot
+    while slot != KV_NIL:
+        if self.slots[slot].active:
+            self._clear_slot(slot)
+            self.slots[slot].active = 0
+            count_active(self, widx, -1)
+            self.s_capacity[slot] = None
+        slot = self.slots[slot].next_slot
+    return 0
+
+
+cdef int degrade(IndexCore self, uint32_t widx, str reason) except -1:
+    cdef list reasons = self.w_reasons[widx]
+    if len(reasons) < MAX_REASONS:
+        reasons.append(reason)
+    self.wrk[widx].gaps += 1
+    self.wrk[widx].last_created = 0  # a Created after a gap starts a new generation
+    self.c_gaps += 1
+    return 0
+
+
+cdef int note_session_conflict(IndexCore self, _Instance inst, int64_t pid, int64_t seq) except -1:
+    """A retired producer sent a new batch: two live producers share the instance id."""
+    inst.retired[pid] = seq
+    self.c_session_conflicts += 1
+    reason = _reasons.session_conflict(pid, seq, inst.producer_id or 0)
+    _log.warning("instance %r: %s", inst.instance_id, reason)
+    ranks = set(range(inst.dp_size if inst.dp_size > 1 else 1)) | set(inst.workers)
+    for rank in sorted(ranks):
+        degrade(self, worker_for(self, inst, rank), reason)
+    return 0
+
+
+cdef int degrade_all(IndexCore self, _Instance inst, int64_t dp_size, str reason) except -1:
+    ranks = set(range(dp_size if dp_size > 1 else 1)) | set(inst.workers)
+    for rank in sorted(ranks):
+        degrade(self, worker_for(self, inst, rank), reason)
+    return 0
