@@ -96,6 +96,7 @@ from kvevents.consumer._ingest cimport (
     aligned_alloc,
     decode_into,
     decoder_main,
+    kv_sleep_ns,
     kvh64_block,
     TAKE_SELF,
     TAKE_STAGE,
@@ -391,6 +392,8 @@ cdef class IndexCore:
     cdef uint32_t *ctok      # content_hashes' token scratch (a reader's; fb is the writer's)
     cdef size_t ctok_cap
     cdef bint applying       # a batch is being applied
+    cdef int writing         # writer calls in progress (_begin_write .. _end_write)
+    cdef int exporting       # export_state reads without the index lock: writers wait; atomic
     cdef PyThread_type_lock mu   # the index lock: held by a batch's events applied without the GIL
     cdef int readers_waiting     # readers blocked on mu (the writer hands it over between events)
     cdef long writer_ident       # the thread of the last writer call (_begin_write)
@@ -444,6 +447,7 @@ cdef class IndexCore:
         self.ctok = NULL
         self.ctok_cap = 0
         self.applying = False
+        self.writing = self.exporting = 0
         self.has_last_fp = False
         memset(&self.pipe, 0, sizeof(Pipe))
         self.plan_ids = NULL
@@ -608,10 +612,21 @@ cdef class IndexCore:
         flat_clear(self.fb)
 
     cdef int _begin_write(self) except -1:
+        """Enter a writer call (each ends with ``_end_write``): after an export reading without
+        the index lock, if one runs (``export_state``); RuntimeError while another thread
+        applies a batch."""
+        while self.exporting:
+            with nogil:
+                while kv_atomic_load(&self.exporting):
+                    kv_sleep_ns(200000)
         if self.applying:
             raise RuntimeError("CacheIndex: another thread is applying a batch (one writer at a time)")
         self.writer_ident = PyThread_get_thread_ident()  # see _rlock
+        self.writing += 1
         return 0
+
+    cdef inline void _end_write(self) noexcept:
+        self.writing -= 1
 
     def apply_encoded(self, data):
         """Decode a single-object encoded batch straight into the index (see module doc)."""
@@ -621,6 +636,7 @@ cdef class IndexCore:
             self._apply_encoded(data)
         finally:
             self.applying = False
+            self._end_write()
 
     def apply_encoded_many(self, batches):
         """``apply_encoded`` on each batch in order; stops at the first that raises. Returns
@@ -642,6 +658,7 @@ cdef class IndexCore:
                 done += 1
         finally:
             self.applying = False
+            self._end_write()
         return done
 
     cdef int _variant(self, const uint8_t *base, Py_ssize_t size) except -2:
@@ -723,6 +740,7 @@ cdef class IndexCore:
             self._apply_batch(batch)
         finally:
             self.applying = False
+            self._end_write()
 
     cdef _apply_batch(self, batch):
         self._scratch_clear()
@@ -909,69 +927,77 @@ cdef class IndexCore:
     def reset_workers(self, keys, bint clear_degraded):
         """``reset_worker`` for each (instance id, rank) of ``keys``, their blocks found by as
         few scans of every node as the plans hold (``reset_planned``)."""
-        self._begin_write()
-        cdef list widxs = [worker_for(self, instance_for(self, instance_id), rank) for instance_id, rank in keys]
         cdef uint32_t widx
-        reset_planned(self, widxs)
-        for widx in widxs:
-            self.wrk[widx].split_blocks = 0
-            self.wrk[widx].has_split_tail = 0
-            if clear_degraded:
-                self.w_reasons[widx] = []
-                self.wrk[widx].gaps = 0
+        self._begin_write()
+        try:
+            widxs = [worker_for(self, instance_for(self, instance_id), rank) for instance_id, rank in keys]
+            reset_planned(self, widxs)
+            for widx in widxs:
+                self.wrk[widx].split_blocks = 0
+                self.wrk[widx].has_split_tail = 0
+                if clear_degraded:
+                    self.w_reasons[widx] = []
+                    self.wrk[widx].gaps = 0
+        finally:
+            self._end_write()
 
     def mark_degraded(self, str instance_id, int32_t rank, str reason):
         self._begin_write()
-        degrade(self, worker_for(self, instance_for(self, instance_id), rank), reason)
+        try:
+            degrade(self, worker_for(self, instance_for(self, instance_id), rank), reason)
+        finally:
+            self._end_write()
 
     def load_window(self, str instance_id, int32_t rank, int32_t window, capacity, stored):
         """Store a snapshot's window. The tables and the pool grow for all its blocks first,
         without the GIL or the index lock (``_regrow_ahead``; readers go on); the blocks are
         stored holding the GIL, which keeps readers out (this seam takes no index lock)."""
         self._begin_write()
-        cdef uint32_t widx = worker_for(self, instance_for(self, instance_id), rank)
-        cdef uint32_t slot = slot_for(self, widx, window, True)
-        cdef uint64_t coming
-        if capacity is not None:
-            self.s_capacity[slot] = list(capacity)
-        stored = stored if type(stored) is list else list(stored)
-        coming = sum(len(data.blocks) for data in stored)
-        self.applying = True  # another writer is refused while the GIL is let go
         try:
-            with nogil:
-                _regrow_ahead(self, coming)
+            load_window_blocks(self, instance_id, rank, window, capacity, stored)
         finally:
-            self.applying = False
-        for data in stored:
-            self._scratch_clear()
-            for block in data.blocks:
-                fill_block(self.fb, block, &KVH)
-            _store(self, slot, data.parent_hash is not None,
-                        0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.fb.nblk, NULL)
+            self._end_write()
 
     def set_cursor(self, str instance_id, int32_t rank, event_id):
+        cdef Worker *w
         self._begin_write()
-        cdef uint32_t widx = worker_for(self, instance_for(self, instance_id), rank)
-        cdef Worker *w = &self.wrk[widx]
-        w.has_cursor = event_id is not None
-        w.cursor = 0 if event_id is None else event_id
-        w.session_fresh = event_id is None
-        w.last_created = 0
-        w.split_blocks = 0
-        w.has_split_tail = 0
+        try:
+            w = &self.wrk[worker_for(self, instance_for(self, instance_id), rank)]
+            w.has_cursor = event_id is not None
+            w.cursor = 0 if event_id is None else event_id
+            w.session_fresh = event_id is None
+            w.last_created = 0
+            w.split_blocks = 0
+            w.has_split_tail = 0
+        finally:
+            self._end_write()
 
     # ------------------------------------------------------------------ state (_indexcore_state.pxi)
 
     def import_state(self, state):
         """Replace everything with ``state`` (counters start from zero)."""
-        import_core_state(self, state)
+        self._begin_write()
+        try:
+            import_core_state(self, state)
+        finally:
+            self._end_write()
 
     def export_state(self):
-        self._rlock()
+        """The state as columns (``IndexState``). With no writer call in progress the export
+        reads without the index lock, and queries from other threads go on meanwhile: writers
+        wait for it (``_begin_write``), the readers only read. Else (this thread's callback,
+        or another thread applying) it takes the lock like a query."""
+        if self.writing:
+            self._rlock()
+            try:
+                return export_core_state(self, False)
+            finally:
+                self._runlock()
+        self.exporting = 1
         try:
-            return export_core_state(self)
+            return export_core_state(self, True)
         finally:
-            self._runlock()
+            self.exporting = 0
 
 
 include "_indexcore_workers.pxi"

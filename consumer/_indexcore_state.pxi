@@ -1,7 +1,10 @@
 # Included by _indexcore.pyx (textually, after IndexCore): the index's state as columns, out and in
 # (IndexState; the checkpoint's content). Functions of an IndexCore, called by its methods.
 
-cdef object export_core_state(IndexCore self):
+cdef object export_core_state(IndexCore self, bint unlocked):
+    """The state as columns. ``unlocked``: the caller holds no index lock, writers wait for it
+    (``export_state``), and the node scan, the sort and the columns run without the GIL, so
+    queries go on meanwhile."""
     cdef size_t wi
     cdef list order = sorted(
         [((<_Instance>self.instances[self.wrk[wi].inst]).instance_id, self.wrk[wi].rank, wi)
@@ -14,11 +17,9 @@ cdef object export_core_state(IndexCore self):
     cdef uint32_t *ph
     cdef uint32_t *canon = <uint32_t *>PyMem_Malloc((self.nslots + 1) * sizeof(uint32_t))
     cdef EngineId *ids = NULL
-    cdef uint32_t ncanon = 0, slot, id, cnt, j
-    cdef uint64_t k, nn = 0, nh = 0
+    cdef uint32_t ncanon = 0, slot
+    cdef uint64_t nn = 0, nh = 0
     cdef Worker *w
-    cdef Node *node
-    cdef uint32_t *hs
     if canon == NULL:
         raise MemoryError()
     try:
@@ -52,14 +53,11 @@ cdef object export_core_state(IndexCore self):
         ids = <EngineId *>PyMem_Malloc((self.st.nodes_used + 1) * sizeof(EngineId))
         if ids == NULL:
             raise MemoryError()
-        for id in range(self.st.node_top):
-            node = self.N(id)
-            if node.n & KV_USED:
-                ids[nn].engine = node.engine
-                ids[nn].id = id
-                nn += 1
-                nh += node.n & KV_COUNT_MASK
-        qsort(ids, nn, sizeof(EngineId), cmp_engine)
+        if unlocked:
+            with nogil:
+                _export_scan(self, ids, &nn, &nh)
+        else:
+            _export_scan(self, ids, &nn, &nh)
         engine = PyBytes_FromStringAndSize(NULL, nn * 8)
         content = PyBytes_FromStringAndSize(NULL, nn * 8)
         flags = PyBytes_FromStringAndSize(NULL, nn)
@@ -70,28 +68,56 @@ cdef object export_core_state(IndexCore self):
         pf = <uint8_t *>PyBytes_AS_STRING(flags)
         pn = <uint32_t *>PyBytes_AS_STRING(counts)
         ph = <uint32_t *>PyBytes_AS_STRING(holders)
-        nh = 0
-        for k in range(nn):
-            node = self.N(ids[k].id)
-            pe[k] = node.engine
-            pf[k] = 1 if node.n & KV_HAS_CONTENT else 0
-            pc[k] = node.content if pf[k] else 0
-            cnt = node.n & KV_COUNT_MASK
-            pn[k] = cnt
-            hs = node_holders(&self.st, node)
-            for j in range(cnt):
-                ph[nh + j] = (hs[j] & ~KV_SLOT_MASK) | canon[hs[j] & KV_SLOT_MASK]
-            qsort(ph + nh, cnt, sizeof(uint32_t), cmp_u32_slot)
-            nh += cnt
+        if unlocked:
+            with nogil:
+                _export_columns(self, ids, nn, canon, pe, pc, pf, pn, ph)
+        else:
+            _export_columns(self, ids, nn, canon, pe, pc, pf, pn, ph)
         return IndexState(instances, workers, engine, content, flags, counts, holders)
     finally:
         PyMem_Free(canon)
         PyMem_Free(ids)
 
 
+cdef void _export_scan(IndexCore self, EngineId *ids, uint64_t *nn, uint64_t *nh) noexcept nogil:
+    """The nodes in use, sorted by engine hash, into ``ids``; their count and their holders'."""
+    cdef uint32_t id
+    cdef Node *node
+    for id in range(self.st.node_top):
+        node = self.N(id)
+        if node.n & KV_USED:
+            ids[nn[0]].engine = node.engine
+            ids[nn[0]].id = id
+            nn[0] += 1
+            nh[0] += node.n & KV_COUNT_MASK
+    qsort(ids, nn[0], sizeof(EngineId), cmp_engine)
+
+
+cdef void _export_columns(IndexCore self, const EngineId *ids, uint64_t nn, const uint32_t *canon,
+                          uint64_t *pe, uint64_t *pc, uint8_t *pf, uint32_t *pn,
+                          uint32_t *ph) noexcept nogil:
+    """The node columns, in ``ids``' order: engine, content, has-content flag, holder count,
+    and the holders (their slots renumbered by ``canon``, sorted by it)."""
+    cdef uint64_t k, nh = 0
+    cdef uint32_t cnt, j
+    cdef Node *node
+    cdef uint32_t *hs
+    for k in range(nn):
+        node = self.N(ids[k].id)
+        pe[k] = node.engine
+        pf[k] = 1 if node.n & KV_HAS_CONTENT else 0
+        pc[k] = node.content if pf[k] else 0
+        cnt = node.n & KV_COUNT_MASK
+        pn[k] = cnt
+        hs = node_holders(&self.st, node)
+        for j in range(cnt):
+            ph[nh + j] = (hs[j] & ~KV_SLOT_MASK) | canon[hs[j] & KV_SLOT_MASK]
+        qsort(ph + nh, cnt, sizeof(uint32_t), cmp_u32_slot)
+        nh += cnt
+
+
 cdef object import_core_state(IndexCore self, state):
-    """Replace everything with ``state`` (counters start from zero)."""
-    self._begin_write()
+    """Replace everything with ``state`` (counters start from zero); the caller is a writer."""
     cdef const uint8_t[::1] engine = state.engine
     cdef const uint8_t[::1] content = state.content
     cdef const uint8_t[::1] flags = state.has_content
@@ -194,3 +220,30 @@ cdef object import_core_state(IndexCore self, state):
     finally:
         PyMem_Free(canon)
         PyMem_Free(tmp)
+
+
+cdef int load_window_blocks(IndexCore self, str instance_id, int32_t rank, int32_t window, capacity,
+                            stored) except -1:
+    """``load_window`` (the caller is a writer): the tables and the pool grown for all of the
+    window's blocks first, without the GIL or the index lock (flagged as applying meanwhile:
+    another writer is refused), then the blocks stored, holding the GIL."""
+    cdef uint32_t widx = worker_for(self, instance_for(self, instance_id), rank)
+    cdef uint32_t slot = slot_for(self, widx, window, True)
+    cdef uint64_t coming
+    if capacity is not None:
+        self.s_capacity[slot] = list(capacity)
+    stored = stored if type(stored) is list else list(stored)
+    coming = sum(len(data.blocks) for data in stored)
+    self.applying = True
+    try:
+        with nogil:
+            _regrow_ahead(self, coming)
+    finally:
+        self.applying = False
+    for data in stored:
+        self._scratch_clear()
+        for block in data.blocks:
+            fill_block(self.fb, block, &KVH)
+        _store(self, slot, data.parent_hash is not None,
+               0 if data.parent_hash is None else data.parent_hash, 0, <uint32_t>self.fb.nblk, NULL)
+    return 0

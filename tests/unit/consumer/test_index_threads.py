@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
 from _index_helpers import batch, created, shared_prefix_batches, stored
 from kvevents.consumer._indexcore import IndexCore
+from kvevents.consumer._state import encode_state
 from kvevents.consumer.index import CacheIndex
 
 
@@ -186,3 +188,84 @@ def test_a_query_from_inside_a_query_of_the_same_thread_raises() -> None:
         query: list[Any] = [1, Reentrant()]
         core.match_counts(query, False, None, 15)
     assert core.match_counts([1, 2], False, None, 15) == {("i0", 0): 2}
+
+
+def _big_index(blocks: int) -> CacheIndex:
+    """One worker holding ``blocks`` blocks (events of 1,000), for exports that take a while."""
+    from kvevents.schemas import encode_batch
+
+    index = CacheIndex(core="compiled")
+    per = 1000
+    events = [stored(1 + k, list(range(k * per + 1, (k + 1) * per + 1))) for k in range(blocks // per)]
+    index.apply_encoded_many([encode_batch(batch(events[i : i + 20], i)) for i in range(0, len(events), 20)])
+    return index
+
+
+def test_queries_run_while_the_state_is_exported() -> None:
+    """export_state (to_bytes, checkpoints) reads the index without its lock when no writer
+    call is in progress, so another thread's lookups go on during it: no gap between two
+    answers lasts half the export (with the lock held throughout, one gap was the whole
+    export). The state is the one a locked export gives."""
+    index = _big_index(400_000)
+    core: Any = index._core
+    locked = index.to_bytes()
+    ends: list[float] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            assert index.find_matches([1, 2, 3]) == {("i0", 0): 3}
+            ends.append(time.perf_counter())
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    verdicts = []
+    try:
+        for _ in range(5):  # the scheduler may keep the reader off a core for one export
+            start = time.perf_counter()
+            state = core.export_state()
+            end = time.perf_counter()
+            seen = [t for t in list(ends) if t > start]
+            gaps = [b - a for a, b in zip([start, *seen], seen, strict=False) if a < end]
+            verdicts.append((end - start, max(gaps, default=end - start)))
+            if verdicts[-1][1] < verdicts[-1][0] / 2:
+                break
+    finally:
+        done.set()
+        thread.join()
+    took, gap = verdicts[-1]
+    assert gap < took / 2, verdicts
+    assert encode_state(state) == locked
+
+
+def test_a_writer_waits_for_an_export_instead_of_failing() -> None:
+    """Batches applied from one thread while another exports the state again and again: no
+    writer call is refused, and each export is a whole state (it loads, holding the blocks of
+    a whole number of batches)."""
+    index = _big_index(200_000)
+    core: Any = index._core
+    extra = [
+        batch([stored(10_000 + k, [10**7 + k * 10 + j for j in range(10)])], 1000 + k) for k in range(40)
+    ]
+    from kvevents.schemas import encode_batch
+
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for b in extra:
+                index.apply_encoded(encode_batch(b))
+        except BaseException as exc:  # noqa: BLE001 - the assert below reports it
+            errors.append(exc)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    exports = []
+    while thread.is_alive():
+        exports.append(core.export_state())
+    thread.join()
+    assert not errors, errors
+    assert index.held_blocks() == 200_000 + 400
+    for state in exports:
+        held = CacheIndex.from_bytes(encode_state(state), core="compiled").held_blocks()
+        assert held >= 200_000 and (held - 200_000) % 10 == 0, held
