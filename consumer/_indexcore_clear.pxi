@@ -21,7 +21,7 @@ cdef int plan_clears(IndexCore self) except -1 nogil:
 cdef int reset_planned(IndexCore self, list widxs) except -1:
     """``reset_workers``' drop of the workers' caches, as an event's: the nodes of as many
     workers as a plan holds found by one scan without the GIL or the index lock (readers go
-    on), then their drop holding the lock; the writer flagged as applying meanwhile (another
+    on), then each one's drop holding the lock; the writer flagged as applying meanwhile (another
     writer is refused; ``_clear_slot`` lets the GIL go). A worker with more caches than a plan
     holds is dropped by scans under the lock."""
     cdef Py_ssize_t pos = 0, end, k, n = len(widxs)
@@ -37,12 +37,15 @@ cdef int reset_planned(IndexCore self, list widxs) except -1:
                 end = pos + 1
             with nogil:
                 _plan_scan(self)
-                PyThread_acquire_lock(self.mu, WAIT_LOCK)
-            try:
-                for k in range(pos, end):
+            for k in range(pos, end):  # one worker per lock hold: readers waiting go first
+                with nogil:
+                    while kv_atomic_load(&self.readers_waiting):
+                        sched_yield()
+                    PyThread_acquire_lock(self.mu, WAIT_LOCK)
+                try:
                     drop_worker_windows(self, <uint32_t>widxs[k])
-            finally:
-                PyThread_release_lock(self.mu)
+                finally:
+                    PyThread_release_lock(self.mu)
             pos = end
     finally:
         self.plan_nslots = 0
