@@ -116,7 +116,8 @@ def worker_restart_stall(
     that closed). Three workers per index and way (the first instance's, a middle one's, the
     last one's; rank 0 restarts, rank 1 is reset), after the lookups were measured. The core
     finds a cache's blocks by a scan of every node: this core before it takes the index lock
-    (docs/INDEX.md "Threads"), the cores before it under the lock (reset_worker: holding the GIL)."""
+    (docs/INDEX.md "Threads"), the cores before it under the lock (reset_worker: holding the GIL).
+    Last, a checkpoint's export (``to_bytes``), which this core reads without the index lock."""
     picks = (0, instances // 2, instances - 1)
     out: dict[str, Any] = {}
     resets: dict[str, Any] = {}
@@ -127,16 +128,22 @@ def worker_restart_stall(
         if config.dp_size > 1:
             keys = [WorkerKey(fleet_instance_id(i), 1) for i in picks]
             resets[name] = [_restart_once(index, partial(index.reset_worker, k), queries) for k in keys]
+    # a checkpoint's export (to_bytes) while lookups run: this core reads without the index
+    # lock; the cores before it held the lock (and the GIL) for all of it
+    exports = {name: _restart_once(index, index.to_bytes, queries) for name, index in indexes.items()}
     first = next(iter(indexes.values()))
     return {
         "distinct_blocks": first.stats().distinct_blocks,
         "runs": out["kvevents"],
         "by_core": out,
         "resets": resets,
+        "to_bytes": exports,
     }
 
 
-def _restart_once(index: CacheIndex, restart: Callable[[], None], queries: list[list[int]]) -> dict[str, Any]:
+def _restart_once(
+    index: CacheIndex, restart: Callable[[], object], queries: list[list[int]]
+) -> dict[str, Any]:
     """Call ``restart`` while a second thread runs 64-block lookups back to back; the wait is
     the longest time between two lookups' ends around it (a lookup blocked on the GIL or the
     index lock, before or inside ``find_matches``). The cyclic GC is off meanwhile: a full

@@ -412,6 +412,11 @@ def print_big(b: dict[str, Any]) -> None:
             ways.append((" reset_worker", restart["resets"]))
         for way, by_core in ways:
             _print_restarts(way, by_core)
+        for name, r in restart.get("to_bytes", {}).items():
+            print(
+                f"    {name} to_bytes (a checkpoint): {r['ms']:.0f} ms; longest lookup meanwhile "
+                f"{r['lookup_max_wait_ms']:.1f} ms ({r['lookups_during']} lookups)"
+            )
 
     print(
         f"  memory: RSS {mem['rss_bytes_per_worker_block']:.1f} B/worker-block while building (with the "

@@ -168,6 +168,7 @@ def test_bench_index_runs_its_matrix_and_big_scale_end_to_end(tmp_path: Path) ->
     assert restarts  # (with 2 instances the middle one and the last are one: restarted twice)
     for run in restarts:  # Created and reset_worker: the blocks found before the lock, not under it
         assert (run["clears_planned"], run["clears_scanned"]) == (1, 0), run
+    assert restart["to_bytes"]["kvevents"]["ms"] > 0  # a checkpoint's export, lookups running
     grown = result["growth"]["sides"]["kvevents"]["runs"][0]
     assert grown["table_growths"] >= 1 and grown["rebuilds_locked"] == 0, grown  # rebuilt ahead
     assert grown["lookups"] > 0
