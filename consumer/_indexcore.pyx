@@ -232,6 +232,8 @@ def _set_decoder_stall(double seconds):
     old = decoder_stall_ns / 1e9
     decoder_stall_ns = <uint64_t>(seconds * 1e9)
     return old
+
+
 cdef enum:
     NOGIL_DECODE_BYTES = 4096   # apply_encoded reads a body this big or bigger without the GIL
     PLAN_SLOTS = 8              # caches a batch's Created events plan to clear before its lock
@@ -417,7 +419,6 @@ cdef class IndexCore:
     cdef int plan_nslots
     cdef int64_t clears_planned  # caches cleared from a plan ...
     cdef int64_t clears_scanned  # ... and by a scan of every node under the lock
-    cdef tuple pipe_counts   # the last two-thread call's (ahead, waited, stolen, duplicated)
     cdef uint64_t *spec      # its content cache (_ingest.speculate), kept from call to call
     cdef FlatLimits lim
     cdef readonly object limits
@@ -454,7 +455,6 @@ cdef class IndexCore:
         self.plan_n = self.plan_cap = 0
         self.plan_nslots = 0
         self.clears_planned = self.clears_scanned = 0
-        self.pipe_counts = (0, 0, 0, 0)
         flat_init(&self.fb0)
         self.fb = &self.fb0
 
@@ -600,13 +600,8 @@ cdef class IndexCore:
 
     # ------------------------------------------------------------------ applying
 
-    # the apply rules (_store, _apply_scratch, _apply_events, ...) are functions of an IndexCore
-    # in _indexcore_apply.pxi
-
-    # ------------------------------------------------------------------ scratch
-
-    cdef inline int _need_drops(self, size_t n) except -1:
-        return flat_grow(<void **>&self.fb.drops, &self.fb.drops_cap, n, sizeof(int64_t))
+    # a batch is read into the scratch by _indexcore_decode.pxi and applied by the rules of
+    # _indexcore_apply.pxi (_apply_scratch, _apply_events, _store, ...): functions of an IndexCore
 
     cdef void _scratch_clear(self) noexcept:
         flat_clear(self.fb)
@@ -633,7 +628,7 @@ cdef class IndexCore:
         self._begin_write()
         self.applying = True
         try:
-            self._apply_encoded(data)
+            apply_encoded_one(self, data)
         finally:
             self.applying = False
             self._end_write()
@@ -651,7 +646,7 @@ cdef class IndexCore:
                 return apply_pipelined(self, items)
             for data in items:
                 try:
-                    self._apply_encoded(data)
+                    apply_encoded_one(self, data)
                 except Exception as exc:
                     exc.add_note(f"apply_encoded_many: batch {done} (the {done} before it are applied)")
                     raise
@@ -661,111 +656,16 @@ cdef class IndexCore:
             self._end_write()
         return done
 
-    cdef int _variant(self, const uint8_t *base, Py_ssize_t size) except -2:
-        """The flat reader's variant for a single-object encoded batch; -1 when the flat reader
-        does not read it (not single-object bytes, or a schema it does not know). The last
-        fingerprint seen is remembered (a stream has one schema at a time)."""
-        cdef uint64_t fp
-        if size < _HEADER or memcmp(base, PyBytes_AS_STRING(_MAGIC), 2) != 0:
-            return -1
-        memcpy(&fp, base + 2, 8)
-        if self.has_last_fp and fp == self.last_fp:
-            return self.last_variant
-        found = self.variants.get(PyBytes_FromStringAndSize(<const char *>base + 2, _HEADER - 2))
-        self.last_fp = fp
-        self.last_variant = -1 if found is None else <int>found
-        self.has_last_fp = True
-        return self.last_variant
-
-    cdef _apply_encoded(self, data):
-        cdef Py_buffer view
-        cdef Job job
-        cdef FlatError err
-        cdef int status
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise DecodeError(f"expected bytes, got {type(data).__name__}")
-        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
-        try:
-            job.base = <const uint8_t *>view.buf
-            job.size = view.len
-            job.variant = self._variant(job.base, job.size)
-            if job.variant < 0:
-                self._apply_batch(decode_batch(data))
-                return
-            job.kind = JOB_FLAT
-            if job.size >= NOGIL_DECODE_BYTES:  # let other threads run while a big body is read
-                with nogil:
-                    status = decode_into(&job, self.fb, &err, &self.lim, &KVH)
-            else:
-                status = decode_into(&job, self.fb, &err, &self.lim, &KVH)
-            self._apply_decoded(job.base, status, &err)
-        finally:
-            PyBuffer_Release(&view)
-
-    cdef int _apply_decoded(self, const uint8_t *base, int status, const FlatError *err) except -1:
-        """Apply the batch ``decode_into`` read into ``self.fb`` from ``base`` (its bytes, still
-        held): raise what the decoding found, else resolve its instance and apply it."""
-        cdef const uint8_t *name
-        cdef Py_ssize_t length
-        cdef _Instance inst
-        if status == STAGE_MALFORMED:
-            flat_raise(err)
-        if status == STAGE_LIMITS:
-            flat_validate(self.fb, &self.lim)  # raises LimitError (or passes: > 64 windows)
-        name = base + _HEADER + self.fb.instance_at
-        length = self.fb.instance_len
-        if self.last_inst_bytes is not None and length == len(self.last_inst_bytes) and \
-                memcmp(name, PyBytes_AS_STRING(self.last_inst_bytes), length) == 0:
-            inst = self.last_inst
-            if self.nslots + self.fb.nev > self.max_caches:
-                check_capacity(self, inst)
-        else:
-            name_bytes = PyBytes_FromStringAndSize(<const char *>name, length)
-            instance_id = name_bytes.decode("utf-8")
-            if self.nslots + self.fb.nev > self.max_caches:
-                check_capacity(self, self.inst_by_id.get(instance_id))
-            inst = instance_for(self, instance_id)
-            self.last_inst_bytes = name_bytes
-            self.last_inst = inst
-        _apply_scratch(self, inst, self.fb.producer_id, self.fb.sequence, self.fb.dp_size,
-                            self.fb.offset)
-        return 0
-
     def apply_batch(self, batch):
         """Apply one ``EventBatch`` (model objects); LimitError, and nothing applied, when it
         breaks the limits."""
         self._begin_write()
         self.applying = True
         try:
-            self._apply_batch(batch)
+            apply_model(self, batch)
         finally:
             self.applying = False
             self._end_write()
-
-    cdef _apply_batch(self, batch):
-        self._scratch_clear()
-        try:
-            name = batch.instance_id.encode("utf-8")
-            self.fb.instance_len = <uint32_t>min(len(name), 0xFFFFFFFF)
-            self.fb.dp_size = batch.attention_dp_size
-            self.fb.producer_id = batch.producer_id
-            self.fb.sequence = batch.sequence
-            self.fb.offset = batch.first_event_block_offset
-            drops = batch.dropped
-            self._need_drops(2 * len(drops))
-            for d in drops:
-                self.fb.drops[2 * self.fb.ndrops] = <int32_t>d.attention_dp_rank
-                self.fb.drops[2 * self.fb.ndrops + 1] = d.dropped_events
-                self.fb.ndrops += 1
-            for event in batch.events:
-                fill_event(self.fb, event, &KVH, _KINDS)
-        except (OverflowError, UnicodeEncodeError) as exc:
-            raise LimitError(f"a value outside the schema's types: {exc}") from None
-        flat_validate(self.fb, &self.lim)
-        if self.nslots + self.fb.nev > self.max_caches:
-            check_capacity(self, self.inst_by_id.get(batch.instance_id))
-        _apply_scratch(self, instance_for(self, batch.instance_id), self.fb.producer_id, self.fb.sequence,
-                            self.fb.dp_size, self.fb.offset)
 
     # ------------------------------------------------------------------ queries
 
@@ -790,83 +690,19 @@ cdef class IndexCore:
     def find_matches(self, block_hashes, window_size=None, *, max_cache_level=None):
         """``CacheIndex.find_matches`` itself (same parameters): ``CacheIndex`` binds it on the
         instance, so a lookup runs no Python frame of its own."""
-        return self._counts(block_hashes, False, window_size, _max_level_arg(max_cache_level))
+        return worker_counts(self, block_hashes, False, window_size, _max_level_arg(max_cache_level))
 
     def find_matches_by_content(self, content_hashes, window_size=None, *, max_cache_level=None):
         """``CacheIndex.find_matches_by_content`` itself (bound like ``find_matches``)."""
-        return self._counts(content_hashes, True, window_size, _max_level_arg(max_cache_level))
+        return worker_counts(self, content_hashes, True, window_size, _max_level_arg(max_cache_level))
 
     def match_counts(self, hashes, bint by_content, window, int max_level):
-        """{worker key: best run over its window caches} (see ``_counts``)."""
-        return self._counts(hashes, by_content, window, max_level)
-
-    cdef dict _counts(self, hashes, bint by_content, window, int max_level):
-        """{worker key: best run over its window caches} (the hot path of find_matches).
-
-        A result with many workers is mostly one value (every worker holding a shared system
-        prompt and nothing after it has the prompt's length), and copying a dict costs a tenth
-        of filling one. So the result is a copy of a cached *template* (the same workers, all
-        with the most common run) with the other workers' values set. A template is used only
-        when its slots are exactly this query's (equal count, every one of them matched now):
-        answers stay exact. The most common run and the touched set's signature come from the
-        walk (``_match``); a worker with several window caches needs the best of them, so
-        templates are used only while no worker has two (or when a window size is given)."""
-        cdef Py_ssize_t n
-        cdef size_t t, k
-        cdef uint64_t setsig = 0
-        cdef bint has_window = window is not None
-        self._rlock()  # the query scratch (keys, scores, templates) is the lock holder's
-        try:
-            n = load_query_keys(self, hashes)
-            t = match_walk(self, n, by_content, has_window, 0 if window is None else window, max_level, False)
-            if t >= 32 and (has_window or self.multi_workers == 0):
-                if self.q_setsig_known:
-                    setsig = self.q_setsig
-                else:
-                    for k in range(t):
-                        setsig ^= holder_sig(self.touched[k])
-                return counts_from_template(self, t, setsig ^ (<uint64_t>self.q_mode * KVH.k1), self.q_mode)
-            return build_counts(self, t)
-        finally:
-            self._runlock()
+        """{worker key: best run over its window caches} (see ``worker_counts``)."""
+        return worker_counts(self, hashes, by_content, window, max_level)
 
     def content_hashes(self, tokens, Py_ssize_t block_size, lora_id, cache_salt, token_extra_ids, mm_keys):
         """Chained content hashes of the full blocks of ``tokens`` (see ``hashing``)."""
-        cdef Py_ssize_t n, nblocks, b, i
-        cdef SBlock blk
-        cdef uint64_t h = 0
-        cdef bytes salt
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
-        if token_extra_ids is not None or mm_keys is not None:
-            return content_hashes_for_tokens(tokens, block_size, lora_id, cache_salt=cache_salt,
-                                             token_extra_ids=token_extra_ids, mm_keys=mm_keys)
-        n = len(tokens)
-        grow(<void **>&self.ctok, &self.ctok_cap, n if n else 1, sizeof(uint32_t))
-        if isinstance(tokens, carray.array) and tokens.typecode == 'i':
-            if n:
-                memcpy(self.ctok, (<carray.array>tokens).data.as_ints, n * sizeof(uint32_t))
-        else:
-            i = 0
-            for t in tokens:
-                self.ctok[i] = <uint32_t><int64_t>t  # the low 32 bits, as the hash takes them
-                i += 1
-        memset(&blk, 0, sizeof(SBlock))
-        blk.ntok = <uint32_t>block_size
-        if lora_id is not None:
-            blk.has_lora = 1
-            blk.lora = <uint64_t>(lora_id & 0xFFFFFFFFFFFFFFFF)
-        if cache_salt is not None:
-            salt = cache_salt.encode("utf-8") if isinstance(cache_salt, str) else bytes(cache_salt)
-            blk.has_salt = 1
-            blk.salt = salt_hash_bytes(<const uint8_t *>PyBytes_AS_STRING(salt), len(salt))
-        nblocks = n // block_size
-        out = []
-        for b in range(nblocks):
-            blk.tok = <uint32_t>(b * block_size)
-            h = block_content(h, b == 0, &blk, self.ctok, NULL, NULL)
-            out.append(h)
-        return out
+        return tokens_content_hashes(self, tokens, block_size, lora_id, cache_salt, token_extra_ids, mm_keys)
 
     # ------------------------------------------------------------------ introspection (_indexcore_inspect.pxi)
 
@@ -908,7 +744,8 @@ cdef class IndexCore:
         the decoding thread before the writer came to them), ``waited`` (the writer waited for
         the decoder to finish), ``stolen`` (the writer read them itself, the decoder not having
         started) and ``duplicated`` (the writer read them itself after waiting its patience)."""
-        return dict(zip(("ahead", "waited", "stolen", "duplicated"), self.pipe_counts))
+        cdef Pipe *p = &self.pipe
+        return {"ahead": p.ahead, "waited": p.waited, "stolen": p.stolen, "duplicated": p.duplicated}
 
     def check_tables(self):
         """A test seam: per table (``engine``, ``content``), its wrong entries (docs/INDEX.md:
@@ -1001,6 +838,7 @@ cdef class IndexCore:
 
 
 include "_indexcore_workers.pxi"
+include "_indexcore_decode.pxi"
 include "_indexcore_apply.pxi"
 include "_indexcore_clear.pxi"
 include "_indexcore_match.pxi"

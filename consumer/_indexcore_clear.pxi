@@ -138,29 +138,29 @@ cdef int clear_slot(IndexCore self, uint32_t slot) except -1 nogil:
     plan, by an earlier event of the batch), by a scan of every node."""
     cdef size_t k
     cdef uint32_t id
-    cdef int64_t i
-    cdef Node *node
     if self.slots[slot].total == 0:
         return 0
     if _planned(self, slot):
         self.clears_planned += 1
         for k in range(self.plan_n):
             _prefetch_planned(self, k)
-            id = self.plan_ids[k]
-            node = self.N(id)
-            if node.n & KV_USED:
-                i = holder_index(&self.st, node, slot)
-                if i >= 0:
-                    self._remove_holder_at(id, <uint32_t>i)
-                    if self.slots[slot].total == 0:
-                        return 0
+            if _drop_holder(self, self.plan_ids[k], slot):
+                return 0
     self.clears_scanned += 1
     for id in range(self.st.node_top):
-        node = self.N(id)
-        if node.n & KV_USED:
-            i = holder_index(&self.st, node, slot)
-            if i >= 0:
-                self._remove_holder_at(id, <uint32_t>i)
-                if self.slots[slot].total == 0:
-                    break
+        if _drop_holder(self, id, slot):
+            break
     return 0
+
+
+cdef inline bint _drop_holder(IndexCore self, uint32_t id, uint32_t slot) except -1 nogil:
+    """Remove ``slot``'s holder from node ``id`` if the node is in use and ``slot`` holds it;
+    True once the slot holds nothing more."""
+    cdef Node *node = self.N(id)
+    cdef int64_t i
+    if node.n & KV_USED:
+        i = holder_index(&self.st, node, slot)
+        if i >= 0:
+            self._remove_holder_at(id, <uint32_t>i)
+            return self.slots[slot].total == 0
+    return False

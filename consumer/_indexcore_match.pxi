@@ -1,7 +1,8 @@
 # Included by _indexcore.pyx (textually, after IndexCore): the query walk behind find_matches and
 # match (the keys read from the query, the block-by-block walk over holders with its shortcuts,
-# the answer dict built or copied from a template). Functions of an IndexCore; callers hold the
-# index lock (IndexCore._rlock) and own its query scratch.
+# the answer dict built or copied from a template), and a token query's content hashes.
+# Functions of an IndexCore; ``worker_counts`` takes the index lock (IndexCore._rlock), and the
+# walk's parts are called holding it (they own its query scratch).
 
 cdef extern from *:
     """
@@ -456,4 +457,76 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
             kv_entry_set(&entries[k], value)
         else:
             _PyDict_SetItem_KnownHash(out, keys[slot], value, self.skhash[slot])
+    return out
+
+
+cdef dict worker_counts(IndexCore self, hashes, bint by_content, window, int max_level):
+    """{worker key: best run over its window caches} (the hot path of find_matches).
+
+    A result with many workers is mostly one value (every worker holding a shared system
+    prompt and nothing after it has the prompt's length), and copying a dict costs a tenth
+    of filling one. So the result is a copy of a cached *template* (the same workers, all
+    with the most common run) with the other workers' values set. A template is used only
+    when its slots are exactly this query's (equal count, every one of them matched now):
+    answers stay exact. The most common run and the touched set's signature come from the
+    walk (``_match``); a worker with several window caches needs the best of them, so
+    templates are used only while no worker has two (or when a window size is given)."""
+    cdef Py_ssize_t n
+    cdef size_t t, k
+    cdef uint64_t setsig = 0
+    cdef bint has_window = window is not None
+    self._rlock()  # the query scratch (keys, scores, templates) is the lock holder's
+    try:
+        n = load_query_keys(self, hashes)
+        t = match_walk(self, n, by_content, has_window, 0 if window is None else window, max_level, False)
+        if t >= 32 and (has_window or self.multi_workers == 0):
+            if self.q_setsig_known:
+                setsig = self.q_setsig
+            else:
+                for k in range(t):
+                    setsig ^= holder_sig(self.touched[k])
+            return counts_from_template(self, t, setsig ^ (<uint64_t>self.q_mode * KVH.k1), self.q_mode)
+        return build_counts(self, t)
+    finally:
+        self._runlock()
+
+
+cdef list tokens_content_hashes(IndexCore self, tokens, Py_ssize_t block_size, lora_id, cache_salt, token_extra_ids,
+                               mm_keys):
+    """``content_hashes``: chained content hashes of the full blocks of ``tokens`` (``hashing``),
+    computed here unless extra token ids or multimodal keys ask for the Python one."""
+    cdef Py_ssize_t n, nblocks, b, i
+    cdef SBlock blk
+    cdef uint64_t h = 0
+    cdef bytes salt
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    if token_extra_ids is not None or mm_keys is not None:
+        return content_hashes_for_tokens(tokens, block_size, lora_id, cache_salt=cache_salt,
+                                         token_extra_ids=token_extra_ids, mm_keys=mm_keys)
+    n = len(tokens)
+    grow(<void **>&self.ctok, &self.ctok_cap, n if n else 1, sizeof(uint32_t))
+    if isinstance(tokens, carray.array) and tokens.typecode == 'i':
+        if n:
+            memcpy(self.ctok, (<carray.array>tokens).data.as_ints, n * sizeof(uint32_t))
+    else:
+        i = 0
+        for t in tokens:
+            self.ctok[i] = <uint32_t><int64_t>t  # the low 32 bits, as the hash takes them
+            i += 1
+    memset(&blk, 0, sizeof(SBlock))
+    blk.ntok = <uint32_t>block_size
+    if lora_id is not None:
+        blk.has_lora = 1
+        blk.lora = <uint64_t>(lora_id & 0xFFFFFFFFFFFFFFFF)
+    if cache_salt is not None:
+        salt = cache_salt.encode("utf-8") if isinstance(cache_salt, str) else bytes(cache_salt)
+        blk.has_salt = 1
+        blk.salt = salt_hash_bytes(<const uint8_t *>PyBytes_AS_STRING(salt), len(salt))
+    nblocks = n // block_size
+    out = []
+    for b in range(nblocks):
+        blk.tok = <uint32_t>(b * block_size)
+        h = block_content(h, b == 0, &blk, self.ctok, NULL, NULL)
+        out.append(h)
     return out

@@ -38,7 +38,7 @@ cdef object apply_pipelined(IndexCore self, list items):
             held += 1
             jobs[i].base = <const uint8_t *>views[held - 1].buf
             jobs[i].size = views[held - 1].len
-            jobs[i].variant = self._variant(jobs[i].base, jobs[i].size)
+            jobs[i].variant = batch_variant(self, jobs[i].base, jobs[i].size)
             if jobs[i].variant >= 0:
                 jobs[i].kind = JOB_FLAT
         stages_ready(self)
@@ -65,9 +65,9 @@ cdef object apply_pipelined(IndexCore self, list items):
                 self.fb = &stage.fb
             try:
                 if take == TAKE_SELF or stage.status == STAGE_WRITER:
-                    self._apply_encoded(items[i])  # its own path (raises for a non-buffer)
+                    apply_encoded_one(self, items[i])  # its own path (raises for a non-buffer)
                 else:
-                    self._apply_decoded(jobs[i].base, stage.status, &stage.err)
+                    apply_flat(self, jobs[i].base, stage.status, &stage.err)
             except BaseException as exc:
                 if isinstance(exc, Exception):
                     exc.add_note(f"apply_encoded_many: batch {done} (the {done} before it are applied)")
@@ -82,7 +82,6 @@ cdef object apply_pipelined(IndexCore self, list items):
             with nogil:
                 pipe_release(p, <size_t>done, True)
                 pthread_join(thread, NULL)
-            self.pipe_counts = (p.ahead, p.waited, p.stolen, p.duplicated)
         for i in range(held):
             PyBuffer_Release(&views[i])
         PyMem_Free(views)

@@ -112,7 +112,7 @@ def worker_restart_stall(
     indexes: dict[str, CacheIndex], config: FleetConfig, instances: int, queries: list[list[int]]
 ) -> dict[str, Any]:
     """What a worker's restart (a Created event) costs the writer, and how long lookups wait
-    meanwhile (``_restart_once``); then the same for ``reset_worker`` (liveness: an instance
+    meanwhile (``_with_lookups``); then the same for ``reset_worker`` (liveness: an instance
     that closed). Three workers per index and way (the first instance's, a middle one's, the
     last one's; rank 0 restarts, rank 1 is reset), after the lookups were measured. The core
     finds a cache's blocks by a scan of every node: this core before it takes the index lock
@@ -123,14 +123,14 @@ def worker_restart_stall(
     resets: dict[str, Any] = {}
     for name, index in indexes.items():
         out[name] = [
-            _restart_once(index, partial(index.apply, _restart_batch(config, i)), queries) for i in picks
+            _with_lookups(index, partial(index.apply, _restart_batch(config, i)), queries) for i in picks
         ]
         if config.dp_size > 1:
             keys = [WorkerKey(fleet_instance_id(i), 1) for i in picks]
-            resets[name] = [_restart_once(index, partial(index.reset_worker, k), queries) for k in keys]
+            resets[name] = [_with_lookups(index, partial(index.reset_worker, k), queries) for k in keys]
     # a checkpoint's export (to_bytes) while lookups run: this core reads without the index
     # lock; the cores before it held the lock (and the GIL) for all of it
-    exports = {name: _restart_once(index, index.to_bytes, queries) for name, index in indexes.items()}
+    exports = {name: _with_lookups(index, index.to_bytes, queries) for name, index in indexes.items()}
     first = next(iter(indexes.values()))
     return {
         "distinct_blocks": first.stats().distinct_blocks,
@@ -141,12 +141,10 @@ def worker_restart_stall(
     }
 
 
-def _restart_once(
-    index: CacheIndex, restart: Callable[[], object], queries: list[list[int]]
-) -> dict[str, Any]:
-    """Call ``restart`` while a second thread runs 64-block lookups back to back; the wait is
-    the longest time between two lookups' ends around it (a lookup blocked on the GIL or the
-    index lock, before or inside ``find_matches``). The cyclic GC is off meanwhile: a full
+def _with_lookups(index: CacheIndex, call: Callable[[], object], queries: list[list[int]]) -> dict[str, Any]:
+    """Call ``call`` (a restart, a reset, an export) while a second thread runs 64-block
+    lookups back to back; the wait is the longest time between two lookups' ends around it (a
+    lookup blocked on the GIL or the index lock, before or inside ``find_matches``). The cyclic GC is off meanwhile: a full
     collection of the bench's millions of path ints is no wait on the index."""
     held = index.held_blocks()
     ends: list[float] = []
@@ -167,7 +165,7 @@ def _restart_once(
     try:
         time.sleep(0.05)
         t0 = time.perf_counter()
-        restart()
+        call()
         t1 = time.perf_counter()
         time.sleep(0.01)
     finally:
