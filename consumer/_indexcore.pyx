@@ -190,7 +190,7 @@ cdef enum:
     LEVEL_MAX = 15
     PRIORITY_MAX = 255
     MAX_REASONS = 8
-    QGROUP = 16          # keys per prefetch group of a query (_match)
+    QGROUP = 16          # keys per prefetch group of a query (match_walk)
     HASH_AHEAD = 8       # _store computes a block's content this many blocks before storing it
 
 cdef enum Kind:
@@ -408,7 +408,7 @@ cdef class IndexCore:
     cdef FlatBatch fb0      # the writer's own
     cdef FlatBatch *fb      # the batch being applied: fb0, or a pipeline stage (apply_encoded_many)
     cdef dict variants
-    cdef uint64_t last_fp    # the last schema fingerprint seen, and its flat variant (_variant)
+    cdef uint64_t last_fp    # the last schema fingerprint seen, and its flat variant (batch_variant)
     cdef int last_variant
     cdef bint has_last_fp
     cdef Pipe pipe           # apply_encoded_many's decoding thread (_ingest.pxd)

@@ -112,7 +112,7 @@ cdef inline void fetch_query_ints(IndexCore self, Py_ssize_t upto) noexcept:
 
 
 cdef inline int query_keys_upto(IndexCore self, Py_ssize_t upto) except -1:
-    """Make ``qkeys[:upto]`` valid (converting the query list's ints; ``_match`` asks a few
+    """Make ``qkeys[:upto]`` valid (converting the query list's ints; ``match_walk`` asks a few
     groups ahead, so a query that stops matching early never converts its tail)."""
     cdef Py_ssize_t i
     cdef list src = self.qlist
@@ -469,7 +469,7 @@ cdef dict worker_counts(IndexCore self, hashes, bint by_content, window, int max
     with the most common run) with the other workers' values set. A template is used only
     when its slots are exactly this query's (equal count, every one of them matched now):
     answers stay exact. The most common run and the touched set's signature come from the
-    walk (``_match``); a worker with several window caches needs the best of them, so
+    walk (``match_walk``); a worker with several window caches needs the best of them, so
     templates are used only while no worker has two (or when a window size is given)."""
     cdef Py_ssize_t n
     cdef size_t t, k
