@@ -22,15 +22,16 @@ PROGRAM = textwrap.dedent(
     out = Path(sys.argv[2])
     guard_rank("test rank")
     guard_rank("again")  # a guarded rank is not guarded twice
-    (out / "rank.pid").write_text(f"{os.getpid()} {os.getppid()} {int(rank_is_guarded())}")
     how = sys.argv[1]
+    got = []
+    if how == "sigterm":  # before rank.pid says the rank is up: the test signals right after
+        signal.signal(signal.SIGTERM, lambda n, f: got.append(n))
+    (out / "rank.pid").write_text(f"{os.getpid()} {os.getppid()} {int(rank_is_guarded())}")
     if how == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     if how == "exit3":
         sys.exit(3)
     if how == "sigterm":
-        got = []
-        signal.signal(signal.SIGTERM, lambda n, f: got.append(n))
         while not got:
             time.sleep(0.01)
         time.sleep(0.3)  # a second SIGTERM (sent twice by mistake) would be counted
