@@ -107,7 +107,9 @@ class FakeEnginePublisher:
     replay buffer of ``buffer_steps`` batches served by a ROUTER (``reply_frames`` 2 = ``[seq,
     payload]``, 3 = ``[topic, seq, payload]``), end marker seq ``-1``. ``send(payload)`` publishes
     the next seq; ``skip(n)`` consumes seqs without sending (an induced gap, still in the
-    replay buffer); ``restart()`` starts seqs at 0 again with an empty buffer."""
+    replay buffer); ``restart()`` starts seqs at 0 again with an empty buffer.
+    ``replay_drop=(a, b)``: items ``a..b-1`` of every replay answer are not sent (the end marker
+    still is), as a ROUTER drops what goes past its high-water mark while its reader lags."""
 
     def __init__(
         self,
@@ -119,12 +121,14 @@ class FakeEnginePublisher:
         buffer_steps: int = 10_000,
         reply_frames: int = 3,
         hwm: int = 100_000,
+        replay_drop: tuple[int, int] | None = None,
     ) -> None:
         import zmq
 
         self._zmq = zmq
         self.topic = topic
         self.reply_frames = reply_frames
+        self.replay_drop = replay_drop
         self.pub = ctx.socket(zmq.PUB)
         self.pub.set_hwm(hwm)
         self.pub.bind(pub_endpoint)
@@ -171,6 +175,9 @@ class FakeEnginePublisher:
             start_seq = int.from_bytes(start, "big")
             with self._lock:
                 retained = [(s, p) for s, p in self.buffer if s >= start_seq]
+            if self.replay_drop is not None:
+                a, b = self.replay_drop
+                del retained[a:b]
             for s, p in retained:
                 body = (
                     [s.to_bytes(8, "big"), p]

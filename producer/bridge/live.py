@@ -52,6 +52,7 @@ _COUNTS = (
     "replays",
     "replayed_batches",
     "replays_incomplete",
+    "replays_with_holes",
     "batches_lost",
     "bad_payloads",
     "engine_restarts",
@@ -341,16 +342,8 @@ class ZmqBridge:
         """Batches ``start..end-1`` were not received: replay them, report what is still missing."""
         self.counts["gaps"] += 1
         got: dict[int, bytes] = {}
-        if result is None and self._replay_endpoint is not None:
-            result = request_replay(
-                self._ctx, rank_endpoint(self._replay_endpoint, rank), start, timeout=self._replay_timeout
-            )
-        if result is not None:
-            got = {s: p for s, p in result.batches if start <= s < end}
-            self.counts["replays"] += 1
-            self.counts["replayed_batches"] += len(got)
-            if not result.complete:
-                self.counts["replays_incomplete"] += 1
+        if result is not None or self._replay_endpoint is not None:
+            got = self._replay_range(rank, start, end, result)
         lost = 0
         for s in range(start, end):
             payload = got.get(s)
@@ -367,6 +360,42 @@ class ZmqBridge:
                 del replayed[next(iter(replayed))]
         if lost:
             self._lose(rank, lost, f"seqs {end - lost}..{end - 1}")
+
+    def _replay_range(self, rank: int, start: int, end: int, result: ReplayResult | None) -> dict[int, bytes]:
+        """Seqs ``start..end-1`` from the engine's replay (``result``: an answer from ``start``
+        already had).
+
+        An engine answers a request from one look at its buffer: every seq it holds from the one
+        asked on, in order, and it forgets only its oldest. So within an answer, a seq missing
+        after the first one received was not forgotten but dropped on the way: a ROUTER socket
+        drops, silently, what goes beyond its high-water mark (vLLM's replay ROUTER keeps the
+        default, 1000 messages) when its I/O thread or this reader falls behind (a loaded
+        machine, a gap of thousands of batches), and the end marker can still come. Such a seq
+        is asked for again, from the first one missing, as long as each answer brings seqs not
+        had yet; what is still missing then (forgotten, or the engine stopped answering) is lost.
+        """
+        got: dict[int, bytes] = {}
+        ask = start
+        while True:
+            if result is None:
+                assert self._replay_endpoint is not None
+                result = request_replay(
+                    self._ctx, rank_endpoint(self._replay_endpoint, rank), ask, timeout=self._replay_timeout
+                )
+            new = {s: p for s, p in result.batches if ask <= s < end and s not in got}
+            got.update(new)
+            self.counts["replays"] += 1
+            self.counts["replayed_batches"] += len(new)
+            if not result.complete:
+                self.counts["replays_incomplete"] += 1
+            if not new:
+                return got
+            ask = next((s for s in range(min(got), end) if s not in got), end)
+            if ask == end:
+                return got
+            self.counts["replays_with_holes"] += 1
+            log.info("rank %d: replay answer lacks seq %d (dropped on the way): asking again", rank, ask)
+            result = None
 
     def _lose(self, rank: int, batches: int, what: str) -> None:
         log.warning(
