@@ -120,6 +120,9 @@ class ExportStats:
     unrouted_batches: int = 0
     replays: int = 0
     replayed_batches: int = 0
+    replays_abandoned: int = 0
+    """Answers cut short: the client read nothing for ``REPLAY_SEND_TIMEOUT_S`` or went away
+    (it gets no end marker, so it sees an incomplete answer, not a silent hole)."""
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -382,6 +385,10 @@ class ZmqExporter:
         self.close()
 
 
+REPLAY_SEND_TIMEOUT_S = 10.0
+"""How long a replay answer waits for a client that reads nothing before it is abandoned."""
+
+
 class _ReplayServer(threading.Thread):
     """Answers replay requests on every publisher's ROUTER socket, one request at a time."""
 
@@ -393,7 +400,13 @@ class _ReplayServer(threading.Thread):
         self._routers: list[tuple[Any, int]] = []
         for index, (_, endpoint) in enumerate(exporter._publishers):
             if endpoint is not None:
-                self._routers.append((exporter._open(zmq.ROUTER, endpoint), index))
+                router = exporter._open(zmq.ROUTER, endpoint)
+                # A ROUTER drops, silently, what goes past a slow client's high-water mark and
+                # still sends the end marker: the client would see an answer with a hole in it.
+                # Mandatory routing makes a full pipe block the send instead (bounded below).
+                router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                router.setsockopt(zmq.SNDTIMEO, int(REPLAY_SEND_TIMEOUT_S * 1000))
+                self._routers.append((router, index))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -424,13 +437,31 @@ class _ReplayServer(threading.Thread):
         only = frames[3] if len(frames) == 4 else None
         three = exporter.config.replay_frames == 3
         sent = 0
-        for topic, seq, payload in self.replay(index, start_seq, only):
-            sock.send_multipart([client, b"", topic, seq, payload] if three else [client, b"", seq, payload])
-            sent += 1
+        end = END_SEQ.to_bytes(8, "big")
+        try:
+            for topic, seq, payload in self.replay(index, start_seq, only):
+                sock.send_multipart(
+                    [client, b"", topic, seq, payload] if three else [client, b"", seq, payload]
+                )
+                sent += 1
+            sock.send_multipart([client, b"", only or b"", end, b""] if three else [client, b"", end, b""])
+        except exporter._zmq.ZMQError as exc:  # Again: the client stopped reading; else it is gone
+            exporter.stats.replays_abandoned += 1
+            exporter.stats.replayed_batches += sent
+            why = (
+                f"it read nothing for {REPLAY_SEND_TIMEOUT_S:.0f} s"
+                if isinstance(exc, exporter._zmq.Again)
+                else exc
+            )
+            log.warning(
+                "replay from seq %d abandoned after %d batches (%s): the client gets no end marker",
+                start_seq,
+                sent,
+                why,
+            )
+            return
         exporter.stats.replays += 1
         exporter.stats.replayed_batches += sent
-        end = END_SEQ.to_bytes(8, "big")
-        sock.send_multipart([client, b"", only or b"", end, b""] if three else [client, b"", end, b""])
         log.info("replay from seq %d: %d batches", start_seq, sent)
 
     def replay(self, index: int, start_seq: int, only: bytes | None) -> list[tuple[bytes, bytes, bytes]]:

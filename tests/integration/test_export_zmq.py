@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 import zmq
 from cli_streams import simulate_to_topic
 from kvevents.consumer import CacheIndex, EventReader, WorkerKey
+from kvevents.consumer.export import zmq_export
 from kvevents.consumer.export.vllm_wire import medium_for_level
 from kvevents.consumer.export.zmq_export import Endpoint, ZmqExportConfig, ZmqExporter, stream_topic
 
@@ -365,3 +367,86 @@ def test_a_worker_that_lost_events_is_cleared_then_refilled_by_its_snapshot(
         ("BlockStored", [1, 9]),
     ]
     assert _index_blocks(kafka_bootstrap, kafka_topic, "m") == {"kv@eng@m": {(1, "GPU"), (9, "GPU")}}
+
+
+def _replay_setup(bootstrap: str, topic: str, tmp_path: Path, iterations: int) -> tuple[ZmqExportConfig, str]:
+    """A one-worker topic exported on ipc:// sockets (small kernel buffers: a client that does
+    not read fills the pipe after a few thousand batches, not tens of thousands)."""
+    simulate_to_topic(bootstrap, topic, instances=("sim-a",), ranks=1, iterations=iterations)
+    replay = f"ipc://{tmp_path}/replay.sock"
+    config = ZmqExportConfig(
+        bootstrap,
+        topic,
+        pub=Endpoint(f"ipc://{tmp_path}/pub.sock"),
+        replay=Endpoint(replay),
+        replay_anchors=4,
+    )
+    return config, replay
+
+
+def _request(ctx: zmq.Context, endpoint: str, start: int) -> zmq.Socket:
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.RCVHWM, 1)
+    dealer.connect(endpoint)
+    dealer.send_multipart([b"", start.to_bytes(8, "big")])
+    return dealer
+
+
+def test_a_slow_replay_client_gets_every_batch_not_a_hole(
+    kafka_bootstrap: str, kafka_topic: str, tmp_path: Path
+) -> None:
+    """A client that reads its answer late: the ROUTER waits for it instead of dropping what
+    goes past its high-water mark (which, before, left a hole before a normal end marker)."""
+    config, replay = _replay_setup(kafka_bootstrap, kafka_topic, tmp_path, iterations=15000)
+    ctx = zmq.Context()
+    try:
+        with ZmqExporter(config, context=ctx) as exporter:
+            exporter.run(until_caught_up=True)
+            (published,) = exporter.seqs.values()
+            assert published > 2500
+            dealer = _request(ctx, replay, 0)
+            time.sleep(2.0)  # the answer fills the pipe; the server waits
+            seqs = []
+            while True:
+                assert dealer.poll(10_000), "the answer stopped before its end marker"
+                frames = dealer.recv_multipart()
+                seq = int.from_bytes(frames[2], "big")
+                if seq == END:
+                    break
+                seqs.append(seq)
+            dealer.close(linger=0)
+            assert seqs == list(range(published))
+            assert (exporter.stats.replays, exporter.stats.replays_abandoned) == (1, 0)
+    finally:
+        ctx.destroy(linger=0)  # a failed assertion leaves sockets open: term() would wait on them
+
+
+def test_a_client_that_stops_reading_is_abandoned_and_counted(
+    kafka_bootstrap: str, kafka_topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(zmq_export, "REPLAY_SEND_TIMEOUT_S", 0.5)
+    config, replay = _replay_setup(kafka_bootstrap, kafka_topic, tmp_path, iterations=15000)
+    ctx = zmq.Context()
+    try:
+        with ZmqExporter(config, context=ctx) as exporter:
+            exporter.run(until_caught_up=True)
+            (published,) = exporter.seqs.values()
+            stuck = _request(ctx, replay, 0)  # never read
+            deadline = time.monotonic() + 30
+            while exporter.stats.replays_abandoned == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert exporter.stats.replays_abandoned == 1
+            assert 0 < exporter.stats.replayed_batches < published
+            fresh = _request(ctx, replay, published - 3)  # the server goes on answering
+            got = []
+            while True:
+                assert fresh.poll(10_000)
+                seq = int.from_bytes(fresh.recv_multipart()[2], "big")
+                if seq == END:
+                    break
+                got.append(seq)
+            assert got == [published - 3, published - 2, published - 1]
+            stuck.close(linger=0)
+            fresh.close(linger=0)
+    finally:
+        ctx.destroy(linger=0)  # a failed assertion leaves sockets open: term() would wait on them
