@@ -150,6 +150,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "a few at a time, up to this much early (a sleep per iteration costs more CPU than the "
         "iteration; 0: sleep whenever ahead; default: 1)",
     )
+    engine.add_argument(
+        "--engine-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run each rank's engine thread at nice N (0-19), its manager, gather and sink "
+        "threads unchanged: on a machine that hosts the simulation next to the broker and "
+        "routers, the pipeline and the rest go first, as if the engines had hosts of their own "
+        "(default: 0, unchanged)",
+    )
     engine.add_argument("--max-batch-size", type=int, default=64, help="requests running at once at most")
     add_kafka_flags(parser)
     add_output_flags(parser, json_help="print the summary as JSON")
@@ -193,6 +203,7 @@ def config_from_args(args: argparse.Namespace, bootstrap: str | None) -> SimRunC
             kafka_config=kafka,
             schema_registry=None if args.no_kafka else registry_settings(args),
             flush_log_dir=args.flush_log,
+            engine_nice=args.engine_nice,
             simulator=simulator,
             workload=workload,
         )

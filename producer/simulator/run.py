@@ -52,6 +52,15 @@ def mpi_world_size() -> int:
     return 1
 
 
+def lower_this_thread(nice: int) -> None:
+    """Lower the calling thread's CPU priority to ``nice`` (Linux: per thread; threads it starts
+    later inherit it). A failure is logged, not raised: the run goes on at normal priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError as exc:
+        log.warning("could not set the engine thread's nice to %d: %s", nice, exc)
+
+
 @dataclass(frozen=True)
 class SimRunConfig:
     """What ``kvevents simulate`` runs; the topology: ``docs/SIMULATOR.md``."""
@@ -85,6 +94,11 @@ class SimRunConfig:
     flush_log_dir: str | None = None
     """Write ``flush-<instance>-<rank>.json`` here: per flush, the last event id handed over
     and the ``time.monotonic()`` of that flush (for end-to-end latency benchmarks)."""
+    engine_nice: int = 0
+    """Run each rank's engine thread (the simulated engine's own work, not the manager, gather or
+    sink threads) at this ``nice`` value; > 0 lets the pipeline's threads and the rest of the
+    machine (broker, routers) go first, as if the engines had hosts of their own. Linux sets it
+    per thread; 0 leaves the priority alone."""
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     """Cache shape and pace; instance id, rank, realtime and snapshots are set per rank."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
@@ -105,6 +119,8 @@ class SimRunConfig:
             raise ValueError(f"max_kv_event_entries must be >= 1, got {self.max_kv_event_entries}")
         if not self.instance_prefix:
             raise ValueError("instance_prefix must not be empty")
+        if not 0 <= self.engine_nice <= 19:
+            raise ValueError(f"engine_nice must be 0..19, got {self.engine_nice}")
         self.gather_config()  # a bad rank timeout is a ValueError now, not on the ranks
 
     def gather_config(self) -> GatherConfig | None:
@@ -392,6 +408,8 @@ class SimRun:
                     self._retry_snapshot_at = now + _SNAPSHOT_RETRY_S  # too large: not every iteration
                 return self._stop or (deadline is not None and now >= deadline)
 
+            if cfg.engine_nice:
+                lower_this_thread(cfg.engine_nice)
             sim.run(max_requests=cfg.requests, should_stop=should_stop)
             if cfg.snapshot_on_drops:
                 self._answer_last_loss(sim, manager, sink)

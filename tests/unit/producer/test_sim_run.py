@@ -3,6 +3,10 @@ what its manager emitted, and topologies that need MPI are refused with the comm
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from pathlib import Path
+
 import pytest
 from kvevents.producer.simulator import GroundTruth, SimulatorConfig
 from kvevents.producer.simulator.run import SimRunConfig, mpi_world_size, run, topology
@@ -100,3 +104,44 @@ def test_the_flush_log_notes_every_flush_that_handed_over_events(tmp_path):
     times = [at for _, at in log["flushes"]]
     assert ids == sorted(set(ids)) and times == sorted(times)
     assert ids[-1] == result.events_enqueued - 1 and result.stored_blocks > 0 and result.removed_blocks > 0
+
+
+def _thread_nices() -> dict[int, int]:
+    """{thread id: nice} of this process's threads (Linux: /proc/self/task/*/stat, field 19)."""
+    nices = {}
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            nices[int(task.name)] = int(fields[16])
+    return nices
+
+
+def test_engine_nice_lowers_the_engine_thread_only():
+    seen: list[tuple[int, dict[int, int]]] = []
+
+    def progress(_: object) -> None:
+        seen.append((threading.get_native_id(), _thread_nices()))
+
+    config = SimRunConfig(
+        requests=60,
+        engine_nice=7,
+        topic=None,
+        workload=WorkloadConfig(request_rate=300),
+        simulator=SimulatorConfig(iterations_per_second=1000),
+    )
+    runner = threading.Thread(
+        target=run, args=(config,), kwargs={"progress": progress, "progress_interval_s": 0.01}
+    )
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive() and seen
+    engine_tid, nices = seen[-1]
+    assert nices[engine_tid] == 7
+    assert nices[threading.get_native_id()] == 0  # the caller's thread is left alone
+    others = {tid: n for tid, n in nices.items() if tid != engine_tid}
+    assert len(others) >= 2 and set(others.values()) == {0}  # the manager's worker among them
+
+
+def test_engine_nice_out_of_range_is_named():
+    with pytest.raises(ValueError, match=r"engine_nice must be 0\.\.19"):
+        SimRunConfig(requests=1, engine_nice=20)
