@@ -392,6 +392,17 @@ def _request(ctx: zmq.Context, endpoint: str, start: int) -> zmq.Socket:
     return dealer
 
 
+def _answer_seqs(dealer: zmq.Socket) -> list[int]:
+    """The seqs of one replay answer, read up to its end marker (10 s without a frame: fail)."""
+    seqs = []
+    while True:
+        assert dealer.poll(10_000), "the answer stopped before its end marker"
+        seq = int.from_bytes(dealer.recv_multipart()[2], "big")
+        if seq == END:
+            return seqs
+        seqs.append(seq)
+
+
 def test_a_slow_replay_client_gets_every_batch_not_a_hole(
     kafka_bootstrap: str, kafka_topic: str, tmp_path: Path
 ) -> None:
@@ -406,16 +417,7 @@ def test_a_slow_replay_client_gets_every_batch_not_a_hole(
             assert published > 2500
             dealer = _request(ctx, replay, 0)
             time.sleep(2.0)  # the answer fills the pipe; the server waits
-            seqs = []
-            while True:
-                assert dealer.poll(10_000), "the answer stopped before its end marker"
-                frames = dealer.recv_multipart()
-                seq = int.from_bytes(frames[2], "big")
-                if seq == END:
-                    break
-                seqs.append(seq)
-            dealer.close(linger=0)
-            assert seqs == list(range(published))
+            assert _answer_seqs(dealer) == list(range(published))
             assert (exporter.stats.replays, exporter.stats.replays_abandoned) == (1, 0)
     finally:
         ctx.destroy(linger=0)  # a failed assertion leaves sockets open: term() would wait on them
@@ -438,15 +440,7 @@ def test_a_client_that_stops_reading_is_abandoned_and_counted(
             assert exporter.stats.replays_abandoned == 1
             assert 0 < exporter.stats.replayed_batches < published
             fresh = _request(ctx, replay, published - 3)  # the server goes on answering
-            got = []
-            while True:
-                assert fresh.poll(10_000)
-                seq = int.from_bytes(fresh.recv_multipart()[2], "big")
-                if seq == END:
-                    break
-                got.append(seq)
-            assert got == [published - 3, published - 2, published - 1]
-            stuck.close(linger=0)
-            fresh.close(linger=0)
+            assert _answer_seqs(fresh) == [published - 3, published - 2, published - 1]
+            stuck.close(linger=0)  # held open until here: abandoned for not reading, not for leaving
     finally:
         ctx.destroy(linger=0)  # a failed assertion leaves sockets open: term() would wait on them
