@@ -389,8 +389,25 @@ REPLAY_SEND_TIMEOUT_S = 10.0
 """How long a replay answer waits for a client that reads nothing before it is abandoned."""
 
 
+@dataclass
+class _Answer:
+    """A replay answer being sent: its frames (the end marker last) and how far it got."""
+
+    sock: Any
+    start_seq: int
+    frames: list[list[bytes]]
+    sent: int = 0
+    last_progress: float = field(default_factory=time.monotonic)
+
+
 class _ReplayServer(threading.Thread):
-    """Answers replay requests on every publisher's ROUTER socket, one request at a time."""
+    """Answers replay requests on every publisher's ROUTER socket.
+
+    A ROUTER drops, silently, what goes past a slow client's high-water mark and still sends
+    the end marker: the client would see an answer with a hole in it. So the sockets route
+    mandatorily (a full pipe refuses the send) and answers are sent without blocking: what a
+    client cannot take yet waits in its answer while the others go on; one that takes nothing
+    for ``REPLAY_SEND_TIMEOUT_S``, or has gone, is abandoned (no end marker) and counted."""
 
     def __init__(self, exporter: ZmqExporter) -> None:
         super().__init__(name="kvevents-export-replay", daemon=True)
@@ -401,11 +418,7 @@ class _ReplayServer(threading.Thread):
         for index, (_, endpoint) in enumerate(exporter._publishers):
             if endpoint is not None:
                 router = exporter._open(zmq.ROUTER, endpoint)
-                # A ROUTER drops, silently, what goes past a slow client's high-water mark and
-                # still sends the end marker: the client would see an answer with a hole in it.
-                # Mandatory routing makes a full pipe block the send instead (bounded below).
                 router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-                router.setsockopt(zmq.SNDTIMEO, int(REPLAY_SEND_TIMEOUT_S * 1000))
                 self._routers.append((router, index))
 
     def stop(self) -> None:
@@ -417,52 +430,71 @@ class _ReplayServer(threading.Thread):
         poller = zmq.Poller()
         for sock, _ in self._routers:
             poller.register(sock, zmq.POLLIN)
+        pending: list[_Answer] = []
         while not self._stopping.is_set():
-            ready = dict(poller.poll(100))
+            ready = dict(poller.poll(5 if pending else 100))
             for sock, index in self._routers:
                 if sock not in ready:
                     continue
                 frames = sock.recv_multipart()
                 try:
-                    self._serve(sock, index, frames)
+                    answer = self._answer(sock, index, frames)
                 except Exception:
                     log.exception("replay request failed")
+                    continue
+                if answer is not None:
+                    pending.append(answer)
+            pending = [answer for answer in pending if not self._push(answer)]
 
-    def _serve(self, sock: Any, index: int, frames: list[bytes]) -> None:
+    def _answer(self, sock: Any, index: int, frames: list[bytes]) -> _Answer | None:
+        """The answer to one request (None: not a valid request)."""
         exporter = self.exporter
         if len(frames) not in (3, 4) or frames[1] != b"" or len(frames[2]) != 8:
             log.warning("invalid replay request (%d frames): expected [b'', start_seq, (topic)]", len(frames))
-            return
+            return None
         client, start_seq = frames[0], int.from_bytes(frames[2], "big")
         only = frames[3] if len(frames) == 4 else None
         three = exporter.config.replay_frames == 3
-        sent = 0
+        out = [
+            [client, b"", topic, seq, payload] if three else [client, b"", seq, payload]
+            for topic, seq, payload in self.replay(index, start_seq, only)
+        ]
         end = END_SEQ.to_bytes(8, "big")
+        out.append([client, b"", only or b"", end, b""] if three else [client, b"", end, b""])
+        return _Answer(sock, start_seq, out)
+
+    def _push(self, answer: _Answer) -> bool:
+        """Send what the client takes now; True once the answer is done with (sent or abandoned)."""
+        zmq, stats = self.exporter._zmq, self.exporter.stats
+        start = answer.sent
         try:
-            for topic, seq, payload in self.replay(index, start_seq, only):
-                sock.send_multipart(
-                    [client, b"", topic, seq, payload] if three else [client, b"", seq, payload]
-                )
-                sent += 1
-            sock.send_multipart([client, b"", only or b"", end, b""] if three else [client, b"", end, b""])
-        except exporter._zmq.ZMQError as exc:  # Again: the client stopped reading; else it is gone
-            exporter.stats.replays_abandoned += 1
-            exporter.stats.replayed_batches += sent
-            why = (
-                f"it read nothing for {REPLAY_SEND_TIMEOUT_S:.0f} s"
-                if isinstance(exc, exporter._zmq.Again)
-                else exc
-            )
-            log.warning(
-                "replay from seq %d abandoned after %d batches (%s): the client gets no end marker",
-                start_seq,
-                sent,
-                why,
-            )
-            return
-        exporter.stats.replays += 1
-        exporter.stats.replayed_batches += sent
-        log.info("replay from seq %d: %d batches", start_seq, sent)
+            while answer.sent < len(answer.frames):
+                answer.sock.send_multipart(answer.frames[answer.sent], flags=zmq.NOBLOCK)
+                answer.sent += 1
+        except zmq.Again:  # the client's pipe is full: later, unless it stopped reading
+            now = time.monotonic()
+            if answer.sent > start:
+                answer.last_progress = now
+            if now - answer.last_progress < REPLAY_SEND_TIMEOUT_S:
+                return False
+            why = f"it read nothing for {REPLAY_SEND_TIMEOUT_S:.0f} s"
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client has gone
+            why = str(exc)
+        else:
+            batches = len(answer.frames) - 1
+            stats.replays += 1
+            stats.replayed_batches += batches
+            log.info("replay from seq %d: %d batches", answer.start_seq, batches)
+            return True
+        stats.replays_abandoned += 1
+        stats.replayed_batches += answer.sent
+        log.warning(
+            "replay from seq %d abandoned after %d batches (%s): the client gets no end marker",
+            answer.start_seq,
+            answer.sent,
+            why,
+        )
+        return True
 
     def replay(self, index: int, start_seq: int, only: bytes | None) -> list[tuple[bytes, bytes, bytes]]:
         """Re-convert the topic from the anchor up to the live position; the batches of
