@@ -8,9 +8,11 @@ of the exporter (seqs continue from its state file)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -369,10 +371,15 @@ def test_a_worker_that_lost_events_is_cleared_then_refilled_by_its_snapshot(
     assert _index_blocks(kafka_bootstrap, kafka_topic, "m") == {"kv@eng@m": {(1, "GPU"), (9, "GPU")}}
 
 
-def _replay_setup(bootstrap: str, topic: str, tmp_path: Path, iterations: int) -> tuple[ZmqExportConfig, str]:
-    """A one-worker topic exported on ipc:// sockets (small kernel buffers: a client that does
-    not read fills the pipe after a few thousand batches, not tens of thousands)."""
-    simulate_to_topic(bootstrap, topic, instances=("sim-a",), ranks=1, iterations=iterations)
+@contextlib.contextmanager
+def _replaying(
+    bootstrap: str, topic: str, tmp_path: Path
+) -> Iterator[tuple[ZmqExporter, zmq.Context, str, int]]:
+    """An exporter caught up with a one-worker topic of 2,500+ batches, answering replays on
+    ipc:// sockets (small kernel buffers: a client that does not read fills the pipe after a
+    few thousand batches, not tens of thousands): (exporter, context, replay endpoint, batches
+    published)."""
+    simulate_to_topic(bootstrap, topic, instances=("sim-a",), ranks=1, iterations=15000)
     replay = f"ipc://{tmp_path}/replay.sock"
     config = ZmqExportConfig(
         bootstrap,
@@ -381,7 +388,15 @@ def _replay_setup(bootstrap: str, topic: str, tmp_path: Path, iterations: int) -
         replay=Endpoint(replay),
         replay_anchors=4,
     )
-    return config, replay
+    ctx = zmq.Context()
+    try:
+        with ZmqExporter(config, context=ctx) as exporter:
+            exporter.run(until_caught_up=True)
+            (published,) = exporter.seqs.values()
+            assert published > 2500
+            yield exporter, ctx, replay, published
+    finally:
+        ctx.destroy(linger=0)  # a failed assertion leaves sockets open: term() would wait on them
 
 
 def _request(ctx: zmq.Context, endpoint: str, start: int) -> zmq.Socket:
@@ -416,19 +431,11 @@ def test_a_slow_replay_client_gets_every_batch_not_a_hole(
 ) -> None:
     """A client that reads its answer late: the ROUTER waits for it instead of dropping what
     goes past its high-water mark (which, before, left a hole before a normal end marker)."""
-    config, replay = _replay_setup(kafka_bootstrap, kafka_topic, tmp_path, iterations=15000)
-    ctx = zmq.Context()
-    try:
-        with ZmqExporter(config, context=ctx) as exporter:
-            exporter.run(until_caught_up=True)
-            (published,) = exporter.seqs.values()
-            assert published > 2500
-            dealer = _request(ctx, replay, 0)
-            time.sleep(2.0)  # the answer fills the pipe; the server waits
-            assert _answer_seqs(dealer) == list(range(published))
-            assert (exporter.stats.replays, exporter.stats.replays_abandoned) == (1, 0)
-    finally:
-        ctx.destroy(linger=0)  # a failed assertion leaves sockets open: term() would wait on them
+    with _replaying(kafka_bootstrap, kafka_topic, tmp_path) as (exporter, ctx, replay, published):
+        dealer = _request(ctx, replay, 0)
+        time.sleep(2.0)  # the answer fills the pipe; the server waits
+        assert _answer_seqs(dealer) == list(range(published))
+        assert (exporter.stats.replays, exporter.stats.replays_abandoned) == (1, 0)
 
 
 def test_a_client_that_stops_reading_is_abandoned_and_counted(
@@ -437,23 +444,16 @@ def test_a_client_that_stops_reading_is_abandoned_and_counted(
     """A client that stops reading holds up no one: another's answer goes out meanwhile; the
     stuck one is abandoned after the timeout, counted, with no end marker."""
     monkeypatch.setattr(zmq_export, "REPLAY_SEND_TIMEOUT_S", 5.0)
-    config, replay = _replay_setup(kafka_bootstrap, kafka_topic, tmp_path, iterations=15000)
-    ctx = zmq.Context()
-    try:
-        with ZmqExporter(config, context=ctx) as exporter:
-            exporter.run(until_caught_up=True)
-            (published,) = exporter.seqs.values()
-            stuck = _request(ctx, replay, 0)  # never read
-            time.sleep(0.5)  # its answer is made and fills the pipe first
-            fresh = _request(ctx, replay, published - 3)
-            assert _answer_seqs(fresh) == [published - 3, published - 2, published - 1]
-            assert (exporter.stats.replays, exporter.stats.replays_abandoned) == (1, 0)
-            deadline = time.monotonic() + 30
-            while exporter.stats.replays_abandoned == 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert exporter.stats.replays_abandoned == 1
-            assert 3 < exporter.stats.replayed_batches < published + 3
-            assert _drained_without_end(stuck)  # what got out before it stopped, no end marker
-            stuck.close(linger=0)  # held open until here: abandoned for not reading, not for leaving
-    finally:
-        ctx.destroy(linger=0)  # a failed assertion leaves sockets open: term() would wait on them
+    with _replaying(kafka_bootstrap, kafka_topic, tmp_path) as (exporter, ctx, replay, published):
+        stuck = _request(ctx, replay, 0)  # never read
+        time.sleep(0.5)  # its answer is made and fills the pipe first
+        fresh = _request(ctx, replay, published - 3)
+        assert _answer_seqs(fresh) == [published - 3, published - 2, published - 1]
+        assert (exporter.stats.replays, exporter.stats.replays_abandoned) == (1, 0)
+        deadline = time.monotonic() + 30
+        while exporter.stats.replays_abandoned == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert exporter.stats.replays_abandoned == 1
+        assert 3 < exporter.stats.replayed_batches < published + 3
+        assert _drained_without_end(stuck)  # what got out before it stopped, no end marker
+        stuck.close(linger=0)  # held open until here: abandoned for not reading, not for leaving
