@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from ._common import EXIT_INTERRUPTED, CommandError, Progress, add_kafka_flags, add_output_flags, command
 
 if TYPE_CHECKING:
-    from kvevents.producer.simulator.run import RankResult, SimRunConfig
+    from kvevents.producer.simulator.run import RankResult
+    from kvevents.producer.simulator.run_config import SimRunConfig
 
 DESCRIPTION = """\
 Run simulated inference engines that drive real KVCacheEventManagers, and produce their
@@ -169,7 +170,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def config_from_args(args: argparse.Namespace, bootstrap: str | None) -> SimRunConfig:
     """The run's configuration (``CommandError`` naming a bad flag)."""
     from kvevents.producer.simulator import SimulatorConfig
-    from kvevents.producer.simulator.run import SimRunConfig
+    from kvevents.producer.simulator.run_config import SimRunConfig
     from kvevents.producer.simulator.workload import WorkloadConfig
 
     from ._common import kafka_config, registry_settings
@@ -214,10 +215,11 @@ def config_from_args(args: argparse.Namespace, bootstrap: str | None) -> SimRunC
 @command("simulate")
 def main(args: argparse.Namespace) -> int:
     from kvevents.producer.simulator import run as sim_run
+    from kvevents.producer.simulator.run_config import mpi_world_size, topology
 
     from ._common import check_kafka, resolve_bootstrap
 
-    if sim_run.mpi_world_size() > 1:  # before MPI_Init, before any thread
+    if mpi_world_size() > 1:  # before MPI_Init, before any thread
         from kvevents.producer import tolerate_peer_failures
         from kvevents.producer.rank_guard import guard_rank
 
@@ -229,7 +231,7 @@ def main(args: argparse.Namespace) -> int:
     if bootstrap is not None:
         check_kafka(args, bootstrap, role="producer")  # the topic may be auto-created by the broker
     try:
-        topo = sim_run.topology(config)
+        topo = topology(config)
     except ValueError as exc:
         raise CommandError(str(exc), code=2) from None
     show = Progress(enabled=topo.leader and not args.quiet, interval=None)

@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from kvevents.producer.simulator import EngineSimulator, SimulatorConfig
-from kvevents.producer.simulator.run import SimRunConfig
+from kvevents.producer.simulator.run_config import SimRunConfig
 from kvevents.producer.simulator.workload import WorkloadConfig, WorkloadGenerator
 
 

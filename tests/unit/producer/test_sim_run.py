@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from kvevents.producer.simulator import GroundTruth, SimulatorConfig
-from kvevents.producer.simulator.run import SimRunConfig, mpi_world_size, run, topology
+from kvevents.producer.simulator.run import run
+from kvevents.producer.simulator.run_config import SimRunConfig, mpi_world_size, topology
 from kvevents.producer.simulator.workload import WorkloadConfig
 
 
