@@ -8,7 +8,7 @@ compiled codec read the Avro body (``flat_read``, cimported from ``kvevents.sche
 into its flat C arrays without building Python objects; ``apply_batch`` fills the same arrays (``_flatfill.pxd``)
 from model objects. A malformed body raises ``DecodeError`` before anything is applied. Layout,
 threads (one writer that applies events without the GIL, holding an index lock it hands to
-waiting readers between events; any number of readers) and the query
+waiting readers between events and inside a worker's drop; any number of readers) and the query
 path: ``docs/INDEX.md``.
 """
 
@@ -177,8 +177,10 @@ cdef extern from *:
     """
     #define kv_atomic_load(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
     #define kv_atomic_add(p, v) __atomic_add_fetch((p), (v), __ATOMIC_ACQ_REL)
+    #define kv_atomic_store(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
     """
     int kv_atomic_load(int *p) noexcept nogil
+    void kv_atomic_store(int *p, int v) noexcept nogil
     int kv_atomic_add(int *p, int v) noexcept nogil
 
 cdef extern from "sched.h":
@@ -237,6 +239,9 @@ def _set_decoder_stall(double seconds):
 cdef enum:
     NOGIL_DECODE_BYTES = 4096   # apply_encoded reads a body this big or bigger without the GIL
     PLAN_SLOTS = 8              # caches a batch's Created events plan to clear before its lock
+    HIDE_SLOTS = 8              # caches a drop can hide from queries while it hands the lock over
+    DROP_STRIDE = 64            # a drop looks for waiting readers every this many planned nodes
+    SCAN_STRIDE = 4096          # ... and every this many nodes of a scan
 
 
 # ---------------------------------------------------------------------------- records
@@ -397,7 +402,7 @@ cdef class IndexCore:
     cdef int writing         # writer calls in progress (_begin_write .. _end_write)
     cdef int exporting       # export_state reads without the index lock: writers wait; atomic
     cdef PyThread_type_lock mu   # the index lock: held by a batch's events applied without the GIL
-    cdef int readers_waiting     # readers blocked on mu (the writer hands it over between events)
+    cdef int readers_waiting     # readers blocked on mu (the writer hands it over: _hand_over)
     cdef long writer_ident       # the thread of the last writer call (_begin_write)
     cdef long reader_ident       # the thread whose query holds mu (0: none)
     cdef int reentered           # queries made, without mu, by the writer's own callbacks
@@ -419,6 +424,9 @@ cdef class IndexCore:
     cdef int plan_nslots
     cdef int64_t clears_planned  # caches cleared from a plan ...
     cdef int64_t clears_scanned  # ... and by a scan of every node under the lock
+    cdef uint32_t hidden[HIDE_SLOTS]  # the caches of the worker being dropped: queries skip
+    cdef int nhidden                  # them, so a drop may hand the lock over (atomic loads)
+    cdef int64_t drop_handovers       # times a drop handed the lock to waiting readers
     cdef uint64_t *spec      # its content cache (_ingest.speculate), kept from call to call
     cdef FlatLimits lim
     cdef readonly object limits
@@ -455,6 +463,8 @@ cdef class IndexCore:
         self.plan_n = self.plan_cap = 0
         self.plan_nslots = 0
         self.clears_planned = self.clears_scanned = 0
+        self.nhidden = 0
+        self.drop_handovers = 0
         flat_init(&self.fb0)
         self.fb = &self.fb0
 
@@ -504,6 +514,28 @@ cdef class IndexCore:
             return
         self.reader_ident = 0
         PyThread_release_lock(self.mu)
+
+    cdef int _rlock_whole(self) except -1:
+        """``_rlock`` for a reader that must see every event whole (introspection, an export
+        while a writer runs): a worker's drop that handed the lock over midway (its caches
+        hidden from queries, ``drop_worker_windows``) is waited out."""
+        cdef long me = PyThread_get_thread_ident()
+        self._rlock()
+        while kv_atomic_load(&self.nhidden) and self.reader_ident == me:
+            self._runlock()
+            with nogil:
+                while kv_atomic_load(&self.nhidden):
+                    kv_sleep_ns(50000)
+            self._rlock()
+        return 0
+
+    cdef inline void _hand_over(self) noexcept nogil:
+        """Holding the index lock: let the readers waiting for it have it, and take it back
+        once they all hold it (or are done)."""
+        PyThread_release_lock(self.mu)
+        while kv_atomic_load(&self.readers_waiting):
+            sched_yield()
+        PyThread_acquire_lock(self.mu, WAIT_LOCK)
 
     cdef void _free_all(self) noexcept:
         store_free(&self.st)
@@ -593,7 +625,8 @@ cdef class IndexCore:
 
     cdef int _clear_slot(self, uint32_t slot) except -1:
         """Drop every block of ``slot`` (``_indexcore_clear.pxi``) without the GIL: its callers
-        (a Created event, ``reset_worker``) hold the index lock, so readers wait for that."""
+        (a Created event, ``reset_worker``) hold the index lock, which the drop hands to waiting
+        readers only while the slot is hidden from queries (``drop_worker_windows``)."""
         with nogil:
             clear_slot(self, slot)
         return 0
@@ -825,7 +858,7 @@ cdef class IndexCore:
         wait for it (``_begin_write``), the readers only read. Else (this thread's callback,
         or another thread applying) it takes the lock like a query."""
         if self.writing:
-            self._rlock()
+            self._rlock_whole()
             try:
                 return export_core_state(self, False)
             finally:

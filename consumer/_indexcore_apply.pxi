@@ -186,11 +186,7 @@ cdef int _apply_events_locked(IndexCore self, int64_t offset) except -1 nogil:
     cdef int64_t off
     for k in range(self.fb.nev):
         if kv_atomic_load(&self.readers_waiting):
-            # hand the lock over: wait until the waiting readers hold it (or are done)
-            PyThread_release_lock(self.mu)
-            while kv_atomic_load(&self.readers_waiting):
-                sched_yield()
-            PyThread_acquire_lock(self.mu, WAIT_LOCK)
+            self._hand_over()
         if k + 3 < self.fb.nev:
             _prefetch_keys(self, &self.fb.ev[k + 3], 0)
         if k + 1 < self.fb.nev:

@@ -2,7 +2,9 @@
 # worker restarts (a Created event). The blocks of a cache are found by a scan of every node,
 # tens of ms at 256 x 100k; the writer runs that scan before taking the index lock for the
 # batch (it alone changes the store, so it may read it while readers do), and under the lock
-# drops the holders of the nodes it found (docs/INDEX.md "Threads"); ``reset_worker`` the same.
+# drops the holders of the nodes it found, handing the lock to waiting readers as it goes while
+# the worker's caches are hidden from their queries (docs/INDEX.md "Threads"); ``reset_worker``
+# the same.
 
 cdef int plan_clears(IndexCore self) except -1 nogil:
     """Before a batch is applied: for the caches its Created events may clear (every active,
@@ -143,14 +145,26 @@ cdef int clear_slot(IndexCore self, uint32_t slot) except -1 nogil:
     if _planned(self, slot):
         self.clears_planned += 1
         for k in range(self.plan_n):
+            if k % DROP_STRIDE == 0:
+                _drop_hand_over(self, slot)
             _prefetch_planned(self, k)
             if _drop_holder(self, self.plan_ids[k], slot):
                 return 0
     self.clears_scanned += 1
     for id in range(self.st.node_top):
+        if id % SCAN_STRIDE == 0:
+            _drop_hand_over(self, slot)
         if _drop_holder(self, id, slot):
             break
     return 0
+
+
+cdef inline void _drop_hand_over(IndexCore self, uint32_t slot) noexcept nogil:
+    """In the middle of dropping ``slot``: hand the index lock to waiting readers, if the
+    slot is hidden from their queries (``drop_worker_windows``)."""
+    if kv_atomic_load(&self.readers_waiting) and is_hidden(self, self.nhidden, slot):
+        self._hand_over()
+        self.drop_handovers += 1
 
 
 cdef inline bint _drop_holder(IndexCore self, uint32_t id, uint32_t slot) except -1 nogil:

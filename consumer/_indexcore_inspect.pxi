@@ -18,7 +18,7 @@ cdef object inspect_worker_info(IndexCore self, str instance_id, int32_t rank):
     cdef Slot *s
     cdef int lvl
     cdef Worker *w
-    self._rlock()
+    self._rlock_whole()
     try:
         if widx < 0:
             return None
@@ -53,7 +53,7 @@ cdef object inspect_worker_blocks(IndexCore self, str instance_id, int32_t rank,
     cdef int64_t i
     cdef Node *node
     cdef uint32_t packed
-    self._rlock()
+    self._rlock_whole()
     try:
         if widx < 0:
             return []
@@ -76,7 +76,7 @@ cdef object inspect_worker_blocks(IndexCore self, str instance_id, int32_t rank,
 
 
 cdef object inspect_counters(IndexCore self):
-    self._rlock()
+    self._rlock_whole()
     try:
         return {
             "batches_applied": self.c_batches_applied,
@@ -107,7 +107,7 @@ cdef object inspect_node_count(IndexCore self):
 
 
 cdef object inspect_store_layout(IndexCore self):
-    self._rlock()
+    self._rlock_whole()
     try:
         return {
             "node_top": self.st.node_top,
@@ -127,6 +127,7 @@ cdef object inspect_store_layout(IndexCore self):
             "holder_run_refs": self.st.run_refs,
             "clears_planned": self.clears_planned,
             "clears_scanned": self.clears_scanned,
+            "drop_handovers": self.drop_handovers,
         }
     finally:
         self._runlock()
@@ -134,7 +135,7 @@ cdef object inspect_store_layout(IndexCore self):
 
 cdef object inspect_check_tables(IndexCore self):
     cdef uint64_t bad, far, sat, cbad, cfar, csat
-    self._rlock()
+    self._rlock_whole()
     try:
         bad = table_check(&self.st, &self.st.etab, False, &far, &sat)
         cbad = table_check(&self.st, &self.st.ctab, True, &cfar, &csat)

@@ -2,7 +2,8 @@
 
 The compiled core applies a batch's events without the GIL, holding its index lock, and hands
 the lock to a waiting reader between two events, so a reader thread's lookups run while a long
-batch is applied; they see the index between two events. One writer at a time: a second
+batch is applied; they see the index between two events. Inside a worker's restart too, its
+caches hidden from queries meanwhile. One writer at a time: a second
 mutation while a batch is being applied raises RuntimeError.
 """
 
@@ -269,3 +270,82 @@ def test_a_writer_waits_for_an_export_instead_of_failing() -> None:
     for state in exports:
         held = CacheIndex.from_bytes(encode_state(state), core="compiled").held_blocks()
         assert held >= 200_000 and (held - 200_000) % 10 == 0, held
+
+
+# A worker's restart (a Created event) drops all its blocks holding the index lock. The drop
+# hands the lock to waiting readers every few dozen blocks, its worker's caches hidden from
+# queries meanwhile; introspection waits for the whole drop.
+
+RESTART_BLOCKS = 300_000
+CHAIN = [10**7 + j for j in range(RESTART_BLOCKS)]
+HALF = RESTART_BLOCKS // 2
+ACROSS = CHAIN[HALF - 16 : HALF + 16]  # 16 blocks of each half
+
+
+@pytest.fixture(scope="module")
+def restart_stream() -> tuple[bytes, bytes]:
+    """Rank 1 holds CHAIN, stored second half first (so its drop, in node order, empties the
+    second half first: a query ACROSS the halves would see rank 1's run cut to 16); rank 0
+    holds ACROSS too, stored after (its nodes are rank 1's). Then rank 1 restarts."""
+    from kvevents.schemas import encode_batch
+
+    step = 50_000  # blocks per Stored event (under BatchLimits.max_blocks_per_event)
+    starts = [*range(HALF, RESTART_BLOCKS, step), *range(0, HALF, step)]
+    rank1 = [
+        stored(1 + i, CHAIN[at : at + step], parent=CHAIN[at - 1] if at else None, rank=1)
+        for i, at in enumerate(starts)
+    ]
+    setup = batch([created(0, rank=1), *rank1, created(0, rank=0), stored(1, ACROSS, rank=0)], 0, dp=2)
+    return encode_batch(setup), encode_batch(batch([created(len(starts) + 1, rank=1)], 1, dp=2))
+
+
+def _restart_while(index: CacheIndex, restart: bytes, look: Any) -> list[Any]:
+    """Apply ``restart`` while another thread calls ``look`` back to back; its answers."""
+    seen: list[Any] = []
+    started, done = threading.Event(), threading.Event()
+
+    def reader() -> None:
+        started.set()
+        while not done.is_set():
+            seen.append(look())
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    started.wait()
+    try:
+        index.apply_encoded(restart)
+    finally:
+        done.set()
+        thread.join()
+    return seen
+
+
+def test_lookups_during_a_restart_see_the_worker_whole_or_gone(
+    fast_switching: None, restart_stream: tuple[bytes, bytes]
+) -> None:
+    setup, restart = restart_stream
+    index = CacheIndex(core="compiled")
+    index.apply_encoded(setup)
+    before = {("i0", 0): 32, ("i0", 1): 32}
+    assert index.find_matches(ACROSS) == before
+    seen = _restart_while(index, restart, lambda: index.find_matches(ACROSS))
+    assert index._core.store_layout()["drop_handovers"] > 0  # lookups were answered mid-drop
+    assert index.find_matches(ACROSS) == {("i0", 0): 32}
+    assert all(answer in (before, {("i0", 0): 32}) for answer in seen), {str(a) for a in seen}
+    assert index.held_blocks() == 32
+
+
+def test_introspection_during_a_restart_waits_for_the_whole_drop(
+    fast_switching: None, restart_stream: tuple[bytes, bytes]
+) -> None:
+    setup, restart = restart_stream
+    index = CacheIndex(core="compiled")
+    index.apply_encoded(setup)
+
+    def rank1_blocks() -> int:
+        return sum(w.blocks for w in index.worker_stats(("i0", 1)).windows.values())  # type: ignore[arg-type]
+
+    seen = _restart_while(index, restart, rank1_blocks)
+    assert index._core.store_layout()["drop_handovers"] > 0  # it asked for the lock mid-drop
+    assert set(seen) <= {RESTART_BLOCKS, 0}, sorted(set(seen))
+    assert rank1_blocks() == 0
