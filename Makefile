@@ -48,7 +48,7 @@ spark: $(SPARK_STAMP)
 # Every check runs, so that one run shows every finding; mypy's settings are in pyproject.toml,
 # and stubtest checks the compiled modules' .pyi stubs against the built extensions.
 COMPILED_MODULES := kvevents.schemas._fastcodec kvevents.producer._fastrecorder kvevents.producer._gatherscan kvevents.consumer._indexcore \
-	kvevents.consumer.export._packtokens kvevents.commands._route_fast kvevents.producer.bridge._fastconvert
+	kvevents.consumer._statejoin kvevents.consumer.export._packtokens kvevents.commands._route_fast kvevents.producer.bridge._fastconvert
 lint: setup
 	@status=0; \
 	echo "== ruff check ."; $(BIN)/ruff check . || status=1; \

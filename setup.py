@@ -15,6 +15,7 @@ EXTENSIONS = [
     ("kvevents.schemas._flat", "schemas/_flat.pyx"),
     ("kvevents.schemas._fastcodec", "schemas/_fastcodec.pyx"),
     ("kvevents.consumer._indexcore", "consumer/_indexcore.pyx"),
+    ("kvevents.consumer._statejoin", "consumer/_statejoin.pyx"),
     ("kvevents.producer._fastrecorder", "producer/_fastrecorder.pyx"),
     ("kvevents.producer._gatherscan", "producer/_gatherscan.pyx"),
     ("kvevents.consumer.export._packtokens", "consumer/export/_packtokens.pyx"),

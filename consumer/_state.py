@@ -8,7 +8,16 @@ whichever core built them (``docs/INDEX.md``).
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable, Iterable
+
 import msgspec
+
+_join: Callable[[Iterable[bytes]], bytes]
+try:
+    from ._statejoin import join_released as _join
+except ImportError:  # not built: the columns are copied holding the GIL
+    _join = b"".join
 
 __all__ = [
     "FORMAT_VERSION",
@@ -100,9 +109,35 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(IndexState)
 
 
+_FIELD_KEYS = [(name, _ENCODER.encode(name)) for name in IndexState.__struct_fields__]
+_MAP_HEADER = (
+    bytes([0x80 | len(_FIELD_KEYS)]) if len(_FIELD_KEYS) < 16 else struct.pack(">BH", 0xDE, len(_FIELD_KEYS))
+)
+
+
+def _bin_header(size: int) -> bytes:
+    """msgpack's header of a ``size``-byte bin (the smallest of bin 8/16/32, as msgspec)."""
+    if size < 1 << 8:
+        return struct.pack(">BB", 0xC4, size)
+    if size < 1 << 16:
+        return struct.pack(">BH", 0xC5, size)
+    return struct.pack(">BI", 0xC6, size)
+
+
 def encode_state(state: IndexState) -> bytes:
-    """``MAGIC`` + version + msgpack of ``state``."""
-    return MAGIC + bytes([FORMAT_VERSION]) + _ENCODER.encode(state)
+    """``MAGIC`` + version + msgpack of ``state``: the bytes ``_ENCODER.encode(state)`` gives,
+    assembled from the map's small parts and the columns as they are, copied once into the
+    result (without the GIL when the compiled ``_statejoin`` is built: at 256 x 100k the
+    columns are ~470 MB, and encoding then prefixing them held the GIL 0.6 s)."""
+    parts = [MAGIC, bytes([FORMAT_VERSION]), _MAP_HEADER]
+    for name, key in _FIELD_KEYS:
+        value = getattr(state, name)
+        parts.append(key)
+        if isinstance(value, bytes):
+            parts += (_bin_header(len(value)), value)
+        else:
+            parts.append(_ENCODER.encode(value))
+    return _join(parts)
 
 
 def decode_state(data: bytes | bytearray | memoryview) -> IndexState:

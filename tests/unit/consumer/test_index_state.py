@@ -115,3 +115,33 @@ def test_a_block_held_by_thousands_of_workers_round_trips_and_stays_editable(cor
     matches = restored.find_matches([1, 2])
     assert sum(1 for n in matches.values() if n == 2) == workers // 2 + 1
     assert restored.worker_stats(WorkerKey("i1", 0)).blocks == 3
+
+
+@pytest.mark.parametrize("size", [0, 1, 255, 256, 65_535, 65_536, 70_001])
+def test_encoded_state_is_msgpack_of_the_state_at_every_column_size(size: int) -> None:
+    """encode_state assembles the msgpack map from its parts (the columns copied once, without
+    the GIL): the bytes are msgspec's for the whole state, at each bin header's bounds."""
+    import msgspec
+    from kvevents.consumer._state import FORMAT_VERSION, MAGIC, IndexState
+
+    index = CacheIndex(core="compiled")
+    index.apply(batch([created(0), stored(1, [1, 2, 3])], 0))
+    state = index._core.export_state()
+    columns = {
+        "engine": bytes(range(256)) * (size // 256) + bytes(size % 256),
+        "holders": b"\x07" * (size // 3),
+    }
+    state = msgspec.structs.replace(state, **columns)
+    assert isinstance(state, IndexState)
+    assert encode_state(state) == MAGIC + bytes([FORMAT_VERSION]) + msgspec.msgpack.encode(state)
+
+
+def test_the_state_join_is_compiled_and_refuses_what_is_not_bytes() -> None:
+    from kvevents.consumer import _state
+    from kvevents.consumer._statejoin import join_released
+
+    assert _state._join is join_released  # built: the columns are copied without the GIL
+    assert join_released([b"ab", b"", b"c" * 70_000]) == b"ab" + b"c" * 70_000
+    assert join_released(iter([])) == b""
+    with pytest.raises(TypeError, match="part 1 is bytearray"):
+        join_released([b"a", bytearray(b"b")])
