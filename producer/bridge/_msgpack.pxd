@@ -126,27 +126,35 @@ cdef inline bint _hash(Rd *r, bint take_last, uint64_t *out) noexcept nogil:
 
 
 cdef inline Py_ssize_t _container(Rd *r, uint8_t fix, uint8_t fixmask, uint8_t b16) noexcept nogil:
-    """The length of an array (fix 0x90) or map (fix 0x80), or -1 (bad) if the next value is not one."""
+    """The length of an array (fix 0x90) or map (fix 0x80), or -1 (bad) if the next value is not
+    one, or if it claims more items than the bytes left could hold (a byte per array item, two
+    per map entry): callers size their arrays by it, so a forged count must not allocate."""
     cdef uint8_t b
+    cdef Py_ssize_t n
     if r.p >= r.end:
         r.bad = 1
         return -1
     b = r.p[0]
     if (b & 0xF0) == fix:
         r.p += 1
-        return b & 0x0F
-    if b == b16:
+        n = b & 0x0F
+    elif b == b16:
         if not _take(r, 3):
             return -1
         r.p += 3
-        return <Py_ssize_t>_be(r.p - 2, 2)
-    if b == b16 + 1:
+        n = <Py_ssize_t>_be(r.p - 2, 2)
+    elif b == b16 + 1:
         if not _take(r, 5):
             return -1
         r.p += 5
-        return <Py_ssize_t>_be(r.p - 4, 4)
-    r.bad = 1
-    return -1
+        n = <Py_ssize_t>_be(r.p - 4, 4)
+    else:
+        r.bad = 1
+        return -1
+    if n * (2 if fix == 0x80 else 1) > r.end - r.p:
+        r.bad = 1
+        return -1
+    return n
 
 
 cdef inline Py_ssize_t _array(Rd *r) noexcept nogil:

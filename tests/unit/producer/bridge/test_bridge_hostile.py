@@ -4,11 +4,15 @@ BridgeDecodeError (a DecodeError) and keeps its state; event_from_trtllm raises 
 from __future__ import annotations
 
 import contextlib
+import struct
+import tracemalloc
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvevents.producer.bridge import BridgeDecodeError, ZmqEventConverter
+from kvevents.producer.sink_encoded import EncodedEvents
 from kvevents.producer.trtllm import TrtllmDecodeError, event_from_trtllm
 
 scalars = st.one_of(
@@ -73,3 +77,38 @@ def test_event_like_payloads_never_crash_and_keep_state_on_error(events: list, e
 def test_random_trtllm_dicts_never_crash(d: dict) -> None:
     with contextlib.suppress(TrtllmDecodeError):
         event_from_trtllm(d)
+
+
+TS = b"\xcb" + struct.pack(">d", 1.5)
+STORED_HEAD = b"\xab" + b"BlockStored" + b"\x91\x01\xc0"  # tag, [1] hashes, no parent
+FORGED_COUNTS = {  # an array or map header claiming far more items than the bytes that follow
+    "events array32": b"\x93" + TS + b"\xdd\xff\xff\xff\xff\x90",
+    "found by mutation fuzzing": bytes.fromhex("93cb3ff8000000008f17dde600009191b0"),
+    "top-level map32": b"\xdf\xff\xff\xff\xff\xa2ts" + TS,
+    "event map16": b"\x92" + TS + b"\x91\xde\xff\xff\xa4type",
+    "tokens array32": b"\x92" + TS + b"\x91\x97" + STORED_HEAD + b"\xdd\x7f\xff\xff\xff\x01\x01",
+    "hashes array32": b"\x92" + TS + b"\x91\x96\xab" + b"BlockStored" + b"\xdd\x0f\xff\xff\xff\x01",
+}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("name", sorted(FORGED_COUNTS))
+def test_a_forged_count_allocates_nothing_and_is_a_decode_error(engine: str, name: str) -> None:
+    """The compiled reader sizes its arrays by a container's count: a count the payload's bytes
+    cannot hold is refused before anything is allocated (it raised MemoryError, or allocated
+    gigabytes, before), and the payload is a BridgeDecodeError like any malformed one."""
+    payload = FORGED_COUNTS[name]
+    conv = ZmqEventConverter(engine)
+    assert conv.compiled
+    conv.convert(msgspec.msgpack.encode([0.0, [["BlockStored", [1], None, [1], 1, None, "GPU"]]]))
+    before = conv.to_state()
+    tracemalloc.start()  # traces PyMem_Realloc, which the compiled reader grows its arrays by
+    try:
+        with pytest.raises(BridgeDecodeError):
+            conv.convert(payload)
+        assert not conv.convert_encoded(payload, EncodedEvents())  # not taken: convert decides
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    assert conv.to_state() == before
