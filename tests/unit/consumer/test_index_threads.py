@@ -299,6 +299,15 @@ def restart_stream() -> tuple[bytes, bytes]:
     return encode_batch(setup), encode_batch(batch([created(len(starts) + 1, rank=1)], 1, dp=2))
 
 
+@pytest.fixture
+def restarting(restart_stream: tuple[bytes, bytes]) -> tuple[CacheIndex, bytes]:
+    """A compiled index holding the stream's setup, and the restart batch to apply."""
+    setup, restart = restart_stream
+    index = CacheIndex(core="compiled")
+    index.apply_encoded(setup)
+    return index, restart
+
+
 def _restart_while(index: CacheIndex, restart: bytes, look: Any) -> list[Any]:
     """Apply ``restart`` while another thread calls ``look`` back to back; its answers."""
     seen: list[Any] = []
@@ -321,11 +330,9 @@ def _restart_while(index: CacheIndex, restart: bytes, look: Any) -> list[Any]:
 
 
 def test_lookups_during_a_restart_see_the_worker_whole_or_gone(
-    fast_switching: None, restart_stream: tuple[bytes, bytes]
+    fast_switching: None, restarting: tuple[CacheIndex, bytes]
 ) -> None:
-    setup, restart = restart_stream
-    index = CacheIndex(core="compiled")
-    index.apply_encoded(setup)
+    index, restart = restarting
     before = {("i0", 0): 32, ("i0", 1): 32}
     assert index.find_matches(ACROSS) == before
     seen = _restart_while(index, restart, lambda: index.find_matches(ACROSS))
@@ -336,11 +343,9 @@ def test_lookups_during_a_restart_see_the_worker_whole_or_gone(
 
 
 def test_introspection_during_a_restart_waits_for_the_whole_drop(
-    fast_switching: None, restart_stream: tuple[bytes, bytes]
+    fast_switching: None, restarting: tuple[CacheIndex, bytes]
 ) -> None:
-    setup, restart = restart_stream
-    index = CacheIndex(core="compiled")
-    index.apply_encoded(setup)
+    index, restart = restarting
 
     def rank1_blocks() -> int:
         return sum(w.blocks for w in index.worker_stats(("i0", 1)).windows.values())  # type: ignore[arg-type]
