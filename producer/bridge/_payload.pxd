@@ -17,6 +17,7 @@ cdef enum:
     K_STORED = 0
     K_REMOVED = 1
     K_CLEARED = 2
+    MAX_BLOCK_SIZE = 1 << 20  # larger block sizes (valid, for one partial page) go to the Python paths
 
 ctypedef struct Ev:
     int kind
@@ -459,8 +460,8 @@ cdef inline int read_payload(bytes payload, Buf *b, Ctx *c, Payload *out) except
             if e.nh:
                 return 0
             continue
-        if e.nh == 0 or e.size == 0:
-            return 0
+        if e.nh == 0 or e.size == 0 or e.size > MAX_BLOCK_SIZE:
+            return 0  # (a bounded size keeps the products below and the pages' offsets exact)
         if not ((e.nh - 1) * e.size < e.nt <= e.nh * e.size):
             return 0
         if e.nt < e.nh * e.size:

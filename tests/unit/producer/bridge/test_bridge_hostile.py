@@ -112,3 +112,28 @@ def test_a_forged_count_allocates_nothing_and_is_a_decode_error(engine: str, nam
         tracemalloc.stop()
     assert peak < 1 << 20, peak
     assert conv.to_state() == before
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("hashes", [1, 3])
+@pytest.mark.parametrize("block_size", [2**20 + 1, 2**62, 2**63 - 1])
+def test_a_huge_block_size_is_left_to_the_python_paths(engine: str, hashes: int, block_size: int) -> None:
+    """The compiled reader cut pages at ``i * block_size``: a huge block size overflowed its
+    offsets and sized a block's tokens by it (MemoryError, found by ``make soak``). It now
+    leaves block sizes past 2**20 to the Python paths, which read one partial page (one hash)
+    or refuse the payload (three hashes cannot share ten tokens)."""
+    payload = msgspec.msgpack.encode([1.5, [["BlockStored", list(range(1, hashes + 1)), None, list(range(10)), block_size, None, "GPU"]], 0])  # fmt: skip
+    conv = ZmqEventConverter(engine)
+    tracemalloc.start()
+    try:
+        assert not conv.convert_encoded(payload, EncodedEvents())
+        if hashes == 1:
+            (event,) = conv.convert(payload)
+            assert [list(b.tokens) for b in event.data.blocks] == [list(range(10))]  # type: ignore[union-attr]
+        else:
+            with pytest.raises(BridgeDecodeError):
+                conv.convert(payload)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
