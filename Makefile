@@ -13,7 +13,7 @@ EXTRAS ?= dev,bench-dynamo
 # Tests spawn mpiexec (from PyPI's mpich) and the kvevents CLI: both live in the venv.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup test lint test-spark spark bench faults demo broker-start broker-stop broker-status registry-start registry-stop clean distclean
+.PHONY: setup test lint test-spark spark bench faults soak demo broker-start broker-stop broker-status registry-start registry-stop clean distclean
 
 setup: $(STAMP)
 
@@ -35,6 +35,12 @@ SPARK_STAMP := $(VENV)/.kvevents-spark-installed
 $(SPARK_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS),spark]'
 	@touch $@
+
+# Mutation fuzzing of the readers that take outside bytes (bridge payloads, Kafka values):
+# tests marked 'soak', deselected by 'make test' (which runs a half-second smoke of each).
+SOAK_SECONDS ?= 60
+soak: setup
+	SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/python -m pytest -m soak -s tests/soak $(PYTEST_ARGS)
 
 test-spark: $(SPARK_STAMP)
 	$(BIN)/python -m pytest -m spark tests/integration/test_spark_job.py $(PYTEST_ARGS)

@@ -1,0 +1,165 @@
+"""Mutation fuzzing of the readers that take bytes from outside: the ZMQ bridge's converter
+(vLLM and SGLang payloads, compiled and Python paths) and the index's ``apply_encoded`` (Kafka
+message values, compiled codec and core). Each may raise only its documented errors and must
+keep working. ``make soak`` runs each for ``SOAK_SECONDS`` (default 60) with ``-m soak``; the
+unmarked smoke tests run the same loops for a moment in ``make test``, so the harness stays
+working and a crash on the first messages is caught there too."""
+
+from __future__ import annotations
+
+import os
+import random
+from array import array
+from functools import partial
+from typing import Any
+
+import pytest
+from _mutation import FuzzReport, Reader, fuzz
+from bridge_engines import encode, engine_structs
+from kvevents.consumer import CacheIndex
+from kvevents.producer.bridge import BridgeDecodeError, ZmqEventConverter
+from kvevents.producer.sink_encoded import EncodedEvents
+from kvevents.schemas import (
+    DecodeError,
+    EventBatch,
+    KVCacheCreatedData,
+    KVCacheEvent,
+    KVCacheEventDiff,
+    KVCacheRemovedData,
+    KVCacheStoredBlockData,
+    KVCacheStoredData,
+    KVCacheUpdatedData,
+    LimitError,
+    encode_batch,
+)
+
+SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "60"))
+BRIDGE_KINDS = ["vllm", "vllm-positional", "sglang-old", "sglang", "sglang-map"]
+
+# ---------------------------------------------------------------------------- the bridge
+
+
+def _engine_event(rng: random.Random, s: dict[str, Any], kind: str) -> Any:
+    roll = rng.random()
+    hashes = [rng.getrandbits(63) for _ in range(rng.randint(1, 6))]
+    if roll < 0.1:
+        return s["AllBlocksCleared"]()
+    if roll < 0.35:
+        return s["BlockRemoved"](hashes) if kind == "sglang-old" else s["BlockRemoved"](hashes, None)
+    size = rng.choice([1, 2, 4, 16])
+    tokens = [rng.randrange(200_000) for _ in range(len(hashes) * size)]
+    args: list[Any] = [hashes, rng.choice([None, rng.getrandbits(63)]), tokens, size, None]
+    if kind.startswith("vllm"):
+        args += [rng.choice(["GPU", "CPU", None]), None]
+    elif kind == "sglang":
+        args += [rng.choice(["GPU", None]), None]
+    elif kind == "sglang-map":
+        args += [None, None, None]
+    return s["BlockStored"](*args)
+
+
+def bridge_streams(seed: int) -> list[tuple[str, list[bytes]]]:
+    """Per engine encoding, 24 payloads of 1-6 events (rank 0 or none)."""
+    rng = random.Random(seed)
+    out = []
+    for kind in BRIDGE_KINDS:
+        s = engine_structs(kind)
+        payloads = []
+        for _ in range(24):
+            events = [_engine_event(rng, s, kind) for _ in range(rng.randint(1, 6))]
+            batch = s["Batch"](1.5, events) if kind == "sglang-old" else s["Batch"](1.5, events, 0)
+            payloads.append(encode(batch))
+        out.append(("sglang" if kind.startswith("sglang") else "vllm", payloads))
+    return out
+
+
+def bridge_reader(engine: str) -> Reader:
+    """A fresh converter: the pre-encoded path first, then ``convert`` for what it leaves."""
+    conv = ZmqEventConverter(engine)
+
+    def read(payload: bytes) -> None:
+        if not conv.convert_encoded(payload, EncodedEvents()):
+            conv.convert(payload)
+
+    return read, conv.to_state
+
+
+def fuzz_bridge(seconds: float, seed: int) -> FuzzReport:
+    streams = [(partial(bridge_reader, engine), payloads) for engine, payloads in bridge_streams(seed)]
+    return fuzz(streams, (BridgeDecodeError,), seconds, seed)
+
+
+# ---------------------------------------------------------------------------- the index
+
+
+def index_stream(seed: int) -> list[bytes]:
+    """Two instances of two ranks: Created, Stored chains, Removed and Updated events, encoded."""
+    rng = random.Random(seed)
+    batches = []
+    held: dict[tuple[str, int], list[int]] = {}
+    ids: dict[tuple[str, int], int] = {}
+    for seq in range(40):
+        for instance in ("i0", "i1"):
+            events = []
+            for rank in (0, 1):
+                key = (instance, rank)
+                eid = ids.get(key, 0)
+                if key not in held:
+                    events.append(KVCacheEvent(eid, KVCacheCreatedData([1000, 100]), 64, rank))
+                    held[key], eid = [], eid + 1
+                roll = rng.random()
+                if roll < 0.6 or not held[key]:
+                    hashes = [rng.getrandbits(62) for _ in range(rng.randint(1, 8))]
+                    blocks = [
+                        KVCacheStoredBlockData(h, array("i", [rng.randrange(1 << 17) for _ in range(4)]))
+                        for h in hashes
+                    ]
+                    parent = held[key][-1] if held[key] and rng.random() < 0.7 else None
+                    data: Any = KVCacheStoredData(parent, blocks)
+                    held[key] += hashes
+                elif roll < 0.85:
+                    data = KVCacheRemovedData(held[key][-2:])
+                    del held[key][-2:]
+                else:
+                    data = KVCacheUpdatedData(held[key][0], KVCacheEventDiff(0, 1), KVCacheEventDiff(35, 50))
+                events.append(KVCacheEvent(eid, data, 64, rank))
+                ids[key] = eid + 1
+            batches.append(
+                encode_batch(EventBatch(instance, events, attention_dp_size=2, producer_id=7, sequence=seq))
+            )
+    return batches
+
+
+def index_reader() -> Reader:
+    """A fresh compiled index; its check queries it and round-trips its state."""
+    index = CacheIndex(core="compiled")
+
+    def check() -> None:
+        index.find_matches([1, 2, 3])
+        CacheIndex.from_bytes(index.to_bytes(), core="compiled")
+
+    return index.apply_encoded, check
+
+
+def fuzz_index(seconds: float, seed: int) -> FuzzReport:
+    # the 10-byte single-object header is damaged one time in ten (keep=10)
+    return fuzz([(index_reader, index_stream(seed))], (DecodeError, LimitError), seconds, seed, keep=10)
+
+
+# ---------------------------------------------------------------------------- the tests
+
+
+@pytest.mark.parametrize("target", [fuzz_bridge, fuzz_index])
+def test_a_moment_of_fuzzing_finds_nothing(target: Any) -> None:
+    report = target(0.5, seed=1)
+    assert report.damaged > 0
+    assert not report.findings, report.describe()
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(0)
+@pytest.mark.parametrize("target", [fuzz_bridge, fuzz_index])
+def test_soak_fuzzing_finds_nothing(target: Any) -> None:
+    report = target(SOAK_SECONDS, seed=random.SystemRandom().randrange(1 << 30))
+    print(report.describe())
+    assert not report.findings, report.describe()
