@@ -39,22 +39,51 @@ BRIDGE_KINDS = ["vllm", "vllm-positional", "sglang-old", "sglang", "sglang-map"]
 # ---------------------------------------------------------------------------- the bridge
 
 
+def _hashes(rng: random.Random, kind: str) -> list[Any]:
+    """Engine block hashes: unsigned or signed ints, and for vLLM also 32-byte digests."""
+    n = rng.randint(1, 6)
+    if kind.startswith("vllm") and rng.random() < 0.3:
+        return [rng.randbytes(32) for _ in range(n)]
+    if rng.random() < 0.2:
+        return [rng.randrange(-(2**63), 2**63) for _ in range(n)]
+    return [rng.getrandbits(63) for _ in range(n)]
+
+
 def _engine_event(rng: random.Random, s: dict[str, Any], kind: str) -> Any:
+    """A Cleared, Removed or Stored event of ``kind``'s encoding, now and then with the rarer
+    fields (media, LoRA, extra keys, KV-cache groups and sliding windows, SGLang metadata)."""
     roll = rng.random()
-    hashes = [rng.getrandbits(63) for _ in range(rng.randint(1, 6))]
+    hashes = _hashes(rng, kind)
+    rare = rng.random() < 0.4
+    medium = rng.choice(["GPU", "CPU", "cpu", "DISK", None]) if rare else rng.choice(["GPU", None])
     if roll < 0.1:
         return s["AllBlocksCleared"]()
     if roll < 0.35:
-        return s["BlockRemoved"](hashes) if kind == "sglang-old" else s["BlockRemoved"](hashes, None)
+        if kind == "sglang-old":
+            return s["BlockRemoved"](hashes)
+        if kind.startswith("vllm"):
+            return s["BlockRemoved"](hashes, medium, rng.choice([None, 0, 1]) if rare else None)
+        return s["BlockRemoved"](hashes, medium)
     size = rng.choice([1, 2, 4, 16])
-    tokens = [rng.randrange(200_000) for _ in range(len(hashes) * size)]
-    args: list[Any] = [hashes, rng.choice([None, rng.getrandbits(63)]), tokens, size, None]
+    n_tokens = len(hashes) * size - (rng.randrange(size) if rare else 0)
+    tokens = [rng.randrange(200_000) for _ in range(n_tokens)]
+    parent = rng.choice([None, rng.getrandbits(63)])
+    lora_id = rng.choice([None, rng.randrange(1, 50)]) if rare else None
+    args: list[Any] = [hashes, parent, tokens, size, lora_id]
     if kind.startswith("vllm"):
-        args += [rng.choice(["GPU", "CPU", None]), None]
+        extra = (
+            [rng.choice([None, [rng.randbytes(32)], [(rng.randbytes(32), 0)]]) for _ in hashes]
+            if rare
+            else None
+        )
+        window = rng.choice([None, 128, 4096]) if rare else None
+        args += [medium, rng.choice([None, "adapter"]) if lora_id else None, extra]
+        args += [rng.choice([None, 0, 1]) if rare else None, "sliding_window" if window else None, window]
     elif kind == "sglang":
-        args += [rng.choice(["GPU", None]), None]
+        meta = {"cache_salt": "s1", "lora_name": "adapter"} if rare and rng.random() < 0.5 else None
+        args += [medium, meta]
     elif kind == "sglang-map":
-        args += [None, None, None]
+        args += [medium, rng.choice([None, "s1"]) if rare else None, None]
     return s["BlockStored"](*args)
 
 
