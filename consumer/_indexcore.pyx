@@ -399,11 +399,11 @@ cdef class IndexCore:
     cdef uint32_t *ctok      # content_hashes' token scratch (a reader's; fb is the writer's)
     cdef size_t ctok_cap
     cdef bint applying       # a batch is being applied
-    cdef int writing         # writer calls in progress (_begin_write .. _end_write)
+    cdef int writing         # writer calls in progress (begin_write .. end_write)
     cdef int exporting       # export_state reads without the index lock: writers wait; atomic
     cdef PyThread_type_lock mu   # the index lock: held by a batch's events applied without the GIL
-    cdef int readers_waiting     # readers blocked on mu (the writer hands it over: _hand_over)
-    cdef long writer_ident       # the thread of the last writer call (_begin_write)
+    cdef int readers_waiting     # readers blocked on mu (the writer hands it over: hand_over)
+    cdef long writer_ident       # the thread of the last writer call (begin_write)
     cdef long reader_ident       # the thread whose query holds mu (0: none)
     cdef int reentered           # queries made, without mu, by the writer's own callbacks
     cdef uint32_t *ev_widx       # the scratch batch's events' workers
@@ -483,59 +483,6 @@ cdef class IndexCore:
         PyMem_Free(self.ev_widx)
         if self.mu != NULL:
             PyThread_free_lock(self.mu)
-
-    cdef int _rlock(self) except -1:
-        """Take the index lock for a query (the GIL held): at once when free, else wait without
-        the GIL; the writer hands it over at its next event. A query made by the applying
-        thread itself (from a callback the writer runs while it holds the lock: a worker key's
-        ``__hash__``, a log handler) runs without it, seeing the index as the event being
-        applied left it, instead of waiting for itself forever; a query made from inside
-        another query of the same thread (a key's ``__index__``) raises RuntimeError."""
-        cdef long me
-        if PyThread_acquire_lock(self.mu, NOWAIT_LOCK):
-            self.reader_ident = PyThread_get_thread_ident()
-            return 0
-        me = PyThread_get_thread_ident()
-        if self.applying and self.writer_ident == me and self.reader_ident == 0:  # mu is ours
-            self.reentered += 1
-            return 0
-        if self.reader_ident == me:
-            raise RuntimeError("CacheIndex: a query made from inside a query of the same thread")
-        kv_atomic_add(&self.readers_waiting, 1)
-        with nogil:
-            PyThread_acquire_lock(self.mu, WAIT_LOCK)
-            kv_atomic_add(&self.readers_waiting, -1)
-        self.reader_ident = me
-        return 0
-
-    cdef inline void _runlock(self) noexcept:
-        if self.reentered:
-            self.reentered -= 1
-            return
-        self.reader_ident = 0
-        PyThread_release_lock(self.mu)
-
-    cdef int _rlock_whole(self) except -1:
-        """``_rlock`` for a reader that must see every event whole (introspection, an export
-        while a writer runs): a worker's drop that handed the lock over midway (its caches
-        hidden from queries, ``drop_worker_windows``) is waited out."""
-        cdef long me = PyThread_get_thread_ident()
-        self._rlock()
-        while kv_atomic_load(&self.nhidden) and self.reader_ident == me:
-            self._runlock()
-            with nogil:
-                while kv_atomic_load(&self.nhidden):
-                    kv_sleep_ns(50000)
-            self._rlock()
-        return 0
-
-    cdef inline void _hand_over(self) noexcept nogil:
-        """Holding the index lock: let the readers waiting for it have it, and take it back
-        once they all hold it (or are done)."""
-        PyThread_release_lock(self.mu)
-        while kv_atomic_load(&self.readers_waiting):
-            sched_yield()
-        PyThread_acquire_lock(self.mu, WAIT_LOCK)
 
     cdef void _free_all(self) noexcept:
         store_free(&self.st)
@@ -639,39 +586,22 @@ cdef class IndexCore:
     cdef void _scratch_clear(self) noexcept:
         flat_clear(self.fb)
 
-    cdef int _begin_write(self) except -1:
-        """Enter a writer call (each ends with ``_end_write``): after an export reading without
-        the index lock, if one runs (``export_state``); RuntimeError while another thread
-        applies a batch."""
-        while self.exporting:
-            with nogil:
-                while kv_atomic_load(&self.exporting):
-                    kv_sleep_ns(200000)
-        if self.applying:
-            raise RuntimeError("CacheIndex: another thread is applying a batch (one writer at a time)")
-        self.writer_ident = PyThread_get_thread_ident()  # see _rlock
-        self.writing += 1
-        return 0
-
-    cdef inline void _end_write(self) noexcept:
-        self.writing -= 1
-
     def apply_encoded(self, data):
         """Decode a single-object encoded batch straight into the index (see module doc)."""
-        self._begin_write()
+        begin_write(self)
         self.applying = True
         try:
             apply_encoded_one(self, data)
         finally:
             self.applying = False
-            self._end_write()
+            end_write(self)
 
     def apply_encoded_many(self, batches):
         """``apply_encoded`` on each batch in order; stops at the first that raises. Returns
         how many were applied. With two or more batches and ``KVEVENTS_INGEST_THREADS=2``, a
         second native thread decodes the next batches while this one applies."""
         cdef Py_ssize_t done = 0
-        self._begin_write()
+        begin_write(self)
         self.applying = True
         try:
             items = batches if type(batches) is list else list(batches)
@@ -686,19 +616,19 @@ cdef class IndexCore:
                 done += 1
         finally:
             self.applying = False
-            self._end_write()
+            end_write(self)
         return done
 
     def apply_batch(self, batch):
         """Apply one ``EventBatch`` (model objects); LimitError, and nothing applied, when it
         breaks the limits."""
-        self._begin_write()
+        begin_write(self)
         self.applying = True
         try:
             apply_model(self, batch)
         finally:
             self.applying = False
-            self._end_write()
+            end_write(self)
 
     # ------------------------------------------------------------------ queries
 
@@ -707,7 +637,7 @@ cdef class IndexCore:
         cdef Py_ssize_t n
         cdef size_t t, k
         cdef uint32_t slot
-        self._rlock()
+        rlock(self)
         try:
             n = load_query_keys(self, hashes)
             t = match_walk(self, n, by_content, window is not None, 0 if window is None else window, max_level, True)
@@ -718,7 +648,7 @@ cdef class IndexCore:
             out.sort()
             return out
         finally:
-            self._runlock()
+            runlock(self)
 
     def find_matches(self, block_hashes, window_size=None, *, max_cache_level=None):
         """``CacheIndex.find_matches`` itself (same parameters): ``CacheIndex`` binds it on the
@@ -798,7 +728,7 @@ cdef class IndexCore:
         """``reset_worker`` for each (instance id, rank) of ``keys``, their blocks found by as
         few scans of every node as the plans hold (``reset_planned``)."""
         cdef uint32_t widx
-        self._begin_write()
+        begin_write(self)
         try:
             widxs = [worker_for(self, instance_for(self, instance_id), rank) for instance_id, rank in keys]
             reset_planned(self, widxs)
@@ -809,28 +739,28 @@ cdef class IndexCore:
                     self.w_reasons[widx] = []
                     self.wrk[widx].gaps = 0
         finally:
-            self._end_write()
+            end_write(self)
 
     def mark_degraded(self, str instance_id, int32_t rank, str reason):
-        self._begin_write()
+        begin_write(self)
         try:
             degrade(self, worker_for(self, instance_for(self, instance_id), rank), reason)
         finally:
-            self._end_write()
+            end_write(self)
 
     def load_window(self, str instance_id, int32_t rank, int32_t window, capacity, stored):
         """Store a snapshot's window. The tables and the pool grow for all its blocks first,
         without the GIL or the index lock (``_regrow_ahead``; readers go on); the blocks are
         stored holding the GIL, which keeps readers out (this seam takes no index lock)."""
-        self._begin_write()
+        begin_write(self)
         try:
             load_window_blocks(self, instance_id, rank, window, capacity, stored)
         finally:
-            self._end_write()
+            end_write(self)
 
     def set_cursor(self, str instance_id, int32_t rank, event_id):
         cdef Worker *w
-        self._begin_write()
+        begin_write(self)
         try:
             w = &self.wrk[worker_for(self, instance_for(self, instance_id), rank)]
             w.has_cursor = event_id is not None
@@ -840,29 +770,29 @@ cdef class IndexCore:
             w.split_blocks = 0
             w.has_split_tail = 0
         finally:
-            self._end_write()
+            end_write(self)
 
     # ------------------------------------------------------------------ state (_indexcore_state.pxi)
 
     def import_state(self, state):
         """Replace everything with ``state`` (counters start from zero)."""
-        self._begin_write()
+        begin_write(self)
         try:
             import_core_state(self, state)
         finally:
-            self._end_write()
+            end_write(self)
 
     def export_state(self):
         """The state as columns (``IndexState``). With no writer call in progress the export
         reads without the index lock, and queries from other threads go on meanwhile: writers
-        wait for it (``_begin_write``), the readers only read. Else (this thread's callback,
+        wait for it (``begin_write``), the readers only read. Else (this thread's callback,
         or another thread applying) it takes the lock like a query."""
         if self.writing:
-            self._rlock_whole()
+            rlock_whole(self)
             try:
                 return export_core_state(self, False)
             finally:
-                self._runlock()
+                runlock(self)
         self.exporting = 1
         try:
             return export_core_state(self, True)
@@ -870,6 +800,7 @@ cdef class IndexCore:
             self.exporting = 0
 
 
+include "_indexcore_lock.pxi"
 include "_indexcore_workers.pxi"
 include "_indexcore_decode.pxi"
 include "_indexcore_apply.pxi"

@@ -186,7 +186,7 @@ cdef int _apply_events_locked(IndexCore self, int64_t offset) except -1 nogil:
     cdef int64_t off
     for k in range(self.fb.nev):
         if kv_atomic_load(&self.readers_waiting):
-            self._hand_over()
+            hand_over(self)
         if k + 3 < self.fb.nev:
             _prefetch_keys(self, &self.fb.ev[k + 3], 0)
         if k + 1 < self.fb.nev:

@@ -18,7 +18,7 @@ cdef object inspect_worker_info(IndexCore self, str instance_id, int32_t rank):
     cdef Slot *s
     cdef int lvl
     cdef Worker *w
-    self._rlock_whole()
+    rlock_whole(self)
     try:
         if widx < 0:
             return None
@@ -44,7 +44,7 @@ cdef object inspect_worker_info(IndexCore self, str instance_id, int32_t rank):
             "windows": dict(sorted(windows.items())),
         }
     finally:
-        self._runlock()
+        runlock(self)
 
 
 cdef object inspect_worker_blocks(IndexCore self, str instance_id, int32_t rank, int32_t window):
@@ -53,7 +53,7 @@ cdef object inspect_worker_blocks(IndexCore self, str instance_id, int32_t rank,
     cdef int64_t i
     cdef Node *node
     cdef uint32_t packed
-    self._rlock_whole()
+    rlock_whole(self)
     try:
         if widx < 0:
             return []
@@ -72,11 +72,11 @@ cdef object inspect_worker_blocks(IndexCore self, str instance_id, int32_t rank,
         out.sort()
         return out
     finally:
-        self._runlock()
+        runlock(self)
 
 
 cdef object inspect_counters(IndexCore self):
-    self._rlock_whole()
+    rlock_whole(self)
     try:
         return {
             "batches_applied": self.c_batches_applied,
@@ -95,7 +95,7 @@ cdef object inspect_counters(IndexCore self):
             "session_conflicts": self.c_session_conflicts,
         }
     finally:
-        self._runlock()
+        runlock(self)
 
 
 cdef object inspect_held_blocks(IndexCore self):
@@ -107,7 +107,7 @@ cdef object inspect_node_count(IndexCore self):
 
 
 cdef object inspect_store_layout(IndexCore self):
-    self._rlock_whole()
+    rlock_whole(self)
     try:
         return {
             "node_top": self.st.node_top,
@@ -130,17 +130,17 @@ cdef object inspect_store_layout(IndexCore self):
             "drop_handovers": self.drop_handovers,
         }
     finally:
-        self._runlock()
+        runlock(self)
 
 
 cdef object inspect_check_tables(IndexCore self):
     cdef uint64_t bad, far, sat, cbad, cfar, csat
-    self._rlock_whole()
+    rlock_whole(self)
     try:
         bad = table_check(&self.st, &self.st.etab, False, &far, &sat)
         cbad = table_check(&self.st, &self.st.ctab, True, &cfar, &csat)
     finally:
-        self._runlock()
+        runlock(self)
     return {
         "engine": {"wrong": bad, "longest": far, "saturated": sat},
         "content": {"wrong": cbad, "longest": cfar, "saturated": csat},

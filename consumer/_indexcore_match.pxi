@@ -1,7 +1,7 @@
 # Included by _indexcore.pyx (textually, after IndexCore): the query walk behind find_matches and
 # match (the keys read from the query, the block-by-block walk over holders with its shortcuts,
 # the answer dict built or copied from a template), and a token query's content hashes.
-# Functions of an IndexCore; ``worker_counts`` takes the index lock (IndexCore._rlock), and the
+# Functions of an IndexCore; ``worker_counts`` takes the index lock (``rlock``), and the
 # walk's parts are called holding it (they own its query scratch).
 
 cdef extern from *:
@@ -478,7 +478,7 @@ cdef dict worker_counts(IndexCore self, hashes, bint by_content, window, int max
     cdef size_t t, k
     cdef uint64_t setsig = 0
     cdef bint has_window = window is not None
-    self._rlock()  # the query scratch (keys, scores, templates) is the lock holder's
+    rlock(self)  # the query scratch (keys, scores, templates) is the lock holder's
     try:
         n = load_query_keys(self, hashes)
         t = match_walk(self, n, by_content, has_window, 0 if window is None else window, max_level, False)
@@ -491,7 +491,7 @@ cdef dict worker_counts(IndexCore self, hashes, bint by_content, window, int max
             return counts_from_template(self, t, setsig ^ (<uint64_t>self.q_mode * KVH.k1), self.q_mode)
         return build_counts(self, t)
     finally:
-        self._runlock()
+        runlock(self)
 
 
 cdef list tokens_content_hashes(IndexCore self, tokens, Py_ssize_t block_size, lora_id, cache_salt, token_extra_ids,
