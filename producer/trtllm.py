@@ -3,14 +3,15 @@
 
 :func:`event_from_trtllm` maps one dict, every type and field, old and new versions: hashes as
 ints (``size_t``, either sign) or hex digests (``v2_sha256``: first 8 bytes, big endian), tokens
-as ``unique_token`` maps or plain ints, ``mm_keys`` as ``mm_key`` maps or pairs, ``lora_id`` and
-``cache_salt`` when present. Event ids and ``attention_dp_rank`` pass through unchanged, so
+as ``unique_token`` maps or plain ints, ``mm_keys`` as ``mm_key`` maps or pairs (their hash a hex
+digest or a user-given UUID), ``lora_id`` and ``cache_salt`` when present. Event ids and ``attention_dp_rank`` pass through unchanged, so
 TensorRT-LLM's own drops show as id gaps. A dict that cannot be read raises
 :class:`TrtllmDecodeError` naming the field.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -40,6 +41,8 @@ __all__ = ["TrtllmDecodeError", "TrtllmEventSource", "event_from_trtllm", "poll_
 
 log = logging.getLogger(__name__)
 _U64 = (1 << 64) - 1
+_I64_MAX = (1 << 63) - 1  # the schema's long and int: a value past them is set aside here, by name,
+_I32_MAX = (1 << 31) - 1  # not found unencodable later by the sink
 _DEFAULT_PRIORITY = 35
 
 
@@ -51,11 +54,11 @@ def event_from_trtllm(d: dict[str, Any]) -> KVCacheEvent:
     """One TensorRT-LLM event dict as a :class:`KVCacheEvent`."""
     if not isinstance(d, dict):
         raise TrtllmDecodeError(f"an event must be a dict, got {type(d).__name__}")
-    event_id = _int(d.get("event_id"), "event_id", minimum=0)
+    event_id = _int(d.get("event_id"), "event_id", 0, _I64_MAX)
     if event_id is None:
         raise TrtllmDecodeError("event has no event_id")
-    window = _int(d.get("window_size", 0), "window_size", minimum=0) or 0
-    rank = _int(d.get("attention_dp_rank"), "attention_dp_rank", minimum=0)
+    window = _int(d.get("window_size", 0), "window_size", 0, _I32_MAX) or 0
+    rank = _int(d.get("attention_dp_rank"), "attention_dp_rank", 0, _I32_MAX)
     data = d.get("data")
     if not isinstance(data, dict):
         raise TrtllmDecodeError(f"data must be a dict, got {type(data).__name__}")
@@ -69,7 +72,7 @@ def _data(data: dict[str, Any], hash_algo: object) -> Any:
         if not isinstance(levels, list):
             raise TrtllmDecodeError("data.num_blocks_per_cache_level must be a list")
         return KVCacheCreatedData(
-            [_req_int(v, f"data.num_blocks_per_cache_level[{i}]", 0) for i, v in enumerate(levels)]
+            [_req_int(v, f"data.num_blocks_per_cache_level[{i}]", 0, _I32_MAX) for i, v in enumerate(levels)]
         )
     if kind == "stored":
         blocks = data.get("blocks")
@@ -127,12 +130,22 @@ def _block(b: object, where: str) -> KVCacheStoredBlockData:
         block_hash=_hash(b["block_hash"], f"{where}.block_hash"),
         tokens=array("i", tokens),
         lora_id=None if lora is None else _req_int(lora, f"{where}.lora_id", -(1 << 63), _U64) & _U64,
-        cache_level=_req_int(b.get("cache_level", 0), f"{where}.cache_level", 0, 2**31 - 1),
-        priority=_req_int(b.get("priority", _DEFAULT_PRIORITY), f"{where}.priority", 0, 2**31 - 1),
+        cache_level=_req_int(b.get("cache_level", 0), f"{where}.cache_level", 0, _I32_MAX),
+        priority=_req_int(b.get("priority", _DEFAULT_PRIORITY), f"{where}.priority", 0, _I32_MAX),
         token_extra_ids=array("Q", extras) if any(extras) else None,
         mm_keys=tuple(_mm_key(k, f"{where}.mm_keys[{i}]") for i, k in enumerate(mm_keys)),
-        cache_salt=None if salt is None else str(salt),
+        cache_salt=None if salt is None else _salt(salt, f"{where}.cache_salt"),
     )
+
+
+def _salt(value: object, where: str) -> str:
+    """The salt as text (a number as its digits); a string that UTF-8 cannot carry is refused."""
+    text = str(value)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise TrtllmDecodeError(f"{where} is not valid UTF-8 text (a lone surrogate)") from None
+    return text
 
 
 def _mm_key(key: object, where: str) -> tuple[bytes, int]:
@@ -143,15 +156,30 @@ def _mm_key(key: object, where: str) -> tuple[bytes, int]:
     else:
         raise TrtllmDecodeError(f"{where} must be a mm_key dict or a (hash, offset) pair")
     if isinstance(raw, str):
-        try:
-            raw = bytes.fromhex(raw.removeprefix("0x"))
-        except ValueError:
-            raise TrtllmDecodeError(f"{where}.hash is not hex") from None
+        raw = _mm_hash_text(raw, f"{where}.hash")
     elif isinstance(raw, list):
         raw = bytes(_req_int(x, f"{where}.hash", 0, 255) for x in raw)
     if not isinstance(raw, (bytes, bytearray)) or len(raw) != 32:
         raise TrtllmDecodeError(f"{where}.hash must be 32 bytes")
-    return bytes(raw), _req_int(offset, f"{where}.start_offset", 0, 2**31 - 1)
+    return bytes(raw), _req_int(offset, f"{where}.start_offset", 0, _I32_MAX)
+
+
+def _mm_hash_text(text: str, where: str) -> bytes:
+    """A multimodal item's key from its JSON text: a 32-byte hex digest, or (TensorRT-LLM with
+    user-given ``multimodal_uuids``) the UUID itself, which the serializer writes in place of the
+    digest. A UUID becomes 32 bytes as the engine derives its hash from it: its UTF-8 bytes
+    zero-padded when they fit, else their SHA-256."""
+    digest = text.removeprefix("0x")
+    if len(digest) == 64:
+        try:
+            return bytes.fromhex(digest)
+        except ValueError:
+            pass  # 64 characters that are not hex: a UUID
+    try:
+        uuid = text.encode()
+    except UnicodeEncodeError:
+        raise TrtllmDecodeError(f"{where} is neither a hex digest nor UTF-8 text") from None
+    return uuid.ljust(32, b"\0") if len(uuid) <= 32 else hashlib.sha256(uuid).digest()
 
 
 def _diff(value: object, where: str) -> KVCacheEventDiff | None:
@@ -160,8 +188,8 @@ def _diff(value: object, where: str) -> KVCacheEventDiff | None:
     if not isinstance(value, dict):
         raise TrtllmDecodeError(f"{where} must be an event_diff dict or null")
     return KVCacheEventDiff(
-        _req_int(value.get("old_value"), f"{where}.old_value", -(1 << 31), 2**31 - 1),
-        _req_int(value.get("new_value"), f"{where}.new_value", -(1 << 31), 2**31 - 1),
+        _req_int(value.get("old_value"), f"{where}.old_value", -(1 << 31), _I32_MAX),
+        _req_int(value.get("new_value"), f"{where}.new_value", -(1 << 31), _I32_MAX),
     )
 
 
@@ -183,10 +211,10 @@ def _hash(value: object, where: str) -> int:
     raise TrtllmDecodeError(f"{where} must be an int or a hex digest, got {type(value).__name__}")
 
 
-def _int(value: object, where: str, minimum: int | None = None) -> int | None:
+def _int(value: object, where: str, minimum: int | None = None, maximum: int | None = None) -> int | None:
     if value is None:
         return None
-    return _req_int(value, where, minimum)
+    return _req_int(value, where, minimum, maximum)
 
 
 def _req_int(value: object, where: str, minimum: int | None = None, maximum: int | None = None) -> int:

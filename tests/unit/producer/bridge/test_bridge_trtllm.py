@@ -20,6 +20,7 @@ from kvevents.producer.trtllm import (
 )
 from kvevents.schemas import (
     DecodeError,
+    EventBatch,
     KVCacheCreatedData,
     KVCacheEvent,
     KVCacheEventDiff,
@@ -27,6 +28,8 @@ from kvevents.schemas import (
     KVCacheStoredBlockData,
     KVCacheStoredData,
     KVCacheUpdatedData,
+    decode_batch,
+    encode_batch,
 )
 
 
@@ -167,7 +170,7 @@ def test_new_stored_shape_with_mm_keys_salt_lora_and_hex_hashes() -> None:
                 "data": {
                     "type": "stored",
                     "parent_hash": None,
-                    "blocks": [{"block_hash": 1, "mm_keys": [["ab", 0]]}],
+                    "blocks": [{"block_hash": 1, "mm_keys": [[[1, 2, 3], 0]]}],
                 },
             },
             "32 bytes",
@@ -178,6 +181,69 @@ def test_bad_dicts_raise_naming_the_field(d, needle: str) -> None:
     with pytest.raises(TrtllmDecodeError) as info:
         event_from_trtllm(d)
     assert needle in str(info.value) and isinstance(info.value, DecodeError)
+
+
+def _removed(**fields: object) -> dict:
+    return {"event_id": 1, "data": {"type": "removed", "block_hashes": [1]}, **fields}
+
+
+def _salted(salt: object) -> dict:
+    block = {"block_hash": 1, "tokens": [token(2)], "cache_salt": salt}
+    return {"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [block]}}
+
+
+@pytest.mark.parametrize(
+    ("d", "needle"),
+    [
+        (_removed(event_id=2**63), "event_id"),
+        (_removed(window_size=2**31), "window_size"),
+        (_removed(attention_dp_rank=2**31), "attention_dp_rank"),
+        (
+            {"event_id": 1, "data": {"type": "created", "num_blocks_per_cache_level": [1, 2**31]}},
+            "num_blocks_per_cache_level[1]",
+        ),
+        (_salted("\udc80"), "cache_salt"),
+    ],
+)
+def test_values_the_schema_cannot_carry_are_set_aside_by_name(d: dict, needle: str) -> None:
+    """Found by fuzzing (make soak): these were accepted, and only the sink's encoding failed
+    on them later, far from the engine's dict."""
+    with pytest.raises(TrtllmDecodeError) as info:
+        event_from_trtllm(d)
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("sku-1234", b"sku-1234".ljust(32, b"\0")),  # TensorRT-LLM's uuid_to_hash: zero-padded
+        ("x" * 32, b"x" * 32),
+        ("y" * 33, hashlib.sha256(b"y" * 33).digest()),  # longer than a key: hashed
+        ("\u6d4b\u8bd5-uuid", "\u6d4b\u8bd5-uuid".encode().ljust(32, b"\0")),
+        ("ab" * 32, bytes.fromhex("ab" * 32)),  # a hex digest, as without a UUID
+        ("0x" + "cd" * 32, bytes.fromhex("cd" * 32)),
+    ],
+)
+def test_an_mm_key_written_as_its_uuid_is_read(text: str, key: bytes) -> None:
+    """With ``multimodal_uuids``, TensorRT-LLM's serializer writes the item's UUID where the hex
+    digest goes; the event was set aside whole before."""
+    block = {
+        "block_hash": 1,
+        "tokens": [token(2)],
+        "mm_keys": [{"type": "mm_key", "hash": text, "start_offset": 3}],
+    }
+    event = event_from_trtllm(
+        {"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [block]}}
+    )
+    assert event.data.blocks[0].mm_keys == ((key, 3),)
+
+
+def test_the_largest_values_the_schema_carries_are_accepted() -> None:
+    event = event_from_trtllm(
+        _removed(event_id=2**63 - 1, window_size=2**31 - 1, attention_dp_rank=2**31 - 1)
+    )
+    assert decode_batch(encode_batch(EventBatch("t", [event]))).events == [event]
+    assert event_from_trtllm(_salted(12)).data.blocks[0].cache_salt == "12"
 
 
 class FakeLLM:
