@@ -637,6 +637,8 @@ cdef class IndexCore:
         cdef Py_ssize_t n
         cdef size_t t, k
         cdef uint32_t slot
+        if window is not None and window_outside_schema(window):
+            return []
         rlock(self)
         try:
             n = load_query_keys(self, hashes)

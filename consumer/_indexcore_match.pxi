@@ -463,6 +463,12 @@ cdef dict counts_from_template(IndexCore self, size_t t, uint64_t ckey, uint32_t
     return out
 
 
+cdef inline bint window_outside_schema(window) except -1:
+    """A window size no cache can have (the schema's is a 32-bit int): the answer is empty, as
+    the pure-Python core finds it, instead of an OverflowError converting it."""
+    return not (-0x80000000 <= window <= 0x7FFFFFFF)
+
+
 cdef dict worker_counts(IndexCore self, hashes, bint by_content, window, int max_level):
     """{worker key: best run over its window caches} (the hot path of find_matches).
 
@@ -478,6 +484,8 @@ cdef dict worker_counts(IndexCore self, hashes, bint by_content, window, int max
     cdef size_t t, k
     cdef uint64_t setsig = 0
     cdef bint has_window = window is not None
+    if has_window and window_outside_schema(window):
+        return {}
     rlock(self)  # the query scratch (keys, scores, templates) is the lock holder's
     try:
         n = load_query_keys(self, hashes)

@@ -9,7 +9,7 @@ import random
 import pytest
 from _index_helpers import batch, created, removed, stored
 from kvevents.consumer import CacheIndex
-from kvevents.schemas import EventBatch
+from kvevents.schemas import EventBatch, KVCacheEvent, KVCacheStoredBlockData, KVCacheStoredData
 
 
 def _both(batches: list[EventBatch]) -> tuple[CacheIndex, CacheIndex]:
@@ -165,3 +165,22 @@ def test_template_answers_with_long_runs_and_keys_that_are_not_exact_ints() -> N
 
     for q in ([Key.A, Key.B, *prefix[2:40]], [True, *prefix[1:40]]):
         assert compiled.find_matches(q) == pure.find_matches(q)
+
+
+@pytest.mark.parametrize("core", ["compiled", "python"])
+@pytest.mark.parametrize("window", [2**31, 2**40, 2**64, -(2**31) - 1])
+def test_a_window_size_no_cache_can_have_matches_nothing(core: str, window: int) -> None:
+    """The schema's window size is a 32-bit int: a query for a larger one finds no cache (the
+    compiled core raised OverflowError converting it; route --serve answered 500). Found by
+    fuzzing /match/hashes (make soak)."""
+    index = CacheIndex(core=core)
+    index.apply(
+        EventBatch(
+            "i", [KVCacheEvent(0, KVCacheStoredData(None, [KVCacheStoredBlockData(5, [1, 2])]), 64, 0)]
+        )
+    )
+    assert index.find_matches([5]) != {}
+    assert index.find_matches([5], window) == {}
+    assert index.find_matches_by_content([5], window) == {}
+    if core == "compiled":
+        assert index._core.match([5], False, window, 3) == []

@@ -245,6 +245,16 @@ def test_bad_hashes_body(srv: Running) -> None:
     assert status == 400 and "block_hashes" in body["error"]
 
 
+@pytest.mark.parametrize("window", [2**31, 2**40, 2**63])
+def test_a_window_size_no_cache_can_have_is_an_empty_answer_not_a_500(srv: Running, window: int) -> None:
+    """Found by fuzzing (make soak): /match/hashes answered 500 (OverflowError in the core)."""
+    hashes = [hash(("b", i)) & 0xFFFFFFFF for i in range(3)]
+    status, body = post(srv, "/match/hashes", {"block_hashes": hashes, "window_size": window})
+    assert status == 200 and body["scores"] == [] and body["best"] is None
+    status, body = post(srv, "/match", {"token_ids": PROMPT, "block_size": BS, "window_size": window})
+    assert status == 200 and body["scores"] == []
+
+
 def test_wrong_path_and_method_get_json_404_and_405_with_allow(srv: Running) -> None:
     status, _, body = request(srv, "POST", "/nowhere", b"{}")
     assert status == 404 and "POST /match" in body["error"]
