@@ -1,9 +1,10 @@
 """Benchmark of ``kvevents bridge``: a vLLM-style engine's ZMQ events into Kafka, how fast and how late.
 
 - Engine: another process publishing vLLM's current wire format (tagged maps, ``KVEventBatch``
-  with ``data_parallel_rank``) on a PUB with a replay ROUTER, as vLLM's ``ZmqEventPublisher``
-  does: batches of ``--events-per-batch`` events (Stored of 1-4 blocks of 16 tokens, Removed),
-  each batch's ``ts`` set when it is sent.
+  with ``data_parallel_rank``, each event naming its KV-cache ``group_idx`` and a Stored one its
+  ``kv_cache_spec_kind``) on a PUB with a replay ROUTER, as vLLM's ``ZmqEventPublisher`` does:
+  batches of ``--events-per-batch`` events (Stored of 1-4 blocks of 16 tokens, Removed), each
+  batch's ``ts`` set when it is sent.
 - Throughput, same stream, side by side in one run:
   ``bare``: a SUB that receives and msgpack-decodes only (the ceiling of any bridge);
   ``bridge``: ``ZmqBridge`` + ``KafkaEventSink`` (convert, Avro-encode, produce, acknowledged),
@@ -70,11 +71,16 @@ def engine_main(pub_port: int, replay_port: int, batches: int, per_batch: int, r
             ("lora_id", int | None),
             ("medium", str | None),
             ("lora_name", str | None),
+            ("extra_keys", list[Any] | None, None),
+            ("group_idx", int | None, None),
+            ("kv_cache_spec_kind", str | None, None),
         ],
         **opts,
     )
     removed_t = msgspec.defstruct(
-        "BlockRemoved", [("block_hashes", list[int]), ("medium", str | None)], **opts
+        "BlockRemoved",
+        [("block_hashes", list[int]), ("medium", str | None), ("group_idx", int | None, None)],
+        **opts,
     )
     batch_t = msgspec.defstruct(
         "KVEventBatch",
@@ -106,14 +112,17 @@ def engine_main(pub_port: int, replay_port: int, batches: int, per_batch: int, r
             if held and rng.random() < 0.4:
                 i = rng.randrange(len(held))  # a random held block, taken out in O(1)
                 held[i], held[-1] = held[-1], held[i]
-                events.append(removed_t([held.pop()], "GPU"))
+                events.append(removed_t([held.pop()], "GPU", 0))
             else:
                 n = rng.choice((1, 1, 1, 2, 4))
                 hashes = list(range(counter + 1, counter + n + 1))
                 parent = counter if counter and rng.random() < 0.5 else None  # the last block stored
                 counter += n
                 tokens = token_pool[n][rng.randrange(32)]
-                events.append(stored_t(hashes, parent, tokens, 16, None, "GPU", None))
+                # as current vLLM sends them: each block's KV-cache group and its spec named
+                events.append(
+                    stored_t(hashes, parent, tokens, 16, None, "GPU", None, None, 0, "full_attention")
+                )
                 held.extend(hashes)
         bodies.append(enc.encode(batch_t(1234567890.125, events, 0)))
     ts_at = bodies[0].index(b"\xcb" + ts_mark) + 1  # the float64 after the "ts" key

@@ -43,6 +43,8 @@ def engine_event(draw: Any, kind: str) -> Any:
         args: list[Any] = [hs]
         if kind != "sglang-old":
             args.append(draw(media) if kind.startswith("vllm") else draw(st.none() | st.text(max_size=4)))
+        if kind.startswith("vllm"):
+            args.append(draw(st.none() | st.integers(-1, 3)))  # its KV-cache group
         return s["BlockRemoved"](*args)
     size = draw(st.one_of(st.integers(1, 4), st.integers(-1, 0)))
     n_tokens = draw(st.one_of(st.just(len(hs) * max(size, 1)), st.integers(0, 12)))
@@ -53,7 +55,11 @@ def engine_event(draw: Any, kind: str) -> Any:
     args = [hs, parent, tokens, size, lora_id]
     if kind.startswith("vllm") and draw(st.booleans()):  # plain, as most batches are
         args[4] = None
-        args += [draw(st.sampled_from(["GPU", "CPU", None])), None, None, None, None, None]
+        # current vLLM names each block's KV-cache group and its spec (a window for sliding ones)
+        group = draw(st.none() | st.integers(-1, 3))
+        spec = None if group is None else draw(st.sampled_from([None, "full_attention", "sliding_window"]))
+        sliding = draw(st.sampled_from([None, 0, 64, 4096])) if spec == "sliding_window" else None
+        args += [draw(st.sampled_from(["GPU", "CPU", None])), None, None, group, spec, sliding]
     elif kind.startswith("vllm"):
         args += [draw(media), draw(st.none() | st.text(max_size=4))]
         args += [draw(extra_keys), draw(st.none() | st.integers(0, 3)), draw(st.none() | st.text(max_size=4))]

@@ -109,11 +109,56 @@ cdef inline void _put(object obj, Py_ssize_t offset, object value):
 
 cdef class _Out:
     """The (data, window) pairs of one payload, and what was counted."""
-    cdef list data
+    cdef list data, windows
+    cdef object window   # the window of what is appended now (the event's)
     cdef long long already_held, removed_unknown, not_on_medium, cleared
 
     def __cinit__(self):
         self.data = []
+        self.windows = []
+
+    cdef int add(self, object data) except -1:
+        self.data.append(data)
+        self.windows.append(self.window)
+        return 0
+
+
+cdef list _windows(conv, Buf *b, dict learned, long long *unknown):
+    """Each event's window, as the converter's ``_window`` gives it (vLLM's KV-cache groups: a
+    Stored event naming a sliding window or a spec kind teaches its group's window), without
+    changing the converter: what the events teach goes to ``learned``, unknown groups are
+    counted in ``unknown``; the caller commits both once the payload is converted."""
+    cdef list out = []
+    cdef Py_ssize_t i
+    cdef Ev *e
+    default = conv.window_size
+    known = conv.group_windows
+    for i in range(b.nev):
+        e = &b.ev[i]
+        if e.kind == K_CLEARED or not e.has_group:
+            out.append(default)
+            continue
+        group = PyLong_FromLongLong(e.group)
+        if e.kind == K_STORED:
+            if e.sliding:
+                learned[group] = PyLong_FromLongLong(e.sliding)
+            elif e.has_kind and group not in learned and group not in known:
+                learned[group] = default
+        window = learned.get(group)
+        if window is None:
+            window = known.get(group)
+        if window is None:
+            unknown[0] += 1
+            window = default
+        out.append(window)
+    return out
+
+
+cdef int _commit_windows(conv, dict learned, long long unknown) except -1:
+    if learned:
+        conv.group_windows.update(learned)
+    _add(conv.counts, "unknown_group", unknown)
+    return 0
 
 
 cdef object _block(Buf *b, Ev *e, Py_ssize_t i, object h, object level, object salt):
@@ -232,15 +277,15 @@ cdef int _emit_stored(_Out out, Buf *b, Ev *e, object tiers, dict held, object w
             run.append(_block(b, e, i, h, level, salt))
         else:
             if run:
-                out.data.append(_Stored(run_parent, run))
+                out.add(_Stored(run_parent, run))
                 run = []
             if kind == T_UPDATED:
-                out.data.append(_Updated(h, _Diff(old, new)))
+                out.add(_Updated(h, _Diff(old, new)))
             else:
                 out.already_held += 1
         previous = h
     if run:
-        out.data.append(_Stored(run_parent, run))
+        out.add(_Stored(run_parent, run))
     return 0
 
 
@@ -261,13 +306,13 @@ cdef int _emit_removed(_Out out, Buf *b, Ev *e, object tiers, dict held, object 
             gone.append(h)
         elif kind == T_UPDATED:
             if gone:
-                out.data.append(_Removed(gone))
+                out.add(_Removed(gone))
                 gone = []
-            out.data.append(_Updated(h, _Diff(old, new)))
+            out.add(_Updated(h, _Diff(old, new)))
         else:
             out.not_on_medium += 1
     if gone:
-        out.data.append(_Removed(gone))
+        out.add(_Removed(gone))
     return 0
 
 
@@ -319,16 +364,20 @@ cdef object _apply(conv, Buf *b, list levels, list bits, list salts, Payload *p)
     cdef Py_ssize_t i, first, n
     cdef Ev *e
     cdef _Out out = _Out()
-    cdef object window = conv.window_size
+    cdef object window
+    cdef dict learned = {}
+    cdef long long unknown = 0
+    cdef list windows = _windows(conv, b, learned, &unknown)
     tiers = conv.tiers
     cdef dict held = tiers.held
     counts = conv.counts
     for i in range(b.nev):
         e = &b.ev[i]
+        window = out.window = windows[i]
         if e.kind == K_CLEARED:
             out.cleared += 1
             held.clear()
-            out.data.append(_Created([]))
+            out.add(_Created([]))
         elif e.kind == K_STORED:
             _emit_stored(out, b, e, tiers, held, window, levels[e.level], bits[e.level],
                          salts[e.salt] if e.salt >= 0 else None)
@@ -339,6 +388,7 @@ cdef object _apply(conv, Buf *b, list levels, list bits, list salts, Payload *p)
     _add(counts, "removed_unknown", out.removed_unknown)
     _add(counts, "removed_not_on_medium", out.not_on_medium)
     _add(counts, "partial_blocks", p.partial)
+    _commit_windows(conv, learned, unknown)
     rank = conv.dp_rank if p.rank < 0 else PyLong_FromLongLong(p.rank)
     ts = p.ts if p.has_ts else None
     n = len(out.data)
@@ -347,7 +397,7 @@ cdef object _apply(conv, Buf *b, list levels, list bits, list salts, Payload *p)
     ids = conv.next_event_id
     first = ids.get(rank, 0)
     ids[rank] = first + n
-    events = [_Event(first + i, out.data[i], window, rank) for i in range(n)]
+    events = [_Event(first + i, out.data[i], out.windows[i], rank) for i in range(n)]
     return events, ts
 
 
@@ -508,7 +558,9 @@ def encode(conv, payload, out):
     cdef Enc x
     cdef Py_ssize_t i
     cdef Ev *e
-    cdef list levels = [0], bits = [1], salts = []
+    cdef list levels = [0], bits = [1], salts = [], windows
+    cdef dict learned = {}
+    cdef long long unknown = 0
     if type(payload) is not bytes:
         return None
     _check_out(out)  # before anything changes
@@ -519,23 +571,27 @@ def encode(conv, payload, out):
         if not read_payload(payload, &b, &c, &p):
             return None
         rank = conv.dp_rank if p.rank < 0 else PyLong_FromLongLong(p.rank)
-        window = conv.window_size
+        windows = _windows(conv, &b, learned, &unknown)
         ids = conv.next_event_id
         first = ids.get(rank, 0)
         # what the Avro schema cannot carry: the Python paths' events, which the sink counts
-        if not (_i32(window) and _i32(rank) and 0 <= first < (1 << 62)):
+        if not (_i32(rank) and 0 <= first < (1 << 62)):
             return None
         for v in levels:
             if not _i32(v):
                 return None
+        for v in windows:
+            if not _i32(v):
+                return None
         x.first = first
-        x.window = window
         x.rank = rank
         # Everything was read: the converter's state changes from here on.
         tiers = conv.tiers
         held = tiers.held
         for i in range(b.nev):
             e = &b.ev[i]
+            window = windows[i]
+            x.window = window
             if e.kind == K_CLEARED:
                 x.cleared += 1
                 held.clear()
@@ -552,6 +608,7 @@ def encode(conv, payload, out):
         _add(counts, "removed_unknown", x.removed_unknown)
         _add(counts, "removed_not_on_medium", x.not_on_medium)
         _add(counts, "partial_blocks", p.partial)
+        _commit_windows(conv, learned, unknown)
         if x.nev:
             _append(out, &x)
             ids[rank] = first + x.nev

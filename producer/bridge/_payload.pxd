@@ -30,6 +30,10 @@ ctypedef struct Ev:
     int64_t size         # block_size (tokens per block)
     Py_ssize_t level     # index into the levels list
     Py_ssize_t salt      # index into the salts list, -1: none
+    bint has_group       # vLLM's KV-cache group (group_idx), when named
+    int64_t group
+    bint has_kind        # kv_cache_spec_kind named (a Stored event's group learns the default window)
+    int64_t sliding      # kv_cache_spec_sliding_window, 0: none (the group learns it)
 
 ctypedef struct Buf:
     Ev *ev
@@ -115,6 +119,47 @@ cdef inline bint _parent(Rd *r, bint take_last, Ev *e) noexcept nogil:
     return _hash(r, take_last, &e.parent)
 
 
+cdef inline bint _group(Rd *r, Ev *e) noexcept nogil:
+    """``group_idx``: nil or an int (of 64 bits: larger ones go to the Python paths)."""
+    cdef bint big
+    if _nil(r):
+        return True
+    if not _int(r, &e.group, &big) or big:
+        r.bad = 1
+        return False
+    e.has_group = 1
+    return True
+
+
+cdef inline bint _sliding(Rd *r, Ev *e) noexcept nogil:
+    """``kv_cache_spec_sliding_window``: nil or an int >= 0."""
+    cdef bint big
+    if _nil(r):
+        return True
+    if not _int(r, &e.sliding, &big) or big or e.sliding < 0:
+        r.bad = 1
+        return False
+    return True
+
+
+cdef inline int _kind(Rd *r, Ev *e) except -1:
+    """``kv_cache_spec_kind``: nil or a string (only whether it is named matters here)."""
+    cdef const uint8_t *s
+    cdef Py_ssize_t n
+    if _nil(r):
+        return 0
+    n = _str(r, &s)
+    if n < 0:
+        return 0
+    try:
+        PyUnicode_DecodeUTF8(<const char *>s, n, NULL)  # as the Python paths' decoder checks it
+    except UnicodeDecodeError:
+        r.bad = 1
+        return 0
+    e.has_kind = 1
+    return 0
+
+
 cdef inline bint _must_nil(Rd *r) noexcept nogil:
     if not _nil(r):
         r.bad = 1
@@ -196,6 +241,9 @@ cdef enum:
     F_SALT = 32
     F_TYPE = 64
     F_OTHER = 128   # nil-only fields are checked one by one below
+    F_GROUP = 1 << 20
+    F_KIND = 1 << 24
+    F_SLIDING = 1 << 25
 
 
 cdef inline int _map_event(Rd *r, Buf *b, Ctx *c, Ev *e, Py_ssize_t nkeys) except -1:
@@ -232,6 +280,15 @@ cdef inline int _map_event(Rd *r, Buf *b, Ctx *c, Ev *e, Py_ssize_t nkeys) excep
         elif _is(k, kn, b"session_id", 10):
             bit = F_OTHER << 1
             _skip(r, 2)
+        elif _is(k, kn, b"group_idx", 9):
+            bit = F_GROUP
+            _group(r, e)
+        elif _is(k, kn, b"kv_cache_spec_kind", 18):
+            bit = F_KIND
+            _kind(r, e)
+        elif _is(k, kn, b"kv_cache_spec_sliding_window", 28):
+            bit = F_SLIDING
+            _sliding(r, e)
         else:
             # fields that must be nil here (set: the Python paths read them)
             bit = _nil_field(k, kn)
@@ -252,8 +309,8 @@ cdef inline int _map_event(Rd *r, Buf *b, Ctx *c, Ev *e, Py_ssize_t nkeys) excep
             r.bad = 1
     elif _is(tag, tn, b"BlockRemoved", 12):
         e.kind = K_REMOVED
-        # only block_hashes, medium, group_idx (nil) and type
-        if not (seen & F_HASHES) or (seen & ~(F_HASHES | F_MEDIUM | F_TYPE | (1 << 20))):
+        # only block_hashes, medium, group_idx and type
+        if not (seen & F_HASHES) or (seen & ~(F_HASHES | F_MEDIUM | F_TYPE | F_GROUP)):
             r.bad = 1
     elif _is(tag, tn, b"AllBlocksCleared", 16):
         e.kind = K_CLEARED
@@ -266,18 +323,12 @@ cdef inline int _map_event(Rd *r, Buf *b, Ctx *c, Ev *e, Py_ssize_t nkeys) excep
 
 cdef inline int _nil_field(const uint8_t *k, Py_ssize_t kn) noexcept nogil:
     """The bit of a field this path takes only as nil, or 0 for an unknown field."""
-    if _is(k, kn, b"group_idx", 9):
-        return 1 << 20
     if _is(k, kn, b"lora_id", 7):
         return 1 << 21
     if _is(k, kn, b"lora_name", 9):
         return 1 << 22
     if _is(k, kn, b"extra_keys", 10):
         return 1 << 23
-    if _is(k, kn, b"kv_cache_spec_kind", 18):
-        return 1 << 24
-    if _is(k, kn, b"kv_cache_spec_sliding_window", 28):
-        return 1 << 25
     if _is(k, kn, b"metadata", 8):
         return 1 << 26
     return 0
@@ -311,10 +362,16 @@ cdef inline int _array_event(Rd *r, Buf *b, Ctx *c, Ev *e, Py_ssize_t n) except 
             _must_nil(r)
         if n > 5 and not r.bad:
             _medium(r, c, e)
-        for i in range(6, n):
+        for i in range(6, min(n, 8)):  # lora_name, extra_keys: the Python paths read them
             if r.bad:
                 break
             _must_nil(r)
+        if n > 8 and not r.bad:
+            _group(r, e)
+        if n > 9 and not r.bad:
+            _kind(r, e)
+        if n > 10 and not r.bad:
+            _sliding(r, e)
     elif _is(tag, tn, b"BlockRemoved", 12):
         e.kind = K_REMOVED
         if n < 1 or n > 3:
@@ -324,7 +381,7 @@ cdef inline int _array_event(Rd *r, Buf *b, Ctx *c, Ev *e, Py_ssize_t n) except 
         if n > 1 and not r.bad:
             _medium(r, c, e)
         if n > 2 and not r.bad:
-            _must_nil(r)
+            _group(r, e)
     elif _is(tag, tn, b"AllBlocksCleared", 16):
         e.kind = K_CLEARED
         if n != 0:
@@ -349,6 +406,8 @@ cdef inline int _events(Rd *r, Buf *b, Ctx *c) except -1:
         e.size = 0
         e.level = 0
         e.salt = -1
+        e.has_group = e.has_kind = 0
+        e.group = e.sliding = 0
         if r.p >= r.end:
             r.bad = 1
             return 0

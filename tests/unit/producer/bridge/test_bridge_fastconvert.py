@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kvevents.producer.bridge import BridgeDecodeError, TierMap, ZmqEventConverter
 from kvevents.producer.bridge import _fastconvert as fastconvert  # built by make setup
 from kvevents.producer.bridge import convert as convert_module
+from kvevents.producer.sink_encoded import EncodedEvents
 
 V = engine_structs("vllm")
 enc = msgspec.msgpack.encode
@@ -127,14 +128,54 @@ def test_takes_sglang_salt_and_session_keys() -> None:
     assert compiled.compiled_payloads == 1
 
 
+def test_takes_kv_cache_groups_and_learns_their_windows() -> None:
+    """Current vLLM names each block's group and spec (array and map forms): the compiled
+    converter takes them, with the windows the groups teach, as the Python paths give them."""
+    stored = V["BlockStored"]
+    events = [
+        stored([1, 2], None, [1, 2, 3, 4], 2, None, "GPU", None, None, 0, "full_attention"),
+        stored([3], None, [5, 6], 2, None, "GPU", None, None, 1, "sliding_window", 128),
+        V["BlockRemoved"]([1], "GPU", 0),
+        V["BlockRemoved"]([3], "GPU", 1),
+        V["BlockRemoved"]([9], "GPU", 7),  # a group never described: the default window, counted
+        stored([4], None, [7, 8], 2, None, "GPU", None, None, 1),  # a known group, no spec again
+    ]
+    for kind in ("vllm", "vllm-positional"):
+        s = engine_structs(kind)
+        compiled, _ = both(
+            "vllm", [encode(s["Batch"](1.0, events[:2])), encode(s["Batch"](1.0, events[2:]))], window_size=16
+        )
+        assert compiled.compiled_payloads == 2
+        assert compiled.group_windows == {0: 16, 1: 128} and compiled.counts["unknown_group"] == 1
+
+
+def test_kv_cache_groups_in_the_pre_encoded_path() -> None:
+    """The Avro bytes of the pre-encoded path carry each event's window too."""
+    stored = V["BlockStored"]
+    payload = encode(V["Batch"](1.0, [
+        stored([1], None, [1, 2], 2, None, "GPU", None, None, 0, "full_attention"),
+        stored([3], None, [5, 6], 2, None, "GPU", None, None, 1, "sliding_window", 128),
+        V["BlockRemoved"]([3], "GPU", 1),
+    ]))  # fmt: skip
+    conv, oracle = (
+        ZmqEventConverter("vllm", window_size=16),
+        ZmqEventConverter("vllm", window_size=16, compiled=False, fast_path=False),
+    )
+    out = EncodedEvents()
+    assert conv.convert_encoded(payload, out)
+    events = oracle.convert(payload)
+    assert [e.window_size for e in events] == [16, 128, 128]
+    assert out.decode() == events
+    assert conv.to_state() == oracle.to_state()
+
+
 @pytest.mark.parametrize(
     "event",
     [
         V["BlockStored"]([1], None, [1], 1, 5, None, None),  # LoRA id
         V["BlockStored"]([1], None, [1], 1, None, None, "adapter"),  # LoRA name
         V["BlockStored"]([1], None, [1], 1, None, None, None, [[DIGEST]]),  # extra keys
-        V["BlockStored"]([1], None, [1], 1, None, None, None, None, 1, "sliding_window", 64),  # a group
-        V["BlockRemoved"]([1], None, 2),  # a group
+        V["BlockStored"]([1], None, [1], 1, None, None, None, None, 2**64 - 1),  # a group past 64 bits
         V["BlockStored"]([1], None, [1], 1, None, "NVME", None),  # a new medium
         V["BlockStored"]([1, 2], None, [], 1, None, None, None),  # blocks without tokens
     ],
