@@ -36,8 +36,9 @@ $(SPARK_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS),spark]'
 	@touch $@
 
-# Mutation fuzzing of the readers that take outside bytes (bridge payloads, Kafka values):
-# tests marked 'soak', deselected by 'make test' (which runs a half-second smoke of each).
+# Mutation fuzzing of the readers of outside input (bridge payloads, Kafka values, registry
+# framings, route --serve bodies, TensorRT-LLM dicts): tests marked 'soak', deselected by
+# 'make test' (which runs a half-second smoke of each).
 SOAK_SECONDS ?= 60
 soak: setup
 	SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/python -m pytest -m soak -s tests/soak $(PYTEST_ARGS)

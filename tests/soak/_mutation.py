@@ -1,13 +1,18 @@
-"""A small mutation fuzzer: valid messages, damaged a few bytes at a time, fed to a reader that
-may only raise the errors it documents. Any other exception is a finding (a crash kills the
-run, which a soak run reports as a failure too)."""
+"""A small mutation fuzzer: valid messages, damaged a few bytes (or, for JSON-like values, a few
+fields) at a time, fed to a reader that may only raise the errors it documents. Any other
+exception is a finding (a crash kills the run, which a soak run reports as a failure too)."""
 
 from __future__ import annotations
 
+import copy
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "60"))  # each soak target's run ('make soak')
 
 SPECIAL_BYTES = bytes([0x00, 0x01, 0x7F, 0x80, 0xFF, 0xC0, 0xC1, 0xC3, 0xCC, 0xCF, 0xD0, 0xD3, 0xD9])
 SPECIAL_BYTES += bytes([0xDB, 0xDC, 0xDD, 0xDE, 0xDF, 0x90, 0x9F, 0x80, 0x8F, 0xA0, 0xBF, 0xFE])
@@ -41,18 +46,60 @@ def mutate(rng: random.Random, data: bytes, keep: int = 0) -> bytes:
     return bytes(out)
 
 
+HOSTILE_VALUES: list[Any] = [None, True, -1, 0, 2**31, 2**63, 2**64, -(2**70), 1.5, float("nan")]
+HOSTILE_VALUES += ["", "zz", "\udc80", "0x" + "ff" * 40, [], [None], {}, {"type": None}, [[1, 2]]]
+
+
+def mutate_value(rng: random.Random, value: Any, keep: int = 0) -> Any:
+    """A deep copy of a JSON-like ``value`` with one to three damages at random places: a value
+    replaced by a hostile one (wrong type, out of range, bad text), a key or item removed, an
+    item repeated, a value wrapped in a list. ``keep`` is unused (the byte mutator's)."""
+    out = copy.deepcopy(value)
+    for _ in range(rng.randint(1, 3)):
+        holders = _containers(out)
+        holder = rng.choice(holders)
+        if not holder:
+            continue
+        at = rng.choice(list(holder)) if isinstance(holder, dict) else rng.randrange(len(holder))
+        op = rng.randrange(4)
+        if op == 0:  # a copy: the shared hostile lists and dicts must never be damaged in place
+            holder[at] = copy.deepcopy(rng.choice(HOSTILE_VALUES))
+        elif op == 1:
+            del holder[at]
+        elif op == 2 and isinstance(holder, list):
+            holder.insert(at, copy.deepcopy(holder[at]))
+        else:
+            holder[at] = [holder[at]]
+    return out
+
+
+def _containers(value: Any) -> list[Any]:
+    """Every dict and list inside ``value`` (itself included)."""
+    found, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (dict, list)):
+            found.append(item)
+            stack.extend(item.values() if isinstance(item, dict) else item)
+    return found
+
+
 @dataclass
 class FuzzReport:
     """What a run tried, and the first input of each unexpected (exception type, message)."""
 
     messages: int = 0
     damaged: int = 0
-    findings: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    findings: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     def describe(self) -> str:
         lines = [f"{self.messages:,} messages ({self.damaged:,} damaged), {len(self.findings)} findings"]
-        lines += [f"  {kind}: {message} <- {data.hex()}" for (kind, message), data in self.findings.items()]
+        lines += [f"  {kind}: {message} <- {_shown(data)}" for (kind, message), data in self.findings.items()]
         return "\n".join(lines)
+
+
+def _shown(data: Any) -> str:
+    return data.hex() if isinstance(data, bytes) else repr(data)[:2000]
 
 
 Reader = tuple[Callable[[bytes], object], Callable[[], object]]
@@ -60,17 +107,19 @@ Reader = tuple[Callable[[bytes], object], Callable[[], object]]
 
 
 def fuzz(
-    streams: Sequence[tuple[Callable[[], Reader], Sequence[bytes]]],
+    streams: Sequence[tuple[Callable[[], Reader], Sequence[Any]]],
     expected: tuple[type[BaseException], ...],
     seconds: float,
     seed: int,
     *,
     keep: int = 0,
     damage: float = 0.3,
+    mutator: Callable[[random.Random, Any, int], Any] = mutate,
 ) -> FuzzReport:
     """Feed each stream's messages, a ``damage`` share of them mutated, to a fresh reader of
     its own (``streams``: (reader factory, messages)) until ``seconds`` have passed (at least
-    one pass), the reader's check run after each stream."""
+    one pass), the reader's check run after each stream. ``mutator``: :func:`mutate` for
+    bytes, :func:`mutate_value` for JSON-like values."""
     rng = random.Random(seed)
     report = FuzzReport()
     deadline = time.monotonic() + seconds
@@ -80,7 +129,7 @@ def fuzz(
             for message in stream:
                 data = message
                 if rng.random() < damage:
-                    data = mutate(rng, message, keep)
+                    data = mutator(rng, message, keep)
                     report.damaged += 1
                 report.messages += 1
                 try:

@@ -7,33 +7,23 @@ working and a crash on the first messages is caught there too."""
 
 from __future__ import annotations
 
-import os
 import random
-from array import array
 from functools import partial
 from typing import Any
 
 import pytest
-from _mutation import FuzzReport, Reader, fuzz
+from _mutation import SOAK_SECONDS, FuzzReport, Reader, fuzz
+from _streams import index_batches
 from bridge_engines import encode, engine_structs
 from kvevents.consumer import CacheIndex
 from kvevents.producer.bridge import BridgeDecodeError, ZmqEventConverter
 from kvevents.producer.sink_encoded import EncodedEvents
 from kvevents.schemas import (
     DecodeError,
-    EventBatch,
-    KVCacheCreatedData,
-    KVCacheEvent,
-    KVCacheEventDiff,
-    KVCacheRemovedData,
-    KVCacheStoredBlockData,
-    KVCacheStoredData,
-    KVCacheUpdatedData,
     LimitError,
     encode_batch,
 )
 
-SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "60"))
 BRIDGE_KINDS = ["vllm", "vllm-positional", "sglang-old", "sglang", "sglang-map"]
 
 # ---------------------------------------------------------------------------- the bridge
@@ -122,41 +112,8 @@ def fuzz_bridge(seconds: float, seed: int) -> FuzzReport:
 
 
 def index_stream(seed: int) -> list[bytes]:
-    """Two instances of two ranks: Created, Stored chains, Removed and Updated events, encoded."""
-    rng = random.Random(seed)
-    batches = []
-    held: dict[tuple[str, int], list[int]] = {}
-    ids: dict[tuple[str, int], int] = {}
-    for seq in range(40):
-        for instance in ("i0", "i1"):
-            events = []
-            for rank in (0, 1):
-                key = (instance, rank)
-                eid = ids.get(key, 0)
-                if key not in held:
-                    events.append(KVCacheEvent(eid, KVCacheCreatedData([1000, 100]), 64, rank))
-                    held[key], eid = [], eid + 1
-                roll = rng.random()
-                if roll < 0.6 or not held[key]:
-                    hashes = [rng.getrandbits(62) for _ in range(rng.randint(1, 8))]
-                    blocks = [
-                        KVCacheStoredBlockData(h, array("i", [rng.randrange(1 << 17) for _ in range(4)]))
-                        for h in hashes
-                    ]
-                    parent = held[key][-1] if held[key] and rng.random() < 0.7 else None
-                    data: Any = KVCacheStoredData(parent, blocks)
-                    held[key] += hashes
-                elif roll < 0.85:
-                    data = KVCacheRemovedData(held[key][-2:])
-                    del held[key][-2:]
-                else:
-                    data = KVCacheUpdatedData(held[key][0], KVCacheEventDiff(0, 1), KVCacheEventDiff(35, 50))
-                events.append(KVCacheEvent(eid, data, 64, rank))
-                ids[key] = eid + 1
-            batches.append(
-                encode_batch(EventBatch(instance, events, attention_dp_size=2, producer_id=7, sequence=seq))
-            )
-    return batches
+    """:func:`index_batches`, encoded (single-object framing)."""
+    return [encode_batch(batch) for batch in index_batches(seed)]
 
 
 def index_reader() -> Reader:
