@@ -11,7 +11,6 @@ TensorRT-LLM's own drops show as id gaps. A dict that cannot be read raises
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
@@ -36,6 +35,7 @@ from kvevents.schemas import (
 )
 
 from .buffer import EventDrain
+from .mm_keys import mm_key_from_text
 
 __all__ = ["TrtllmDecodeError", "TrtllmEventSource", "event_from_trtllm", "poll_trtllm_serve"]
 
@@ -166,20 +166,12 @@ def _mm_key(key: object, where: str) -> tuple[bytes, int]:
 
 def _mm_hash_text(text: str, where: str) -> bytes:
     """A multimodal item's key from its JSON text: a 32-byte hex digest, or (TensorRT-LLM with
-    user-given ``multimodal_uuids``) the UUID itself, which the serializer writes in place of the
-    digest. A UUID becomes 32 bytes as the engine derives its hash from it: its UTF-8 bytes
-    zero-padded when they fit, else their SHA-256."""
-    digest = text.removeprefix("0x")
-    if len(digest) == 64:
-        try:
-            return bytes.fromhex(digest)
-        except ValueError:
-            pass  # 64 characters that are not hex: a UUID
+    user-given ``multimodal_uuids``) the UUID itself, which the serializer writes in place of
+    the digest (:func:`~kvevents.producer.mm_keys.mm_key_from_text`)."""
     try:
-        uuid = text.encode()
+        return mm_key_from_text(text)
     except UnicodeEncodeError:
         raise TrtllmDecodeError(f"{where} is neither a hex digest nor UTF-8 text") from None
-    return uuid.ljust(32, b"\0") if len(uuid) <= 32 else hashlib.sha256(uuid).digest()
 
 
 def _diff(value: object, where: str) -> KVCacheEventDiff | None:

@@ -26,6 +26,7 @@ from kvevents.schemas import (
     KVCacheUpdatedData,
 )
 
+from ..mm_keys import mm_key_from_text
 from .fastwire import fast_convert, fast_parse
 from .hashes import DEFAULT_MEDIUM_LEVELS, WireError, lora_id_for_name
 from .tiers import TierMap
@@ -316,26 +317,35 @@ class ZmqEventConverter:
     def _extra(
         self, keys: object, lora_name: str | None, where: str
     ) -> tuple[tuple[tuple[bytes, int], ...], str | None]:
-        """Multimodal hashes (32-byte digests, hex strings, or ``(hash, offset)`` pairs) and a
-        cache salt out of one block's ``extra_keys``; other keys (LoRA name, prompt-embedding
-        hashes) are not carried by kvevents and are counted."""
+        """Multimodal keys and a cache salt out of one block's ``extra_keys``: vLLM's raw tuples
+        (``(identifier, offset)`` pairs, 32-byte digests, hex strings, the LoRA name, the salt)
+        or its typed keys (maps tagged ``mm``, ``cache_salt``, ``lora``, ``prompt_embeds``,
+        ``legacy``). Prompt-embedding hashes and unknown keys are not carried by kvevents and
+        are counted."""
         if keys is None:
             return (), None
         if not isinstance(keys, list):
             keys = [keys]
         mm: list[tuple[bytes, int]] = []
-        salt: str | None = None
+        salts: list[str] = []
         for key in keys:
+            if isinstance(key, dict):
+                key = _typed_extra_key(key)
+            if isinstance(key, tuple):  # a typed salt or LoRA name: (kind, text)
+                if key[0] == "cache_salt":
+                    salts.append(key[1])
+                continue
             offset = 0
-            value = key
+            value: object = key
+            pair = False
             if (
                 isinstance(key, list)
                 and len(key) == 2
                 and isinstance(key[1], int)
                 and not isinstance(key[1], bool)
             ):
-                value, offset = key
-            digest = _mm_digest(value)
+                value, offset, pair = key[0], key[1], True
+            digest = _mm_digest(value, pair)
             if digest is not None:
                 # As sent (an item that began in an earlier block has a negative offset):
                 # the content hash absorbs it, so clamping would merge distinct blocks.
@@ -345,11 +355,12 @@ class ZmqEventConverter:
                     self.counts["extra_keys_skipped"] += 1
             elif isinstance(value, str) and value == lora_name:
                 continue
-            elif isinstance(value, str) and salt is None:
-                salt = value
+            elif isinstance(value, str):
+                salts.append(value)
             else:
                 self.counts["extra_keys_skipped"] += 1
-        return tuple(mm), salt
+        self.counts["extra_keys_skipped"] += max(0, len(salts) - 1)  # one salt per block is kept
+        return tuple(mm), (salts[0] if salts else None)
 
     def _emit_stored(
         self, out: list[tuple[Any, int]], raw: RawStored, blocks: list[KVCacheStoredBlockData]
@@ -451,9 +462,36 @@ def _with_level(block: KVCacheStoredBlockData, level: int) -> KVCacheStoredBlock
     )
 
 
-def _mm_digest(value: object) -> bytes | None:
+def _mm_digest(value: object, identifier: bool = False) -> bytes | None:
+    """A multimodal key: a 32-byte digest, a hex digest, or (``identifier``: the first item of
+    an ``(identifier, offset)`` pair, or a typed ``mm`` key's hash) any text as
+    :func:`~kvevents.producer.mm_keys.mm_key_from_text` keys it (user-given UUIDs, identifiers
+    with a LoRA prefix)."""
     if isinstance(value, (bytes, bytearray)) and len(value) == 32:
         return bytes(value)
     if isinstance(value, str) and _HEX64.match(value):
         return bytes.fromhex(value.removeprefix("0x"))
+    if identifier and isinstance(value, str):
+        try:
+            return mm_key_from_text(value)
+        except UnicodeEncodeError:
+            return None
+    return None
+
+
+def _typed_extra_key(key: dict[Any, Any]) -> object:
+    """vLLM's typed extra key (a map tagged by ``type``) as the raw form ``_extra`` reads: an
+    ``mm`` key as its ``[hash, block_offset]`` pair, a ``legacy`` key as its value, a salt or a
+    LoRA name as ``(kind, text)``; anything else (prompt embeddings, unknown) as None."""
+    kind = key.get("type")
+    if kind == "mm":
+        offset = key.get("block_offset", 0)
+        return [key.get("hash"), offset] if isinstance(key.get("hash"), (str, bytes)) else None
+    if kind == "legacy":
+        value = key.get("value")
+        return None if isinstance(value, dict) else value
+    if kind == "cache_salt" and isinstance(key.get("salt"), str):
+        return ("cache_salt", key["salt"])
+    if kind == "lora" and isinstance(key.get("name"), str):
+        return ("lora", key["name"])
     return None

@@ -8,6 +8,7 @@ import msgspec
 import pytest
 from bridge_engines import encode, engine_structs
 from kvevents.producer.bridge import BridgeDecodeError, ZmqEventConverter, lora_id_for_name
+from kvevents.producer.mm_keys import mm_key_from_text
 from kvevents.schemas import (
     DecodeError,
     KVCacheCreatedData,
@@ -350,3 +351,46 @@ def test_mm_offsets_are_kept_as_sent_negative_included_and_out_of_range_ones_cou
     # An item that began two tokens before the second block: a different block than offset 0.
     assert [b.mm_keys for b in blocks] == [((mm, 0),), ((mm, -2),), ()]
     assert conv.stats()["extra_keys_skipped"] == 1
+
+
+def test_typed_extra_keys_are_read_like_the_raw_ones() -> None:
+    """vLLM's typed extra keys (maps tagged ``mm``, ``cache_salt``, ``lora``, ``prompt_embeds``,
+    ``legacy``) give the same mm keys and salt as the raw tuples; prompt embeddings are counted."""
+    s = engine_structs("vllm")
+    mm = hashlib.sha256(b"image").digest()
+    typed = [
+        [
+            {"type": "mm", "modality": "image", "hash": mm.hex(), "block_offset": 0},
+            {"type": "cache_salt", "salt": "tenant"},
+        ],
+        [{"type": "lora", "name": "adapter"}, {"type": "prompt_embeds", "hash": b"\x01" * 32}],
+        [{"type": "legacy", "value": [mm.hex(), -1]}, {"type": "mystery"}],
+    ]
+    stored = s["BlockStored"]([1, 2, 3], None, [1, 2, 3, 4, 5, 6], 2, None, "GPU", "adapter", typed)
+    conv = ZmqEventConverter("vllm")
+    blocks = conv.convert(encode(s["Batch"](0.0, [stored])))[0].data.blocks
+    assert [(b.mm_keys, b.cache_salt) for b in blocks] == [
+        (((mm, 0),), "tenant"),
+        ((), None),
+        (((mm, -1),), None),
+    ]
+    assert conv.stats()["extra_keys_skipped"] == 2  # the prompt embeddings and the unknown key
+    raw = [[[mm.hex(), 0], "tenant"], ["adapter"], [[mm.hex(), -1]]]
+    again = ZmqEventConverter("vllm").convert(
+        encode(
+            s["Batch"](
+                0.0, [s["BlockStored"]([1, 2, 3], None, [1, 2, 3, 4, 5, 6], 2, None, "GPU", "adapter", raw)]
+            )
+        )
+    )
+    assert again[0].data.blocks == blocks
+
+
+@pytest.mark.parametrize("identifier", ["sku-1234", "adapter:" + "ab" * 32, "\u6d4b\u8bd5"])
+def test_an_mm_identifier_that_is_not_a_digest_is_an_mm_key_not_a_salt(identifier: str) -> None:
+    """An ``(identifier, offset)`` pair always names a multimodal item: a user-given UUID or an
+    identifier with a LoRA prefix was taken for the block's cache salt."""
+    s = engine_structs("vllm")
+    stored = s["BlockStored"]([1], None, [1, 2], 2, None, "GPU", None, [[[identifier, 0]]])
+    block = ZmqEventConverter("vllm").convert(encode(s["Batch"](0.0, [stored])))[0].data.blocks[0]
+    assert block.mm_keys == ((mm_key_from_text(identifier), 0),) and block.cache_salt is None
