@@ -239,7 +239,6 @@ def _set_decoder_stall(double seconds):
 cdef enum:
     NOGIL_DECODE_BYTES = 4096   # apply_encoded reads a body this big or bigger without the GIL
     PLAN_SLOTS = 8              # caches a batch's Created events plan to clear before its lock
-    HIDE_SLOTS = 8              # caches a drop can hide from queries while it hands the lock over
     DROP_STRIDE = 64            # a drop looks for waiting readers every this many planned nodes
     SCAN_STRIDE = 4096          # ... and every this many nodes of a scan
 
@@ -424,8 +423,8 @@ cdef class IndexCore:
     cdef int plan_nslots
     cdef int64_t clears_planned  # caches cleared from a plan ...
     cdef int64_t clears_scanned  # ... and by a scan of every node under the lock
-    cdef uint32_t hidden[HIDE_SLOTS]  # the caches of the worker being dropped: queries skip
-    cdef int nhidden                  # them, so a drop may hand the lock over (atomic loads)
+    cdef uint32_t hidden_worker       # the worker being dropped, while ``hiding``: queries skip
+    cdef int hiding                   # its caches, so a drop may hand the lock over (atomic loads)
     cdef int64_t drop_handovers       # times a drop handed the lock to waiting readers
     cdef uint64_t *spec      # its content cache (_ingest.speculate), kept from call to call
     cdef FlatLimits lim
@@ -463,7 +462,7 @@ cdef class IndexCore:
         self.plan_n = self.plan_cap = 0
         self.plan_nslots = 0
         self.clears_planned = self.clears_scanned = 0
-        self.nhidden = 0
+        self.hiding = 0
         self.drop_handovers = 0
         flat_init(&self.fb0)
         self.fb = &self.fb0

@@ -162,7 +162,7 @@ cdef int clear_slot(IndexCore self, uint32_t slot) except -1 nogil:
 cdef inline void _drop_hand_over(IndexCore self, uint32_t slot) noexcept nogil:
     """In the middle of dropping ``slot``: hand the index lock to waiting readers, if the
     slot is hidden from their queries (``drop_worker_windows``)."""
-    if kv_atomic_load(&self.readers_waiting) and is_hidden(self, self.nhidden, slot):
+    if kv_atomic_load(&self.readers_waiting) and kv_atomic_load(&self.hiding) and is_hidden(self, slot):
         hand_over(self)
         self.drop_handovers += 1
 

@@ -45,10 +45,10 @@ cdef int rlock_whole(IndexCore self) except -1:
     hidden from queries, ``drop_worker_windows``) is waited out."""
     cdef long me = PyThread_get_thread_ident()
     rlock(self)
-    while kv_atomic_load(&self.nhidden) and self.reader_ident == me:
+    while kv_atomic_load(&self.hiding) and self.reader_ident == me:
         runlock(self)
         with nogil:
-            while kv_atomic_load(&self.nhidden):
+            while kv_atomic_load(&self.hiding):
                 kv_sleep_ns(50000)
         rlock(self)
     return 0

@@ -170,7 +170,7 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
     cdef const Table *tab = &self.st.ctab if by_content else &self.st.etab
     cdef Py_ssize_t group_end = 0, g, reached = n, ahead, entries_at = 0, nodes_at = 0
     cdef uint32_t mode_n = 0, mode_v = 0, dead
-    cdef int nhidden = self.nhidden  # a worker's caches being dropped (drop_worker_windows)
+    cdef int hiding = self.hiding  # a worker's caches being dropped (drop_worker_windows)
     self.q_setsig_known = False
     self.epoch += 1
     if self.epoch == 0:
@@ -281,7 +281,7 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
                     slot = h & KV_SLOT_MASK
                     if lvl > <uint32_t>max_level or (has_window and slots[slot].window != window):
                         continue
-                    if nhidden and is_hidden(self, nhidden, slot):
+                    if hiding and is_hidden(self, slot):
                         continue
                     if stamp[slot] != epoch:
                         stamp[slot] = epoch

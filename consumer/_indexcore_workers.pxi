@@ -153,10 +153,12 @@ cdef int score_reserve(IndexCore self, size_t n) except -1:
 
 cdef int drop_worker_windows(IndexCore self, uint32_t widx) except -1:
     """Drop every cache of the worker (holding the index lock). Its caches are hidden from
-    queries meanwhile (``hidden``; as many as HIDE_SLOTS), so the drop may hand the lock to
-    waiting readers: they see the worker as the whole event leaves it, with no blocks."""
+    queries meanwhile (``hidden_worker``, however many window caches it has), so the drop may
+    hand the lock to waiting readers: they see the worker as the whole event leaves it, with
+    no blocks."""
     cdef uint32_t slot = self.wrk[widx].first_slot
-    _hide_worker(self, widx)
+    self.hidden_worker = widx
+    kv_atomic_store(&self.hiding, 1)  # after the worker: a query that sees it set skips it
     try:
         while slot != KV_NIL:
             if self.slots[slot].active:
@@ -166,31 +168,14 @@ cdef int drop_worker_windows(IndexCore self, uint32_t widx) except -1:
                 self.s_capacity[slot] = None
             slot = self.slots[slot].next_slot
     finally:
-        kv_atomic_store(&self.nhidden, 0)
+        kv_atomic_store(&self.hiding, 0)
     return 0
 
 
-cdef void _hide_worker(IndexCore self, uint32_t widx) noexcept nogil:
-    """Hide the worker's caches that hold blocks from queries; none (the drop keeps the lock
-    throughout) when there are more than HIDE_SLOTS."""
-    cdef uint32_t slot = self.wrk[widx].first_slot
-    cdef int n = 0
-    while slot != KV_NIL:
-        if self.slots[slot].active and self.slots[slot].total:
-            if n == HIDE_SLOTS:
-                return
-            self.hidden[n] = slot
-            n += 1
-        slot = self.slots[slot].next_slot
-    kv_atomic_store(&self.nhidden, n)
-
-
-cdef inline bint is_hidden(IndexCore self, int nhidden, uint32_t slot) noexcept nogil:
-    cdef int j
-    for j in range(nhidden):
-        if self.hidden[j] == slot:
-            return True
-    return False
+cdef inline bint is_hidden(IndexCore self, uint32_t slot) noexcept nogil:
+    """``slot`` is a cache of the worker being dropped (call while ``hiding`` is set: the
+    slot's record is read only then, off the queries' usual path)."""
+    return self.slots[slot].worker == self.hidden_worker
 
 
 cdef int degrade(IndexCore self, uint32_t widx, str reason) except -1:
