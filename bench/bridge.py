@@ -87,6 +87,7 @@ def engine_main(pub_port: int, replay_port: int, batches: int, per_batch: int, r
         [("ts", float), ("events", list[Any]), ("data_parallel_rank", int | None, None)],
         omit_defaults=True,
         gc=False,
+        array_like=True,  # vLLM's EventBatch is an array, its events maps
     )
     enc = msgspec.msgpack.Encoder()
     rng = random.Random(1)

@@ -18,12 +18,16 @@ _NONE: Any = None
 def engine_structs(kind: str) -> dict[str, Any]:
     """Struct classes encoding as one engine release does.
 
-    - ``vllm``: current vLLM (maps, ``"type"`` tag, batch map), hashes int or bytes;
+    - ``vllm``: current vLLM (events as maps with a ``"type"`` tag, the batch still the array
+      ``[ts, events, data_parallel_rank]``), hashes int or bytes;
+    - ``vllm-map-batch``: the same events in a map batch ``{ts, events, data_parallel_rank}`` (a
+      vLLM revision sent it; the readers take it too);
     - ``vllm-positional``: vLLM before #42892 (arrays, tag first, batch ``[ts, events, rank]``);
     - ``sglang-old``: SGLang 0.4 (arrays, 5-field BlockStored, 1-field BlockRemoved, ``[ts, events]``);
     - ``sglang``: SGLang 0.5 arrays with ``medium`` and a metadata map at position 7, batch
       ``[ts, events, attn_dp_rank]``;
-    - ``sglang-map``: SGLang 0.5.2x maps with ``cache_salt``/``session_id`` keys.
+    - ``sglang-map``: SGLang 0.5.2x (#37482) events as maps with ``cache_salt``/``session_id``
+      keys, the batch still ``[ts, events, attn_dp_rank]``.
     """
     array_like = kind in ("vllm-positional", "sglang-old", "sglang")
     opts: dict[str, Any] = {"omit_defaults": True, "gc": False, "array_like": array_like, "tag": True}
@@ -89,6 +93,7 @@ def engine_structs(kind: str) -> dict[str, Any]:
     removed = msgspec.defstruct("BlockRemoved", removed_fields, **opts)
     cleared = msgspec.defstruct("AllBlocksCleared", [], **opts)
     batch_opts = {k: v for k, v in opts.items() if k != "tag"}
+    batch_opts["array_like"] = kind != "vllm-map-batch"  # the batches stayed arrays when events became maps
     batch = msgspec.defstruct(
         "KVEventBatch", [("ts", float), ("events", list[Any]), *batch_fields], **batch_opts
     )

@@ -10,7 +10,7 @@ import msgspec
 from bridge_engines import encode, engine_structs
 from hypothesis import strategies as st
 
-KINDS = ["vllm", "vllm-positional", "sglang-old", "sglang", "sglang-map"]
+KINDS = ["vllm", "vllm-map-batch", "vllm-positional", "sglang-old", "sglang", "sglang-map"]
 
 hashes = st.lists(
     st.one_of(st.integers(-(2**63), 2**64 - 1), st.integers(0, 40), st.binary(min_size=1, max_size=33)),

@@ -305,7 +305,8 @@ class ZmqEventConverter:
                     )
                 )
                 continue
-            mm_keys, salt = self._extra(keys, raw.lora_name, f"events[{k}].extra_keys[{i}]")
+            first = i == 0 and raw.parent is None  # only a request's first block has a salt
+            mm_keys, salt = self._extra(keys, raw.lora_name, first)
             salt = raw.cache_salt if raw.cache_salt is not None else salt
             blocks.append(
                 KVCacheStoredBlockData(
@@ -315,20 +316,24 @@ class ZmqEventConverter:
         return blocks
 
     def _extra(
-        self, keys: object, lora_name: str | None, where: str
+        self, keys: object, lora_name: str | None, first: bool
     ) -> tuple[tuple[tuple[bytes, int], ...], str | None]:
         """Multimodal keys and a cache salt out of one block's ``extra_keys``: vLLM's raw tuples
-        (``(identifier, offset)`` pairs, 32-byte digests, hex strings, the LoRA name, the salt)
-        or its typed keys (maps tagged ``mm``, ``cache_salt``, ``lora``, ``prompt_embeds``,
-        ``legacy``). Prompt-embedding hashes and unknown keys are not carried by kvevents and
-        are counted."""
+        (the LoRA name, then multimodal items as ``(identifier, offset)`` pairs or bare
+        identifiers, then the salt on a request's ``first`` block) or its typed keys (maps
+        tagged ``mm``, ``cache_salt``, ``lora``, ``prompt_embeds``, ``legacy``). A bare string
+        other than the LoRA name is a multimodal identifier, except the last one of a
+        request's first block, the salt (a non-hex identifier alone there is ambiguous and is
+        read as the salt). Prompt-embedding hashes and unknown keys are not carried by
+        kvevents and are counted."""
         if keys is None:
             return (), None
         if not isinstance(keys, list):
             keys = [keys]
         mm: list[tuple[bytes, int]] = []
         salts: list[str] = []
-        for key in keys:
+        last_text = max((k for k, key in enumerate(keys) if isinstance(key, str)), default=-1)
+        for at, key in enumerate(keys):
             if isinstance(key, dict):
                 key = _typed_extra_key(key)
             if isinstance(key, tuple):  # a typed salt or LoRA name: (kind, text)
@@ -355,8 +360,10 @@ class ZmqEventConverter:
                     self.counts["extra_keys_skipped"] += 1
             elif isinstance(value, str) and value == lora_name:
                 continue
-            elif isinstance(value, str):
+            elif isinstance(value, str) and first and at == last_text and not pair:
                 salts.append(value)
+            elif isinstance(value, str) and (digest := _mm_digest(value, True)) is not None:
+                mm.append((digest, 0))  # a bare identifier (vLLM sends no offset with it)
             else:
                 self.counts["extra_keys_skipped"] += 1
         self.counts["extra_keys_skipped"] += max(0, len(salts) - 1)  # one salt per block is kept

@@ -102,8 +102,17 @@ class _ArrayBatch(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     dp_rank: int | None = None
 
 
+class _ArrayBatchOfMaps(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """Current vLLM: its ``EventBatch`` stayed an array when its events became maps."""
+
+    ts: float | None
+    events: list[_MapStored | _MapRemoved | _MapCleared]
+    dp_rank: int | None = None
+
+
 _map_decoder = msgspec.msgpack.Decoder(_MapBatch)
 _array_decoder = msgspec.msgpack.Decoder(_ArrayBatch)
+_array_of_maps_decoder = msgspec.msgpack.Decoder(_ArrayBatchOfMaps)
 
 
 class _Mismatch(Exception):
@@ -122,7 +131,10 @@ def _decode(payload: bytes) -> tuple[Any, int | None] | None:
             if rank is None:
                 rank = batch.attn_dp_rank if batch.attn_dp_rank is not None else batch.dp_rank
         elif 0x90 <= first <= 0x9F or first in (0xDC, 0xDD):  # an array
-            batch = _array_decoder.decode(payload)
+            try:
+                batch = _array_decoder.decode(payload)
+            except msgspec.DecodeError:  # its events maps (current vLLM)?
+                batch = _array_of_maps_decoder.decode(payload)
             rank = batch.dp_rank
         else:
             return None

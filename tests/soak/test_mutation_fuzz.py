@@ -24,7 +24,7 @@ from kvevents.schemas import (
     encode_batch,
 )
 
-BRIDGE_KINDS = ["vllm", "vllm-positional", "sglang-old", "sglang", "sglang-map"]
+BRIDGE_KINDS = ["vllm", "vllm-map-batch", "vllm-positional", "sglang-old", "sglang", "sglang-map"]
 
 # ---------------------------------------------------------------------------- the bridge
 

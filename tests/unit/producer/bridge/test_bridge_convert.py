@@ -394,3 +394,25 @@ def test_an_mm_identifier_that_is_not_a_digest_is_an_mm_key_not_a_salt(identifie
     stored = s["BlockStored"]([1], None, [1, 2], 2, None, "GPU", None, [[[identifier, 0]]])
     block = ZmqEventConverter("vllm").convert(encode(s["Batch"](0.0, [stored])))[0].data.blocks[0]
     assert block.mm_keys == ((mm_key_from_text(identifier), 0),) and block.cache_salt is None
+
+
+def test_bare_identifiers_are_mm_keys_and_the_salt_is_the_last_string_of_a_first_block() -> None:
+    """vLLM orders a block's keys LoRA name, multimodal items, salt (on a request's first block
+    only); newer vLLM sends an item as its bare identifier, without an offset."""
+    s = engine_structs("vllm")
+    digest = hashlib.sha256(b"image").hexdigest()
+    keys = [["adapter", "sku-1", digest, "tenant"], ["sku-2"], ["adapter", digest]]
+    first = s["BlockStored"]([1, 2, 3], None, [1, 2, 3, 4, 5, 6], 2, None, "GPU", "adapter", keys)
+    later = s["BlockStored"]([4], 3, [7, 8], 2, None, "GPU", None, [["tenant-looking"]])
+    conv = ZmqEventConverter("vllm")
+    a, b = conv.convert(encode(s["Batch"](0.0, [first, later])))
+    assert [(blk.mm_keys, blk.cache_salt) for blk in a.data.blocks] == [
+        (((mm_key_from_text("sku-1"), 0), (bytes.fromhex(digest), 0)), "tenant"),
+        (((mm_key_from_text("sku-2"), 0),), None),  # not a first block: no salt
+        (((bytes.fromhex(digest), 0),), None),
+    ]
+    # a block with a parent is not a request's first block: its string is an identifier
+    assert [(blk.mm_keys, blk.cache_salt) for blk in b.data.blocks] == [
+        (((mm_key_from_text("tenant-looking"), 0),), None)
+    ]
+    assert not conv.stats().get("extra_keys_skipped")
