@@ -5,11 +5,13 @@ Structs as vLLM declares them (msgspec, ``omit_defaults``, events tagged by clas
 - ``BlockStored{block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
   lora_name, extra_keys=None, group_idx=None, kv_cache_spec_kind=None,
   kv_cache_spec_sliding_window=None}``; ``BlockRemoved{block_hashes, medium, group_idx=None}``;
-  ``AllBlocksCleared{}``; batch ``{ts, events, data_parallel_rank=None}``.
-- Current encoding: maps, events with ``"type": "<class name>"``. Older (``positional``):
-  ``array_like`` arrays, the tag first (``["BlockStored", hashes, parent, ...]``) and the batch
-  ``[ts, events, data_parallel_rank]``, which llm-d's Go decoder reads. Defaults at the end are
-  omitted in both.
+  ``AllBlocksCleared{}``; batch ``KVEventBatch(ts, events, data_parallel_rank=None)``.
+- The batch is always the array ``[ts, events, data_parallel_rank]`` (vLLM's ``EventBatch`` is
+  ``array_like``; llm-d's and Dynamo's decoders read it only so). Events: current vLLM (since
+  #42892) writes maps with ``"type": "<class name>"``, which llm-d-kv-cache >= v0.9 and Dynamo
+  read; older vLLM (``positional``) arrays with the tag first (``["BlockStored", hashes,
+  parent, ...]``, every field written: msgspec omits no default of an array), which older
+  llm-d decoders need. Map events omit their defaults.
 
 Live messages: 3 frames ``[topic, seq (u64 big-endian), payload]``; replay replies
 ``[topic, seq, payload]`` (or ``[seq, payload]``), then ``seq = 2**64 - 1`` with an empty payload.
@@ -41,8 +43,8 @@ def medium_for_level(level: int) -> str:
 
 
 class VllmWire:
-    """vLLM's structs in one encoding (``positional`` False: tagged maps; True: arrays) and an
-    encoder for batches. ``stored``/``removed``/``cleared`` build events; ``encode`` a batch."""
+    """vLLM's structs in one encoding of events (``positional`` False: tagged maps; True:
+    arrays; the batch is an array either way) and an encoder for batches. ``stored``/``removed``/``cleared`` build events; ``encode`` a batch."""
 
     def __init__(self, positional: bool = False) -> None:
         self.positional = positional
@@ -77,7 +79,7 @@ class VllmWire:
         self.EventBatch = msgspec.defstruct(
             "KVEventBatch",
             [("ts", float), ("events", list[event_type]), ("data_parallel_rank", int | None, none)],
-            **opts,
+            **{**opts, "array_like": True},
         )
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(self.EventBatch)

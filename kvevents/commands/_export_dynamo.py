@@ -43,10 +43,14 @@ tokens_hash is Dynamo's local hash of the block's tokens (XXH3-64 of u32 LE toke
 decimal string). Updated events (cache level, priority) have no Dynamo counterpart and are left
 out. ID: a stable integer per instance (XXH3-64 of its name, top bit cleared) unless --worker-id
 names it; the mapping is printed on stderr. A worker whose events were lost gets "cleared" first.
-Feed the lines to RadixTree.apply_event(worker_id, json.dumps(event)) or a Dynamo KV router.
+Feed the lines to RadixTree.apply_event(worker_id, json.dumps(event)) (Dynamo's Python
+bindings) or to tools of your own. Dynamo's router services do not read these JSON lines: they
+take msgpack from Dynamo's event plane, or a vLLM-format ZMQ stream, which 'kvevents export zmq'
+publishes.
 
 Output: --output FILE (default: stdout), and/or --zmq ENDPOINT: a PUB socket sending
-[--zmq-topic, JSON] per event. Counters go to stderr (stdout may carry the events).
+[--zmq-topic, JSON] per event (two frames, for subscribers of your own). Counters go to stderr
+(stdout may carry the events).
 """
 
 EPILOG = """\

@@ -33,9 +33,10 @@ Read a kvevents topic and publish it in vLLM's ZMQ wire format, so that an unmod
 KV-cache indexer (or any vLLM KV-event subscriber) consumes it:
 
   live messages   3 frames [topic, seq (u64 big-endian), msgpack batch]
-  batch           {ts, events, data_parallel_rank} with tagged-map events (vLLM's current
-                  encoding); --positional sends the older arrays [ts, events, rank] and
-                  ["BlockStored", ...], which llm-d-kv-cache's Go decoder reads
+  batch           [ts, events, data_parallel_rank] (an array, as vLLM's EventBatch), events as
+                  tagged maps {"type": "BlockStored", ...} (vLLM's current encoding, which
+                  llm-d-kv-cache >= v0.9 and Dynamo's ZMQ listener read); --positional sends
+                  them as the older arrays ["BlockStored", ...] (older llm-d decoders)
   BlockStored     block_hashes, parent_block_hash, token_ids, block_size, lora_id,
                   medium (cache level 0 GPU, 1 CPU, 2 DISK), lora_name (--lora-name, else null),
                   extra_keys per block as vLLM orders them: the LoRA name (with --lora-name),
@@ -156,7 +157,9 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
     add_lora_flag(
         pub, "a LoRA id's adapter name, sent as lora_name (repeatable; default null: kvevents carries ids)"
     )
-    pub.add_argument("--positional", action="store_true", help="the older array encoding (llm-d's decoder)")
+    pub.add_argument(
+        "--positional", action="store_true", help="events as the older arrays (llm-d-kv-cache before v0.9)"
+    )
     pub.add_argument("--replay-frames", type=int, choices=[2, 3], default=3, help="replay reply frames")
     add_wait_flag(pub, "the sockets")
     pub.add_argument("--hwm", type=int, default=100_000, help="PUB high-water mark in messages")

@@ -1,8 +1,9 @@
 """``kvevents export zmq`` end to end on loopback: a simulated topic (real managers, offload so
 there are tier moves) -> the exporter (real PUB and replay ROUTER sockets) -> an llm-d-style
-subscriber: a plain pyzmq SUB that decodes vLLM's structs with msgspec (its own definitions,
-positional as llm-d's Go decoder reads them, or the current tagged maps), tracks each topic's seq
-and recovers gaps with vLLM's replay protocol over a DEALER. The subscriber's per-pod block sets
+subscriber: a plain pyzmq SUB that decodes vLLM's structs with msgspec (its own definitions:
+the batch an array, its events positional as older llm-d decoders read them, or the current
+tagged maps), tracks each topic's seq and recovers gaps with vLLM's replay protocol over a
+DEALER. The subscriber's per-pod block sets
 (hash, medium) must equal what kvevents' ``CacheIndex`` holds, through a forced gap and a restart
 of the exporter (seqs continue from its state file)."""
 
@@ -78,7 +79,7 @@ class ClearedMap(msgspec.Struct, tag="AllBlocksCleared"):
     pass
 
 
-class BatchMap(msgspec.Struct):
+class BatchMap(msgspec.Struct, array_like=True):  # vLLM's EventBatch is an array, its events maps
     ts: float
     events: list[StoredMap | RemovedMap | ClearedMap]
     data_parallel_rank: int | None = None
@@ -287,7 +288,7 @@ def test_per_worker_publishers_and_the_older_two_frame_replay(kafka_bootstrap: s
                     if seq == END:
                         assert frames[2] == b""
                         return got
-                    assert msgspec.msgpack.decode(frames[2])["events"]
+                    assert msgspec.msgpack.decode(frames[2])[1]
                     got.append((seq, frames[2]))
 
             early, recent = replay(3), replay(published - 4)  # the oldest anchor, then a recent one
@@ -358,7 +359,7 @@ def test_a_worker_that_lost_events_is_cleared_then_refilled_by_its_snapshot(
     finally:
         sub.close(linger=0)
         ctx.term()
-    events = [e for _, _, payload in received for e in msgspec.msgpack.decode(payload)["events"]]
+    events = [e for _, _, payload in received for e in msgspec.msgpack.decode(payload)[1]]
     kinds = [(e["type"], e.get("block_hashes")) for e in events]
     assert kinds == [
         ("AllBlocksCleared", None),

@@ -152,12 +152,14 @@ def test_state_round_trips(conv: VllmConverter) -> None:
     assert out[A0] == [["BlockRemoved", [2], "CPU", None]]
 
 
-def test_map_encoding_has_type_tags() -> None:
+def test_map_encoding_has_type_tags_in_an_array_batch() -> None:
+    """Current vLLM: map events in the positional batch [ts, events, rank] (llm-d's and Dynamo's
+    decoders read the batch only as an array; a map batch was read as empty by llm-d)."""
     wire = VllmWire(positional=False)
     payload = wire.encode(1.0, [wire.stored([1], None, [1, 2], 2, None, "GPU"), wire.cleared], 3)
-    assert msgspec.msgpack.decode(payload) == {
-        "ts": 1.0,
-        "events": [
+    assert msgspec.msgpack.decode(payload) == [
+        1.0,
+        [
             {
                 "type": "BlockStored",
                 "block_hashes": [1],
@@ -170,8 +172,14 @@ def test_map_encoding_has_type_tags() -> None:
             },
             {"type": "AllBlocksCleared"},
         ],
-        "data_parallel_rank": 3,
-    }
+        3,
+    ]
+    positional = VllmWire(positional=True)
+    assert msgspec.msgpack.decode(positional.encode(2.0, [positional.cleared], None)) == [
+        2.0,
+        [["AllBlocksCleared"]],
+        None,
+    ]
 
 
 def test_lora_names_are_sent_when_known() -> None:

@@ -26,7 +26,8 @@ from kvevents.schemas import (
 
 def _vllm_structs(array_like: bool) -> Any:
     """vLLM's KVEventBatch with vLLM's fields, defaults and tags (BlockStored, BlockRemoved,
-    AllBlocksCleared subclasses of a ``tag=True`` base), for decoding."""
+    AllBlocksCleared subclasses of a ``tag=True`` base), for decoding: events as arrays or (vLLM
+    since #42892) maps, the batch an array either way (vLLM's ``EventBatch`` is ``array_like``)."""
     opts: dict[str, Any] = {"omit_defaults": True, "gc": False, "array_like": array_like, "tag": True}
     none: Any = None
     stored = msgspec.defstruct(
@@ -57,7 +58,7 @@ def _vllm_structs(array_like: bool) -> Any:
         "KVEventBatch",
         [("ts", float), ("events", list[event]), ("data_parallel_rank", int | None, none)],
         omit_defaults=True,
-        array_like=array_like,
+        array_like=True,
     )
 
 
