@@ -202,7 +202,7 @@ def bare(batches: int, per_batch: int) -> dict[str, Any]:
             if not got:
                 first = time.perf_counter()
             got += 1
-            events += len(dec.decode(payload)["events"])
+            events += len(dec.decode(payload)[1])  # [ts, events, rank]
             last_seq = int.from_bytes(seq, "big")
             last = time.perf_counter()
         cpu = time.process_time() - cpu
