@@ -150,6 +150,7 @@ class ZmqEventConverter:
         if counts is not None:
             self.wire_counts.unknown_tags.update(counts.unknown_tags)
             self.wire_counts.unknown_fields.update(counts.unknown_fields)
+            self.wire_counts.not_local.update(counts.not_local)
         self.counts["payloads"] += 1
         self.last_batch_ts = parsed.ts
         self.counts["events_out"] += len(events)

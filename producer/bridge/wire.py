@@ -49,9 +49,10 @@ STORED_FIELDS = (
     "kv_cache_spec_sliding_window",
 )
 REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
-_STORED_EXTRA_MAP_FIELDS = frozenset({"cache_salt", "session_id", "metadata", "type"})
+_PLACEMENT_FIELDS = frozenset({"locality", "ownership"})  # vLLM: where the block is, whose cache
+_STORED_EXTRA_MAP_FIELDS = frozenset({"cache_salt", "session_id", "metadata", "type"}) | _PLACEMENT_FIELDS
 _STORED_MAP_KEYS = frozenset(STORED_FIELDS) | _STORED_EXTRA_MAP_FIELDS
-_REMOVED_MAP_KEYS = frozenset({*REMOVED_FIELDS, "type"})
+_REMOVED_MAP_KEYS = frozenset({*REMOVED_FIELDS, "type"}) | _PLACEMENT_FIELDS
 _METADATA_FIELDS = frozenset({"cache_salt", "session_id", "lora_name", "lora_id"})
 _BATCH_RANK_KEYS = ("data_parallel_rank", "attn_dp_rank", "dp_rank")
 
@@ -64,13 +65,19 @@ class BridgeDecodeError(DecodeError):
 
 @dataclass(slots=True)
 class WireCounts:
-    """What was skipped while reading: unknown event tags, unknown fields (by name)."""
+    """What was skipped while reading: unknown event tags, unknown fields (by name), and events
+    about blocks not on this worker or in another owner's cache (``not_local``, by reason)."""
 
     unknown_tags: Counter[str] = field(default_factory=Counter)
     unknown_fields: Counter[str] = field(default_factory=Counter)
+    not_local: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, dict[str, int]]:
-        return {"unknown_tags": dict(self.unknown_tags), "unknown_fields": dict(self.unknown_fields)}
+        return {
+            "unknown_tags": dict(self.unknown_tags),
+            "unknown_fields": dict(self.unknown_fields),
+            "not_local": dict(self.not_local),
+        }
 
 
 @dataclass(slots=True)
@@ -181,24 +188,46 @@ def _parse_event(event: object, take_last: bool, counts: WireCounts, where: str)
         if not isinstance(map_tag, str):
             raise WireError(f"{where}: a map event needs a string 'type', got {map_tag!r}")
         tag = map_tag
+        parsed: RawEvent
         if tag == "BlockStored":
             unknown = event.keys() - _STORED_MAP_KEYS
             for key in unknown:
                 counts.unknown_fields[f"BlockStored.{key}"] += 1
-            return _stored(event, take_last, counts, where)
-        if tag == "BlockRemoved":
+            parsed = _stored(event, take_last, counts, where)
+        elif tag == "BlockRemoved":
             unknown = event.keys() - _REMOVED_MAP_KEYS
             for key in unknown:
                 counts.unknown_fields[f"BlockRemoved.{key}"] += 1
-            return _removed(event, take_last, where)
-        if tag == "AllBlocksCleared":
+            parsed = _removed(event, take_last, where)
+        elif tag == "AllBlocksCleared":
             for key in event:
-                if key != "type":
+                if key not in ("type", "ownership"):
                     counts.unknown_fields[f"AllBlocksCleared.{key}"] += 1
-            return RawCleared()
-        counts.unknown_tags[tag[:64]] += 1
-        return None
+            parsed = RawCleared()
+        else:
+            counts.unknown_tags[tag[:64]] += 1
+            return None
+        elsewhere = _not_local(event, tag)
+        if elsewhere is not None:  # read whole (a malformed one still raises), then left out
+            counts.not_local[elsewhere] += 1
+            return None
+        return parsed
     raise WireError(f"{where}: an event must be an array or a map, got {type(event).__name__}")
+
+
+def _not_local(event: dict[Any, Any], tag: str) -> str | None:
+    """Why a map event is about blocks this worker's index must not hold, or None. vLLM marks an
+    event's ``locality`` (absent or ``LOCAL``: on this worker; ``REMOTE`` or anything else: not,
+    as Dynamo reads it) and its ``ownership`` (absent: the engine's own cache; set: another
+    owner's, such as a KV-cache reuse service; an AllBlocksCleared with one clears that
+    owner's cache, not the worker's)."""
+    ownership = event.get("ownership")
+    if ownership is not None:
+        return f"{tag} ownership={str(ownership)[:32]}"
+    locality = event.get("locality")
+    if locality is not None and locality != "LOCAL" and tag != "AllBlocksCleared":
+        return f"{tag} locality={str(locality)[:32]}"
+    return None
 
 
 def _hash_list(value: object, take_last: bool, where: str) -> list[int]:

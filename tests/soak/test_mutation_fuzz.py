@@ -61,11 +61,23 @@ def _engine_event(rng: random.Random, s: dict[str, Any], kind: str) -> Any:
     lora_id = rng.choice([None, rng.randrange(1, 50)]) if rare else None
     args: list[Any] = [hashes, parent, tokens, size, lora_id]
     if kind.startswith("vllm"):
-        extra = (
-            [rng.choice([None, [rng.randbytes(32)], [(rng.randbytes(32), 0)]]) for _ in hashes]
-            if rare
-            else None
-        )
+        mm = rng.randbytes(32).hex()
+        keys = [  # raw tuples (digests, pairs, bare identifiers, a salt) and vLLM's typed maps
+            None,
+            [rng.randbytes(32)],
+            [(rng.randbytes(32), 0)],
+            ["adapter", "sku-1", mm, "tenant"],
+            [
+                {"type": "mm", "modality": "image", "hash": mm, "block_offset": -1},
+                {"type": "cache_salt", "salt": "s"},
+            ],
+            [
+                {"type": "lora", "name": "adapter"},
+                {"type": "prompt_embeds", "hash": b"x" * 32},
+                {"type": "legacy", "value": [mm, 2]},
+            ],
+        ]
+        extra = [rng.choice(keys) for _ in hashes] if rare else None
         window = rng.choice([None, 128, 4096]) if rare else None
         args += [medium, rng.choice([None, "adapter"]) if lora_id else None, extra]
         args += [rng.choice([None, 0, 1]) if rare else None, "sliding_window" if window else None, window]

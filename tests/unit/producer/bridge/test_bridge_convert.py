@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import msgspec
 import pytest
@@ -416,3 +417,34 @@ def test_bare_identifiers_are_mm_keys_and_the_salt_is_the_last_string_of_a_first
         (((mm_key_from_text("tenant-looking"), 0),), None)
     ]
     assert not conv.stats().get("extra_keys_skipped")
+
+
+def test_events_about_blocks_elsewhere_or_of_another_owner_are_counted_and_left_out() -> None:
+    """vLLM's ``locality`` (REMOTE: not on this worker) and ``ownership`` (another owner's cache)
+    as Dynamo reads them; an AllBlocksCleared of another owner does not clear the worker."""
+
+    def stored(h: int, **placement: str) -> dict[str, Any]:
+        return {"type": "BlockStored", "block_hashes": [h], "parent_block_hash": None, "token_ids": [1, 2],
+                "block_size": 2, "lora_id": None, "medium": "GPU", "lora_name": None, **placement}  # fmt: skip
+
+    conv = ZmqEventConverter("vllm")
+    events = [
+        stored(1),
+        stored(2, locality="LOCAL"),
+        stored(3, locality="REMOTE"),
+        stored(4, ownership="kvcr"),
+        {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "locality": "REMOTE"},
+        {"type": "AllBlocksCleared", "ownership": "kvcr"},
+    ]
+    out = conv.convert(msgspec.msgpack.encode([1.0, events, 0]))
+    assert [[b.block_hash for b in e.data.blocks] for e in out] == [[1], [2]]
+    stats = conv.stats()
+    assert stats["not_local"] == {
+        "BlockStored locality=REMOTE": 1,
+        "BlockStored ownership=kvcr": 1,
+        "BlockRemoved locality=REMOTE": 1,
+        "AllBlocksCleared ownership=kvcr": 1,
+    }
+    assert stats["unknown_fields"] == {} and stats["blocks_held"] == 2  # nothing cleared
+    with pytest.raises(BridgeDecodeError):  # read whole before it is left out
+        conv.convert(msgspec.msgpack.encode([1.0, [{**stored(5, locality="REMOTE"), "block_size": "x"}], 0]))
