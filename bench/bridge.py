@@ -120,9 +120,9 @@ def engine_main(pub_port: int, replay_port: int, batches: int, per_batch: int, r
                 parent = counter if counter and rng.random() < 0.5 else None  # the last block stored
                 counter += n
                 tokens = token_pool[n][rng.randrange(32)]
-                # as current vLLM sends them: each block's KV-cache group and its spec named
+                # as vLLM 0.26 sends them: a None extra key per block, the group and its spec named
                 events.append(
-                    stored_t(hashes, parent, tokens, 16, None, "GPU", None, None, 0, "full_attention")
+                    stored_t(hashes, parent, tokens, 16, None, "GPU", None, [None] * n, 0, "full_attention")
                 )
                 held.extend(hashes)
         bodies.append(enc.encode(batch_t(1234567890.125, events, 0)))

@@ -59,7 +59,9 @@ def engine_event(draw: Any, kind: str) -> Any:
         group = draw(st.none() | st.integers(-1, 3))
         spec = None if group is None else draw(st.sampled_from([None, "full_attention", "sliding_window"]))
         sliding = draw(st.sampled_from([None, 0, 64, 4096])) if spec == "sliding_window" else None
-        args += [draw(st.sampled_from(["GPU", "CPU", None])), None, None, group, spec, sliding]
+        # and, for blocks with no extra keys, [None] per block (vLLM 0.26), or sometimes not
+        extra = draw(st.sampled_from([None, [None] * len(hs), [None] * (len(hs) + 1)]))
+        args += [draw(st.sampled_from(["GPU", "CPU", None])), None, extra, group, spec, sliding]
     elif kind.startswith("vllm"):
         args += [draw(media), draw(st.none() | st.text(max_size=4))]
         args += [draw(extra_keys), draw(st.none() | st.integers(0, 3)), draw(st.none() | st.text(max_size=4))]

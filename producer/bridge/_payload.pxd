@@ -34,6 +34,7 @@ ctypedef struct Ev:
     int64_t group
     bint has_kind        # kv_cache_spec_kind named (a Stored event's group learns the default window)
     int64_t sliding      # kv_cache_spec_sliding_window, 0: none (the group learns it)
+    Py_ssize_t nextra    # extra_keys entries, all nil (what vLLM sends for plain blocks); -1: nil
 
 ctypedef struct Buf:
     Ev *ev
@@ -160,6 +161,23 @@ cdef inline int _kind(Rd *r, Ev *e) except -1:
     return 0
 
 
+cdef inline bint _extra_nils(Rd *r, Ev *e) noexcept nogil:
+    """``extra_keys``: nil, or an array of nils, one per block as vLLM sends it for blocks with
+    no extra keys (any key: the Python paths read it)."""
+    cdef Py_ssize_t n, i
+    if _nil(r):
+        return True
+    n = _array(r)
+    if n < 0:
+        return False
+    for i in range(n):
+        if not _nil(r):
+            r.bad = 1
+            return False
+    e.nextra = n
+    return True
+
+
 cdef inline bint _must_nil(Rd *r) noexcept nogil:
     if not _nil(r):
         r.bad = 1
@@ -242,6 +260,7 @@ cdef enum:
     F_TYPE = 64
     F_OTHER = 128   # nil-only fields are checked one by one below
     F_GROUP = 1 << 20
+    F_EXTRA = 1 << 23
     F_KIND = 1 << 24
     F_SLIDING = 1 << 25
 
@@ -283,6 +302,9 @@ cdef inline int _map_event(Rd *r, Buf *b, Ctx *c, Ev *e, Py_ssize_t nkeys) excep
         elif _is(k, kn, b"group_idx", 9):
             bit = F_GROUP
             _group(r, e)
+        elif _is(k, kn, b"extra_keys", 10):
+            bit = F_EXTRA
+            _extra_nils(r, e)
         elif _is(k, kn, b"kv_cache_spec_kind", 18):
             bit = F_KIND
             _kind(r, e)
@@ -327,8 +349,6 @@ cdef inline int _nil_field(const uint8_t *k, Py_ssize_t kn) noexcept nogil:
         return 1 << 21
     if _is(k, kn, b"lora_name", 9):
         return 1 << 22
-    if _is(k, kn, b"extra_keys", 10):
-        return 1 << 23
     if _is(k, kn, b"metadata", 8):
         return 1 << 26
     return 0
@@ -362,10 +382,10 @@ cdef inline int _array_event(Rd *r, Buf *b, Ctx *c, Ev *e, Py_ssize_t n) except 
             _must_nil(r)
         if n > 5 and not r.bad:
             _medium(r, c, e)
-        for i in range(6, min(n, 8)):  # lora_name, extra_keys: the Python paths read them
-            if r.bad:
-                break
-            _must_nil(r)
+        if n > 6 and not r.bad:
+            _must_nil(r)  # lora_name: the Python paths read it
+        if n > 7 and not r.bad:
+            _extra_nils(r, e)
         if n > 8 and not r.bad:
             _group(r, e)
         if n > 9 and not r.bad:
@@ -408,6 +428,7 @@ cdef inline int _events(Rd *r, Buf *b, Ctx *c) except -1:
         e.salt = -1
         e.has_group = e.has_kind = 0
         e.group = e.sliding = 0
+        e.nextra = -1
         if r.p >= r.end:
             r.bad = 1
             return 0
@@ -515,6 +536,8 @@ cdef inline int read_payload(bytes payload, Buf *b, Ctx *c, Payload *out) except
         e = &b.ev[i]
         if e.kind != K_STORED:
             continue
+        if e.nextra >= 0 and e.nextra != e.nh:
+            return 0  # the Python paths count the mismatch
         if e.nt == 0:
             if e.nh:
                 return 0

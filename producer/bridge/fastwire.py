@@ -187,8 +187,9 @@ def fast_convert(conv: ZmqEventConverter, payload: bytes) -> tuple[list[KVCacheE
             if cls is _MapRemoved or cls is _ArrayRemoved:
                 plan.append((False, level, None, hashes))
                 continue
+            extra = e.extra_keys  # vLLM sends [None] * blocks for blocks with no extra keys
             if (
-                e.extra_keys is not None
+                (extra is not None and (len(extra) != len(hashes) or any(k is not None for k in extra)))
                 or e.lora_id is not None
                 or e.lora_name is not None
                 or e.kv_cache_spec_kind is not None

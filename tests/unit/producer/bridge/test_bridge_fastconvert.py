@@ -149,6 +149,52 @@ def test_takes_kv_cache_groups_and_learns_their_windows() -> None:
         assert compiled.group_windows == {0: 16, 1: 128} and compiled.counts["unknown_group"] == 1
 
 
+def test_takes_a_vllm_0_26_payload_as_captured() -> None:
+    """vLLM 0.26's events as a user captured them (an array batch of map events, one None extra
+    key per block, the group and its spec named): the compiled converter takes them, and the
+    typed fast path too, with the tolerant path's events."""
+    event = {
+        "type": "BlockStored",
+        "block_hashes": [15760518052499183552],
+        "parent_block_hash": None,
+        "token_ids": [
+            151644,
+            872,
+            198,
+            9064,
+            374,
+            279,
+            6722,
+            315,
+            5616,
+            30,
+            151645,
+            198,
+            151644,
+            77091,
+            198,
+            151667,
+        ],
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "extra_keys": [None],
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
+    payload = enc([1789095808.8378847, [event], 0])
+    compiled, _ = both("vllm", [payload])
+    assert compiled.compiled_payloads == 1
+    typed = ZmqEventConverter("vllm", compiled=False)
+    typed.convert(payload)
+    assert typed.fast_payloads == 1
+    assert ZmqEventConverter("vllm").convert_encoded(payload, EncodedEvents())
+    mismatched = enc([1.0, [{**event, "extra_keys": [None, None]}], 0])  # counted by the Python paths
+    compiled, _ = both("vllm", [mismatched])
+    assert compiled.compiled_payloads == 0 and compiled.stats()["extra_keys_length_mismatch"] == 1
+
+
 def test_kv_cache_groups_in_the_pre_encoded_path() -> None:
     """The Avro bytes of the pre-encoded path carry each event's window too."""
     stored = V["BlockStored"]
