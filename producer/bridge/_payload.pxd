@@ -145,20 +145,26 @@ cdef inline bint _sliding(Rd *r, Ev *e) noexcept nogil:
 
 cdef inline int _kind(Rd *r, Ev *e) except -1:
     """``kv_cache_spec_kind``: nil or a string (only whether it is named matters here)."""
+    if _opt_text(r) is not None:
+        e.has_kind = 1
+    return 0
+
+
+cdef inline object _opt_text(Rd *r):
+    """A nil (None) or a string, decoded as the Python paths' decoder checks it (r.bad, and None,
+    when it is not valid UTF-8)."""
     cdef const uint8_t *s
     cdef Py_ssize_t n
     if _nil(r):
-        return 0
+        return None
     n = _str(r, &s)
     if n < 0:
-        return 0
+        return None
     try:
-        PyUnicode_DecodeUTF8(<const char *>s, n, NULL)  # as the Python paths' decoder checks it
+        return PyUnicode_DecodeUTF8(<const char *>s, n, NULL)
     except UnicodeDecodeError:
         r.bad = 1
-        return 0
-    e.has_kind = 1
-    return 0
+        return None
 
 
 cdef inline bint _extra_nils(Rd *r, Ev *e) noexcept nogil:
@@ -231,17 +237,8 @@ cdef inline int _medium(Rd *r, Ctx *c, Ev *e) except -1:
 
 
 cdef inline int _salt(Rd *r, Ctx *c, Ev *e) except -1:
-    cdef const uint8_t *s
-    cdef Py_ssize_t n
-    if _nil(r):
-        return 0
-    n = _str(r, &s)
-    if n < 0:
-        return 0
-    try:
-        salt = PyUnicode_DecodeUTF8(<const char *>s, n, NULL)
-    except UnicodeDecodeError:
-        r.bad = 1
+    salt = _opt_text(r)
+    if salt is None:
         return 0
     salts = <list><object>c.salts
     e.salt = len(salts)
