@@ -18,8 +18,7 @@ from kvevents.schemas import (
     decode_batch,
     encode_batch,
 )
-from kvevents.schemas._avro import parse_for_codec
-from kvevents.schemas.codec import SCHEMA_DIR
+from schema_v1 import v1_message
 
 W0 = WorkerKey("i0", 0)
 
@@ -105,23 +104,8 @@ def test_a_replayed_snapshot_changes_nothing(index, feed):
 
 def test_the_fused_reader_reads_v1_bodies_without_the_snapshot_field(core, monkeypatch):
     """A topic written before schema v2 is applied by the fast path and gives the same index."""
-    import io
-
-    import fastavro
-    from kvevents.schemas._reference import batch_to_record
-
-    v1 = parse_for_codec((SCHEMA_DIR / "history" / "kvevents.EventBatch.v1.avsc").read_text())
-    from kvevents.schemas._avro import fingerprint_of
-
     plain = batch([created(0), created(1, window=128), stored(2, [1, 2])], 0)
-    record = batch_to_record(plain)
-    for event in record["events"]:
-        name, data = event["data"]
-        if name == "kvevents.KVCacheCreatedData":
-            del data["snapshot"]
-    out = io.BytesIO()
-    fastavro.schemaless_writer(out, v1, record)
-    message = b"\xc3\x01" + fingerprint_of(v1) + out.getvalue()
+    message = v1_message(plain)
     assert decode_batch(message) == plain
     old, new = CacheIndex(core=core), CacheIndex(core=core)
     if core == "compiled":  # the fused reader itself, not the decode_batch fallback

@@ -8,7 +8,6 @@ events, which an old index applies as a reset and a refill.
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 from typing import Any
@@ -29,6 +28,7 @@ from kvevents.schemas import (
 from kvevents.schemas._avro import batch_schema_json, fingerprint_of, parse_for_codec
 from kvevents.schemas._reference import batch_to_record
 from kvevents.schemas.registry import RegistryCodec
+from schema_v1 import v1_message, without_snapshot
 
 V1_FILE = codec.SCHEMA_DIR / "history" / "kvevents.EventBatch.v1.avsc"
 V1_FINGERPRINT = bytes.fromhex("edf02289072c3f09")  # what kvevents 0.1 wrote (pinned in the index core)
@@ -40,16 +40,6 @@ def v1() -> dict[str, Any]:
 
 def _current() -> dict[str, Any]:
     return json.loads(batch_schema_json())
-
-
-def without_snapshot(record: dict[str, Any]) -> dict[str, Any]:
-    """A v2 record as v1 has it: every Created event's ``snapshot`` field removed."""
-    record = copy.deepcopy(record)
-    for event in record["events"]:
-        name, data = event["data"]
-        if name == "kvevents.KVCacheCreatedData":
-            del data["snapshot"]
-    return record
 
 
 def as_v1_reader_sees_it(batch: EventBatch) -> EventBatch:
@@ -75,12 +65,6 @@ def as_v1_reader_sees_it(batch: EventBatch) -> EventBatch:
         batch.dropped,
         batch.first_event_block_offset,
     )
-
-
-def v1_message(batch: EventBatch) -> bytes:
-    out = io.BytesIO()
-    fastavro.schemaless_writer(out, parse_for_codec(v1()), without_snapshot(batch_to_record(batch)))
-    return b"\xc3\x01" + V1_FINGERPRINT + out.getvalue()
 
 
 def test_the_shipped_v1_is_the_previous_schema_and_known_at_import() -> None:

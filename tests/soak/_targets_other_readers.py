@@ -3,22 +3,18 @@
 ``route --serve``'s ``POST /match`` and ``/match/hashes`` answers (whose compiled fast path must
 answer exactly as the general path does, and never with a 500), and the TensorRT-LLM event dicts
 (whatever ``event_from_trtllm`` accepts must be encodable: a value the schema cannot carry is set
-aside there, by name, not later by the sink). ``make soak`` runs each for ``SOAK_SECONDS``; the
-unmarked smoke tests run them for a moment in ``make test``."""
+aside there, by name, not later by the sink). ``test_soak.py`` runs them."""
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import random
 from functools import partial
 from typing import Any
 
-import fastavro
 import msgspec
-import pytest
-from _mutation import SOAK_SECONDS, FuzzReport, Reader, fuzz, mutate_value
+from _mutation import FuzzReport, Reader, fuzz, mutate_value
 from _streams import index_batches
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from kvevents.consumer import CacheIndex
@@ -34,8 +30,8 @@ from kvevents.schemas import (
     decode_batch,
     encode_batch,
 )
-from kvevents.schemas._reference import batch_to_record
 from kvevents.schemas.registry import RegistryCodec
+from schema_v1 import V1_FILE, v1_body
 
 from kvevents.commands._route_app import AppOptions, HttpError, RouteApp, StaticSource
 
@@ -49,25 +45,11 @@ class Finding(Exception):
 SUBJECT = "soak-value"
 
 
-def _v1_body(batch: EventBatch, schema: Any) -> bytes:
-    """``batch``'s Avro body as schema v1 writes it (no ``snapshot`` flag on Created events)."""
-    record = batch_to_record(batch)
-    for event in record["events"]:
-        name, data = event["data"]
-        if name == "kvevents.KVCacheCreatedData":
-            del data["snapshot"]
-    out = io.BytesIO()
-    fastavro.schemaless_writer(out, schema, record)
-    return out.getvalue()
-
-
 def registry_stream(seed: int) -> tuple[SchemaRegistryClient, list[bytes]]:
     """A mock registry holding the current schema and v1, and the index stream in three framings
     (Confluent with the current schema's id, Confluent with v1's, single-object) in turn."""
     client = SchemaRegistryClient.new_client({"url": f"mock://soak-{seed}"})
-    v1_text = (codec.SCHEMA_DIR / "history" / "kvevents.EventBatch.v1.avsc").read_text()
-    v1_id = client.register_schema(SUBJECT, Schema(v1_text, "AVRO"))
-    v1_schema = fastavro.parse_schema(json.loads(v1_text))
+    v1_id = client.register_schema(SUBJECT, Schema(V1_FILE.read_text(), "AVRO"))
     writer = RegistryCodec(client, subject=SUBJECT)
     v1_header = bytes([codec.CONFLUENT_MAGIC]) + v1_id.to_bytes(4, "big")
     messages = []
@@ -76,7 +58,7 @@ def registry_stream(seed: int) -> tuple[SchemaRegistryClient, list[bytes]]:
         if framing == 0:
             messages.append(writer.encode_batch(batch))
         elif framing == 1 and not any(getattr(e.data, "snapshot", False) for e in batch.events):
-            messages.append(v1_header + _v1_body(batch, v1_schema))
+            messages.append(v1_header + v1_body(batch))
         else:
             messages.append(encode_batch(batch))
     return client, messages
@@ -288,24 +270,3 @@ def fuzz_trtllm(seconds: float, seed: int) -> FuzzReport:
         damage=0.6,
         mutator=mutate_value,
     )
-
-
-# ---------------------------------------------------------------------------- the tests
-
-TARGETS = [fuzz_registry, fuzz_route, fuzz_trtllm]
-
-
-@pytest.mark.parametrize("target", TARGETS)
-def test_a_moment_of_fuzzing_finds_nothing(target: Any) -> None:
-    report = target(0.5, seed=1)
-    assert report.damaged > 0
-    assert not report.findings, report.describe()
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(0)
-@pytest.mark.parametrize("target", TARGETS)
-def test_soak_fuzzing_finds_nothing(target: Any) -> None:
-    report = target(SOAK_SECONDS, seed=random.SystemRandom().randrange(1 << 30))
-    print(report.describe())
-    assert not report.findings, report.describe()
