@@ -341,7 +341,7 @@ class ZmqEventConverter:
                 if key[0] == "cache_salt":
                     salts.append(key[1])
                 continue
-            offset = 0
+            offset = 0  # a bare identifier: vLLM sends no offset with it
             value: object = key
             pair = False
             if (
@@ -351,20 +351,17 @@ class ZmqEventConverter:
                 and not isinstance(key[1], bool)
             ):
                 value, offset, pair = key[0], key[1], True
-            digest = _mm_digest(value, pair)
-            if digest is not None:
-                # As sent (an item that began in an earlier block has a negative offset):
-                # the content hash absorbs it, so clamping would merge distinct blocks.
-                if -(2**31) <= offset < 2**31:
-                    mm.append((digest, offset))
-                else:
-                    self.counts["extra_keys_skipped"] += 1
-            elif isinstance(value, str) and value == lora_name:
-                continue
-            elif isinstance(value, str) and first and at == last_text and not pair:
-                salts.append(value)
-            elif isinstance(value, str) and (digest := _mm_digest(value, True)) is not None:
-                mm.append((digest, 0))  # a bare identifier (vLLM sends no offset with it)
+            if isinstance(value, str) and not pair and not _HEX64.match(value):
+                if value == lora_name:
+                    continue
+                if first and at == last_text:
+                    salts.append(value)
+                    continue
+            digest = _mm_digest(value)
+            # As sent (an item that began in an earlier block has a negative offset): the
+            # content hash absorbs it, so clamping would merge distinct blocks.
+            if digest is not None and -(2**31) <= offset < 2**31:
+                mm.append((digest, offset))
             else:
                 self.counts["extra_keys_skipped"] += 1
         self.counts["extra_keys_skipped"] += max(0, len(salts) - 1)  # one salt per block is kept
@@ -470,16 +467,13 @@ def _with_level(block: KVCacheStoredBlockData, level: int) -> KVCacheStoredBlock
     )
 
 
-def _mm_digest(value: object, identifier: bool = False) -> bytes | None:
-    """A multimodal key: a 32-byte digest, a hex digest, or (``identifier``: the first item of
-    an ``(identifier, offset)`` pair, or a typed ``mm`` key's hash) any text as
-    :func:`~kvevents.producer.mm_keys.mm_key_from_text` keys it (user-given UUIDs, identifiers
-    with a LoRA prefix)."""
+def _mm_digest(value: object) -> bytes | None:
+    """A multimodal item's key: a 32-byte digest as it is, text (a hex digest, a user-given
+    UUID, an identifier with a LoRA prefix) as
+    :func:`~kvevents.producer.mm_keys.mm_key_from_text` keys it; None for anything else."""
     if isinstance(value, (bytes, bytearray)) and len(value) == 32:
         return bytes(value)
-    if isinstance(value, str) and _HEX64.match(value):
-        return bytes.fromhex(value.removeprefix("0x"))
-    if identifier and isinstance(value, str):
+    if isinstance(value, str):
         try:
             return mm_key_from_text(value)
         except UnicodeEncodeError:
