@@ -9,8 +9,8 @@ One seeded, realistic batch of KV-cache events is encoded and decoded by:
   ``omit_defaults`` as vLLM defines them) with ``msgspec.msgpack``, to and from those structs;
 - ``orjson``: the JSON-ready dicts TensorRT-LLM's ``LLM.get_kv_cache_events()`` returns, with
   ``orjson``, to and from dicts;
-- ``msgspec_map`` (for reference): the same vLLM structs without ``array_like``, as maps with a
-  ``"type"`` key, the form newer vLLM versions publish.
+- ``msgspec_map`` (for reference): the same vLLM events without ``array_like``, as maps with a
+  ``"type"`` key in the array batch, the form newer vLLM versions publish.
 
 The event mix (per 1,000 events): about 50% Stored with 1-4 blocks of 32 tokens, 40% Removed
 with 1-8 hashes, 10% Updated (cache-level move 0->1 or 1->0 with probability 0.7, otherwise a
@@ -142,11 +142,12 @@ class KVEventBatch(VllmEventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
-# Newer vLLM (main in late 2026) dropped array_like: the same structs travel as maps with a
-# "type" key. Shown for reference; the array_like form above is the smaller, stricter baseline.
+# Newer vLLM (#42892) dropped array_like from its events: they travel as maps with a "type" key,
+# in the same array batch. Shown for reference; the all-array form above is the smaller, stricter
+# baseline.
 
 
-class MapEventBatch(msgspec.Struct, omit_defaults=True, gc=False):
+class MapEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ts: float
     events: list[Any]
     data_parallel_rank: int | None = None

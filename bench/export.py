@@ -160,7 +160,7 @@ def subscriber(endpoint: str, decode: bool) -> None:
     import msgspec
     import zmq
 
-    class Ts(msgspec.Struct):
+    class Ts(msgspec.Struct, array_like=True):  # vLLM's batch: [ts, events, rank]
         ts: float
 
     ts_map = msgspec.msgpack.Decoder(Ts)
