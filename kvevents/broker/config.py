@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .gclog import GC_LOG_NAME
+
 __all__ = [
     "DEFAULT_HOST",
     "BrokerLayout",
@@ -70,6 +72,10 @@ class BrokerLayout:
     @property
     def log_file(self) -> Path:
         return self.state_dir / "broker.log"
+
+    @property
+    def gc_log(self) -> Path:
+        return self.state_dir / GC_LOG_NAME
 
     @property
     def out_file(self) -> Path:

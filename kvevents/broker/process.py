@@ -39,6 +39,7 @@ from .config import (
     render_log4j2_properties,
     render_server_properties,
 )
+from .gclog import gc_log_option
 from .jars import KAFKA_VERSION, KafkaDistribution, ensure_kafka_jars, file_lock
 from .probe import BrokerNotAnswering, metadata_answers, wait_for_metadata
 
@@ -249,6 +250,12 @@ class LocalBroker:
         return self.layout.state_dir
 
     @property
+    def gc_log(self) -> Path:
+        """The JVM's log of garbage-collection pauses (``kvevents.broker.gclog``); not written
+        when ``jvm_options`` bring their own ``-Xlog:gc``."""
+        return self.layout.gc_log
+
+    @property
     def bootstrap_servers(self) -> str:
         """``host:port`` of the running broker's client listener."""
         state = BrokerState.load(self.layout)
@@ -436,6 +443,8 @@ class LocalBroker:
                 pending = archive.with_name(f"{archive.stem}.{os.getpid()}-{time.time_ns()}.tmp")
                 state.cds_pending = str(pending)
                 command.append(f"-XX:ArchiveClassesAtExit={pending}")
+        if not any(option.startswith(("-Xlog:gc:", "-Xlog:gc*")) for option in self.jvm_options):
+            command.append(gc_log_option(self.layout.gc_log))
         command += [
             f"-Dlog4j2.configurationFile={self.layout.log4j_properties}",
             f"-Dkafka.logs.dir={self.layout.state_dir}",

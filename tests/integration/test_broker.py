@@ -17,8 +17,9 @@ from kvevents.consumer.topics import TopicMismatch, TopicSpec, create_topic, des
 
 from kvevents._spawn import pid_alive
 from kvevents.broker.config import BrokerLayout, BrokerPorts, BrokerState, free_port
+from kvevents.broker.gclog import read_gc_pauses
 from kvevents.broker.probe import metadata_answers
-from kvevents.broker.process import BrokerStartError, LocalBroker
+from kvevents.broker.process import BrokerStartError, LocalBroker, find_java
 from kvevents.cli import main
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -41,6 +42,18 @@ def produce(bootstrap: str, topic: str, values: list[bytes], **config: object) -
     return errors
 
 
+def assert_gc_pauses_are_logged(broker: LocalBroker, pid: int) -> None:
+    """The broker's GC log names its collector and records a collection asked of it with jcmd
+    (beside the broker's java: a JDK's, as CI's Maven needs)."""
+    assert " Using " in broker.gc_log.read_text().splitlines()[0], "the collector is named"
+    jcmd = Path(os.path.realpath(find_java())).with_name("jcmd")
+    before = len(read_gc_pauses(broker.gc_log))
+    subprocess.run([str(jcmd), str(pid), "GC.run"], check=True, capture_output=True, timeout=60)
+    pauses = read_gc_pauses(broker.gc_log)
+    assert len(pauses) > before and pauses[-1].kind == "Pause Full"
+    assert abs(pauses[-1].end_s - time.time()) < 60, "wall-clock times"
+
+
 def test_start_status_stop_and_a_fast_restart_that_keeps_the_data(tmp_path: Path) -> None:
     broker = LocalBroker(tmp_path / "kafka", stop_with_parent=True)
     layout = BrokerLayout(tmp_path / "kafka")
@@ -59,6 +72,7 @@ def test_start_status_stop_and_a_fast_restart_that_keeps_the_data(tmp_path: Path
 
         create_topic(bootstrap, TopicSpec("kept", partitions=2))
         assert produce(bootstrap, "kept", [b"a", b"b", b"c"]) == [None, None, None]
+        assert_gc_pauses_are_logged(broker, status.pid)
 
         stopped = broker.stop()
         assert stopped.was_running and not stopped.killed and stopped.pid == status.pid
