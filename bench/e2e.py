@@ -62,11 +62,18 @@ RESULTS = Path(__file__).resolve().parent / "results" / "e2e.json"
 def kafka_broker(bootstrap: str | None = None) -> Iterator[tuple[str, str]]:
     """``bootstrap``, else ``KAFKA_BOOTSTRAP_SERVERS``, else a local broker for the run (stopped
     at the end); yields (servers, where they came from). Every bench that needs Kafka uses it."""
+    with kafka_broker_and_gc_log(bootstrap) as (servers, where, _):
+        yield servers, where
+
+
+@contextlib.contextmanager
+def kafka_broker_and_gc_log(bootstrap: str | None = None) -> Iterator[tuple[str, str, Path | None]]:
+    """``kafka_broker``, and the GC log of the broker when this run started it (else None)."""
     if bootstrap:
-        yield bootstrap, bootstrap
+        yield bootstrap, bootstrap, None
         return
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], "KAFKA_BOOTSTRAP_SERVERS"
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], "KAFKA_BOOTSTRAP_SERVERS", None
         return
     from kvevents.broker import LocalBroker
 
@@ -74,7 +81,7 @@ def kafka_broker(bootstrap: str | None = None) -> Iterator[tuple[str, str]]:
         broker = LocalBroker(Path(state) / "state", stop_with_parent=True)
         broker.start()
         try:
-            yield broker.bootstrap_servers, "local broker (kvevents.broker defaults)"
+            yield broker.bootstrap_servers, "local broker (kvevents.broker defaults)", broker.gc_log
         finally:
             broker.stop()
 

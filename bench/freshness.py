@@ -16,6 +16,11 @@ one message in ``--sample`` reports p50/p99/max of the whole path and of its sta
   queue, earlier messages of the same poll being applied);
 - ``apply``: ``apply_encoded`` itself.
 
+``gc n/max``: the broker's stop-the-world GC pauses while a step's events were produced (its
+``-Xlog:gc`` file, ``kvevents.broker.gclog``: known for a broker this bench starts, else
+``--broker-gc-log``), and ``in gc`` the share of the slowest 1% of ``produce`` samples that
+waited through one of them.
+
 All share one machine's clocks: the ranks log ``time.monotonic()`` per flush
 (``--flush-log``), the wall-clock stamps are moved onto the monotonic clock with this process's
 offset. Messages are decoded after the step, so the measuring consumer does only what a router
@@ -63,9 +68,11 @@ from kvevents.consumer.topics import TopicSpec, create_topic
 from kvevents.producer import find_mpiexec
 from kvevents.schemas import decode_batch
 
+from kvevents.broker.gclog import pauses_between, read_gc_pauses
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e
-from e2e import kafka_broker, quantiles
+from e2e import kafka_broker_and_gc_log, quantiles
 
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
 STAGES = ("sink", "gather_sink", "produce", "fetch", "apply")
@@ -107,11 +114,16 @@ class Tail(e2e.Tail):
 
 
 def stage_latencies(
-    tail: Tail, flush_dir: Path, offset: float, settle_s: float = 0.0
+    tail: Tail,
+    flush_dir: Path,
+    offset: float,
+    settle_s: float = 0.0,
+    produce_spans: list[tuple[float, float]] | None = None,
 ) -> dict[str, list[float]]:
     """Per sampled event: the whole path (``e2e``) and each stage, in seconds, for the events
     flushed ``settle_s`` or more after the step's first flush; ``e2e_all``: the whole path of
-    every sampled event (the producer's start included)."""
+    every sampled event (the producer's start included). ``produce_spans`` receives each
+    measured event's produce stage as (created, appended) on this process's monotonic clock."""
     flushes: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
     for path in flush_dir.glob("flush-*.json"):
         log = json.loads(path.read_text())
@@ -144,7 +156,33 @@ def stage_latencies(
             if appended is not None:
                 out["produce"].append(appended - created)
                 out["fetch"].append(handed - appended)
+                if produce_spans is not None:
+                    produce_spans.append((created, appended))
     return out
+
+
+def broker_gc(
+    gc_log: Path | None, spans: Sequence[tuple[float, float]], offset: float
+) -> dict[str, Any] | None:
+    """The broker's stop-the-world GC pauses while the step's measured events were produced
+    (None when its log is unknown: a broker this bench did not start, without ``--broker-gc-log``),
+    and the share of the slowest 1% of produce-stage samples that waited through one of them."""
+    if gc_log is None or not spans:
+        return None
+    start, end = min(c for c, _ in spans) + offset, max(a for _, a in spans) + offset
+    pauses = pauses_between(read_gc_pauses(gc_log), start, end)
+    slowest = sorted(spans, key=lambda span: span[1] - span[0])[-max(1, len(spans) // 100) :]
+    waited = sum(
+        1 for c, a in slowest if any(p.end_s - offset >= c and p.start_s - offset <= a for p in pauses)
+    )
+    longest = max(pauses, key=lambda p: p.ms, default=None)
+    return {
+        "pauses": len(pauses),
+        "max_ms": longest.ms if longest else 0.0,
+        "longest_kind": longest.kind if longest else None,
+        "total_ms": round(sum(p.ms for p in pauses), 1),
+        "slowest_produce_in_pause": round(waited / len(slowest), 2),
+    }
 
 
 def cpu_ticks() -> tuple[int, int]:
@@ -194,11 +232,13 @@ def run_step(
     python: str | None = None,
     settle_s: float = 1.0,
     simulate_args: Sequence[str] = (),
+    gc_log: Path | None = None,
 ) -> dict[str, Any]:
     """One run of the simulators at ``rate`` requests/s per rank (``realtime=False``: as fast as
     they can, ``--no-realtime``); the step's figures. Latencies count the events flushed
     ``settle_s`` or more after the step's first flush (``e2e_with_start``: all of them). ``python``: the interpreter of the ranks
-    (another checkout's venv runs that checkout's kvevents, with the ``mpiexec`` beside it)."""
+    (another checkout's venv runs that checkout's kvevents, with the ``mpiexec`` beside it).
+    ``gc_log``: the broker's GC log, for ``broker_gc``."""
     python = python or sys.executable
     beside = Path(python).parent / "mpiexec"
     mpiexec = str(beside) if beside.exists() else find_mpiexec()
@@ -243,7 +283,8 @@ def run_step(
             caught_up = tail.wait_for(summary["messages_delivered"] or 0, timeout=60)
         finally:
             tail.close()
-        latencies = stage_latencies(tail, work, offset, settle_s)
+        spans: list[tuple[float, float]] = []
+        latencies = stage_latencies(tail, work, offset, settle_s, spans)
     ranks_s = (children1.ru_utime + children1.ru_stime) - (children0.ru_utime + children0.ru_stime)
     cpu = cpu_report((ticks0, ticks1), ranks_s, self1 - self0, seconds)
     per_rank = summary["per_rank"]
@@ -270,6 +311,7 @@ def run_step(
             "p50": None if kafka.get("delivery_p50_s") is None else round(kafka["delivery_p50_s"] * 1000, 2),
             "p99": None if kafka.get("delivery_p99_s") is None else round(kafka["delivery_p99_s"] * 1000, 2),
         },
+        "broker_gc": broker_gc(gc_log, spans, offset),
         "loadavg_1m": os.getloadavg()[0],
     }
 
@@ -301,6 +343,7 @@ def measure(
     pythons: Mapping[str, str] | None = None,
     settle_s: float = 1.0,
     simulate_args: Mapping[str, Sequence[str]] | None = None,
+    gc_log: Path | None = None,
 ) -> dict[str, Any]:
     """Freshness at each rate for each variant (name -> (producer -X settings, reader config);
     default: only the current defaults), interleaved per rate (in reverse order when
@@ -309,14 +352,16 @@ def measure(
     ``stop_at_drops``, as ``bench/e2e.py`` steps). ``flat_out``: then one run per variant at the
     last rate as fast as the simulators go (the most this machine's pipeline carries). ``pythons``:
     the ranks' interpreter per variant (default this one); ``simulate_args``: extra ``kvevents
-    simulate`` flags per variant (default none). Returns ``{"variants": {name: {"steps",
+    simulate`` flags per variant (default none); ``gc_log``: the GC log of the broker at
+    ``bootstrap`` (found by itself for a broker this bench starts). Returns ``{"variants": {name: {"steps",
     "highest_drop_free"}}, "kafka", "loadavg"}``."""
     variants = dict(variants or {"defaults": ({}, {})})
     steps: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     stopped: set[str] = set()
     order = list(variants.items())[:: -1 if reverse else 1]
     load_start = os.getloadavg()
-    with kafka_broker(bootstrap) as (servers, kafka):
+    with kafka_broker_and_gc_log(bootstrap) as (servers, kafka, own_gc_log):
+        gc_log = gc_log or own_gc_log
         if warm_up:
             run_step(servers, rates[0], ranks=ranks, duration=2.0, sample=sample)
         for rate in rates:
@@ -334,6 +379,7 @@ def measure(
                     python=(pythons or {}).get(name),
                     settle_s=settle_s,
                     simulate_args=(simulate_args or {}).get(name, ()),
+                    gc_log=gc_log,
                 )
                 steps[name].append(step)
                 print(f"  {name:>8} {rate:g}/s per rank: {summary_line(step)}", file=sys.stderr)
@@ -353,6 +399,7 @@ def measure(
                 python=(pythons or {}).get(name),
                 settle_s=settle_s,
                 simulate_args=(simulate_args or {}).get(name, ()),
+                gc_log=gc_log,
             )
             print(f"  {name:>8} flat out: {summary_line(flat[name])}", file=sys.stderr)
     result: dict[str, Any] = {
@@ -393,12 +440,22 @@ def summary_line(step: Mapping[str, Any]) -> str:
     )
 
 
+def gc_columns(gc: Mapping[str, Any] | None) -> str:
+    """The broker's pauses in a step (count / longest ms) and the share of the slowest produce
+    samples that waited through one; dashes when the broker's GC log is unknown."""
+    if gc is None:
+        return f"{'-':>9} {'-':>5}"
+    return (
+        f"{str(gc['pauses']) + '/' + format(gc['max_ms'], '.0f'):>9} {gc['slowest_produce_in_pause']:>5.2f}"
+    )
+
+
 def print_table(result: Mapping[str, Any]) -> None:
     cols = "".join(f" {s + ' p50/p99':>15}" for s in STAGES)
     print(
         f"{'variant':>8} {'rate/rank':>9} {'events/s':>9} {'drops':>6} {'pace':>5} {'kept':>5} "
         f"{'e2e p50':>8} {'e2e p99':>8} {'e2e max':>8} {'+start':>7}{cols} {'ack p99':>8} "
-        f"{'busy':>5} {'ranks':>5} {'other':>5} {'load':>5}"
+        f"{'gc n/max':>9} {'in gc':>5} {'busy':>5} {'ranks':>5} {'other':>5} {'load':>5}"
     )
     for name, variant in result["variants"].items():
         flat = [variant["flat_out"]] if variant.get("flat_out") else []
@@ -413,7 +470,8 @@ def print_table(result: Mapping[str, Any]) -> None:
                 f"{s['events_per_second']:>9,.0f} {s['drops']:>6} "
                 f"{s['pace']:>5.2f} {s['kept_pace']!s:>5} {fmt(e['p50_ms']):>8} {fmt(e['p99_ms']):>8} {fmt(e['max_ms']):>8}"
                 f" {fmt(s['e2e_with_start']['p99_ms']):>7}"
-                f"{stages} {fmt(s['sink_delivery_ack_ms']['p99']):>8} {fmt(cpu['machine_cores_busy'], '.2f'):>5} "
+                f"{stages} {fmt(s['sink_delivery_ack_ms']['p99']):>8} {gc_columns(s.get('broker_gc'))} "
+                f"{fmt(cpu['machine_cores_busy'], '.2f'):>5} "
                 f"{cpu['ranks_cores']:>5.2f} {fmt(cpu['other_cores'], '.2f'):>5} {s['loadavg_1m']:>5.1f}"
             )
     for name, variant in result["variants"].items():
@@ -500,6 +558,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "-b", "--bootstrap-servers", default=None, help="default: $KAFKA_BOOTSTRAP_SERVERS or a local broker"
     )
+    parser.add_argument(
+        "--broker-gc-log",
+        type=Path,
+        default=None,
+        help="the GC log of the broker given by -b / $KAFKA_BOOTSTRAP_SERVERS (a kvevents local "
+        "broker writes STATE_DIR/gc.log), for the 'gc' columns; a broker this bench starts is found by itself",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.rates:
@@ -531,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [
         measure(args.bootstrap_servers, rates, ranks=args.ranks, duration=args.duration, sample=args.sample,
                 variants=variants, stop_at_drops=args.compare, warm_up=i == 0, flat_out=args.compare or args.flat_out, reverse=i % 2 == 1,
-                pythons=pythons, settle_s=args.settle, simulate_args=extra_simulate)
+                pythons=pythons, settle_s=args.settle, simulate_args=extra_simulate, gc_log=args.broker_gc_log)
         for i in range(args.repeats)
     ]  # fmt: skip
     for i, run in enumerate(runs):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,35 @@ def test_try_simulate_gives_a_variant_its_own_engine_flags(
     assert seen["simulate_args"] == {"slack0": ["--pace-slack-ms", "0"]}
     with pytest.raises(SystemExit):
         freshness.main(["--try-simulate", "defaults:--pace-slack-ms 0", "--output", str(out)])
+
+
+def test_broker_gc_counts_the_pauses_of_the_step_and_the_slow_samples_they_held(tmp_path: Path) -> None:
+    offset = 1_800_000_000.0  # wall = monotonic + offset
+    log = tmp_path / "gc.log"
+    stamp = "[2027-01-15T08:00:{:06.3f}+0000] GC({}) Pause Young (Allocation Failure) 250M->157M(365M) {}ms"
+    start = datetime(2027, 1, 15, 8, 0, 0, tzinfo=UTC).timestamp()
+    log.write_text(
+        "\n".join(
+            [
+                stamp.format(5.050, 0, "50.000"),  # 5.000-5.050 s: inside the step
+                stamp.format(30.000, 1, "40.000"),  # after the step
+            ]
+        )
+        + "\n"
+    )
+    mono = start - offset  # the minute's start on the monotonic clock
+    # 200 produce spans of 1 ms over 4..8 s; the 2 slowest (of 200: the slowest 1%) straddle the pause
+    spans = [(mono + 4.0 + i * 0.02, mono + 4.0 + i * 0.02 + 0.001) for i in range(200)]
+    spans[10] = (mono + 4.99, mono + 5.06)
+    spans[11] = (mono + 5.0, mono + 5.055)
+    report = freshness.broker_gc(log, spans, offset)
+    assert report == {
+        "pauses": 1,
+        "max_ms": 50.0,
+        "longest_kind": "Pause Young",
+        "total_ms": 50.0,
+        "slowest_produce_in_pause": 1.0,
+    }
+    spans[11] = (mono + 6.0, mono + 6.08)  # the second slowest no longer overlaps the pause
+    assert freshness.broker_gc(log, spans, offset)["slowest_produce_in_pause"] == 0.5  # type: ignore[index]
+    assert freshness.broker_gc(None, spans, offset) is None, "an unknown log reports nothing"
