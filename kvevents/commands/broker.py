@@ -6,10 +6,15 @@ import argparse
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from kvevents.commands._common import add_service_parser
+
+if TYPE_CHECKING:
+    from kvevents.broker.gclog import GcPause
 
 DESCRIPTION = """\
 Run a local Apache Kafka broker (single node, KRaft) without Docker.
@@ -82,7 +87,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     stop.set_defaults(func=_stop)
 
     status = add(
-        "status", "say whether the broker runs, its pid and bootstrap address (exit 0 running, 3 stopped)"
+        "status",
+        "say whether the broker runs, its pid and bootstrap address, and the JVM's GC pauses of "
+        "the last 10 minutes (exit 0 running, 3 stopped)",
     )
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=_status)
@@ -223,6 +230,7 @@ def _status(args: argparse.Namespace) -> int:
         return 0 if all(s.running for s in statuses) else 3
     broker = LocalBroker(args.data_dir)
     status = broker.status(probe=True)
+    recent = _recent_gc_pauses(broker.gc_log)
     if args.json:
         print(
             json.dumps(
@@ -233,6 +241,9 @@ def _status(args: argparse.Namespace) -> int:
                     "answers": status.answers,
                     "state_dir": str(status.state_dir),
                     "log_file": str(status.log_file),
+                    "gc_log": str(broker.gc_log),
+                    "gc_pauses_last_10_min": len(recent),
+                    "gc_longest_pause_ms_last_10_min": max((p.ms for p in recent), default=None),
                     "note": status.note,
                 }
             )
@@ -240,8 +251,20 @@ def _status(args: argparse.Namespace) -> int:
     else:
         print(status.describe())
         if status.running:
-            print(f"  state: {status.state_dir}\n  log:   {status.log_file}")
+            longest = f", longest {max(p.ms for p in recent):.0f} ms" if recent else ""
+            pauses = f"{len(recent)} pause{'' if len(recent) == 1 else 's'} in the last 10 minutes{longest}"
+            print(
+                f"  state: {status.state_dir}\n  log:   {status.log_file}\n  gc:    {broker.gc_log} ({pauses})"
+            )
     return 0 if status.running else 3
+
+
+def _recent_gc_pauses(gc_log: Path) -> list[GcPause]:
+    """The broker's stop-the-world GC pauses of the last 10 minutes (none without a GC log)."""
+    from kvevents.broker.gclog import pauses_between, read_gc_pauses
+
+    now = time.time()
+    return pauses_between(read_gc_pauses(gc_log), now - 600, now)
 
 
 def _fetch(args: argparse.Namespace) -> int:

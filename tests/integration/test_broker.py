@@ -114,6 +114,10 @@ def test_the_cli_starts_reports_and_stops_a_broker(tmp_path: Path) -> None:
         assert status.returncode == 0, status.stderr
         report = json.loads(status.stdout)
         assert report["running"] and report["answers"] and report["state_dir"] == str(state)
+        assert report["gc_log"] == str(state / "gc.log")
+        assert report["gc_pauses_last_10_min"] >= 0
+        text = run("broker", "status")
+        assert f"gc:    {state / 'gc.log'} (" in text.stdout and "in the last 10 minutes" in text.stdout
 
         # Topic commands find the running broker without KAFKA_BOOTSTRAP_SERVERS.
         created = run("topic", "create", "from-cli", "--partitions", "2", "--retention-ms", "60000")
