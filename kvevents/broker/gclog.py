@@ -71,5 +71,8 @@ def _parse(lines: Iterable[str]) -> Iterable[GcPause]:
         match = _LINE.match(line.rstrip())
         if match is None:
             continue
-        when = datetime.strptime(match["time"], "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+        try:
+            when = datetime.strptime(match["time"], "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+        except ValueError:  # a damaged line that only looks like a time
+            continue
         yield GcPause(when, float(match["ms"]), match["kind"])

@@ -44,6 +44,13 @@ def test_pauses_of_every_collector_are_read_and_the_rest_skipped(tmp_path: Path)
     assert abs(pauses[1].start_s - (pauses[1].end_s - 0.067031)) < 1e-9
 
 
+def test_damaged_lines_are_skipped(tmp_path: Path) -> None:
+    log = tmp_path / "gc.log"
+    damaged = "[2026-13-45T99:00:00.000+0000] GC(7) Pause Young (Allocation Failure) 1M->0M(2M) 5.000ms\n"
+    log.write_bytes(damaged.encode() + b"\xff\xfe garbage\n" + G1.encode() + b"[2026-12-07T00:27")
+    assert [p.ms for p in read_gc_pauses(log)] == [0.754]
+
+
 def test_rotated_files_are_read_oldest_first_and_an_absent_log_has_no_pauses(tmp_path: Path) -> None:
     log = tmp_path / "gc.log"
     assert read_gc_pauses(log) == []
