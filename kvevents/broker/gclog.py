@@ -39,9 +39,13 @@ class GcPause:
         return self.end_s - self.ms / 1000.0
 
 
-def gc_log_option(path: Path) -> str:
-    """The JVM flag that writes the pauses to ``path`` with wall-clock times, rotated."""
-    return f"-Xlog:gc:file={path}:time:filecount={_ROTATED_FILES},filesize=4m"
+def gc_log_option(path: Path) -> str | None:
+    """The JVM flag that writes the pauses to ``path`` with wall-clock times, rotated (the path
+    quoted: ``:``, ``,`` and ``=`` separate -Xlog's fields); None for a path with a double quote,
+    which -Xlog cannot name."""
+    if '"' in str(path):
+        return None
+    return f'-Xlog:gc:file="{path}":time:filecount={_ROTATED_FILES},filesize=4m'
 
 
 def read_gc_pauses(path: Path) -> list[GcPause]:

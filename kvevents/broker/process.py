@@ -443,8 +443,9 @@ class LocalBroker:
                 pending = archive.with_name(f"{archive.stem}.{os.getpid()}-{time.time_ns()}.tmp")
                 state.cds_pending = str(pending)
                 command.append(f"-XX:ArchiveClassesAtExit={pending}")
-        if not any(option.startswith(("-Xlog:gc:", "-Xlog:gc*")) for option in self.jvm_options):
-            command.append(gc_log_option(self.layout.gc_log))
+        gc_log = gc_log_option(self.layout.gc_log)
+        if gc_log and not any(option.startswith(("-Xlog:gc:", "-Xlog:gc*")) for option in self.jvm_options):
+            command.append(gc_log)
         command += [
             f"-Dlog4j2.configurationFile={self.layout.log4j_properties}",
             f"-Dkafka.logs.dir={self.layout.state_dir}",

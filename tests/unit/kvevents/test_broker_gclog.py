@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from kvevents.broker.gclog import GcPause, gc_log_option, pauses_between, read_gc_pauses
-from kvevents.broker.process import FAST_START_JVM_OPTIONS, LocalBroker
+from kvevents.broker.process import FAST_START_JVM_OPTIONS, LocalBroker, find_java
 
 # Lines as JDK 17 writes them with -Xlog:gc:file=...:time, one collector each.
 SERIAL = """\
@@ -69,11 +70,11 @@ def test_pauses_between_keeps_those_that_overlap_the_window() -> None:
 
 def test_the_broker_writes_its_gc_log_in_its_state_dir_unless_given_its_own(tmp_path: Path) -> None:
     option = gc_log_option(tmp_path / "gc.log")
-    assert option.startswith(f"-Xlog:gc:file={tmp_path / 'gc.log'}:time:")
+    assert option is not None and option.startswith(f'-Xlog:gc:file="{tmp_path / "gc.log"}":time:')
     broker = LocalBroker(tmp_path / "state", jvm_options=FAST_START_JVM_OPTIONS, class_data_sharing=False)
     assert broker.gc_log == tmp_path / "state" / "gc.log"
     command = " ".join(broker._java_command("java", FAKE_DIST, NO_STATE))
-    assert gc_log_option(broker.gc_log) in command
+    assert str(gc_log_option(broker.gc_log)) in command
     own = LocalBroker(
         tmp_path / "state", jvm_options=["-Xlog:gc*:file=/tmp/mine.log"], class_data_sharing=False
     )
@@ -92,3 +93,15 @@ class _NoState:
 
 FAKE_DIST: Any = _FakeDist()
 NO_STATE: Any = _NoState()
+
+
+def test_a_state_dir_with_xlog_separators_still_gets_its_log_and_a_quote_none(tmp_path: Path) -> None:
+    """-Xlog splits on ':' ',' '=': the path is quoted, and a real JVM writes the file there."""
+    odd = tmp_path / "a b:c,d=e"
+    odd.mkdir()
+    option = gc_log_option(odd / "gc.log")
+    assert option is not None
+    done = subprocess.run([find_java(), option, "-version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert " Using " in (odd / "gc.log").read_text()
+    assert gc_log_option(tmp_path / 'say "hi"' / "gc.log") is None
