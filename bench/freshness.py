@@ -48,7 +48,6 @@ the entry point for ``bench/index.py``.
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import os
 import platform
@@ -66,16 +65,15 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 from kvevents.consumer import EventReader
 from kvevents.consumer.topics import TopicSpec, create_topic
 from kvevents.producer import find_mpiexec
-from kvevents.schemas import decode_batch
-
-from kvevents.broker.gclog import pauses_between, read_gc_pauses
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 import e2e
 from e2e import kafka_broker_and_gc_log, quantiles
+from freshness_report import print_table, summary_line
+from freshness_stages import STAGES, broker_gc, cpu_report, cpu_ticks, stage_latencies, wall_minus_monotonic
 
 RESULTS = Path(__file__).resolve().parent / "results" / "freshness.json"
-STAGES = ("sink", "gather_sink", "produce", "fetch", "apply")
 DEFAULT_RATES = (10.0, 160.0, 640.0)
 """Requests/s per rank (4 ranks): about 0.3k, 20k and 60-90k events/s, the last ``bench/e2e.py``'s
 highest drop-free step on this machine (saturated: the simulated engines fall behind)."""
@@ -84,20 +82,6 @@ BEFORE_PRODUCER: dict[str, str] = {"linger.ms": "5", "socket.nagle.disable": "fa
 """The sink's librdkafka defaults before the freshness change (``docs/OPERATIONS.md``)."""
 BEFORE_CONSUMER: dict[str, Any] = {"socket.nagle.disable": False}
 """The reader's librdkafka defaults before the freshness change."""
-
-
-def wall_minus_monotonic() -> float:
-    """``time.time() - time.monotonic()`` (the tightest of a few reads): moves this machine's
-    wall-clock stamps onto the monotonic clock every process of it shares."""
-    best: tuple[float, float] | None = None
-    for _ in range(20):
-        a = time.monotonic()
-        w = time.time()
-        b = time.monotonic()
-        if best is None or b - a < best[0]:
-            best = (b - a, w - (a + b) / 2)
-    assert best is not None
-    return best[1]
 
 
 class Tail(e2e.Tail):
@@ -111,107 +95,6 @@ class Tail(e2e.Tail):
     def observe(self, message: Any, value: bytes, handed: float, applied: float) -> None:
         kind, stamp = message.timestamp()
         self.samples.append((value, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else -1, handed, applied))
-
-
-def stage_latencies(
-    tail: Tail,
-    flush_dir: Path,
-    offset: float,
-    settle_s: float = 0.0,
-    produce_spans: list[tuple[float, float]] | None = None,
-) -> dict[str, list[float]]:
-    """Per sampled event: the whole path (``e2e``) and each stage, in seconds, for the events
-    flushed ``settle_s`` or more after the step's first flush; ``e2e_all``: the whole path of
-    every sampled event (the producer's start included). ``produce_spans`` receives each
-    measured event's produce stage as (created, appended) on this process's monotonic clock."""
-    flushes: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
-    for path in flush_dir.glob("flush-*.json"):
-        log = json.loads(path.read_text())
-        flushes[(log["instance_id"], log["attention_dp_rank"])] = (
-            [f[0] for f in log["flushes"]],
-            [f[1] for f in log["flushes"]],
-        )
-    first = min((times[0] for _, times in flushes.values() if times), default=0.0)
-    out: dict[str, list[float]] = {name: [] for name in ("e2e", "e2e_all", *STAGES)}
-    for value, append_ms, handed, applied in tail.samples:
-        batch = decode_batch(value)
-        if not batch.events or not batch.created_at_us:
-            continue
-        created = batch.created_at_us / 1e6 - offset
-        appended = append_ms / 1000 - offset if append_ms >= 0 else None
-        for event in batch.events:
-            found = flushes.get((batch.instance_id, event.attention_dp_rank or 0))
-            if found is None:
-                continue
-            i = bisect.bisect_left(found[0], event.event_id)
-            if i == len(found[1]):
-                continue
-            flushed = found[1][i]
-            out["e2e_all"].append(applied - flushed)
-            if flushed - first < settle_s:
-                continue
-            out["e2e"].append(applied - flushed)
-            out["sink" if not event.attention_dp_rank else "gather_sink"].append(created - flushed)
-            out["apply"].append(applied - handed)
-            if appended is not None:
-                out["produce"].append(appended - created)
-                out["fetch"].append(handed - appended)
-                if produce_spans is not None:
-                    produce_spans.append((created, appended))
-    return out
-
-
-def broker_gc(
-    gc_log: Path | None, spans: Sequence[tuple[float, float]], offset: float
-) -> dict[str, Any] | None:
-    """The broker's stop-the-world GC pauses while the step's measured events were produced
-    (None when its log is unknown: a broker this bench did not start, without ``--broker-gc-log``),
-    and the share of the slowest 1% of produce-stage samples that waited through one of them."""
-    if gc_log is None or not spans:
-        return None
-    start, end = min(c for c, _ in spans) + offset, max(a for _, a in spans) + offset
-    pauses = pauses_between(read_gc_pauses(gc_log), start, end)
-    slowest = sorted(spans, key=lambda span: span[1] - span[0])[-max(1, len(spans) // 100) :]
-    waited = sum(
-        1 for c, a in slowest if any(p.end_s - offset >= c and p.start_s - offset <= a for p in pauses)
-    )
-    longest = max(pauses, key=lambda p: p.ms, default=None)
-    return {
-        "pauses": len(pauses),
-        "max_ms": longest.ms if longest else 0.0,
-        "longest_kind": longest.kind if longest else None,
-        "total_ms": round(sum(p.ms for p in pauses), 1),
-        "slowest_produce_in_pause": round(waited / len(slowest), 2),
-    }
-
-
-def cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all this machine's CPUs so far (``/proc/stat``; (0, 0) elsewhere)."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields) - idle, sum(fields)
-
-
-def cpu_report(
-    ticks: tuple[tuple[int, int], tuple[int, int]], ranks_s: float, consumer_s: float, seconds: float
-) -> dict[str, float | None]:
-    """Cores in use during a step: the whole machine (every process, other users' too), the
-    ranks (``mpiexec`` and its children), this process (the measuring consumer), and the rest
-    (the broker, when it runs here, and anything else on the machine)."""
-    (busy0, total0), (busy1, total1) = ticks
-    cpus = os.cpu_count() or 1
-    machine = None if total1 <= total0 else cpus * (busy1 - busy0) / (total1 - total0)
-    ranks, consumer = ranks_s / seconds, consumer_s / seconds
-    return {
-        "cores": cpus,
-        "machine_cores_busy": None if machine is None else round(machine, 2),
-        "ranks_cores": round(ranks, 2),
-        "consumer_cores": round(consumer, 2),
-        "other_cores": None if machine is None else round(max(0.0, machine - ranks - consumer), 2),
-    }
 
 
 def engine_speed(rate: float) -> float:
@@ -424,79 +307,6 @@ def measure(
             "flat_out": flat.get(name),
         }
     return result
-
-
-def fmt(v: Any, spec: str = ".1f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def summary_line(step: Mapping[str, Any]) -> str:
-    e, cpu = step["e2e"], step["cpu"]
-    return (
-        f"{step['events_per_second']:,.0f} events/s, drops {step['drops']}, pace {step['kept_pace']}, "
-        f"e2e p50 {fmt(e['p50_ms'])} p99 {fmt(e['p99_ms'])} ms (with start {fmt(step['e2e_with_start']['p99_ms'])}), "
-        f"busy {fmt(cpu['machine_cores_busy'], '.2f')}/{cpu['cores']} cores (ranks {cpu['ranks_cores']:.2f}), "
-        f"load {step['loadavg_1m']:.1f}"
-    )
-
-
-def gc_columns(gc: Mapping[str, Any] | None) -> str:
-    """The broker's pauses in a step (count / longest ms) and the share of the slowest produce
-    samples that waited through one; dashes when the broker's GC log is unknown."""
-    if gc is None:
-        return f"{'-':>9} {'-':>5}"
-    return (
-        f"{str(gc['pauses']) + '/' + format(gc['max_ms'], '.0f'):>9} {gc['slowest_produce_in_pause']:>5.2f}"
-    )
-
-
-def print_table(result: Mapping[str, Any]) -> None:
-    cols = "".join(f" {s + ' p50/p99':>15}" for s in STAGES)
-    print(
-        f"{'variant':>8} {'rate/rank':>9} {'events/s':>9} {'drops':>6} {'pace':>5} {'kept':>5} "
-        f"{'e2e p50':>8} {'e2e p99':>8} {'e2e max':>8} {'+start':>7}{cols} {'ack p99':>8} "
-        f"{'gc n/max':>9} {'in gc':>5} {'busy':>5} {'ranks':>5} {'other':>5} {'load':>5}"
-    )
-    for name, variant in result["variants"].items():
-        flat = [variant["flat_out"]] if variant.get("flat_out") else []
-        for s in [*variant["steps"], *flat]:
-            e, cpu = s["e2e"], s["cpu"]
-            stages = "".join(
-                f" {fmt(s['stages'][st]['p50_ms']) + '/' + fmt(s['stages'][st]['p99_ms']):>15}"
-                for st in STAGES
-            )
-            print(
-                f"{name:>8} {format(s['rate_per_rank'], 'g') + ('' if s['realtime'] else ' flat'):>9} "
-                f"{s['events_per_second']:>9,.0f} {s['drops']:>6} "
-                f"{s['pace']:>5.2f} {s['kept_pace']!s:>5} {fmt(e['p50_ms']):>8} {fmt(e['p99_ms']):>8} {fmt(e['max_ms']):>8}"
-                f" {fmt(s['e2e_with_start']['p99_ms']):>7}"
-                f"{stages} {fmt(s['sink_delivery_ack_ms']['p99']):>8} {gc_columns(s.get('broker_gc'))} "
-                f"{fmt(cpu['machine_cores_busy'], '.2f'):>5} "
-                f"{cpu['ranks_cores']:>5.2f} {fmt(cpu['other_cores'], '.2f'):>5} {s['loadavg_1m']:>5.1f}"
-            )
-    for name, variant in result["variants"].items():
-        best = variant["highest_drop_free"]
-        if best is None:
-            print(f"{name}: no drop-free step")
-            continue
-        print(
-            f"{name}: highest drop-free {best['rate_per_rank']:g}/s per rank = {best['events_per_second']:,.0f} "
-            f"events/s (e2e p99 {fmt(best['e2e']['p99_ms'])} ms); worst drop-free p99 "
-            f"{fmt(variant['worst_drop_free_p99_ms'])} ms"
-        )
-        top = variant["highest_sustained"]
-        if top is not None:
-            print(
-                f"{name}: highest sustained (drop-free, engines kept pace) {top['rate_per_rank']:g}/s per "
-                f"rank = {top['events_per_second']:,.0f} events/s (e2e p99 {fmt(top['e2e']['p99_ms'])} ms); "
-                f"worst sustained p99 {fmt(variant['worst_sustained_p99_ms'])} ms"
-            )
-        if variant["saturated_steps"]:
-            rates = ", ".join(format(r, "g") for r in variant["saturated_steps"])
-            print(
-                f"{name}: drop-free but saturated (the simulated engines fell behind real time: "
-                f"the machine, not the pipeline, set the latency) at {rates}/s per rank"
-            )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""``bench/freshness.py`` splits an event's path into stages from real Avro bytes and flush logs:
+"""``bench/freshness.py`` (``support/freshness_stages.py``) splits an event's path into stages from real Avro bytes and flush logs:
 each stage is the difference of the right two stamps, the events of a step's first seconds (the
 producer starting) are left out of the latencies but kept in ``e2e_all``, and the cores a step
 used are split into the ranks, the consumer and the rest."""
@@ -15,8 +15,10 @@ import pytest
 from kvevents.schemas import EventBatch, KVCacheEvent, KVCacheRemovedData, encode_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench" / "support"))
 
 import freshness
+import freshness_stages
 
 
 class FakeTail:
@@ -57,7 +59,7 @@ def test_each_stage_is_the_gap_between_its_two_stamps(tmp_path: Path) -> None:
             (second, round((12.3 + offset) * 1000), 12.4, 12.5),
         ]
     )
-    out = freshness.stage_latencies(tail, tmp_path, offset)  # type: ignore[arg-type]
+    out = freshness_stages.stage_latencies(tail, tmp_path, offset)  # type: ignore[arg-type]
     assert out["e2e"] == pytest.approx([0.76, 0.76, 0.26, 0.5])
     assert out["e2e_all"] == out["e2e"]
     assert out["sink"] == pytest.approx([0.6, 0.6, 0.2])
@@ -66,7 +68,7 @@ def test_each_stage_is_the_gap_between_its_two_stamps(tmp_path: Path) -> None:
     assert out["fetch"] == pytest.approx([0.05, 0.05, 0.05, 0.1], abs=1e-3)
     assert out["apply"] == pytest.approx([0.01, 0.01, 0.01, 0.1])
 
-    settled = freshness.stage_latencies(tail, tmp_path, offset, settle_s=1.0)  # type: ignore[arg-type]
+    settled = freshness_stages.stage_latencies(tail, tmp_path, offset, settle_s=1.0)  # type: ignore[arg-type]
     assert settled["e2e"] == pytest.approx([0.5])  # only the event flushed 2 s after the first flush
     assert settled["sink"] == pytest.approx([0.2])
     assert settled["gather_sink"] == []
@@ -76,14 +78,14 @@ def test_each_stage_is_the_gap_between_its_two_stamps(tmp_path: Path) -> None:
 def test_an_event_without_a_flush_record_is_left_out(tmp_path: Path) -> None:
     write_flushes(tmp_path, 0, [(1, 10.0)])
     tail = FakeTail([(message([(5, 0)], 10.5), 10_600, 10.7, 10.8)])
-    out = freshness.stage_latencies(tail, tmp_path, 0.0)  # type: ignore[arg-type]
+    out = freshness_stages.stage_latencies(tail, tmp_path, 0.0)  # type: ignore[arg-type]
     assert out["e2e"] == [] and out["e2e_all"] == []
 
 
 def test_cores_are_split_into_ranks_consumer_and_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(freshness.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(freshness_stages.os, "cpu_count", lambda: 2)
     # 600 of 1000 jiffies busy over all CPUs = 1.2 of 2 cores; ranks 4 s and consumer 1 s of CPU in 10 s
-    report: dict[str, Any] = freshness.cpu_report(((100, 1000), (700, 2000)), 4.0, 1.0, 10.0)
+    report: dict[str, Any] = freshness_stages.cpu_report(((100, 1000), (700, 2000)), 4.0, 1.0, 10.0)
     assert report == {
         "cores": 2,
         "machine_cores_busy": 1.2,
@@ -91,11 +93,11 @@ def test_cores_are_split_into_ranks_consumer_and_the_rest(monkeypatch: pytest.Mo
         "consumer_cores": 0.1,
         "other_cores": 0.7,
     }
-    assert freshness.cpu_report(((0, 0), (0, 0)), 1.0, 0.0, 1.0)["machine_cores_busy"] is None
+    assert freshness_stages.cpu_report(((0, 0), (0, 0)), 1.0, 0.0, 1.0)["machine_cores_busy"] is None
 
 
 def test_the_machine_counters_read_from_proc() -> None:
-    busy, total = freshness.cpu_ticks()
+    busy, total = freshness_stages.cpu_ticks()
     if Path("/proc/stat").exists():
         assert 0 < busy <= total
 
@@ -141,7 +143,7 @@ def test_broker_gc_counts_the_pauses_of_the_step_and_the_slow_samples_they_held(
     spans = [(mono + 4.0 + i * 0.02, mono + 4.0 + i * 0.02 + 0.001) for i in range(200)]
     spans[10] = (mono + 4.99, mono + 5.06)
     spans[11] = (mono + 5.0, mono + 5.055)
-    report = freshness.broker_gc(log, spans, offset)
+    report = freshness_stages.broker_gc(log, spans, offset)
     assert report == {
         "pauses": 1,
         "max_ms": 50.0,
@@ -150,5 +152,5 @@ def test_broker_gc_counts_the_pauses_of_the_step_and_the_slow_samples_they_held(
         "slowest_produce_in_pause": 1.0,
     }
     spans[11] = (mono + 6.0, mono + 6.08)  # the second slowest no longer overlaps the pause
-    assert freshness.broker_gc(log, spans, offset)["slowest_produce_in_pause"] == 0.5  # type: ignore[index]
-    assert freshness.broker_gc(None, spans, offset) is None, "an unknown log reports nothing"
+    assert freshness_stages.broker_gc(log, spans, offset)["slowest_produce_in_pause"] == 0.5  # type: ignore[index]
+    assert freshness_stages.broker_gc(None, spans, offset) is None, "an unknown log reports nothing"
