@@ -95,10 +95,9 @@ def settle_broker(pid: int) -> None:
     a measured step: a long-running broker has long moved it to the old generation. Measured
     (docs/OPERATIONS.md): the longest pause in 160-320 requests/s steps 45 ms, against 166 ms."""
     from kvevents.broker import find_java
+    from kvevents.broker.gclog import request_full_gc
 
-    jcmd = Path(os.path.realpath(find_java())).with_name("jcmd")
-    if jcmd.exists():
-        subprocess.run([str(jcmd), str(pid), "GC.run"], capture_output=True, timeout=60, check=False)
+    request_full_gc(pid, find_java())
 
 
 def mpiexec() -> str:

@@ -8,13 +8,15 @@ back for ``bench/freshness.py`` and for people (docs/OPERATIONS.md "The local br
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-__all__ = ["GC_LOG_NAME", "GcPause", "gc_log_option", "pauses_between", "read_gc_pauses"]
+__all__ = ["GC_LOG_NAME", "GcPause", "gc_log_option", "pauses_between", "read_gc_pauses", "request_full_gc"]
 
 GC_LOG_NAME = "gc.log"
 """The log's file name in the broker's state directory (rotated to ``gc.log.0``, ``gc.log.1``)."""
@@ -80,3 +82,13 @@ def _parse(lines: Iterable[str]) -> Iterable[GcPause]:
         except ValueError:  # a damaged line that only looks like a time
             continue
         yield GcPause(when, float(match["ms"]), match["kind"])
+
+
+def request_full_gc(pid: int, java: str) -> bool:
+    """Ask the JVM ``pid`` for a full collection (``jcmd PID GC.run``, with the jcmd of the JDK
+    whose launcher is ``java``); False when that JDK has no jcmd or the JVM did not answer."""
+    jcmd = Path(os.path.realpath(java)).with_name("jcmd")
+    if not jcmd.exists():
+        return False
+    done = subprocess.run([str(jcmd), str(pid), "GC.run"], capture_output=True, timeout=60, check=False)
+    return done.returncode == 0

@@ -17,7 +17,7 @@ from kvevents.consumer.topics import TopicMismatch, TopicSpec, create_topic, des
 
 from kvevents._spawn import pid_alive
 from kvevents.broker.config import BrokerLayout, BrokerPorts, BrokerState, free_port
-from kvevents.broker.gclog import read_gc_pauses
+from kvevents.broker.gclog import read_gc_pauses, request_full_gc
 from kvevents.broker.probe import metadata_answers
 from kvevents.broker.process import BrokerStartError, LocalBroker, find_java
 from kvevents.cli import main
@@ -46,9 +46,8 @@ def assert_gc_pauses_are_logged(broker: LocalBroker, pid: int) -> None:
     """The broker's GC log names its collector and records a collection asked of it with jcmd
     (beside the broker's java: a JDK's, as CI's Maven needs)."""
     assert " Using " in broker.gc_log.read_text().splitlines()[0], "the collector is named"
-    jcmd = Path(os.path.realpath(find_java())).with_name("jcmd")
     before = len(read_gc_pauses(broker.gc_log))
-    subprocess.run([str(jcmd), str(pid), "GC.run"], check=True, capture_output=True, timeout=60)
+    assert request_full_gc(pid, find_java())
     pauses = read_gc_pauses(broker.gc_log)
     assert len(pauses) > before and pauses[-1].kind == "Pause Full"
     assert abs(pauses[-1].end_s - time.time()) < 60, "wall-clock times"

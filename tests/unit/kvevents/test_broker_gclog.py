@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kvevents.broker.gclog import GcPause, gc_log_option, pauses_between, read_gc_pauses
+from kvevents.broker.gclog import GcPause, gc_log_option, pauses_between, read_gc_pauses, request_full_gc
 from kvevents.broker.process import FAST_START_JVM_OPTIONS, LocalBroker, find_java
 
 # Lines as JDK 17 writes them with -Xlog:gc:file=...:time, one collector each.
@@ -105,3 +105,8 @@ def test_a_state_dir_with_xlog_separators_still_gets_its_log_and_a_quote_none(tm
     assert done.returncode == 0, done.stderr
     assert " Using " in (odd / "gc.log").read_text()
     assert gc_log_option(tmp_path / 'say "hi"' / "gc.log") is None
+
+
+def test_a_full_collection_needs_the_jdks_jcmd(tmp_path: Path) -> None:
+    (tmp_path / "java").write_text("")  # a JRE: a launcher and no jcmd beside it
+    assert request_full_gc(1, str(tmp_path / "java")) is False
