@@ -3,8 +3,10 @@
 
 :func:`event_from_trtllm` maps one dict, every type and field, old and new versions: hashes as
 ints (``size_t``, either sign) or hex digests (``v2_sha256``: first 8 bytes, big endian), tokens
-as ``unique_token`` maps or plain ints, ``mm_keys`` as ``mm_key`` maps or pairs (their hash a hex
-digest or a user-given UUID), ``lora_id`` and ``cache_salt`` when present. Event ids and ``attention_dp_rank`` pass through unchanged, so
+as ``unique_token`` maps or plain ints (the V2 manager's hex digest of a multimodal item, written
+as a token id, as :data:`MM_DIGEST_TOKEN_ID` with the digest in its extra id), ``mm_keys`` as
+``mm_key`` maps or pairs (their hash a hex digest or a user-given UUID), ``lora_id`` and
+``cache_salt`` when present. Event ids and ``attention_dp_rank`` pass through unchanged, so
 TensorRT-LLM's own drops show as id gaps. A dict that cannot be read raises
 :class:`TrtllmDecodeError` naming the field.
 """
@@ -37,13 +39,26 @@ from kvevents.schemas import (
 from .buffer import EventDrain
 from .mm_keys import mm_key_from_text
 
-__all__ = ["TrtllmDecodeError", "TrtllmEventSource", "event_from_trtllm", "poll_trtllm_serve"]
+__all__ = [
+    "MM_DIGEST_TOKEN_ID",
+    "TrtllmDecodeError",
+    "TrtllmEventSource",
+    "event_from_trtllm",
+    "poll_trtllm_serve",
+]
 
 log = logging.getLogger(__name__)
 _U64 = (1 << 64) - 1
 _I64_MAX = (1 << 63) - 1  # the schema's long and int: a value past them is set aside here, by name,
 _I32_MAX = (1 << 31) - 1  # not found unencodable later by the sink
 _DEFAULT_PRIORITY = 35
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+MM_DIGEST_TOKEN_ID = _I32_MAX
+"""The token id that stands for a multimodal item's content digest (a string ``token_id`` in
+TensorRT-LLM's V2 events): 2**31-1, past every vocabulary, and in range for the schema's int
+and Dynamo's u32 tokens. The digest's first 8 bytes go to the token's extra id, so two items'
+blocks differ in their content hash even without ``mm_keys``."""
 
 
 class TrtllmDecodeError(DecodeError):
@@ -110,17 +125,9 @@ def _block(b: object, where: str) -> KVCacheStoredBlockData:
     tokens: list[int] = []
     extras: list[int] = []
     for i, t in enumerate(tokens_raw):
-        if isinstance(t, dict):
-            tokens.append(
-                _req_int(t.get("token_id"), f"{where}.tokens[{i}].token_id", -(1 << 31), (1 << 31) - 1)
-            )
-            extra = t.get("token_extra_id", 0)
-            extras.append(
-                0 if extra is None else _req_int(extra, f"{where}.tokens[{i}].token_extra_id", 0, _U64)
-            )
-        else:
-            tokens.append(_req_int(t, f"{where}.tokens[{i}]", -(1 << 31), (1 << 31) - 1))
-            extras.append(0)
+        token_id, extra = _token(t, f"{where}.tokens[{i}]")
+        tokens.append(token_id)
+        extras.append(extra)
     lora = b.get("lora_id")
     salt = b.get("cache_salt")
     mm_keys = b.get("mm_keys") or []
@@ -136,6 +143,28 @@ def _block(b: object, where: str) -> KVCacheStoredBlockData:
         mm_keys=tuple(_mm_key(k, f"{where}.mm_keys[{i}]") for i, k in enumerate(mm_keys)),
         cache_salt=None if salt is None else _salt(salt, f"{where}.cache_salt"),
     )
+
+
+def _token(t: object, where: str) -> tuple[int, int]:
+    """A token (a ``unique_token`` map or a plain id) as its id and extra id. A multimodal
+    item's content digest, which TensorRT-LLM's V2 manager writes in hex where the item's first
+    token goes, becomes (:data:`MM_DIGEST_TOKEN_ID`, the digest's first 8 bytes, big endian)."""
+    extra = 0
+    if isinstance(t, dict):
+        raw_extra = t.get("token_extra_id", 0)
+        if raw_extra is not None:
+            extra = _req_int(raw_extra, f"{where}.token_extra_id", 0, _U64)
+        where, t = f"{where}.token_id", t.get("token_id")
+    if not isinstance(t, str):
+        return _req_int(t, where, -(1 << 31), _I32_MAX), extra
+    digest = t[2:] if t.startswith("0x") else t
+    if not (len(digest) == 64 and _HEX_DIGITS.issuperset(digest)):
+        raise TrtllmDecodeError(f"{where} must be an int or a 64-digit hex digest, got {t[:80]!r}")
+    if extra:
+        raise TrtllmDecodeError(
+            f"{where} is a multimodal digest with token_extra_id {extra}: TensorRT-LLM writes 0"
+        )
+    return MM_DIGEST_TOKEN_ID, int(digest[:16], 16)
 
 
 def _salt(value: object, where: str) -> str:

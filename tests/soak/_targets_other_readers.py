@@ -190,13 +190,14 @@ def fuzz_route(seconds: float, seed: int) -> FuzzReport:
 # ---------------------------------------------------------------------------- TensorRT-LLM dicts
 
 
-def _token(t: int, extra: int = 0) -> dict[str, Any]:
+def _token(t: int | str, extra: int = 0) -> dict[str, Any]:
     return {"type": "unique_token", "token_id": t, "token_extra_id": extra}
 
 
 def trtllm_events(seed: int) -> list[dict[str, Any]]:
     """Event dicts as TensorRT-LLM's serializer writes them, old and new shapes (integer and
-    hex-digest hashes, mm_keys as maps and pairs, cache salt, LoRA, diffs null or set)."""
+    hex-digest hashes, mm_keys as maps and pairs, cache salt, LoRA, diffs null or set, the V2
+    manager's hex digest in place of a multimodal item's first token id)."""
     rng = random.Random(seed)
     out: list[dict[str, Any]] = []
     for event_id in range(40):
@@ -234,6 +235,8 @@ def trtllm_events(seed: int) -> list[dict[str, Any]]:
                     )
                     block["cache_salt"] = rng.choice([None, "tenant-a"])
                     block["lora_id"] = rng.choice([None, 7])
+                    if rng.random() < 0.5:  # the V2 manager: the item's first token is its digest
+                        block["tokens"][2] = _token(mm)
                 blocks.append(block)
             data = {"type": "stored", "parent_hash": rng.choice([None, block_hash()]), "blocks": blocks}
         event: dict[str, Any] = {"event_id": event_id, "data": data, "window_size": rng.choice([0, 32, 4096])}

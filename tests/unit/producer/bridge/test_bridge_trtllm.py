@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import pytest
 from kvevents.producer.trtllm import (
+    MM_DIGEST_TOKEN_ID,
     TrtllmDecodeError,
     TrtllmEventSource,
     event_from_trtllm,
@@ -33,7 +34,7 @@ from kvevents.schemas import (
 )
 
 
-def token(t: int, extra: int = 0) -> dict:
+def token(t: int | str, extra: int = 0) -> dict:
     return {"type": "unique_token", "token_id": t, "token_extra_id": extra}
 
 
@@ -129,6 +130,103 @@ def test_new_stored_shape_with_mm_keys_salt_lora_and_hex_hashes() -> None:
     assert event.data.parent_hash == 0
     assert block.block_hash == int.from_bytes(bytes.fromhex(digest)[:8], "big")
     assert block.mm_keys == ((bytes.fromhex(mm), 4),) and block.cache_salt == "s" and block.lora_id == 7
+
+
+def _v2_mm_stored(digest: str, event_id: int = 0) -> dict:
+    """A Stored event as TensorRT-LLM's V2 manager writes a block holding an image's first
+    token: that token's id is the item's content digest in hex, the rest are ints past the
+    vocabulary; the same digest keys the block's ``mm_keys``."""
+    return {
+        "event_id": event_id,
+        "attention_dp_rank": 0,
+        "layer_group_id": 0,
+        "window_size": 64,
+        "hash_algo": "v1_block_key",
+        "data": {
+            "type": "stored",
+            "parent_hash": 41,
+            "blocks": [
+                {
+                    "type": "stored_block",
+                    "block_hash": 4242 + event_id,
+                    "tokens": [token(9), token(digest), token(152_064 + 1)],
+                    "cache_salt": None,
+                    "cache_level": 0,
+                    "priority": 0,
+                    "mm_keys": [{"type": "mm_key", "hash": digest, "start_offset": 1}],
+                }
+            ],
+        },
+    }
+
+
+def test_a_v2_multimodal_digest_token_is_read_into_the_extra_id() -> None:
+    """It was set aside whole before: the block never reached the index."""
+    digest = hashlib.sha256(b"cat.png").hexdigest()
+    block = event_from_trtllm(_v2_mm_stored(digest)).data.blocks[0]
+    assert list(block.tokens) == [9, MM_DIGEST_TOKEN_ID, 152_065]
+    assert list(block.token_extra_ids) == [0, int.from_bytes(bytes.fromhex(digest)[:8], "big"), 0]
+    assert block.mm_keys == ((bytes.fromhex(digest), 1),)
+    again = decode_batch(encode_batch(EventBatch("trt", [event_from_trtllm(_v2_mm_stored(digest))])))
+    assert again.events[0].data.blocks[0] == block
+
+
+def test_two_images_blocks_get_different_content_hashes_even_without_mm_keys() -> None:
+    from kvevents.consumer.hashing import content_hash_of_block
+
+    def content(digest: str, with_keys: bool) -> int:
+        d = _v2_mm_stored(digest)
+        if not with_keys:
+            del d["data"]["blocks"][0]["mm_keys"]
+        return content_hash_of_block(None, event_from_trtllm(d).data.blocks[0])
+
+    cat, dog = hashlib.sha256(b"cat").hexdigest(), hashlib.sha256(b"dog").hexdigest()
+    assert content(cat, True) != content(dog, True)
+    assert content(cat, False) != content(dog, False)
+    assert content(cat, False) == content(cat.upper(), False)
+
+
+def test_a_v2_multimodal_block_is_found_by_tokens_and_exported_for_dynamo() -> None:
+    from kvevents.consumer import CacheIndex
+    from kvevents.consumer.dynamo import stored_block_dict
+
+    digest = hashlib.sha256(b"chart.png").hexdigest()
+    created = {
+        "event_id": 0,
+        "window_size": 64,
+        "data": {"type": "created", "num_blocks_per_cache_level": [8]},
+    }
+    stored = _v2_mm_stored(digest, event_id=1)
+    stored["data"]["parent_hash"] = None
+    index = CacheIndex()
+    index.apply_encoded(
+        encode_batch(EventBatch("trt", [event_from_trtllm(created), event_from_trtllm(stored)]))
+    )
+    block = event_from_trtllm(stored).data.blocks[0]
+    found = index.find_matches_for_tokens(
+        list(block.tokens), 3, token_extra_ids=list(block.token_extra_ids), mm_keys=[block.mm_keys]
+    )
+    assert list(found.values()) == [1]
+    assert index.find_matches_for_tokens([9, 0, 152_065], 3, mm_keys=[block.mm_keys]) == {}
+    assert stored_block_dict(block)["block_hash"] == 4243  # u32 tokens: Dynamo's hash takes it
+
+
+@pytest.mark.parametrize(
+    ("token_id", "extra", "needle"),
+    [
+        ("not hex", 0, "64-digit hex digest"),
+        ("ab" * 31, 0, "64-digit hex digest"),
+        ("ab" * 32, 7, "token_extra_id"),
+    ],
+)
+def test_a_string_token_that_is_not_a_digest_is_set_aside_by_name(
+    token_id: str, extra: int, needle: str
+) -> None:
+    d = _v2_mm_stored("cd" * 32)
+    d["data"]["blocks"][0]["tokens"][1] = token(token_id, extra)
+    with pytest.raises(TrtllmDecodeError) as info:
+        event_from_trtllm(d)
+    assert "tokens[1].token_id" in str(info.value) and needle in str(info.value)
 
 
 @pytest.mark.parametrize(
