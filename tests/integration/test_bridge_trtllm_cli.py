@@ -3,6 +3,7 @@ as trtllm-serve does (a JSON list of event dicts), into the real broker."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,8 +14,11 @@ from kvevents.consumer import CacheIndex, EventReader, WorkerKey
 from kvevents.cli import main
 
 
-def stored(event_id: int, block_hash: int, parent: int | None, rank: int) -> dict:
-    tokens = [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in range(4)]
+def stored(
+    event_id: int, block_hash: int, parent: int | None, rank: int, token_ids: list[int | str] | None = None
+) -> dict:
+    """``token_ids``: default 0..3; a hex string is a multimodal item's digest (the V2 manager)."""
+    tokens = [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in (token_ids or range(4))]
     block = {
         "type": "stored_block",
         "block_hash": block_hash,
@@ -45,6 +49,8 @@ class TrtllmServe(BaseHTTPRequestHandler):
 
 
 def test_bridge_trtllm_polls_trtllm_serve_into_kafka(kafka_bootstrap: str, kafka_topic: str, capsys) -> None:
+    digest = hashlib.sha256(b"photo.jpg").hexdigest()
+    image: list[int | str] = [7, digest, 152_065, 152_066]
     created = {
         "event_id": 0,
         "data": {"type": "created", "num_blocks_per_cache_level": [64, 0]},
@@ -52,7 +58,7 @@ def test_bridge_trtllm_polls_trtllm_serve_into_kafka(kafka_bootstrap: str, kafka
     }
     TrtllmServe.answers = [
         [dict(created, attention_dp_rank=0), dict(created, attention_dp_rank=1)],
-        [stored(1, 11, None, 0), stored(2, 12, 11, 0), stored(1, 21, None, 1)],
+        [stored(1, 11, None, 0), stored(2, 12, 11, 0), stored(1, 21, None, 1), stored(2, 22, 21, 1, image)],
         [
             {
                 "event_id": 3,
@@ -91,10 +97,16 @@ def test_bridge_trtllm_polls_trtllm_serve_into_kafka(kafka_bootstrap: str, kafka
     out = capsys.readouterr().out
     assert code == 0
     summary = json.loads(out)
-    assert summary["events"] == 6 and summary["rejected"] == 1 and summary["sink_close"]["clean"]
+    assert summary["events"] == 7 and summary["rejected"] == 1 and summary["sink_close"]["clean"]
     index = CacheIndex()
     with EventReader(kafka_bootstrap, kafka_topic) as reader:
         reader.apply_to(index)
     assert [b.block_hash for b in index.worker_blocks(WorkerKey("trt-0", 0), 0)] == [11]
-    assert [b.block_hash for b in index.worker_blocks(WorkerKey("trt-0", 1), 0)] == [21]
+    assert [b.block_hash for b in index.worker_blocks(WorkerKey("trt-0", 1), 0)] == [21, 22]
+    extras = [0] * 4 + [0, int(digest[:16], 16), 0, 0]
+    tokens = [0, 1, 2, 3, 7, 2**31 - 1, 152_065, 152_066]  # the digest: MM_DIGEST_TOKEN_ID
+    assert index.find_matches_for_tokens(tokens, 4, token_extra_ids=extras) == {
+        WorkerKey("trt-0", 0): 1,  # the same first block's content
+        WorkerKey("trt-0", 1): 2,
+    }
     assert index.degraded_workers() == []
