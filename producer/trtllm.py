@@ -37,7 +37,7 @@ from kvevents.schemas import (
 )
 
 from .buffer import EventDrain
-from .mm_keys import mm_key_from_text
+from .mm_keys import digest_from_hex, mm_key_from_text
 
 __all__ = [
     "MM_DIGEST_TOKEN_ID",
@@ -52,7 +52,6 @@ _U64 = (1 << 64) - 1
 _I64_MAX = (1 << 63) - 1  # the schema's long and int: a value past them is set aside here, by name,
 _I32_MAX = (1 << 31) - 1  # not found unencodable later by the sink
 _DEFAULT_PRIORITY = 35
-_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 MM_DIGEST_TOKEN_ID = _I32_MAX
 """The token id that stands for a multimodal item's content digest (a string ``token_id`` in
@@ -157,14 +156,14 @@ def _token(t: object, where: str) -> tuple[int, int]:
         where, t = f"{where}.token_id", t.get("token_id")
     if not isinstance(t, str):
         return _req_int(t, where, -(1 << 31), _I32_MAX), extra
-    digest = t[2:] if t.startswith("0x") else t
-    if not (len(digest) == 64 and _HEX_DIGITS.issuperset(digest)):
+    digest = digest_from_hex(t)
+    if digest is None:
         raise TrtllmDecodeError(f"{where} must be an int or a 64-digit hex digest, got {t[:80]!r}")
     if extra:
         raise TrtllmDecodeError(
             f"{where} is a multimodal digest with token_extra_id {extra}: TensorRT-LLM writes 0"
         )
-    return MM_DIGEST_TOKEN_ID, int(digest[:16], 16)
+    return MM_DIGEST_TOKEN_ID, int.from_bytes(digest[:8], "big")
 
 
 def _salt(value: object, where: str) -> str:
