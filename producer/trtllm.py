@@ -4,10 +4,10 @@
 :func:`event_from_trtllm` maps one dict, every type and field, old and new versions: hashes as
 ints (``size_t``, either sign) or hex digests (``v2_sha256``: first 8 bytes, big endian), tokens
 as ``unique_token`` maps or plain ints (the V2 manager's hex digest of a multimodal item, written
-as a token id, as :data:`MM_DIGEST_TOKEN_ID` with the digest in its extra id), ``mm_keys`` as
-``mm_key`` maps or pairs (their hash a hex digest or a user-given UUID), ``lora_id`` and
-``cache_salt`` when present. Event ids and ``attention_dp_rank`` pass through unchanged, so
-TensorRT-LLM's own drops show as id gaps. A dict that cannot be read raises
+as a token id, as :data:`~kvevents.schemas.WIDE_TOKEN_ID` with the digest in its extra id),
+``mm_keys`` as ``mm_key`` maps or pairs (their hash a hex digest or a user-given UUID),
+``lora_id`` and ``cache_salt`` when present. Event ids and ``attention_dp_rank`` pass through
+unchanged, so TensorRT-LLM's own drops show as id gaps. A dict that cannot be read raises
 :class:`TrtllmDecodeError` naming the field.
 """
 
@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvevents.schemas import (
+    WIDE_TOKEN_ID,
     DecodeError,
     KVCacheCreatedData,
     KVCacheEvent,
@@ -40,7 +41,6 @@ from .buffer import EventDrain
 from .mm_keys import digest_from_hex, mm_key_from_text
 
 __all__ = [
-    "MM_DIGEST_TOKEN_ID",
     "TrtllmDecodeError",
     "TrtllmEventSource",
     "event_from_trtllm",
@@ -52,12 +52,6 @@ _U64 = (1 << 64) - 1
 _I64_MAX = (1 << 63) - 1  # the schema's long and int: a value past them is set aside here, by name,
 _I32_MAX = (1 << 31) - 1  # not found unencodable later by the sink
 _DEFAULT_PRIORITY = 35
-
-MM_DIGEST_TOKEN_ID = _I32_MAX
-"""The token id that stands for a multimodal item's content digest (a string ``token_id`` in
-TensorRT-LLM's V2 events): 2**31-1, past every vocabulary, and in range for the schema's int
-and Dynamo's u32 tokens. The digest's first 8 bytes go to the token's extra id, so two items'
-blocks differ in their content hash even without ``mm_keys``."""
 
 
 class TrtllmDecodeError(DecodeError):
@@ -147,7 +141,8 @@ def _block(b: object, where: str) -> KVCacheStoredBlockData:
 def _token(t: object, where: str) -> tuple[int, int]:
     """A token (a ``unique_token`` map or a plain id) as its id and extra id. A multimodal
     item's content digest, which TensorRT-LLM's V2 manager writes in hex where the item's first
-    token goes, becomes (:data:`MM_DIGEST_TOKEN_ID`, the digest's first 8 bytes, big endian)."""
+    token goes, becomes (:data:`~kvevents.schemas.WIDE_TOKEN_ID`, the digest's first 8 bytes,
+    big endian)."""
     extra = 0
     if isinstance(t, dict):
         raw_extra = t.get("token_extra_id", 0)
@@ -163,7 +158,7 @@ def _token(t: object, where: str) -> tuple[int, int]:
         raise TrtllmDecodeError(
             f"{where} is a multimodal digest with token_extra_id {extra}: TensorRT-LLM writes 0"
         )
-    return MM_DIGEST_TOKEN_ID, int.from_bytes(digest[:8], "big")
+    return WIDE_TOKEN_ID, int.from_bytes(digest[:8], "big")
 
 
 def _salt(value: object, where: str) -> str:

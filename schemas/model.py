@@ -47,6 +47,13 @@ SECONDARY_LEVEL = 1
 DEFAULT_PRIORITY = 35
 """TensorRT-LLM's default block retention priority (range 0..100)."""
 
+WIDE_TOKEN_ID = 2**31 - 1
+"""The token id that stands for a token the schema's 32-bit ``tokens`` cannot carry (SGLang's
+64-bit multimodal pad values, TensorRT-LLM's multimodal digest tokens): past every vocabulary,
+and in range for Dynamo's u32 tokens. The token's value (a digest: its first 8 bytes, big
+endian) is its entry in ``token_extra_ids``, so blocks of different items never share a
+content hash."""
+
 MM_HASH_SIZE = 32
 """Bytes in a multimodal content hash (Avro ``fixed`` ``kvevents.MmHash``)."""
 

@@ -104,7 +104,7 @@ def test_bridge_trtllm_polls_trtllm_serve_into_kafka(kafka_bootstrap: str, kafka
     assert [b.block_hash for b in index.worker_blocks(WorkerKey("trt-0", 0), 0)] == [11]
     assert [b.block_hash for b in index.worker_blocks(WorkerKey("trt-0", 1), 0)] == [21, 22]
     extras = [0] * 4 + [0, int(digest[:16], 16), 0, 0]
-    tokens = [0, 1, 2, 3, 7, 2**31 - 1, 152_065, 152_066]  # the digest: MM_DIGEST_TOKEN_ID
+    tokens = [0, 1, 2, 3, 7, 2**31 - 1, 152_065, 152_066]  # the digest: WIDE_TOKEN_ID
     assert index.find_matches_for_tokens(tokens, 4, token_extra_ids=extras) == {
         WorkerKey("trt-0", 0): 1,  # the same first block's content
         WorkerKey("trt-0", 1): 2,

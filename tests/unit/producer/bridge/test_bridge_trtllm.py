@@ -13,13 +13,13 @@ from typing import ClassVar
 
 import pytest
 from kvevents.producer.trtllm import (
-    MM_DIGEST_TOKEN_ID,
     TrtllmDecodeError,
     TrtllmEventSource,
     event_from_trtllm,
     poll_trtllm_serve,
 )
 from kvevents.schemas import (
+    WIDE_TOKEN_ID,
     DecodeError,
     EventBatch,
     KVCacheCreatedData,
@@ -164,7 +164,7 @@ def test_a_v2_multimodal_digest_token_is_read_into_the_extra_id() -> None:
     """It was set aside whole before: the block never reached the index."""
     digest = hashlib.sha256(b"cat.png").hexdigest()
     block = event_from_trtllm(_v2_mm_stored(digest)).data.blocks[0]
-    assert list(block.tokens) == [9, MM_DIGEST_TOKEN_ID, 152_065]
+    assert list(block.tokens) == [9, WIDE_TOKEN_ID, 152_065]
     assert list(block.token_extra_ids) == [0, int.from_bytes(bytes.fromhex(digest)[:8], "big"), 0]
     assert block.mm_keys == ((bytes.fromhex(digest), 1),)
     again = decode_batch(encode_batch(EventBatch("trt", [event_from_trtllm(_v2_mm_stored(digest))])))
