@@ -64,6 +64,9 @@ cdef int _store(IndexCore self, uint32_t slot, bint has_parent, uint64_t parent,
                 prefetch_entry(&self.st.etab, fb.blk[i + 32].engine)
                 if ahead_known:
                     prefetch_entry(&self.st.ctab, fb.blk[i + 32].content)
+        if b.ntok == 0:  # a placeholder (vLLM's offloading connector): no content, as _pycore
+            state = 2
+            hashed = False
         known = state != 2
         if known:
             # an orphan chain that found its content on the way is hashed as it goes

@@ -180,6 +180,8 @@ class PyIndexCore:
         counters = self._counters
         for i in range(start, len(blocks)):
             block = blocks[i]
+            if not block.tokens:  # a placeholder (vLLM's offloading connector): no content
+                parent_content = _UNKNOWN
             content = None if parent_content == _UNKNOWN else content_hash_of_block(parent_content, block)
             node = self._nodes.get(block.block_hash)
             if node is None:

@@ -142,15 +142,23 @@ def stored_block_dict(
 
 
 def router_event(event: KVCacheEvent, lora_names: Mapping[int, str] | None = None) -> dict[str, Any] | None:
-    """The Dynamo ``KvCacheEvent`` dict of one event (None for an Updated event: no counterpart)."""
+    """The Dynamo ``KvCacheEvent`` dict of one event (None for an Updated event: no counterpart).
+
+    A Stored event's blocks from the first one without tokens on (a placeholder, such as vLLM's
+    offloading connector sends) are left out: Dynamo keys a block by its tokens' hash, under
+    which every such block would be the same one; None when no block is left."""
     data = event.data
     body: Any
     kind = type(data)
     if kind is KVCacheStoredData:
+        blocks = data.blocks  # type: ignore[union-attr]
+        cut = next((i for i, b in enumerate(blocks) if not len(b.tokens)), len(blocks))
+        if cut == 0:
+            return None
         body = {
             "stored": {
                 "parent_hash": data.parent_hash,  # type: ignore[union-attr]
-                "blocks": [stored_block_dict(b, lora_names) for b in data.blocks],  # type: ignore[union-attr]
+                "blocks": [stored_block_dict(b, lora_names) for b in blocks[:cut]],
             }
         }
     elif kind is KVCacheRemovedData:

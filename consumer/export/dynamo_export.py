@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvevents.schemas import EventBatch, KVCacheEvent
+from kvevents.schemas import EventBatch, KVCacheEvent, KVCacheStoredData
 
 from ..dynamo import router_event, worker_id_for
 from ..workers import WorkerKey
@@ -35,6 +35,8 @@ class DynamoCounters:
     events_out: int = 0
     duplicates: int = 0
     clears_for_loss: int = 0
+    blocks_left_out: int = 0
+    """Stored blocks left out: from a block without tokens on (``router_event``)."""
     loss_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -144,6 +146,9 @@ class DynamoConverter:
                 if window is not None and event.window_size != window:
                     continue
                 mapped = router_event(event, lora_names)
+                if isinstance(event.data, KVCacheStoredData):
+                    sent = len(mapped["data"]["stored"]["blocks"]) if mapped is not None else 0
+                    c.blocks_left_out += len(event.data.blocks) - sent
                 if mapped is not None:
                     out.append({"worker_id": worker_id, "event": mapped})
         c.events_out += len(out)

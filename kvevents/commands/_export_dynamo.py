@@ -41,7 +41,9 @@ Read a kvevents topic and write NVIDIA Dynamo RouterEvent JSON, one object per l
 tokens_hash is Dynamo's local hash of the block's tokens (XXH3-64 of u32 LE token ids, seed
 1337; a LoRA block's seed adds XXH3-64 of its adapter name: --lora-name ID=NAME, else the id's
 decimal string). Updated events (cache level, priority) have no Dynamo counterpart and are left
-out. ID: a stable integer per instance (XXH3-64 of its name, top bit cleared) unless --worker-id
+out; so are a Stored event's blocks from the first one without tokens on (placeholders such as
+vLLM's offloading connector stores: under Dynamo's tokens hash they would all be one block),
+counted in blocks_left_out. ID: a stable integer per instance (XXH3-64 of its name, top bit cleared) unless --worker-id
 names it; the mapping is printed on stderr. A worker whose events were lost gets "cleared" first.
 Feed the lines to RadixTree.apply_event(worker_id, json.dumps(event)) (Dynamo's Python
 bindings) or to tools of your own. Dynamo's router services do not read these JSON lines: they

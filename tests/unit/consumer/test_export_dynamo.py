@@ -79,3 +79,27 @@ def test_duplicates_are_skipped_and_lost_events_clear_the_worker() -> None:
     conv.convert(_batch([_stored(10, 30)], 8, dropped=[RankDrops(1, 2)]))
     lines = conv.convert(_batch([_stored(9, 31, rank=1)], 9))
     assert [line["event"]["data"] for line in lines] != ["cleared"] and conv.counters.clears_for_loss == 7
+
+
+def test_blocks_without_tokens_are_left_out_and_counted() -> None:
+    """vLLM's offloading placeholders carry no tokens: under Dynamo's tokens hash every one of
+    them would be the same block. A Stored event keeps its blocks before the first of them."""
+    conv = DynamoConverter(worker_ids={"e": 1})
+    placeholder = KVCacheEvent(1, KVCacheStoredData(None, [KVCacheStoredBlockData(30, [])]), 16, 0)
+    mixed = KVCacheEvent(
+        2,
+        KVCacheStoredData(
+            None,
+            [
+                KVCacheStoredBlockData(40, [4, 5]),
+                KVCacheStoredBlockData(41, []),
+                KVCacheStoredBlockData(42, [6]),
+            ],
+        ),
+        16,
+        0,
+    )
+    lines = conv.convert(_batch([_stored(0, 10), placeholder, mixed], 0))
+    assert [line["event"]["event_id"] for line in lines] == [0, 2]
+    assert [b["block_hash"] for b in lines[1]["event"]["data"]["stored"]["blocks"]] == [40]
+    assert conv.counters.blocks_left_out == 3

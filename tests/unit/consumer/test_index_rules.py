@@ -442,6 +442,38 @@ def test_orphan_gains_content_when_another_worker_stores_its_prefix(index, feed)
     }
 
 
+def test_blocks_without_tokens_have_no_content_nor_do_blocks_after_them(index, feed):
+    """vLLM's offloading connector stores placeholders: a hash, no tokens, no parent. Hashed,
+    every one of them would have the same content (a root with nothing in it), one ever
+    longer run of equal keys in the content table."""
+    placeholders = [stored_blocks(1 + i, [block(700 + i, tokens=[])]) for i in range(3)]
+    chain = stored_blocks(4, [block(5), block(6, tokens=[]), block(7)])
+    feed(index, batch([created(0), *placeholders, chain], 0))
+    assert index.find_matches([700]) == {W0: 1} and index.find_matches([5, 6, 7]) == {W0: 3}
+    contents = {b.block_hash: b.content_hash for b in index.worker_blocks(W0, WINDOW)}
+    assert contents[5] is not None
+    assert [contents[h] for h in (700, 701, 702, 6, 7)] == [None] * 5
+    assert index.find_matches_for_tokens(tokens_of(5), BLOCK) == {W0: 1}
+    assert index.stats().counters["orphan_blocks"] == 5
+
+
+def test_a_block_without_tokens_gains_content_when_stored_with_them(index, feed):
+    feed(
+        index,
+        batch(
+            [
+                created(0, rank=0),
+                created(0, rank=1),
+                stored_blocks(1, [block(9, tokens=[])], rank=0),
+                stored(1, [9], rank=1),
+            ],
+            0,
+            dp=2,
+        ),
+    )
+    assert index.find_matches_for_tokens(tokens_of(9), BLOCK) == {W0: 1, W1: 1}
+
+
 def test_tokens_match_across_workers_whose_engine_hashes_differ(index, feed):
     # vLLM-style: each engine seeds its hashes, so the same tokens have other hashes
     a = [block(100 + i, tokens=tokens_of(i)) for i in (1, 2, 3)]
