@@ -27,12 +27,16 @@ def engine_structs(kind: str) -> dict[str, Any]:
     - ``sglang``: SGLang 0.5 arrays with ``medium`` and a metadata map at position 7, batch
       ``[ts, events, attn_dp_rank]``;
     - ``sglang-map``: SGLang 0.5.2x (#37482) events as maps with ``cache_salt``/``session_id``
-      keys, the batch still ``[ts, events, attn_dp_rank]``.
+      keys, the batch still ``[ts, events, attn_dp_rank]``;
+    - ``vllm-0.34``: vLLM 0.34's maps, with ``locality``, ``ownership``, ``session_id`` and
+      ``lookahead_token_ids`` on BlockStored (``locality``, ``ownership`` on BlockRemoved);
+    - ``sglang-0.5.23``: SGLang 0.5.23's maps, ``lora_name`` last, token ids as ints (up to
+      2**62 + 10**6 for multimodal pad values) or, with EAGLE, (token, next token) pairs.
     """
     array_like = kind in ("vllm-positional", "sglang-old", "sglang")
     opts: dict[str, Any] = {"omit_defaults": True, "gc": False, "array_like": array_like, "tag": True}
     hash_t: Any = int | bytes
-    if kind.startswith("vllm"):
+    if kind in ("vllm", "vllm-map-batch", "vllm-positional"):
         stored_fields: list[Any] = [
             ("block_hashes", list[hash_t]),
             ("parent_block_hash", hash_t | None),
@@ -84,6 +88,46 @@ def engine_structs(kind: str) -> dict[str, Any]:
             ("medium", str | None, _NONE),
             ("cache_salt", str | None, _NONE),
             ("session_id", str | None, _NONE),
+        ]
+        removed_fields = [("block_hashes", list[int]), ("medium", str | None, _NONE)]
+        batch_fields = [("attn_dp_rank", int | None, _NONE)]
+    elif kind == "vllm-0.34":
+        stored_fields = [
+            ("block_hashes", list[hash_t]),
+            ("parent_block_hash", hash_t | None),
+            ("token_ids", list[int]),
+            ("block_size", int),
+            ("lora_id", int | None),
+            ("medium", str | None),
+            ("lora_name", str | None),
+            ("extra_keys", list[Any] | None, _NONE),
+            ("group_idx", int | None, _NONE),
+            ("kv_cache_spec_kind", str | None, _NONE),
+            ("kv_cache_spec_sliding_window", int | None, _NONE),
+            ("locality", str | None, _NONE),
+            ("ownership", str | None, _NONE),
+            ("session_id", str | None, _NONE),
+            ("lookahead_token_ids", list[list[int]] | None, _NONE),
+        ]
+        removed_fields = [
+            ("block_hashes", list[hash_t]),
+            ("medium", str | None),
+            ("group_idx", int | None, _NONE),
+            ("locality", str | None, _NONE),
+            ("ownership", str | None, _NONE),
+        ]
+        batch_fields = [("data_parallel_rank", int | None, _NONE)]
+    elif kind == "sglang-0.5.23":
+        stored_fields = [
+            ("block_hashes", list[int]),
+            ("parent_block_hash", int | None),
+            ("token_ids", list[Any]),
+            ("block_size", int),
+            ("lora_id", int | None),
+            ("medium", str | None, _NONE),
+            ("cache_salt", str | None, _NONE),
+            ("session_id", str | None, _NONE),
+            ("lora_name", str | None, _NONE),
         ]
         removed_fields = [("block_hashes", list[int]), ("medium", str | None, _NONE)]
         batch_fields = [("attn_dp_rank", int | None, _NONE)]

@@ -269,6 +269,8 @@ class ZmqEventConverter:
             if tokens:
                 raise WireError(f"events[{k}]: BlockStored has {len(tokens)} token_ids but no block_hashes")
             return []
+        wide = raw.token_extra_ids
+        wides: list[array[int] | None] = [None] * n
         if not tokens:
             pieces: list[array[int]] = [array("i") for _ in range(n)]
             self.counts["blocks_without_tokens"] += n
@@ -282,6 +284,11 @@ class ZmqEventConverter:
             pieces = [tokens] if n == 1 else [tokens[i * size : (i + 1) * size] for i in range(n)]
             if len(tokens) < n * size:
                 self.counts["partial_blocks"] += 1
+            if wide is not None:
+                self.counts["wide_tokens"] += sum(1 for x in wide if x)
+                wides = [w if any(w) else None for w in (wide[i * size : (i + 1) * size] for i in range(n))]
+        if raw.token_pairs:
+            self.counts["token_pair_blocks"] += n
         lora_id = raw.lora_id
         if lora_id is not None:
             lora_id &= (1 << 64) - 1
@@ -293,8 +300,8 @@ class ZmqEventConverter:
         salt0 = raw.cache_salt
         if extra is None:  # the common case: one positional construction per block
             return [
-                KVCacheStoredBlockData(h, p, lora_id, PRIMARY_LEVEL, DEFAULT_PRIORITY, None, (), salt0)
-                for h, p in zip(raw.block_hashes, pieces, strict=True)
+                KVCacheStoredBlockData(h, p, lora_id, PRIMARY_LEVEL, DEFAULT_PRIORITY, w, (), salt0)
+                for h, p, w in zip(raw.block_hashes, pieces, wides, strict=True)
             ]
         blocks = []
         for i, (block_hash, piece) in enumerate(zip(raw.block_hashes, pieces, strict=True)):
@@ -302,7 +309,14 @@ class ZmqEventConverter:
             if keys is None:
                 blocks.append(
                     KVCacheStoredBlockData(
-                        block_hash, piece, lora_id, PRIMARY_LEVEL, DEFAULT_PRIORITY, None, (), raw.cache_salt
+                        block_hash,
+                        piece,
+                        lora_id,
+                        PRIMARY_LEVEL,
+                        DEFAULT_PRIORITY,
+                        wides[i],
+                        (),
+                        raw.cache_salt,
                     )
                 )
                 continue
@@ -311,7 +325,7 @@ class ZmqEventConverter:
             salt = raw.cache_salt if raw.cache_salt is not None else salt
             blocks.append(
                 KVCacheStoredBlockData(
-                    block_hash, piece, lora_id, PRIMARY_LEVEL, DEFAULT_PRIORITY, None, mm_keys, salt
+                    block_hash, piece, lora_id, PRIMARY_LEVEL, DEFAULT_PRIORITY, wides[i], mm_keys, salt
                 )
             )
         return blocks
@@ -325,8 +339,9 @@ class ZmqEventConverter:
         tagged ``mm``, ``cache_salt``, ``lora``, ``prompt_embeds``, ``legacy``). A bare string
         other than the LoRA name is a multimodal identifier, except the last one of a
         request's first block, the salt (a non-hex identifier alone there is ambiguous and is
-        read as the salt). Prompt-embedding hashes and unknown keys are not carried by
-        kvevents and are counted."""
+        read as the salt). A bare 32-byte value (vLLM's prompt-embeddings digest) is kept as a
+        multimodal key, part of the block's identity; typed prompt-embedding keys and unknown
+        keys are not carried by kvevents and are counted."""
         if keys is None:
             return (), None
         if not isinstance(keys, list):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from kvevents.schemas import DecodeError
+from kvevents.schemas import WIDE_TOKEN_ID, DecodeError
 
 from .hashes import U64_MASK, WireError, fold_hash
 
@@ -94,6 +94,11 @@ class RawStored:
     spec_kind: str | None
     sliding_window: int | None
     cache_salt: str | None
+    token_extra_ids: array[int] | None = None
+    """Per token, the value of a token wider than 32 bits (its id is ``WIDE_TOKEN_ID``), else 0;
+    None when every token fits."""
+    token_pairs: bool = False
+    """The token ids came as (token, next token) pairs (SGLang's bigram keys with EAGLE)."""
 
 
 @dataclass(slots=True)
@@ -283,16 +288,13 @@ def _stored(f: dict[str, Any], take_last: bool, counts: WireCounts, where: str) 
     if not isinstance(raw_tokens, list):
         raise WireError(f"{where}.token_ids: must be an array, got {type(raw_tokens).__name__}")
     try:
-        tokens = array("i", raw_tokens)  # checks every id is an int32, in C
+        tokens, wide, pairs = array("i", raw_tokens), None, False  # every id an int32, in C
     except (TypeError, OverflowError):
-        for k, t in enumerate(raw_tokens):
-            if isinstance(t, bool) or not isinstance(t, int) or not -(1 << 31) <= t < (1 << 31):
-                raise WireError(f"{where}.token_ids[{k}]: {t!r} is not a 32-bit token id") from None
-        raise
-    block_size = _opt_int(f.get("block_size"), f"{where}.block_size", minimum=1)
-    if block_size is None:
+        tokens, wide, pairs = _tokens(raw_tokens, f"{where}.token_ids")
+    block_size = _opt_int(f.get("block_size"), f"{where}.block_size", minimum=0)
+    if not block_size:  # absent, or 0 as vLLM's offloading placeholders send with no tokens
         if hashes and tokens:
-            raise WireError(f"{where}: BlockStored has token_ids but no block_size")
+            raise WireError(f"{where}: BlockStored has token_ids but block_size {block_size}")
         block_size = 1
     lora_id = _opt_int(f.get("lora_id"), f"{where}.lora_id")
     if lora_id is not None and not -(1 << 63) <= lora_id < (1 << 64):
@@ -335,7 +337,33 @@ def _stored(f: dict[str, Any], take_last: bool, counts: WireCounts, where: str) 
             f.get("kv_cache_spec_sliding_window"), f"{where}.kv_cache_spec_sliding_window", minimum=0
         ),
         cache_salt=cache_salt,
+        token_extra_ids=wide,
+        token_pairs=pairs,
     )
+
+
+def _tokens(raw: list[Any], where: str) -> tuple[array[int], array[int] | None, bool]:
+    """Token ids that are not all int32: (ids, the wide tokens' values or None, pairs?). A token
+    wider than 32 bits (SGLang's multimodal pad values reach 2**62) is ``WIDE_TOKEN_ID`` with its
+    value in the extra ids; (token, next token) pairs (SGLang's bigram keys, with EAGLE) give
+    their first token, the block's own (the second is the next one's)."""
+    tokens = array("i")
+    extras = array("Q")
+    pairs = False
+    for k, t in enumerate(raw):
+        if isinstance(t, list) and len(t) == 2 and isinstance(t[1], int) and not isinstance(t[1], bool):
+            t, pairs = t[0], True
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise WireError(f"{where}[{k}]: {t!r} is not a token id (an int, or a pair of them)")
+        if -(1 << 31) <= t < (1 << 31):
+            tokens.append(t)
+            extras.append(0)
+        elif -(1 << 63) <= t < (1 << 64):
+            tokens.append(WIDE_TOKEN_ID)
+            extras.append(t & U64_MASK)
+        else:
+            raise WireError(f"{where}[{k}]: {t} does not fit in 64 bits")
+    return tokens, (extras if any(extras) else None), pairs
 
 
 def _removed(f: dict[str, Any], take_last: bool, where: str) -> RawRemoved:
