@@ -21,7 +21,16 @@ from kvevents.schemas import (
     encode_batch,
 )
 
-BRIDGE_KINDS = ["vllm", "vllm-map-batch", "vllm-positional", "sglang-old", "sglang", "sglang-map"]
+BRIDGE_KINDS = [
+    "vllm",
+    "vllm-map-batch",
+    "vllm-positional",
+    "vllm-0.34",
+    "sglang-old",
+    "sglang",
+    "sglang-map",
+    "sglang-0.5.23",
+]
 
 # ---------------------------------------------------------------------------- the bridge
 
@@ -51,9 +60,16 @@ def _engine_event(rng: random.Random, s: dict[str, Any], kind: str) -> Any:
         if kind.startswith("vllm"):
             return s["BlockRemoved"](hashes, medium, rng.choice([None, 0, 1]) if rare else None)
         return s["BlockRemoved"](hashes, medium)
+    if kind == "vllm-0.34" and rare and rng.random() < 0.3:  # an offloading placeholder
+        return s["BlockStored"](hashes[:1], None, [], 0, None, rng.choice(["CPU", "STORAGE"]), None)
     size = rng.choice([1, 2, 4, 16])
     n_tokens = len(hashes) * size - (rng.randrange(size) if rare else 0)
-    tokens = [rng.randrange(200_000) for _ in range(n_tokens)]
+    tokens: list[Any] = [rng.randrange(200_000) for _ in range(n_tokens)]
+    if kind == "sglang-0.5.23" and rare:
+        if rng.random() < 0.5:  # multimodal pad values, 62 bits past 10**6
+            tokens = [10**6 + rng.getrandbits(62) if rng.random() < 0.5 else t for t in tokens]
+        else:  # EAGLE's bigram keys: (token, next token)
+            tokens = [[t, rng.randrange(200_000)] for t in tokens]
     parent = rng.choice([None, rng.getrandbits(63)])
     lora_id = rng.choice([None, rng.randrange(1, 50)]) if rare else None
     args: list[Any] = [hashes, parent, tokens, size, lora_id]
@@ -83,6 +99,8 @@ def _engine_event(rng: random.Random, s: dict[str, Any], kind: str) -> Any:
         args += [medium, meta]
     elif kind == "sglang-map":
         args += [medium, rng.choice([None, "s1"]) if rare else None, None]
+    elif kind == "sglang-0.5.23":
+        args += [medium, rng.choice([None, "s1"]) if rare else None, None, rng.choice([None, "adapter"])]
     return s["BlockStored"](*args)
 
 
