@@ -510,6 +510,8 @@ cdef list tokens_content_hashes(IndexCore self, tokens, Py_ssize_t block_size, l
     cdef SBlock blk
     cdef uint64_t h = 0
     cdef bytes salt
+    cdef long long v
+    cdef int overflow
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     if token_extra_ids is not None or mm_keys is not None:
@@ -523,7 +525,10 @@ cdef list tokens_content_hashes(IndexCore self, tokens, Py_ssize_t block_size, l
     else:
         i = 0
         for t in tokens:
-            self.ctok[i] = <uint32_t><int64_t>t  # the low 32 bits, as the hash takes them
+            v = PyLong_AsLongLongAndOverflow(t, &overflow)
+            if overflow or v < -2147483648 or v > 2147483647:  # a wide token: hashing's way
+                return content_hashes_for_tokens(tokens, block_size, lora_id, cache_salt=cache_salt)
+            self.ctok[i] = <uint32_t>v  # the low 32 bits, as the hash takes them
             i += 1
     memset(&blk, 0, sizeof(SBlock))
     blk.ntok = <uint32_t>block_size

@@ -48,7 +48,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from kvevents.schemas import KVCacheStoredBlockData, MmKey
+from kvevents.schemas import WIDE_TOKEN_ID, KVCacheStoredBlockData, MmKey
 
 __all__ = [
     "ROOT_CONTENT_HASH",
@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 _MASK = (1 << 64) - 1
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 K1 = 0x9E3779B97F4A7C15
 K2 = 0xBF58476D1CE4E5B9
 K3 = 0x94D049BB133111EB
@@ -149,6 +150,20 @@ def content_hash_of_block(parent_content: int | None, block: KVCacheStoredBlockD
     )
 
 
+def _widened(tokens: Sequence[int], extras: Sequence[int] | None) -> tuple[list[int], list[int]]:
+    """Tokens past 32 bits as ``WIDE_TOKEN_ID``, their values moved to the extra ids."""
+    ids = list(tokens)
+    out = [0] * len(ids) if extras is None else list(extras)
+    for i, t in enumerate(ids):
+        if not _I32_MIN <= t <= _I32_MAX:
+            if not -(1 << 63) <= t <= _MASK:
+                raise ValueError(f"token {i} ({t}) does not fit in 64 bits")
+            if out[i]:
+                raise ValueError(f"token {i} is wider than 32 bits and has an extra id ({out[i]}) too")
+            ids[i], out[i] = WIDE_TOKEN_ID, t & _MASK
+    return ids, out
+
+
 def content_hashes_for_tokens(
     tokens: Sequence[int],
     block_size: int,
@@ -162,12 +177,16 @@ def content_hashes_for_tokens(
     is not hashed: engines store full blocks only).
 
     ``token_extra_ids`` (one per token) and ``mm_keys`` (one sequence per block, offsets relative
-    to the block) must match what the engine reported for the blocks to be found.
+    to the block) must match what the engine reported for the blocks to be found. A token wider
+    than 32 bits (SGLang's multimodal pad values) is hashed as the bridge stores it:
+    ``WIDE_TOKEN_ID`` with its value as the token's extra id.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     if token_extra_ids is not None and len(token_extra_ids) != len(tokens):
         raise ValueError(f"token_extra_ids has {len(token_extra_ids)} ids for {len(tokens)} tokens")
+    if any(not _I32_MIN <= t <= _I32_MAX for t in tokens):
+        tokens, token_extra_ids = _widened(tokens, token_extra_ids)
     hashes: list[int] = []
     parent: int | None = None
     for b in range(len(tokens) // block_size):

@@ -286,6 +286,10 @@ class RouteApp:
         prompts = [(body.token_ids, body.lora_id)] if body.token_ids is not None else [
             (p.token_ids, p.lora_id if p.lora_id is not None else body.lora_id) for p in body.prompts or ()
         ]  # fmt: skip
+        for i, (tokens, _) in enumerate(prompts):
+            if tokens and max(tokens) > HASH_MAX:  # msgspec's JSON ints are not bounded
+                where = "token_ids" if body.token_ids is not None else f"prompts[{i}].token_ids"
+                raise HttpError(400, f"bad /match body: {where} holds {max(tokens)}, more than 64 bits")
         index = self.source.index
         with self.source.lock:
             left_out, degraded = self._exclusions_now()

@@ -14,11 +14,12 @@ if TYPE_CHECKING:
 
 __all__ = ["HashesBody", "MatchBody", "score_query"]
 
-TOKEN_MAX = (1 << 31) - 1
 HASH_MAX = (1 << 64) - 1
 MAX_BATCH = 256
 
-Token = Annotated[int, Meta(ge=0, le=TOKEN_MAX)]
+Token = Annotated[int, Meta(ge=0)]  # up to 64 bits (checked by the app: msgspec's bounds stop at
+# int64); past 2**31 - 1 a token is a wide one (SGLang's multimodal pad values), hashed as the
+# bridge stores it (kvevents.schemas.WIDE_TOKEN_ID)
 Hash = Annotated[int, Meta(ge=0)]  # msgspec itself rejects more than 64 bits
 LoraId = Annotated[int, Meta(ge=0)]
 Weight = Annotated[float, Meta(ge=0.0, le=1.0)]

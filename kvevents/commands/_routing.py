@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MatchRequest", "Prompt", "Score", "parse_match_request", "read_token_file", "score_prompt"]
 
-TOKEN_MAX = (1 << 31) - 1
+TOKEN_MAX = (1 << 64) - 1
+"""Token ids past 2**31 - 1 are wide ones (SGLang's multimodal pad values), hashed as the bridge
+stores them (``kvevents.schemas.WIDE_TOKEN_ID``)."""
 
 
 @dataclass(frozen=True)

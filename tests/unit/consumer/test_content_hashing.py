@@ -126,3 +126,19 @@ def test_stored_content_hashes_equal_the_python_definition_on_every_path(blocks)
                 index.apply_encoded(encode_batch(stream))
             got = [(e.block_hash, e.content_hash) for e in index.worker_blocks(WorkerKey("i0", 0), 64)]
             assert got == expected, (core, entry)
+
+
+def test_a_wide_token_hashes_as_the_bridge_stores_it(core: str) -> None:
+    """SGLang's multimodal pad values (up to 2**62 + 10**6) are stored as WIDE_TOKEN_ID with the
+    value as the token's extra id; a query of the raw values finds them, on both cores."""
+    from kvevents.schemas import WIDE_TOKEN_ID
+
+    pad = 10**6 + 2**62 - 1
+    index = CacheIndex(core=core)
+    raw = [1, 2, pad, 3]
+    stored = index.content_hashes([1, 2, WIDE_TOKEN_ID, 3], 2, token_extra_ids=[0, 0, pad, 0])
+    assert index.content_hashes(raw, 2) == stored == content_hashes_for_tokens(raw, 2)
+    assert index.content_hashes([1, 2, pad + 1, 3], 2)[1] != stored[1]
+    assert index.content_hashes([1, 2, WIDE_TOKEN_ID, 3], 2)[1] != stored[1]
+    with pytest.raises(ValueError, match="token 2 is wider than 32 bits and has an extra id"):
+        content_hashes_for_tokens(raw, 2, token_extra_ids=[0, 0, 9, 0])

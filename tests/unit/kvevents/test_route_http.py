@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 from cli_events import batch, created
 from kvevents.consumer import CacheIndex, Liveness, WorkerKey
-from kvevents.schemas import KVCacheEvent, KVCacheStoredBlockData, KVCacheStoredData
+from kvevents.schemas import WIDE_TOKEN_ID, KVCacheEvent, KVCacheStoredBlockData, KVCacheStoredData
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvevents.commands._route_app import StaticSource
@@ -227,7 +227,7 @@ def test_workers_healthz_readyz_and_head(srv: Running) -> None:
         (b'{"token_ids": "12"}', "got `str` - at `$.token_ids`"),
         (b'{"token_ids": [1, "2"]}', "$.token_ids[1]"),
         (b'{"token_ids": [-1]}', ">= 0"),
-        (b'{"token_ids": [2147483648]}', "<= 2147483647"),
+        (b'{"token_ids": [18446744073709551616]}', "token_ids holds 18446744073709551616, more than 64 bits"),
         (b'{"token_ids": [1], "block_size": 0}', "$.block_size"),
         (b'{"token_ids": [1], "secondary_weight": 2}', "$.secondary_weight"),
         (b'{"token_ids": [1], "tokens": [1]}', "unknown field `tokens`"),
@@ -238,6 +238,24 @@ def test_bad_bodies_get_400_naming_the_field(srv: Running, payload: bytes, messa
     status, headers, body = request(srv, "POST", "/match", payload)
     assert status == 400 and headers["content-type"] == "application/json"
     assert message in body["error"] and body["status"] == 400
+
+
+def test_a_prompt_with_multimodal_pad_tokens_matches_what_the_bridge_stored(srv: Running) -> None:
+    """SGLang's pad values pass 2**31 (they were a 400); the bridge stores such a token as
+    WIDE_TOKEN_ID with its value as the extra id, and /match hashes the prompt the same way."""
+    pad = 10**6 + 2**62 - 5
+    stored = KVCacheStoredBlockData(
+        0xABC, [7, 8, WIDE_TOKEN_ID, WIDE_TOKEN_ID], token_extra_ids=[0, 0, pad, pad]
+    )
+    srv.index.apply(
+        batch(
+            [created(0, 0), KVCacheEvent(1, KVCacheStoredData(None, [stored]), 64, 0)], 0, instance="mm", dp=1
+        )
+    )
+    status, body = post(srv, "/match", {"token_ids": [7, 8, pad, pad], "block_size": BS})
+    assert status == 200 and body["best"]["instance_id"] == "mm" and body["best"]["matched_blocks"] == 1
+    status, body = post(srv, "/match", {"token_ids": [7, 8, pad, pad + 1], "block_size": BS})
+    assert status == 200 and body["best"] is None
 
 
 def test_bad_hashes_body(srv: Running) -> None:
