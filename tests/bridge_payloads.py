@@ -10,7 +10,16 @@ import msgspec
 from bridge_engines import encode, engine_structs
 from hypothesis import strategies as st
 
-KINDS = ["vllm", "vllm-map-batch", "vllm-positional", "sglang-old", "sglang", "sglang-map"]
+KINDS = [
+    "vllm",
+    "vllm-map-batch",
+    "vllm-positional",
+    "vllm-0.34",
+    "sglang-old",
+    "sglang",
+    "sglang-map",
+    "sglang-0.5.23",
+]
 
 hashes = st.lists(
     st.one_of(st.integers(-(2**63), 2**64 - 1), st.integers(0, 40), st.binary(min_size=1, max_size=33)),
@@ -49,7 +58,9 @@ def engine_event(draw: Any, kind: str) -> Any:
     size = draw(st.one_of(st.integers(1, 4), st.integers(-1, 0)))
     n_tokens = draw(st.one_of(st.just(len(hs) * max(size, 1)), st.integers(0, 12)))
     token = st.one_of(st.integers(0, 32000), st.integers(-(2**40), 2**40))
-    tokens = draw(st.lists(token, min_size=n_tokens, max_size=n_tokens))
+    tokens: list[Any] = draw(st.lists(token, min_size=n_tokens, max_size=n_tokens))
+    if kind == "sglang-0.5.23" and draw(st.booleans()):  # EAGLE's (token, next token) pairs
+        tokens = [[t, draw(token)] for t in tokens]
     parent = draw(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)))
     lora_id = draw(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)))
     args = [hs, parent, tokens, size, lora_id]
@@ -71,6 +82,8 @@ def engine_event(draw: Any, kind: str) -> Any:
         args += [draw(st.none() | st.text(max_size=4)), draw(st.none() | meta)]
     elif kind == "sglang-map":
         args += [draw(st.none() | st.text(max_size=4))] * 3
+    elif kind == "sglang-0.5.23":
+        args += [draw(st.none() | st.text(max_size=4))] * 4
     return s["BlockStored"](*args)
 
 

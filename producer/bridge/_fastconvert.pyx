@@ -8,9 +8,10 @@ Taken here: map or array batches; tagged-map or tag-first-array events; hashes a
 sign or digests (folded as :func:`.hashes.fold_hash` does); partial last pages; known media (tier
 moves through the converter's :class:`.tiers.TierMap`); ``cache_salt`` strings; vLLM's KV-cache
 groups (each event's window as the converter's ``_window`` gives it); ``extra_keys`` of one nil
-per block. Not here (None): LoRA, other ``extra_keys``, metadata maps, unknown tags/fields (such
-as ``locality``), new media, blocks without tokens, and every malformed value. The converter's state changes only after the whole
-payload was read.
+per block; blocks without tokens (vLLM's offloading placeholders, ``block_size`` 0). Not here
+(None): LoRA, other ``extra_keys``, metadata maps, unknown tags/fields (such as ``locality``),
+new media, token ids past 32 bits or in pairs, and every malformed value. The converter's state
+changes only after the whole payload was read.
 
 ``convert`` builds event objects; ``encode`` writes the same events' Avro bytes straight into an
 :class:`~kvevents.producer.sink_encoded.EncodedEvents` (no object per event or block), for the
@@ -169,6 +170,8 @@ cdef object _block(Buf *b, Ev *e, Py_ssize_t i, object h, object level, object s
     cdef array tokens
     if lo + m > e.t0 + e.nt:
         m = e.t0 + e.nt - lo
+        if m < 0:  # blocks without tokens: every page empty
+            m = 0
     tokens = clone(_I32, m, False)
     if m:
         memcpy(tokens.data.as_ints, &b.t[lo], <size_t>m * sizeof(int32_t))
@@ -390,6 +393,7 @@ cdef object _apply(conv, Buf *b, list levels, list bits, list salts, Payload *p)
     _add(counts, "removed_unknown", out.removed_unknown)
     _add(counts, "removed_not_on_medium", out.not_on_medium)
     _add(counts, "partial_blocks", p.partial)
+    _add(counts, "blocks_without_tokens", p.tokenless)
     _commit_windows(conv, learned, unknown)
     rank = conv.dp_rank if p.rank < 0 else PyLong_FromLongLong(p.rank)
     ts = p.ts if p.has_ts else None

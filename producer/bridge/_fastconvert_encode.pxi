@@ -74,6 +74,8 @@ cdef int _enc_stored(Enc *x, Buf *b, Ev *e, object tiers, dict held, object wind
             m = e.size
             if lo + m > e.t0 + e.nt:
                 m = e.t0 + e.nt - lo
+                if m < 0:  # blocks without tokens: every page empty
+                    m = 0
             w_block(&x.blocks, hv, &b.t[lo], m, <int32_t>lvl, _PRIO, salt_p, salt_n)
             n += 1
         else:
@@ -209,6 +211,7 @@ def encode(conv, payload, out):
         _add(counts, "removed_unknown", x.removed_unknown)
         _add(counts, "removed_not_on_medium", x.not_on_medium)
         _add(counts, "partial_blocks", p.partial)
+        _add(counts, "blocks_without_tokens", p.tokenless)
         _commit_windows(conv, learned, unknown)
         if x.nev:
             _append(out, &x)

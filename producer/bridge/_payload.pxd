@@ -47,6 +47,7 @@ ctypedef struct Payload:
     bint has_ts
     double ts
     Py_ssize_t partial   # Stored events whose last page is partial
+    Py_ssize_t tokenless  # blocks of Stored events without tokens (vLLM's offloading placeholders)
 
 
 cdef inline int _grow(void **ptr, Py_ssize_t *cap, Py_ssize_t need, size_t item) except -1:
@@ -102,12 +103,12 @@ cdef inline int _tokens(Rd *r, Buf *b, Ev *e) except -1:
 
 
 cdef inline bint _opt_size(Rd *r, int64_t *out) noexcept nogil:
-    """``block_size``: nil (0) or an int >= 1."""
+    """``block_size``: nil or 0 (0: allowed with no tokens only) or an int >= 1."""
     cdef bint big
     if _nil(r):
         out[0] = 0
         return True
-    if not _int(r, out, &big) or big or out[0] < 1:
+    if not _int(r, out, &big) or big or out[0] < 0:
         r.bad = 1
         return False
     return True
@@ -474,6 +475,7 @@ cdef inline int read_payload(bytes payload, Buf *b, Ctx *c, Payload *out) except
     out.has_ts = False
     out.ts = 0
     out.partial = 0
+    out.tokenless = 0
     ranks[0] = ranks[1] = ranks[2] = -1
     if r.p >= r.end:
         return 0
@@ -527,17 +529,16 @@ cdef inline int read_payload(bytes payload, Buf *b, Ctx *c, Payload *out) except
         return 0
     if r.bad or r.p != r.end:
         return 0
-    # every block must fill its page (the last may be partial); blocks without tokens,
-    # token_ids without hashes or without block_size: the Python paths
+    # every block must fill its page (the last may be partial); token_ids without hashes or
+    # without block_size: the Python paths (which name the error)
     for i in range(b.nev):
         e = &b.ev[i]
         if e.kind != K_STORED:
             continue
         if e.nextra >= 0 and e.nextra != e.nh:
             return 0  # the Python paths count the mismatch
-        if e.nt == 0:
-            if e.nh:
-                return 0
+        if e.nt == 0:  # blocks without tokens (or none): empty pages, whatever block_size says
+            out.tokenless += e.nh
             continue
         if e.nh == 0 or e.size == 0 or e.size > MAX_BLOCK_SIZE:
             return 0  # (a bounded size keeps the products below and the pages' offsets exact)

@@ -121,6 +121,30 @@ def test_takes_tier_moves_through_the_tier_map() -> None:
     assert compiled.tiers.to_state() == [[0, 1, 0], [0, 2, 0, 1], [0, 3, 0, 1]]
 
 
+def test_takes_vllm_offloading_placeholders_in_both_paths() -> None:
+    """vLLM's OffloadingConnector stores a CPU copy as one hash, no tokens, ``block_size`` 0, in
+    the same batch as GPU events: taken here, as the tolerant path reads it (counts included)."""
+    stored = V["BlockStored"]
+    payloads = [
+        encode(V["Batch"](1.0, [
+            stored([1, 2], None, [1, 2, 3, 4], 2, None, "GPU", None),
+            stored([2], None, [], 0, None, "CPU", None),  # a copy of a block the GPU holds
+            stored([7], None, [], 0, None, "CPU", None),  # on CPU only
+            stored([8, 9], None, [], None, None, "CPU", None),  # no block_size at all
+            stored([10, 11], None, [], 2, None, "CPU", None),  # a block_size, no tokens
+            V["BlockRemoved"]([2], "GPU"),
+        ])),
+    ]  # fmt: skip
+    compiled, oracle = both("vllm", payloads)
+    assert compiled.compiled_payloads == 1
+    assert compiled.counts["blocks_without_tokens"] == 6
+    out = EncodedEvents()
+    fresh = ZmqEventConverter("vllm")
+    assert fresh.convert_encoded(payloads[0], out)
+    assert out.decode() == ZmqEventConverter("vllm", fast_path=False, compiled=False).convert(payloads[0])
+    assert fresh.stats() == oracle.stats()
+
+
 def test_takes_sglang_salt_and_session_keys() -> None:
     s = engine_structs("sglang-map")
     event = s["BlockStored"]([1, 2], None, [1, 2, 3, 4], 2, None, "GPU", "salt", "session-9")
@@ -223,7 +247,6 @@ def test_kv_cache_groups_in_the_pre_encoded_path() -> None:
         V["BlockStored"]([1], None, [1], 1, None, None, None, [[DIGEST]]),  # extra keys
         V["BlockStored"]([1], None, [1], 1, None, None, None, None, 2**64 - 1),  # a group past 64 bits
         V["BlockStored"]([1], None, [1], 1, None, "NVME", None),  # a new medium
-        V["BlockStored"]([1, 2], None, [], 1, None, None, None),  # blocks without tokens
     ],
 )
 def test_leaves_other_shapes_to_the_python_paths(event: Any) -> None:
