@@ -294,7 +294,8 @@ def _stored(f: dict[str, Any], take_last: bool, counts: WireCounts, where: str) 
     block_size = _opt_int(f.get("block_size"), f"{where}.block_size", minimum=0)
     if not block_size:  # absent, or 0 as vLLM's offloading placeholders send with no tokens
         if hashes and tokens:
-            raise WireError(f"{where}: BlockStored has token_ids but block_size {block_size}")
+            size = "no block_size" if block_size is None else "block_size 0"
+            raise WireError(f"{where}: BlockStored has token_ids but {size}")
         block_size = 1
     lora_id = _opt_int(f.get("lora_id"), f"{where}.lora_id")
     if lora_id is not None and not -(1 << 63) <= lora_id < (1 << 64):
