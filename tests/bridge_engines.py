@@ -36,7 +36,7 @@ def engine_structs(kind: str) -> dict[str, Any]:
     array_like = kind in ("vllm-positional", "sglang-old", "sglang")
     opts: dict[str, Any] = {"omit_defaults": True, "gc": False, "array_like": array_like, "tag": True}
     hash_t: Any = int | bytes
-    if kind in ("vllm", "vllm-map-batch", "vllm-positional"):
+    if kind.startswith("vllm"):
         stored_fields: list[Any] = [
             ("block_hashes", list[hash_t]),
             ("parent_block_hash", hash_t | None),
@@ -55,6 +55,14 @@ def engine_structs(kind: str) -> dict[str, Any]:
             ("medium", str | None),
             ("group_idx", int | None, _NONE),
         ]
+        if kind == "vllm-0.34":
+            placement = [("locality", str | None, _NONE), ("ownership", str | None, _NONE)]
+            stored_fields += [
+                *placement,
+                ("session_id", str | None, _NONE),
+                ("lookahead_token_ids", list[list[int]] | None, _NONE),
+            ]
+            removed_fields += placement
         batch_fields: list[Any] = [("data_parallel_rank", int | None, _NONE)]
     elif kind == "sglang-old":
         stored_fields = [
@@ -78,57 +86,19 @@ def engine_structs(kind: str) -> dict[str, Any]:
         ]
         removed_fields = [("block_hashes", list[int]), ("medium", str | None, _NONE)]
         batch_fields = [("attn_dp_rank", int | None, _NONE)]
-    elif kind == "sglang-map":
+    elif kind in ("sglang-map", "sglang-0.5.23"):
         stored_fields = [
             ("block_hashes", list[int]),
             ("parent_block_hash", int | None),
-            ("token_ids", list[int]),
+            ("token_ids", list[int] if kind == "sglang-map" else list[Any]),  # 0.5.23: pairs too
             ("block_size", int),
             ("lora_id", int | None),
             ("medium", str | None, _NONE),
             ("cache_salt", str | None, _NONE),
             ("session_id", str | None, _NONE),
         ]
-        removed_fields = [("block_hashes", list[int]), ("medium", str | None, _NONE)]
-        batch_fields = [("attn_dp_rank", int | None, _NONE)]
-    elif kind == "vllm-0.34":
-        stored_fields = [
-            ("block_hashes", list[hash_t]),
-            ("parent_block_hash", hash_t | None),
-            ("token_ids", list[int]),
-            ("block_size", int),
-            ("lora_id", int | None),
-            ("medium", str | None),
-            ("lora_name", str | None),
-            ("extra_keys", list[Any] | None, _NONE),
-            ("group_idx", int | None, _NONE),
-            ("kv_cache_spec_kind", str | None, _NONE),
-            ("kv_cache_spec_sliding_window", int | None, _NONE),
-            ("locality", str | None, _NONE),
-            ("ownership", str | None, _NONE),
-            ("session_id", str | None, _NONE),
-            ("lookahead_token_ids", list[list[int]] | None, _NONE),
-        ]
-        removed_fields = [
-            ("block_hashes", list[hash_t]),
-            ("medium", str | None),
-            ("group_idx", int | None, _NONE),
-            ("locality", str | None, _NONE),
-            ("ownership", str | None, _NONE),
-        ]
-        batch_fields = [("data_parallel_rank", int | None, _NONE)]
-    elif kind == "sglang-0.5.23":
-        stored_fields = [
-            ("block_hashes", list[int]),
-            ("parent_block_hash", int | None),
-            ("token_ids", list[Any]),
-            ("block_size", int),
-            ("lora_id", int | None),
-            ("medium", str | None, _NONE),
-            ("cache_salt", str | None, _NONE),
-            ("session_id", str | None, _NONE),
-            ("lora_name", str | None, _NONE),
-        ]
+        if kind == "sglang-0.5.23":
+            stored_fields.append(("lora_name", str | None, _NONE))
         removed_fields = [("block_hashes", list[int]), ("medium", str | None, _NONE)]
         batch_fields = [("attn_dp_rank", int | None, _NONE)]
     else:

@@ -12,6 +12,7 @@ from typing import Any
 from _mutation import FuzzReport, Reader, fuzz
 from _streams import index_batches
 from bridge_engines import encode, engine_structs
+from bridge_payloads import KINDS
 from kvevents.consumer import CacheIndex
 from kvevents.producer.bridge import BridgeDecodeError, ZmqEventConverter
 from kvevents.producer.sink_encoded import EncodedEvents
@@ -21,16 +22,7 @@ from kvevents.schemas import (
     encode_batch,
 )
 
-BRIDGE_KINDS = [
-    "vllm",
-    "vllm-map-batch",
-    "vllm-positional",
-    "vllm-0.34",
-    "sglang-old",
-    "sglang",
-    "sglang-map",
-    "sglang-0.5.23",
-]
+BRIDGE_KINDS = KINDS  # every engine encoding the differential tests know
 
 # ---------------------------------------------------------------------------- the bridge
 
