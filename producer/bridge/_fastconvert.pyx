@@ -8,9 +8,10 @@ Taken here: map or array batches; tagged-map or tag-first-array events; hashes a
 sign or digests (folded as :func:`.hashes.fold_hash` does); partial last pages; known media (tier
 moves through the converter's :class:`.tiers.TierMap`); ``cache_salt`` strings; vLLM's KV-cache
 groups (each event's window as the converter's ``_window`` gives it); ``extra_keys`` of one nil
-per block; blocks without tokens (vLLM's offloading placeholders, ``block_size`` 0). Not here
+per block; blocks without tokens (vLLM's offloading placeholders, ``block_size`` 0); token ids
+as (token, next token) pairs (SGLang's bigram keys with EAGLE: the first kept). Not here
 (None): LoRA, other ``extra_keys``, metadata maps, unknown tags/fields (such as ``locality``),
-new media, token ids past 32 bits or in pairs, and every malformed value. The converter's state
+new media, token ids past 32 bits, and every malformed value. The converter's state
 changes only after the whole payload was read.
 
 ``convert`` builds event objects; ``encode`` writes the same events' Avro bytes straight into an
@@ -394,6 +395,7 @@ cdef object _apply(conv, Buf *b, list levels, list bits, list salts, Payload *p)
     _add(counts, "removed_not_on_medium", out.not_on_medium)
     _add(counts, "partial_blocks", p.partial)
     _add(counts, "blocks_without_tokens", p.tokenless)
+    _add(counts, "token_pair_blocks", p.pair_blocks)
     _commit_windows(conv, learned, unknown)
     rank = conv.dp_rank if p.rank < 0 else PyLong_FromLongLong(p.rank)
     ts = p.ts if p.has_ts else None

@@ -212,6 +212,7 @@ def encode(conv, payload, out):
         _add(counts, "removed_not_on_medium", x.not_on_medium)
         _add(counts, "partial_blocks", p.partial)
         _add(counts, "blocks_without_tokens", p.tokenless)
+        _add(counts, "token_pair_blocks", p.pair_blocks)
         _commit_windows(conv, learned, unknown)
         if x.nev:
             _append(out, &x)

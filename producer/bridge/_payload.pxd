@@ -35,6 +35,7 @@ ctypedef struct Ev:
     bint has_kind        # kv_cache_spec_kind named (a Stored event's group learns the default window)
     int64_t sliding      # kv_cache_spec_sliding_window, 0: none (the group learns it)
     Py_ssize_t nextra    # extra_keys entries, all nil (what vLLM sends for plain blocks); -1: nil
+    bint pairs           # token ids came as (token, next token) pairs (SGLang's bigram keys, EAGLE)
 
 ctypedef struct Buf:
     Ev *ev
@@ -48,6 +49,7 @@ ctypedef struct Payload:
     double ts
     Py_ssize_t partial   # Stored events whose last page is partial
     Py_ssize_t tokenless  # blocks of Stored events without tokens (vLLM's offloading placeholders)
+    Py_ssize_t pair_blocks  # blocks of Stored events whose token ids came as pairs
 
 
 cdef inline int _grow(void **ptr, Py_ssize_t *cap, Py_ssize_t need, size_t item) except -1:
@@ -91,6 +93,18 @@ cdef inline int _tokens(Rd *r, Buf *b, Ev *e) except -1:
         return 0
     _grow(<void **>&b.t, &b.ct, b.nt + n, sizeof(int32_t))
     for i in range(n):
+        if r.p < r.end and r.p[0] == 0x92:  # [token, next token]: the block's own is the first
+            r.p += 1
+            e.pairs = 1
+            if not _int(r, &v, &big):
+                return 0
+            if big or v < -2147483648 or v > 2147483647:
+                r.bad = 1
+                return 0
+            b.t[b.nt + i] = <int32_t>v
+            if not _int(r, &v, &big):  # any int (its width is the next token's business)
+                return 0
+            continue
         if not _int(r, &v, &big):
             return 0
         if big or v < -2147483648 or v > 2147483647:
@@ -427,6 +441,7 @@ cdef inline int _events(Rd *r, Buf *b, Ctx *c) except -1:
         e.has_group = e.has_kind = 0
         e.group = e.sliding = 0
         e.nextra = -1
+        e.pairs = 0
         if r.p >= r.end:
             r.bad = 1
             return 0
@@ -476,6 +491,7 @@ cdef inline int read_payload(bytes payload, Buf *b, Ctx *c, Payload *out) except
     out.ts = 0
     out.partial = 0
     out.tokenless = 0
+    out.pair_blocks = 0
     ranks[0] = ranks[1] = ranks[2] = -1
     if r.p >= r.end:
         return 0
@@ -540,6 +556,8 @@ cdef inline int read_payload(bytes payload, Buf *b, Ctx *c, Payload *out) except
         if e.nt == 0:  # blocks without tokens (or none): empty pages, whatever block_size says
             out.tokenless += e.nh
             continue
+        if e.pairs:
+            out.pair_blocks += e.nh
         if e.nh == 0 or e.size == 0 or e.size > MAX_BLOCK_SIZE:
             return 0  # (a bounded size keeps the products below and the pages' offsets exact)
         if not ((e.nh - 1) * e.size < e.nt <= e.nh * e.size):

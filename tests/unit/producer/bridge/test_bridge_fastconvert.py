@@ -145,6 +145,25 @@ def test_takes_vllm_offloading_placeholders_in_both_paths() -> None:
     assert fresh.stats() == oracle.stats()
 
 
+def test_takes_sglang_bigram_token_pairs_in_both_paths() -> None:
+    """SGLang with EAGLE publishes every Stored event's token ids as (token, next token) pairs."""
+    sg = engine_structs("sglang-0.5.23")
+    raw = list(range(40, 49))
+    pairs = [[raw[j], raw[j + 1]] for j in range(8)]
+    payload = encode(sg["Batch"](1.0, [
+        sg["BlockStored"]([21, 22], None, pairs, 4, None, "GPU"),
+        sg["BlockStored"]([23], 22, [[1, 2**63 + 1], [2, 3]], 2, None, "GPU"),  # a wide next token
+        sg["BlockRemoved"]([21], "GPU"),
+    ], 0))  # fmt: skip
+    compiled, oracle = both("sglang", [payload])
+    assert compiled.compiled_payloads == 1 and compiled.counts["token_pair_blocks"] == 3
+    out = EncodedEvents()
+    fresh = ZmqEventConverter("sglang")
+    assert fresh.convert_encoded(payload, out)
+    assert out.decode() == ZmqEventConverter("sglang", fast_path=False, compiled=False).convert(payload)
+    assert fresh.stats() == oracle.stats()
+
+
 def test_takes_sglang_salt_and_session_keys() -> None:
     s = engine_structs("sglang-map")
     event = s["BlockStored"]([1, 2], None, [1, 2, 3, 4], 2, None, "GPU", "salt", "session-9")
