@@ -83,7 +83,7 @@ cdef inline int _hashes(Rd *r, Buf *b, bint take_last, Ev *e) except -1:
 cdef inline int _tokens(Rd *r, Buf *b, Ev *e) except -1:
     cdef Py_ssize_t n, i
     cdef int64_t v
-    cdef bint big
+    cdef bint big, pair
     e.t0 = b.nt
     e.nt = 0
     if _nil(r):
@@ -93,24 +93,18 @@ cdef inline int _tokens(Rd *r, Buf *b, Ev *e) except -1:
         return 0
     _grow(<void **>&b.t, &b.ct, b.nt + n, sizeof(int32_t))
     for i in range(n):
-        if r.p < r.end and r.p[0] == 0x92:  # [token, next token]: the block's own is the first
+        pair = r.p < r.end and r.p[0] == 0x92  # [token, next token]: the block's own is the first
+        if pair:
             r.p += 1
             e.pairs = 1
-            if not _int(r, &v, &big):
-                return 0
-            if big or v < -2147483648 or v > 2147483647:
-                r.bad = 1
-                return 0
-            b.t[b.nt + i] = <int32_t>v
-            if not _int(r, &v, &big):  # any int (its width is the next token's business)
-                return 0
-            continue
         if not _int(r, &v, &big):
             return 0
         if big or v < -2147483648 or v > 2147483647:
             r.bad = 1
             return 0
         b.t[b.nt + i] = <int32_t>v
+        if pair and not _int(r, &v, &big):  # any int (its width is the next token's business)
+            return 0
     b.nt += n
     e.nt = n
     return 0
