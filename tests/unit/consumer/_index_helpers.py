@@ -26,6 +26,11 @@ def tokens_of(h: int) -> list[int]:
     return [(h % 100_000_000) * 10 + i for i in range(BLOCK)]
 
 
+def tokens_for(hashes: Sequence[int]) -> list[int]:
+    """The tokens of a prefix of engine hashes, block after block (``tokens_of`` each)."""
+    return [t for h in hashes for t in tokens_of(h)]
+
+
 def block(
     h: int, level: int = 0, priority: int = 35, tokens: Sequence[int] | None = None, **kw: object
 ) -> KVCacheStoredBlockData:

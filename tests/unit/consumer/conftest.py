@@ -25,3 +25,9 @@ def feed(request: pytest.FixtureRequest) -> Callable[[CacheIndex, EventBatch], N
     if request.param == "object":
         return lambda index, batch: index.apply(batch)
     return lambda index, batch: index.apply_encoded(encode_batch(batch))
+
+
+@pytest.fixture
+def index(core: str) -> CacheIndex:
+    """An empty index on the core under test."""
+    return CacheIndex(core=core)
