@@ -1,4 +1,5 @@
-"""Every rule of CacheIndex, on both cores, fed model objects and real Avro bytes."""
+"""Every rule of CacheIndex but the content rules (test_index_content_rules.py), on both cores,
+fed model objects and real Avro bytes."""
 
 from __future__ import annotations
 
