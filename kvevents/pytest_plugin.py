@@ -15,6 +15,8 @@ Fixtures (any test in an environment where kvevents is installed can ask for the
   no registry is a failure.
 
 Tests using the Kafka fixtures get the ``kafka`` marker (``pytest -m 'not kafka'`` skips them).
+A local session broker that dies during a test fails that test (teardown error, with the
+broker's last log lines) and is started again at the same address for the tests after it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,23 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                 )
             pytest.skip(f"no Kafka broker: {exc}")
         yield found
+
+
+@pytest.fixture(autouse=True)
+def _kafka_stays_up(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that used the session's local broker: if the broker died meanwhile, the
+    test errors (naming it, with the broker's last log lines) and the broker is started again
+    at the same address, so that one death is one error, not every later Kafka test's."""
+    yield
+    if "kafka" not in request.fixturenames:
+        return
+    try:
+        kafka = request.getfixturevalue("kafka")
+    except (pytest.fail.Exception, pytest.skip.Exception):
+        return  # no broker for this session: its tests already say so
+    note = kafka.revive()
+    if note is not None:
+        pytest.fail(f"during {request.node.nodeid}: {note}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .broker.bootstrap import BOOTSTRAP_ENV
-from .broker.config import free_port
+from .broker.config import BrokerState, free_port, port_is_free
 from .broker.jars import KAFKA_VERSION
 from .broker.probe import metadata_answers, wait_for_metadata
 
@@ -54,6 +55,45 @@ class KafkaForTests:
     bootstrap_servers: str
     source: str
     """``env``, ``testcontainers`` or ``local``."""
+    local_broker: Any = field(default=None, compare=False, repr=False)
+    """The :class:`~kvevents.broker.LocalBroker` started for the session (source ``local``)."""
+
+    def revive(self) -> str | None:
+        """When the session's local broker has died, start it again at the same address and
+        return what happened (with the last lines of its log and GC log); None while it runs,
+        and for brokers this session did not start."""
+        broker = self.local_broker
+        if broker is None or broker.status().running:
+            return None
+        from .broker.process import tail_of
+
+        layout = broker.layout
+        evidence = [
+            f"--- {path} ---\n{tail_of(path)}" for path in (layout.out_file, layout.log_file, layout.gc_log)
+        ]
+        _wait_for_ports_released(BrokerState.load(layout))
+        status = broker.start()
+        moved = (
+            ""
+            if status.bootstrap_servers == self.bootstrap_servers
+            else f" (now at {status.bootstrap_servers})"
+        )
+        return (
+            f"the session's Kafka broker at {self.bootstrap_servers} had died; restarted it{moved}.\n"
+            + "\n".join(evidence)
+        )
+
+
+def _wait_for_ports_released(state: BrokerState | None, timeout: float = 10.0) -> None:
+    """Wait until a dead broker's ports can be bound again: its JVM's threads close the sockets
+    after its main thread already counts as gone, and a start meanwhile would take other ports."""
+    if state is None:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(
+        port_is_free(state.host, port) for port in (state.client_port, state.controller_port)
+    ):
+        time.sleep(0.05)
 
 
 def kafka_required(environ: dict[str, str] | None = None) -> bool:
@@ -160,6 +200,6 @@ def kafka_for_tests(
         raise KafkaUnavailable("no Kafka broker for the tests:\n- " + "\n- ".join(tried)) from exc
     try:
         assert status.bootstrap_servers is not None
-        yield KafkaForTests(status.bootstrap_servers, "local")
+        yield KafkaForTests(status.bootstrap_servers, "local", broker)
     finally:
         broker.stop()

@@ -158,7 +158,8 @@ def _cmdline(pid: int) -> list[str] | None:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def _tail(path: Path, offset: int = 0, lines: int = _TAIL_LINES) -> str:
+def tail_of(path: Path, offset: int = 0, lines: int = _TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file written after byte ``offset`` ("" when unreadable)."""
     try:
         with open(path, "rb") as handle:
             size = handle.seek(0, os.SEEK_END)
@@ -532,10 +533,10 @@ class LocalBroker:
 
     def _log_tails(self, log_offset: int) -> str:
         parts = []
-        out = _tail(self.layout.out_file)
+        out = tail_of(self.layout.out_file)
         if out:
             parts.append(f"--- JVM output ({self.layout.out_file}) ---\n{out}")
-        log_tail = _tail(self.layout.log_file, log_offset)
+        log_tail = tail_of(self.layout.log_file, log_offset)
         if log_tail:
             parts.append(f"--- last lines of {self.layout.log_file} ---\n{log_tail}")
         return "\n".join(parts) or f"(the broker wrote no log; see {self.layout.state_dir})"

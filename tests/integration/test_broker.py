@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,11 +17,13 @@ from confluent_kafka import KafkaError, Producer
 from kvevents.consumer.topics import TopicMismatch, TopicSpec, create_topic, describe_topic
 
 from kvevents._spawn import pid_alive
+from kvevents.broker.bootstrap import BOOTSTRAP_ENV
 from kvevents.broker.config import BrokerLayout, BrokerPorts, BrokerState, free_port
 from kvevents.broker.gclog import read_gc_pauses, request_full_gc
 from kvevents.broker.probe import metadata_answers
 from kvevents.broker.process import BrokerStartError, LocalBroker, find_java
 from kvevents.cli import main
+from kvevents.testing import kafka_for_tests
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -51,6 +54,27 @@ def assert_gc_pauses_are_logged(broker: LocalBroker, pid: int) -> None:
     pauses = read_gc_pauses(broker.gc_log)
     assert len(pauses) > before and pauses[-1].kind == "Pause Full"
     assert abs(pauses[-1].end_s - time.time()) < 60, "wall-clock times"
+
+
+def test_a_dead_session_broker_is_revived_at_the_same_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(BOOTSTRAP_ENV, raising=False)
+    with kafka_for_tests(tmp_path / "kafka", use_docker=False) as kafka:
+        assert kafka.source == "local" and kafka.revive() is None, "alive: nothing to do"
+        broker = kafka.local_broker
+        pid = broker.status().pid
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        note = kafka.revive()
+        assert note is not None and f"at {kafka.bootstrap_servers} had died" in note
+        assert "now at" not in note, "the same address"
+        assert str(broker.layout.log_file) in note, "the evidence: the broker's log"
+        assert broker.status().pid not in (None, pid)
+        assert metadata_answers(kafka.bootstrap_servers, 10)
+    assert not broker.status().running, "the session's end still stops it"
 
 
 def test_start_status_stop_and_a_fast_restart_that_keeps_the_data(tmp_path: Path) -> None:

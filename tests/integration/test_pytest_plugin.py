@@ -54,3 +54,42 @@ def test_this_suite_gets_each_fixture_once_from_the_plugin(request: pytest.Fixtu
         definitions = manager.getfixturedefs(name, request.node)
         assert definitions is not None and len(definitions) == 1, name
         assert definitions[0].func.__module__ == plugin.__name__, name
+
+
+def test_a_broker_death_during_a_test_errors_that_test_and_no_other(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(
+        """
+import pytest
+
+class Dies:
+    def __init__(self):
+        self.checks = 0
+
+    def revive(self):
+        self.checks += 1
+        return "the broker had died; restarted it" if self.checks == 2 else None
+
+@pytest.fixture(scope="session")
+def kafka():
+    return Dies()
+"""
+    )
+    pytester.makepyfile(
+        test_order="""
+def test_first(kafka):
+    pass
+
+def test_second_sees_it_die(kafka):
+    pass
+
+def test_plain():
+    pass
+
+def test_third(kafka):
+    pass
+"""
+    )
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(["*during test_order.py::test_second_sees_it_die: the broker had died*"])
