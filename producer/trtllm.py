@@ -37,6 +37,8 @@ from kvevents.schemas import (
     RankDrops,
 )
 
+from kvevents._brief import brief
+
 from .buffer import EventDrain
 from .mm_keys import digest_from_hex, mm_key_from_text
 
@@ -104,7 +106,7 @@ def _data(data: dict[str, Any], hash_algo: object) -> Any:
             cache_level=_diff(data.get("cache_level"), "data.cache_level"),
             priority=_diff(data.get("priority"), "data.priority"),
         )
-    raise TrtllmDecodeError(f"data.type {kind!r} is not created/stored/removed/updated")
+    raise TrtllmDecodeError(f"data.type {brief(kind)} is not created/stored/removed/updated")
 
 
 def _block(b: object, where: str) -> KVCacheStoredBlockData:
@@ -213,7 +215,7 @@ def _hash(value: object, where: str) -> int:
         raise TrtllmDecodeError(f"{where} must be an int or a hex digest, got a bool")
     if isinstance(value, int):
         if not -(1 << 63) <= value <= _U64:
-            raise TrtllmDecodeError(f"{where}: {value} does not fit in 64 bits")
+            raise TrtllmDecodeError(f"{where}: {brief(value)} does not fit in 64 bits")
         return value & _U64
     if isinstance(value, str):
         try:
@@ -234,9 +236,9 @@ def _int(value: object, where: str, minimum: int | None = None, maximum: int | N
 
 def _req_int(value: object, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TrtllmDecodeError(f"{where} must be an int, got {value!r:.80}")
+        raise TrtllmDecodeError(f"{where} must be an int, got {brief(value)}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise TrtllmDecodeError(f"{where}: {value} is out of range")
+        raise TrtllmDecodeError(f"{where}: {brief(value)} is out of range")
     return value
 
 

@@ -126,7 +126,7 @@ class FastAnswers:
         """The body, or None to leave it (and its error message) to the general path."""
         try:
             body = _DECODE(raw)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return None
         if (len(body.token_ids) == 0) == (body.prompts is None):
             return None

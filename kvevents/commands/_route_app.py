@@ -277,6 +277,8 @@ class RouteApp:
             body = msgspec.json.decode(raw, type=MatchBody)
         except msgspec.DecodeError as exc:
             raise HttpError(400, f"bad /match body: {exc}") from None
+        except RecursionError:
+            raise HttpError(400, "bad /match body: JSON nested too deeply") from None
         if (body.token_ids is None) == (body.prompts is None):
             raise HttpError(
                 400,
@@ -306,6 +308,8 @@ class RouteApp:
             body = msgspec.json.decode(raw, type=HashesBody)
         except msgspec.DecodeError as exc:
             raise HttpError(400, f"bad /match/hashes body: {exc}") from None
+        except RecursionError:
+            raise HttpError(400, "bad /match/hashes body: JSON nested too deeply") from None
         if (body.block_hashes is None) == (body.prompts is None):
             raise HttpError(
                 400,

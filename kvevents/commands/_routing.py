@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvevents._brief import brief
+
 if TYPE_CHECKING:
     from kvevents.consumer import CacheIndex
 
@@ -52,9 +54,9 @@ def _check_tokens(values: Iterable[Any], where: str) -> list[int]:
     tokens = []
     for value in values:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where}: token ids must be integers, got {value!r}")
+            raise ValueError(f"{where}: token ids must be integers, got {brief(value)}")
         if not 0 <= value <= TOKEN_MAX:
-            raise ValueError(f"{where}: token id {value} is outside 0..{TOKEN_MAX}")
+            raise ValueError(f"{where}: token id {brief(value)} is outside 0..{TOKEN_MAX}")
         tokens.append(value)
     return tokens
 
@@ -67,6 +69,10 @@ def parse_token_line(line: str, where: str) -> list[int]:
             values = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where}: not a JSON list of token ids ({exc.msg})") from None
+        except (ValueError, RecursionError):  # an int of over 4,300 digits, or nesting
+            raise ValueError(
+                f"{where}: not a JSON list of token ids (a value too large or too deep)"
+            ) from None
         if not isinstance(values, list):
             raise ValueError(f"{where}: expected a JSON list of token ids")
         return _check_tokens(values, where)
@@ -76,8 +82,10 @@ def parse_token_line(line: str, where: str) -> list[int]:
     except ValueError as exc:
         if "token id" in str(exc):
             raise
-        bad = next(w for w in words if not w.lstrip("-").isdigit())
-        raise ValueError(f"{where}: {bad!r} is not a token id") from None
+        bad = next((w for w in words if not w.lstrip("-").isdigit()), None)
+        if bad is None:  # digits only: an int too long to read
+            raise ValueError(f"{where}: a token id has too many digits") from None
+        raise ValueError(f"{where}: {brief(bad)} is not a token id") from None
 
 
 def read_token_file(path: str | Path, lora_id: int | None = None) -> list[Prompt]:
@@ -142,7 +150,7 @@ def _optional_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"'{name}' must be an integer >= {minimum} or null, got {value!r}")
+        raise ValueError(f"'{name}' must be an integer >= {minimum} or null, got {brief(value)}")
     return value
 
 
@@ -152,6 +160,8 @@ def parse_match_request(raw: bytes, default_block_size: int) -> MatchRequest:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("the body is JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise ValueError('the body must be a JSON object like {"token_ids": [1, 2, 3], "block_size": 32}')
     unknown = sorted(set(body) - {"token_ids", "block_size", "lora_id", "secondary_weight", "window_size"})
@@ -167,7 +177,7 @@ def parse_match_request(raw: bytes, default_block_size: int) -> MatchRequest:
     block_size = _optional_int(body, "block_size", 1) or default_block_size
     weight = body.get("secondary_weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
-        raise ValueError(f"'secondary_weight' must be a number within 0..1, got {weight!r}")
+        raise ValueError(f"'secondary_weight' must be a number within 0..1, got {brief(weight)}")
     return MatchRequest(
         tokens,
         block_size,

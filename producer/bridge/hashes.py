@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import xxhash
 
+from kvevents._brief import brief
+
 __all__ = [
     "DEFAULT_MEDIUM_LEVELS",
     "U64_MASK",
@@ -45,7 +47,7 @@ def fold_hash(value: object, *, take_last: bool, where: str) -> int:
         raise WireError(f"{where}: a block hash must be an int or bytes, got a bool")
     if isinstance(value, int):
         if value < -(1 << 63) or value > U64_MASK:
-            raise WireError(f"{where}: {value} does not fit in 64 bits")
+            raise WireError(f"{where}: {brief(value)} does not fit in 64 bits")
         return value & U64_MASK
     if isinstance(value, str):
         try:

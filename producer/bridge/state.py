@@ -18,6 +18,8 @@ from typing import Any
 
 import msgspec
 
+from kvevents._brief import brief
+
 __all__ = ["AckFile", "load_state", "save_state"]
 
 STATE_VERSION = 1
@@ -46,11 +48,11 @@ def load_state(path: Path, engine: str) -> dict[int, dict[str, Any]] | None:
     try:
         body = msgspec.msgpack.decode(data)
         if body.get("version") != STATE_VERSION:
-            raise ValueError(f"version {body.get('version')!r}, expected {STATE_VERSION}")
+            raise ValueError(f"version {brief(body.get('version'))}, expected {STATE_VERSION}")
         if body.get("engine") != engine:
-            raise ValueError(f"written by a '{body.get('engine')}' bridge, not '{engine}'")
+            raise ValueError(f"written by a {brief(body.get('engine'))} bridge, not '{engine}'")
         return {int(r): v for r, v in body["ranks"].items()}
-    except (msgspec.DecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+    except (msgspec.DecodeError, AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"state file {path} is unreadable: {exc}") from None
 
 

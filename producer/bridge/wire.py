@@ -24,6 +24,8 @@ from typing import Any
 import msgspec
 from kvevents.schemas import WIDE_TOKEN_ID, DecodeError
 
+from kvevents._brief import brief
+
 from .hashes import U64_MASK, WireError, fold_hash
 
 __all__ = [
@@ -130,6 +132,8 @@ def parse_payload(payload: bytes, *, take_last: bool, counts: WireCounts) -> Par
         obj = _decoder.decode(payload)
     except (msgspec.DecodeError, ValueError) as exc:
         raise BridgeDecodeError(f"payload is not msgpack: {exc}") from None
+    except RecursionError:
+        raise BridgeDecodeError("payload is not an event batch: msgpack nested too deeply") from None
     if isinstance(obj, dict):
         ts, events, rank = obj.get("ts"), obj.get("events"), None
         for key in _BATCH_RANK_KEYS:
@@ -155,7 +159,7 @@ def parse_payload(payload: bytes, *, take_last: bool, counts: WireCounts) -> Par
     if not isinstance(events, list):
         raise BridgeDecodeError(f"batch.events must be an array, got {type(events).__name__}")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-        raise BridgeDecodeError(f"batch dp rank must be an int >= 0, got {rank!r}")
+        raise BridgeDecodeError(f"batch dp rank must be an int >= 0, got {brief(rank)}")
     parsed: list[RawEvent] = []
     for i, event in enumerate(events):
         try:
@@ -191,7 +195,7 @@ def _parse_event(event: object, take_last: bool, counts: WireCounts, where: str)
     if isinstance(event, dict):
         map_tag = event.get("type")
         if not isinstance(map_tag, str):
-            raise WireError(f"{where}: a map event needs a string 'type', got {map_tag!r}")
+            raise WireError(f"{where}: a map event needs a string 'type', got {brief(map_tag)}")
         tag = map_tag
         parsed: RawEvent
         if tag == "BlockStored":
@@ -254,7 +258,7 @@ def _opt_int(value: object, where: str, *, minimum: int | None = None) -> int | 
     if isinstance(value, bool) or not isinstance(value, int):
         raise WireError(f"{where}: must be an int or null, got {type(value).__name__}")
     if minimum is not None and value < minimum:
-        raise WireError(f"{where}: must be >= {minimum}, got {value}")
+        raise WireError(f"{where}: must be >= {minimum}, got {brief(value)}")
     return value
 
 
@@ -355,7 +359,7 @@ def _tokens(raw: list[Any], where: str) -> tuple[array[int], array[int] | None, 
         if isinstance(t, list) and len(t) == 2 and isinstance(t[1], int) and not isinstance(t[1], bool):
             t, pairs = t[0], True
         if isinstance(t, bool) or not isinstance(t, int):
-            raise WireError(f"{where}[{k}]: {t!r} is not a token id (an int, or a pair of them)")
+            raise WireError(f"{where}[{k}]: {brief(t)} is not a token id (an int, or a pair of them)")
         if -(1 << 31) <= t < (1 << 31):
             tokens.append(t)
             extras.append(0)

@@ -53,6 +53,21 @@ def test_token_lines_in_every_accepted_form() -> None:
         parse_token_line("[1, 2", "f:1")
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("[" * 100_000, "too large or too deep"),  # RecursionError before
+        ("[" + "9" * 5000 + "]", "too large or too deep"),  # int() past 4,300 digits
+        ("1 " + "9" * 5000, "too many digits"),  # StopIteration before
+        ("[1, " + "9" * 400 + "]", r"token id 9{30,}\.\.\.9+ is outside"),  # quoted cut short
+    ],
+)
+def test_token_lines_too_deep_or_too_long_are_named_errors(line: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as caught:
+        parse_token_line(line, "f:2")
+    assert str(caught.value).startswith("f:2: ") and len(str(caught.value)) < 200
+
+
 def test_token_file_skips_comments_and_names_lines(tmp_path: Path) -> None:
     path = tmp_path / "p.txt"
     path.write_text("# prompts\n1 2 3\n\n[4]\n")
@@ -96,6 +111,7 @@ def test_match_request_validation() -> None:
         (b'{"token_ids": [1], "lora_id": -1}', "'lora_id'"),
         (b'{"token_ids": [1], "secondary_weight": 2}', "within 0..1"),
         (b'{"token_ids": [1], "tokens": [1]}', "unknown field"),
+        (b'{"token_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
     ]:
         with pytest.raises(ValueError, match=message):
             parse_match_request(body, 32)

@@ -232,6 +232,8 @@ def test_workers_healthz_readyz_and_head(srv: Running) -> None:
         (b'{"token_ids": [1], "secondary_weight": 2}', "$.secondary_weight"),
         (b'{"token_ids": [1], "tokens": [1]}', "unknown field `tokens`"),
         (b'{"prompts": [' + b",".join([b'{"token_ids": [1]}'] * 257) + b"]}", "length <= 256"),
+        (b'{"token_ids": ' + b"[" * 5000 + b"]" * 5000 + b"}", "$.token_ids[0]"),  # was a 500
+        (b"[" * 5000 + b"]" * 5000, "Expected `object`"),
     ],
 )
 def test_bad_bodies_get_400_naming_the_field(srv: Running, payload: bytes, message: str) -> None:

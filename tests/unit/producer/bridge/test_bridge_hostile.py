@@ -1,17 +1,21 @@
-"""Hostile inputs: whatever bytes or msgpack shapes arrive, the converter returns events or raises
-BridgeDecodeError (a DecodeError) and keeps its state; event_from_trtllm raises TrtllmDecodeError."""
+"""Hostile inputs: whatever bytes or msgpack shapes arrive (nested past any decoder's depth too),
+the converter returns events or raises BridgeDecodeError (a DecodeError) and keeps its state;
+event_from_trtllm raises TrtllmDecodeError with a short message; a damaged state file is named."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import struct
 import tracemalloc
+from pathlib import Path
 
 import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvevents.producer.bridge import BridgeDecodeError, ZmqEventConverter
+from kvevents.producer.bridge.state import STATE_VERSION, load_state
 from kvevents.producer.sink_encoded import EncodedEvents
 from kvevents.producer.trtllm import TrtllmDecodeError, event_from_trtllm
 
@@ -137,3 +141,100 @@ def test_a_huge_block_size_is_left_to_the_python_paths(engine: str, hashes: int,
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20, peak
+
+
+NESTED = b"\x91" * 100_000 + b"\xc0"  # [[[...[nil]...]]], far deeper than any decoder's limit
+DEEP_PAYLOADS = {
+    "the batch": NESTED,
+    "the events": b"\x92" + TS + NESTED,
+    "an event's token ids (vLLM map)": b"\x92" + TS + b"\x91\x82\xa4type" + b"\xab" + b"BlockStored"
+    + b"\xa9token_ids" + NESTED,
+    "a map batch's events": b"\x82\xa2ts" + TS + b"\xa6events" + NESTED,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("where", sorted(DEEP_PAYLOADS))
+def test_msgpack_nested_too_deep_is_a_decode_error_not_a_crash(engine: str, where: str) -> None:
+    """msgspec raises RecursionError past its depth limit: one such payload stopped the live
+    bridge's worker. It is a BridgeDecodeError (counted and set aside there) on every path, and
+    the converter reads the next payload as before."""
+    conv = ZmqEventConverter(engine)
+    out = EncodedEvents()
+    assert conv.convert_encoded(DEEP_PAYLOADS[where], out) is False and len(out) == 0
+    with pytest.raises(BridgeDecodeError, match="nested too deeply"):
+        conv.convert(DEEP_PAYLOADS[where])
+    good = msgspec.msgpack.encode([1.5, [{"type": "BlockRemoved", "block_hashes": [1]}]])
+    assert [type(e.data).__name__ for e in conv.convert(good)] == ["KVCacheRemovedData"]
+
+
+def _nested(depth: int) -> list:
+    outer: list = []
+    inner = outer
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+BASE = {"event_id": 1, "window_size": 32, "attention_dp_rank": 0}
+BLOCK = {"type": "stored_block", "block_hash": 1, "cache_level": 0, "priority": 35}
+HOSTILE_TRTLLM = {
+    "tokens nested deep": (
+        {
+            **BASE,
+            "data": {"type": "stored", "parent_hash": None, "blocks": [{**BLOCK, "tokens": _nested(50_000)}]},
+        },
+        "tokens[0] must be an int, got [[[",
+    ),
+    "cache levels nested deep": (
+        {**BASE, "data": {"type": "created", "num_blocks_per_cache_level": _nested(50_000)}},
+        "num_blocks_per_cache_level[0] must be an int",
+    ),
+    "a type nested deep": ({**BASE, "data": {"type": _nested(50_000)}}, "data.type [[["),
+    "a hash of 5,000 digits": (
+        {**BASE, "data": {"type": "removed", "block_hashes": [10**5000]}},
+        "<an int of 16610 bits> does not fit in 64 bits",
+    ),
+    "a rank of 5,000 digits": (
+        {**BASE, "attention_dp_rank": 10**5000, "data": {"type": "removed", "block_hashes": [1]}},
+        "attention_dp_rank: <an int of 16610 bits> is out of range",
+    ),
+    "an event id of a million items": (
+        {**BASE, "event_id": list(range(10**6)), "data": {"type": "removed", "block_hashes": [1]}},
+        "event_id must be an int, got [0, 1, 2, 3, 4, 5, ...]",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_TRTLLM))
+def test_trtllm_values_nested_deep_or_huge_get_a_short_message(name: str) -> None:
+    """An error message quotes the bad value cut short: repr() of a value nested 50,000 deep
+    raised RecursionError and str() of an int of over 4,300 digits ValueError, instead of the
+    TrtllmDecodeError that sets the event aside."""
+    d, needle = HOSTILE_TRTLLM[name]
+    with pytest.raises(TrtllmDecodeError) as caught:
+        event_from_trtllm(d)
+    assert needle in str(caught.value) and len(str(caught.value)) < 200
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"\xc1", "unreadable"),
+        (NESTED, "unreadable"),  # RecursionError before
+        (msgspec.msgpack.encode({"version": _nested(20)}), "version [[[[...]]]], expected"),
+        (
+            msgspec.msgpack.encode({"version": STATE_VERSION, "engine": "sglang", "ranks": {}}),
+            "'sglang' bridge",
+        ),
+    ],
+)
+def test_a_damaged_bridge_state_file_is_a_value_error_naming_it(
+    tmp_path: Path, content: bytes, needle: str
+) -> None:
+    path = tmp_path / "bridge.state"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=re.escape(needle)) as caught:
+        load_state(path, "vllm")
+    assert str(path) in str(caught.value)
