@@ -8,7 +8,8 @@ and hands events to the sink's thread through :meth:`drain`. Per rank:
 - seq + 1: converted; a gap: replayed from the engine, and what replay cannot give is reported
   in-band as lost (``EventDrain.dropped``, counted in engine batches) so the index marks the
   worker degraded; the first message with seq > 0 and no saved state is a gap from 0 (joining
-  mid-stream is a loss unless replay fills it);
+  mid-stream is a loss unless replay fills it); a gap costs the seqs received, not its width (a
+  forged seq may jump to 2**64 - 1), and one report carries at most an Avro long's worth;
 - seq going backwards: the engine restarted, its cache is empty: a Created event first;
 - a payload that cannot be read: counted, kept (the last 20), and reported as lost.
 
@@ -60,6 +61,11 @@ _COUNTS = (
     "checkpoints",
     "checkpoints_deferred",
 )
+
+
+_MAX_REPORTED = (1 << 63) - 1
+"""The most losses one in-band report can carry (an Avro long); a seq jump of 2**64 is counted whole
+in ``counts['batches_lost']`` and reported as this."""
 
 
 class ZmqBridge:
@@ -190,7 +196,7 @@ class ZmqBridge:
                 events, self._encoded = self._encoded, EncodedEvents()
             else:
                 events, self._pending = self._pending, []
-            dropped = [RankDrops(r, n) for r, n in sorted(self._dropped.items()) if n > 0]
+            dropped = [RankDrops(r, min(n, _MAX_REPORTED)) for r, n in sorted(self._dropped.items()) if n > 0]
             self._losses_unacked += sum(self._dropped.values())
             self._dropped.clear()
             self._lock.notify_all()
@@ -344,22 +350,18 @@ class ZmqBridge:
         got: dict[int, bytes] = {}
         if result is not None or self._replay_endpoint is not None:
             got = self._replay_range(rank, start, end, result)
-        lost = 0
-        for s in range(start, end):
-            payload = got.get(s)
-            if payload is None:
-                lost += 1
-                continue
-            if lost:
-                self._lose(rank, lost, f"seqs before {s}")
-                lost = 0
-            self._apply(rank, s, payload)
+        missing_from = start  # the seqs got are walked, not the gap: a forged seq can be 2**64 - 1
+        for s in sorted(seq for seq in got if start <= seq < end):
+            if s > missing_from:
+                self._lose(rank, s - missing_from, f"seqs {missing_from}..{s - 1}")
+            self._apply(rank, s, got[s])
             replayed = self._replayed[rank]
-            replayed[s] = hash(payload)
+            replayed[s] = hash(got[s])
             if len(replayed) > _REPLAYED_KEPT:
                 del replayed[next(iter(replayed))]
-        if lost:
-            self._lose(rank, lost, f"seqs {end - lost}..{end - 1}")
+            missing_from = s + 1
+        if end > missing_from:
+            self._lose(rank, end - missing_from, f"seqs {missing_from}..{end - 1}")
 
     def _replay_range(self, rank: int, start: int, end: int, result: ReplayResult | None) -> dict[int, bytes]:
         """Seqs ``start..end-1`` from the engine's replay (``result``: an answer from ``start``
