@@ -31,6 +31,9 @@ def request_replay(
     import zmq
 
     result = ReplayResult()
+    if start_seq >= END_SEQ:  # no seq can follow: the last 8-byte value is the end marker
+        result.complete = True
+        return result
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
