@@ -20,7 +20,7 @@ V = engine_structs("vllm")
 
 
 def _removed(*hashes: int) -> bytes:
-    return encode(V["Batch"](1.0, [V["BlockRemoved"](list(hashes), "GPU")]))
+    return bytes(encode(V["Batch"](1.0, [V["BlockRemoved"](list(hashes), "GPU")])))
 
 
 def _endpoint() -> str:
@@ -60,7 +60,7 @@ def test_a_forged_seq_jump_is_one_counted_loss_and_the_bridge_goes_on(replay: bo
     Avro long holds."""
     ctx = zmq.Context()
     endpoint, replay_endpoint = _endpoint(), _endpoint()
-    stop, asked = threading.Event(), []
+    stop, asked = threading.Event(), list[int]()
     server = threading.Thread(target=_serve_nothing, args=(ctx, replay_endpoint, stop, asked), daemon=True)
     if replay:
         server.start()
