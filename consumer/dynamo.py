@@ -64,6 +64,9 @@ _LITTLE_ENDIAN = sys.byteorder == "little"
 def dynamo_seed(lora_name: str | None = None, cache_namespace: str | None = None) -> int:
     """The XXH3 seed Dynamo hashes a request's blocks with (empty strings count as None)."""
     seed = DYNAMO_SEED
+    for name, value in (("lora_name", lora_name), ("cache_namespace", cache_namespace)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be a str or None, got {type(value).__name__}")
     if lora_name:
         seed = (seed + _xxh3(lora_name.encode("utf-8"))) & _MASK
     if cache_namespace:

@@ -83,6 +83,10 @@ def test_bad_input_is_named() -> None:
         local_block_hashes(array("i", [3, -7]), 1)
     with pytest.raises(ValueError, match=r"token id 4294967296"):
         local_block_hashes([2**32], 1)
+    with pytest.raises(TypeError, match="lora_name must be a str or None, got int"):
+        local_block_hashes([1, 2], 1, 5)  # type: ignore[arg-type]  # a LoRA id is not its name
+    with pytest.raises(TypeError, match="cache_namespace must be a str or None, got bytes"):
+        local_block_hashes([1, 2], 1, cache_namespace=b"ns")  # type: ignore[arg-type]
 
 
 def _batch() -> EventBatch:
