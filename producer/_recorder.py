@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from kvevents.schemas import KVCacheCreatedData, KVCacheUpdatedData
 from kvevents.schemas.codec import pure_python_forced
 
+from kvevents._brief import brief
+
 from .block import U64_MAX, BlockInfo
 
 if TYPE_CHECKING:
@@ -42,42 +44,42 @@ NO_WINDOW: Any = _NoWindow()
 def check_window(window_size: object) -> int:
     """Slow path of the window check: accept integer-like values, reject the rest."""
     if isinstance(window_size, bool):
-        raise TypeError(f"window_size must be an int, got {window_size!r}")
+        raise TypeError(f"window_size must be an int, got {brief(window_size)}")
     try:
         value = operator.index(window_size)  # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(f"window_size must be an int, got {window_size!r}") from None
+        raise TypeError(f"window_size must be an int, got {brief(window_size)}") from None
     if not 0 < value <= I32_MAX:
-        raise ValueError(f"window_size must be in 1..{I32_MAX}, got {value!r}")
+        raise ValueError(f"window_size must be in 1..{I32_MAX}, got {brief(value)}")
     return value
 
 
 def check_block_hash(block_hash: object) -> int:
     """Slow path of the hash check: accept integer-like values (numpy), reject the rest."""
     if isinstance(block_hash, bool):
-        raise TypeError(f"block_hash must be an int, got {block_hash!r}")
+        raise TypeError(f"block_hash must be an int, got {brief(block_hash)}")
     try:
         value = operator.index(block_hash)  # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(f"block_hash must be an int, got {block_hash!r}") from None
+        raise TypeError(f"block_hash must be an int, got {brief(block_hash)}") from None
     if not 0 <= value <= U64_MAX:
-        raise ValueError(f"block_hash must be an unsigned 64-bit int, got {value!r}")
+        raise ValueError(f"block_hash must be an unsigned 64-bit int, got {brief(value)}")
     return value
 
 
 def check_levels(levels: list[Any]) -> None:
-    """A Created event's blocks per cache level: ints >= 0."""
+    """A Created event's blocks per cache level: ints in 0..2**31-1 (the schema's int)."""
     for n in levels:
-        if n.__class__ is not int or n < 0:
-            raise ValueError(f"num_blocks_per_cache_level must hold ints >= 0, got {n!r}")
+        if n.__class__ is not int or not 0 <= n <= I32_MAX:
+            raise ValueError(f"num_blocks_per_cache_level must hold ints in 0..{I32_MAX}, got {brief(n)}")
 
 
 def bad_block(block: object) -> TypeError:
-    return TypeError(f"enqueue_stored_event takes BlockInfo objects, got {block!r}")
+    return TypeError(f"enqueue_stored_event takes BlockInfo objects, got {brief(block)}")
 
 
 def bad_update(data: object) -> TypeError:
-    return TypeError(f"enqueue_updated_event takes a KVCacheUpdatedData, got {data!r}")
+    return TypeError(f"enqueue_updated_event takes a KVCacheUpdatedData, got {brief(data)}")
 
 
 class PyRecorder:

@@ -21,6 +21,8 @@ from kvevents.schemas import DEFAULT_PRIORITY, MM_HASH_SIZE, MmKey
 from kvevents.schemas.model import IntArray
 from msgspec.structs import force_setattr
 
+from kvevents._brief import brief
+
 __all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "U64_MAX", "BlockInfo"]
 
 U64_MAX = (1 << 64) - 1
@@ -34,13 +36,13 @@ def _u64(name: str, value: object) -> int:
     """``value`` as a plain int in the unsigned 64-bit range (numpy integers accepted)."""
     if value.__class__ is not int:
         if isinstance(value, bool):
-            raise ValueError(f"BlockInfo.{name} must be an unsigned 64-bit int, got {value!r}")
+            raise ValueError(f"BlockInfo.{name} must be an unsigned 64-bit int, got {brief(value)}")
         try:
             value = operator.index(value)  # type: ignore[arg-type]
         except TypeError:
-            raise ValueError(f"BlockInfo.{name} must be an unsigned 64-bit int, got {value!r}") from None
+            raise ValueError(f"BlockInfo.{name} must be an unsigned 64-bit int, got {brief(value)}") from None
     if not 0 <= value <= U64_MAX:
-        raise ValueError(f"BlockInfo.{name} must be an unsigned 64-bit int, got {value!r}")
+        raise ValueError(f"BlockInfo.{name} must be an unsigned 64-bit int, got {brief(value)}")
     return value
 
 
@@ -59,12 +61,14 @@ def _mm_keys(values: Iterable[Sequence[object]]) -> tuple[MmKey, ...]:
             content_hash, offset = item
         except (TypeError, ValueError):
             raise ValueError(
-                f"BlockInfo.mm_keys items must be (32-byte hash, offset) pairs, got {item!r}"
+                f"BlockInfo.mm_keys items must be (32-byte hash, offset) pairs, got {brief(item)}"
             ) from None
         if not isinstance(content_hash, bytes | bytearray | memoryview) or len(content_hash) != MM_HASH_SIZE:
-            raise ValueError(f"BlockInfo.mm_keys hash must be {MM_HASH_SIZE} bytes, got {content_hash!r}")
+            raise ValueError(
+                f"BlockInfo.mm_keys hash must be {MM_HASH_SIZE} bytes, got {brief(content_hash)}"
+            )
         if offset.__class__ is not int or offset < 0:
-            raise ValueError(f"BlockInfo.mm_keys offset must be a non-negative int, got {offset!r}")
+            raise ValueError(f"BlockInfo.mm_keys offset must be a non-negative int, got {brief(offset)}")
         keys.append((bytes(content_hash), offset))
     return tuple(keys)
 
@@ -110,11 +114,11 @@ class BlockInfo(msgspec.Struct, frozen=True, gc=False):
         if self.lora_id is not None:
             force_setattr(self, "lora_id", _u64("lora_id", self.lora_id))
         if self.is_primary.__class__ is not bool:
-            raise ValueError(f"BlockInfo.is_primary must be a bool, got {self.is_primary!r}")
+            raise ValueError(f"BlockInfo.is_primary must be a bool, got {brief(self.is_primary)}")
         priority = self.priority
         if priority.__class__ is not int or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
             raise ValueError(
-                f"BlockInfo.priority must be an int in {MIN_PRIORITY}..{MAX_PRIORITY}, got {priority!r}"
+                f"BlockInfo.priority must be an int in {MIN_PRIORITY}..{MAX_PRIORITY}, got {brief(priority)}"
             )
         extra = self.token_extra_ids
         if extra is not None:
@@ -130,4 +134,4 @@ class BlockInfo(msgspec.Struct, frozen=True, gc=False):
         elif self.mm_keys.__class__ is not tuple:
             force_setattr(self, "mm_keys", ())
         if self.cache_salt is not None and self.cache_salt.__class__ is not str:
-            raise ValueError(f"BlockInfo.cache_salt must be a str or None, got {self.cache_salt!r}")
+            raise ValueError(f"BlockInfo.cache_salt must be a str or None, got {brief(self.cache_salt)}")

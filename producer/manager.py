@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 from kvevents.schemas import KVCacheCreatedData, KVCacheEvent, KVCacheUpdatedData
 
+from kvevents._brief import brief
+
 from ._recorder import I32_MAX, check_window, recorder_class
 from ._twins import RecorderFactory
 from ._worker import Worker
@@ -47,7 +49,7 @@ _ENGINE_METHODS = (
 
 def _config_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise ValueError(f"{name} must be an int >= {minimum}, got {brief(value)}")
     return value
 
 
@@ -119,9 +121,11 @@ class KVCacheEventManager:
             raise ValueError("If attention DP rank is not set, the attention DP size must not be set")
         period = attention_dp_events_gather_period_ms
         if isinstance(period, bool) or not isinstance(period, int | float) or not period > 0:
-            raise ValueError(f"attention_dp_events_gather_period_ms must be a number > 0, got {period!r}")
+            raise ValueError(
+                f"attention_dp_events_gather_period_ms must be a number > 0, got {brief(period)}"
+            )
         if not isinstance(attention_dp_gather, bool):
-            raise TypeError(f"attention_dp_gather must be a bool, got {attention_dp_gather!r}")
+            raise TypeError(f"attention_dp_gather must be a bool, got {brief(attention_dp_gather)}")
         gathers = attention_dp_gather and attention_dp_size is not None and attention_dp_size > 1
         if not gathers and (comm is not None or gather_config is not None):
             raise ValueError(
@@ -351,7 +355,7 @@ class KVCacheEventManager:
         that noticed the loss (usually the manager's worker, not the engine thread): it must
         be quick and must not call ``enqueue_*``; set a flag the engine loop reads instead."""
         if not callable(listener):
-            raise TypeError(f"listener must be callable, got {listener!r}")
+            raise TypeError(f"listener must be callable, got {brief(listener)}")
         self._snapshot_listeners.append(listener)
 
     def report_lost_events(
@@ -436,7 +440,7 @@ class KVCacheEventManager:
         events and before waiting readers are woken (for the attention-DP gather to stop and
         merge its last exchange). Callbacks run in the order they were added."""
         if not callable(callback):
-            raise TypeError(f"callback must be callable, got {callback!r}")
+            raise TypeError(f"callback must be callable, got {brief(callback)}")
         self._close_callbacks.append(callback)
 
     def close(self) -> None:

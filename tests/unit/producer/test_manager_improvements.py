@@ -430,6 +430,10 @@ def test_bad_enqueue_arguments_raise_and_take_no_id() -> None:
             m.enqueue_stored_event([(1, None, [1])], W)  # type: ignore[list-item]
         with pytest.raises(ValueError, match="num_blocks_per_cache_level"):
             m.enqueue_created_event([-1], W)
+        with pytest.raises(ValueError, match=r"in 0\.\.2147483647, got 2147483648"):
+            m.enqueue_created_event([1 << 31], W)  # the schema's int: the sink could not send it
+        with pytest.raises(ValueError, match="got <an int of 16610 bits>"):
+            m.enqueue_removed_event(10**5000, W)  # repr() of it raised its own ValueError
         assert m.stats().events_enqueued_total == 0
 
 
