@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from deep_values import nested_list
 
 from kvevents._brief import brief
 
@@ -10,15 +11,6 @@ from kvevents._brief import brief
 class _ReprFails:
     def __repr__(self) -> str:
         raise RuntimeError("no")
-
-
-def _nested(depth: int) -> list:
-    outer: list = []
-    inner = outer
-    for _ in range(depth):
-        inner.append([])
-        inner = inner[0]
-    return outer
 
 
 @pytest.mark.parametrize(
@@ -29,7 +21,7 @@ def _nested(depth: int) -> list:
         ("abc", "'abc'"),
         ([1, [2, [3, [4]]]], "[1, [2, [3, [...]]]]"),
         (list(range(10**6)), "[0, 1, 2, 3, 4, 5, ...]"),
-        (_nested(100_000), "[[[[...]]]]"),
+        (nested_list(100_000), "[[[[...]]]]"),
         (10**5000, "<an int of 16610 bits>"),
     ],
     ids=["int", "u64+1", "str", "nested", "a million items", "nested 100k deep", "5,000 digits"],

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from deep_values import nested_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvevents.producer.bridge import BridgeDecodeError, ZmqEventConverter
@@ -168,30 +169,25 @@ def test_msgpack_nested_too_deep_is_a_decode_error_not_a_crash(engine: str, wher
     assert [type(e.data).__name__ for e in conv.convert(good)] == ["KVCacheRemovedData"]
 
 
-def _nested(depth: int) -> list:
-    outer: list = []
-    inner = outer
-    for _ in range(depth):
-        inner.append([])
-        inner = inner[0]
-    return outer
-
-
 BASE = {"event_id": 1, "window_size": 32, "attention_dp_rank": 0}
 BLOCK = {"type": "stored_block", "block_hash": 1, "cache_level": 0, "priority": 35}
 HOSTILE_TRTLLM = {
     "tokens nested deep": (
         {
             **BASE,
-            "data": {"type": "stored", "parent_hash": None, "blocks": [{**BLOCK, "tokens": _nested(50_000)}]},
+            "data": {
+                "type": "stored",
+                "parent_hash": None,
+                "blocks": [{**BLOCK, "tokens": nested_list(50_000)}],
+            },
         },
         "tokens[0] must be an int, got [[[",
     ),
     "cache levels nested deep": (
-        {**BASE, "data": {"type": "created", "num_blocks_per_cache_level": _nested(50_000)}},
+        {**BASE, "data": {"type": "created", "num_blocks_per_cache_level": nested_list(50_000)}},
         "num_blocks_per_cache_level[0] must be an int",
     ),
-    "a type nested deep": ({**BASE, "data": {"type": _nested(50_000)}}, "data.type [[["),
+    "a type nested deep": ({**BASE, "data": {"type": nested_list(50_000)}}, "data.type [[["),
     "a hash of 5,000 digits": (
         {**BASE, "data": {"type": "removed", "block_hashes": [10**5000]}},
         "<an int of 16610 bits> does not fit in 64 bits",
@@ -223,7 +219,7 @@ def test_trtllm_values_nested_deep_or_huge_get_a_short_message(name: str) -> Non
     [
         (b"\xc1", "unreadable"),
         (NESTED, "unreadable"),  # RecursionError before
-        (msgspec.msgpack.encode({"version": _nested(20)}), "version [[[[...]]]], expected"),
+        (msgspec.msgpack.encode({"version": nested_list(20)}), "version [[[[...]]]], expected"),
         (
             msgspec.msgpack.encode({"version": STATE_VERSION, "engine": "sglang", "ranks": {}}),
             "'sglang' bridge",
