@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from kvevents.schemas import EventBatch, KVCacheEvent, RankDrops
+from kvevents.schemas import EventBatch, KVCacheEvent
 
 from ._sink_base import IDLE_WAIT_S, STUCK_WAIT_S
 from ._sink_delivery import Delivery
@@ -96,8 +96,7 @@ class Drain(Delivery):
         with self._lock:
             if not self._limit_known or self._queue or self._full_since is not None:
                 return None
-            pending = self._ledger.pending
-            dropped = [RankDrops(rank, pending[rank]) for rank in sorted(pending)]
+            dropped = self._ledger.reportable()
             sequence = self._next_sequence
         return EventBatch(
             self._instance_id,

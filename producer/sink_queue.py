@@ -16,7 +16,10 @@ from kvevents.schemas import RankDrops
 
 from .sink_chunks import Chunk
 
-__all__ = ["LOSS_REASONS", "ChunkQueue", "LossLedger"]
+__all__ = ["LOSS_REASONS", "MAX_REPORTED", "ChunkQueue", "LossLedger"]
+
+MAX_REPORTED = (1 << 63) - 1
+"""The most lost events one batch reports per rank (``RankDrops.dropped_events`` is an Avro long)."""
 
 LOSS_REASONS = (
     "queue_full",
@@ -137,13 +140,19 @@ class LossLedger:
         _add(self.pending, counts)
         _add(self.lost[reason], counts)
 
+    def reportable(self) -> list[RankDrops]:
+        """What the next batch carries (sorted by rank): each rank's pending count, at most what
+        an Avro long holds (a forged engine seq can make a loss of 2**64; the rest waits for the
+        batches after it)."""
+        return [RankDrops(rank, min(n, MAX_REPORTED)) for rank, n in sorted(self.pending.items())]
+
     def take(self) -> list[RankDrops]:
-        """The pending drops, for the batch being produced (sorted by rank); pending becomes empty."""
-        if not self.pending:
-            return []
-        pending, self.pending = self.pending, {}
-        _add(self.carried, pending)
-        return [RankDrops(rank, pending[rank]) for rank in sorted(pending)]
+        """:meth:`reportable`, for the batch being produced: moved from pending to carried."""
+        carried = self.reportable()
+        counts = _as_counts(carried)
+        _subtract(self.pending, counts)
+        _add(self.carried, counts)
+        return carried
 
     def restore(self, carried: Iterable[RankDrops]) -> None:
         """The batch that carried these drops was not delivered (or not even produced): they are

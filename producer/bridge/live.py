@@ -9,7 +9,7 @@ and hands events to the sink's thread through :meth:`drain`. Per rank:
   in-band as lost (``EventDrain.dropped``, counted in engine batches) so the index marks the
   worker degraded; the first message with seq > 0 and no saved state is a gap from 0 (joining
   mid-stream is a loss unless replay fills it); a gap costs the seqs received, not its width (a
-  forged seq may jump to 2**64 - 1), and one report carries at most an Avro long's worth;
+  forged seq may jump to 2**64 - 1; the sink reports such a loss over as many batches as it takes);
 - seq going backwards: the engine restarted, its cache is empty: a Created event first;
 - a payload that cannot be read: counted, kept (the last 20), and reported as lost.
 
@@ -61,11 +61,6 @@ _COUNTS = (
     "checkpoints",
     "checkpoints_deferred",
 )
-
-
-_MAX_REPORTED = (1 << 63) - 1
-"""The most losses one in-band report can carry (an Avro long); a seq jump of 2**64 is counted whole
-in ``counts['batches_lost']`` and reported as this."""
 
 
 class ZmqBridge:
@@ -196,7 +191,7 @@ class ZmqBridge:
                 events, self._encoded = self._encoded, EncodedEvents()
             else:
                 events, self._pending = self._pending, []
-            dropped = [RankDrops(r, min(n, _MAX_REPORTED)) for r, n in sorted(self._dropped.items()) if n > 0]
+            dropped = [RankDrops(r, n) for r, n in sorted(self._dropped.items()) if n > 0]
             self._losses_unacked += sum(self._dropped.values())
             self._dropped.clear()
             self._lock.notify_all()

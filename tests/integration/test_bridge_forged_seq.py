@@ -1,6 +1,6 @@
 """The live bridge against a publisher that forges its seq numbers (real ZMQ sockets on
-loopback, no broker): a jump to 2**64 - 1 is counted as lost batches, not walked one by one,
-and the bridge goes on reading."""
+loopback): a jump to 2**64 - 1 is counted as lost batches, not walked one by one, the bridge
+goes on reading, and the sink reports that loss over as many batches as an Avro long needs."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 import zmq  # the bridge extra is in dev
 from bridge_engines import encode, engine_structs
+from kvevents.consumer import CacheIndex, EventReader, WorkerKey
+from kvevents.producer import KafkaEventSink
 from kvevents.producer.bridge.live import ZmqBridge
 from kvevents.producer.bridge.replay import END_SEQ
-from kvevents.schemas import EventBatch, KVCacheCreatedData, KVCacheRemovedData, decode_batch, encode_batch
+from kvevents.schemas import KVCacheCreatedData, KVCacheRemovedData
+from sink_helpers import batches_of, consume, dropped_by_rank
 
 V = engine_structs("vllm")
 
@@ -56,8 +59,7 @@ def _drain_until(bridge: ZmqBridge, events: list[Any], dropped: list[Any], n_eve
 def test_a_forged_seq_jump_is_one_counted_loss_and_the_bridge_goes_on(replay: bool, jump_to: int) -> None:
     """Before, the worker walked the gap seq by seq (2**64 steps: it never came back, and kept a
     core busy), and with replay its next idle probe asked for seq 2**64, which 8 bytes cannot
-    hold (the worker stopped on OverflowError). The loss reported in-band is capped to what an
-    Avro long holds."""
+    hold (the worker stopped on OverflowError)."""
     ctx = zmq.Context()
     endpoint, replay_endpoint = _endpoint(), _endpoint()
     stop, asked = threading.Event(), list[int]()
@@ -81,9 +83,7 @@ def test_a_forged_seq_jump_is_one_counted_loss_and_the_bridge_goes_on(replay: bo
         assert [e.data for e in events] == [KVCacheRemovedData([1]), KVCacheRemovedData([2])]
         lost = jump_to - 1
         assert bridge.counts["batches_lost"] == lost and bridge.last_seq[0] == jump_to
-        assert [(d.attention_dp_rank, d.dropped_events) for d in dropped] == [(0, min(lost, 2**63 - 1))]
-        carried = EventBatch("engine", [], dropped=dropped)
-        assert decode_batch(encode_batch(carried)).dropped == dropped, "the report fits the schema"
+        assert [(d.attention_dp_rank, d.dropped_events) for d in dropped] == [(0, lost)]
 
         time.sleep(0.3)  # idle: with replay, the bridge probes for what follows the jump
         pub.send_multipart([b"kv", (5).to_bytes(8, "big"), _removed(3)])  # seq back: a restart
@@ -102,3 +102,51 @@ def test_a_forged_seq_jump_is_one_counted_loss_and_the_bridge_goes_on(replay: bo
             server.join(5)
         pub.close(0)
         ctx.term()
+
+
+def test_a_loss_past_an_avro_long_reaches_kafka_over_several_batches(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """A loss of 2**64 - 2 batches cannot ride in one batch's ``dropped`` (an Avro long): before,
+    framing every later message failed on it, so every later event was lost as unencodable. The
+    sink carries 2**63 - 1 per batch and the rest in the next, and the events go through."""
+    ctx = zmq.Context()
+    endpoint = _endpoint()
+    pub = ctx.socket(zmq.XPUB)
+    pub.bind(endpoint)
+    bridge = ZmqBridge("vllm", endpoint, checkpoint_interval=3600, ctx=ctx)
+    sink = KafkaEventSink(
+        bridge,
+        kafka_topic,
+        "forged",
+        config={"bootstrap.servers": kafka_bootstrap},
+        on_delivery=bridge.on_delivery,
+    )
+    try:
+        assert pub.poll(5000), "the bridge subscribed"
+        pub.recv()
+        for seq, payload in ((0, _removed(1)), (END_SEQ, _removed(2)), (3, _removed(4))):
+            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload])
+        deadline = time.monotonic() + 30
+        while bridge.counts["batches"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sink.wait_delivered(30)
+    finally:
+        bridge.close()
+        report = sink.close(30)
+        pub.close(0)
+        ctx.term()
+    assert report.clean and sink.stats().events_lost_by_reason["unencodable"] == 0
+    batches = batches_of(consume(kafka_bootstrap, kafka_topic), "forged")
+    assert all(d.dropped_events <= 2**63 - 1 for b in batches for d in b.dropped)
+    assert dropped_by_rank(batches) == {0: (END_SEQ - 1) + 3}, (
+        "the jump's gap, then seqs 0-2 after the restart"
+    )
+    events = [e.data for b in batches for e in b.events]
+    assert events == [
+        KVCacheRemovedData([1]), KVCacheRemovedData([2]), KVCacheCreatedData([]), KVCacheRemovedData([4])
+    ]  # fmt: skip
+    index = CacheIndex()
+    with EventReader(kafka_bootstrap, kafka_topic) as reader:
+        reader.apply_to(index)
+    assert WorkerKey("forged", 0) in index.degraded_workers()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from kvevents.producer.sink_chunks import Chunk, SplitEvent
-from kvevents.producer.sink_queue import LOSS_REASONS, ChunkQueue, LossLedger
+from kvevents.producer.sink_queue import LOSS_REASONS, MAX_REPORTED, ChunkQueue, LossLedger
 from kvevents.schemas import RankDrops
 
 
@@ -87,3 +87,17 @@ def test_the_ledger_keeps_each_loss_pending_until_a_delivered_batch_carries_it()
     assert ledger.from_manager == {0: 5}
     assert ledger.lost_by_rank() == {0: 1, 1: 6}
     assert ledger.lost_by_reason() == dict.fromkeys(LOSS_REASONS, 0) | {"queue_full": 3, "delivery_failed": 4}
+
+
+def test_a_loss_past_an_avro_long_is_carried_over_several_batches() -> None:
+    ledger = LossLedger()
+    ledger.manager_dropped([RankDrops(0, 2**64 + 5), RankDrops(1, 7)])
+    assert ledger.reportable() == [RankDrops(0, MAX_REPORTED), RankDrops(1, 7)]
+    first = ledger.take()
+    assert first == [RankDrops(0, MAX_REPORTED), RankDrops(1, 7)]
+    second = ledger.take()
+    assert second == [RankDrops(0, MAX_REPORTED)]
+    ledger.restore(second)  # that batch failed: pending again, still at most one long a batch
+    assert ledger.take() == second
+    assert ledger.take() == [RankDrops(0, 2**64 + 5 - 2 * MAX_REPORTED)]
+    assert ledger.take() == [] and not ledger.pending
