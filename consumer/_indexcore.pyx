@@ -132,6 +132,7 @@ from kvevents.consumer._nodestore cimport (
     prefetch_node,
     prefetch_removal,
     set_content,
+    set_mix_seed,
     store_bytes,
     store_fault_ahead,
     store_free,
@@ -169,6 +170,7 @@ from ._state import IndexState, InstanceState, WindowState, WorkerState
 import logging
 import os as _os
 _log = logging.getLogger("kvevents.consumer.index")
+set_mix_seed(int.from_bytes(_os.urandom(8), "little"))  # before any table: see _nodestore.pxd
 from .hashing import content_hashes_for_tokens
 
 ctypedef FlatEvent SEvent
