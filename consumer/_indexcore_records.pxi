@@ -87,6 +87,7 @@ cdef class _Instance:
     cdef public int64_t dp_size
     cdef public dict workers
     cdef public uint32_t idx
+    cdef public list pending     # (reason, n): degradations of every rank < n, for ranks not seen yet
 
     def __init__(self, str instance_id, uint32_t idx):
         self.instance_id = instance_id
@@ -96,3 +97,4 @@ cdef class _Instance:
         self.retired = {}
         self.dp_size = 1
         self.workers = {}
+        self.pending = []

@@ -47,7 +47,7 @@ cdef object export_core_state(IndexCore self, bint unlocked):
             ))
         instances = [
             InstanceState(i.instance_id, i.producer_id, i.sequence, sorted(i.retired), i.dp_size,
-                          [i.retired[p] for p in sorted(i.retired)])
+                          [i.retired[p] for p in sorted(i.retired)], list(i.pending))
             for i in sorted(self.instances, key=lambda i: i.instance_id)
         ]
         ids = <EngineId *>PyMem_Malloc((self.st.nodes_used + 1) * sizeof(EngineId))
@@ -171,6 +171,8 @@ cdef object import_core_state(IndexCore self, state):
             slot = slot_for(self, <uint32_t>widx, win.window_size, True)
             self.s_capacity[slot] = None if win.capacity is None else list(win.capacity)
             canon_list.append(slot)
+    for i in state.instances:  # after the workers, which the state holds already degraded
+        (<_Instance>instance_for(self, i.instance_id)).pending = [(r, n) for r, n in i.pending_degraded]
     nslots_canon = len(canon_list)
     if nn == 0:
         return

@@ -28,6 +28,9 @@ cdef uint32_t worker_for(IndexCore self, _Instance inst, int32_t rank) except? 0
     self.w_reasons.append([])
     self.w_keys.append(self.key_factory(inst.instance_id, rank))
     inst.workers[rank] = widx
+    for reason, below in inst.pending:  # degradations of every rank, made before it came
+        if rank < below:
+            degrade(self, widx, reason)
     return widx
 
 
@@ -194,14 +197,16 @@ cdef int note_session_conflict(IndexCore self, _Instance inst, int64_t pid, int6
     self.c_session_conflicts += 1
     reason = _reasons.session_conflict(pid, seq, inst.producer_id or 0)
     _log.warning("instance %r: %s", inst.instance_id, reason)
-    ranks = set(range(inst.dp_size if inst.dp_size > 1 else 1)) | set(inst.workers)
-    for rank in sorted(ranks):
-        degrade(self, worker_for(self, inst, rank), reason)
+    degrade_all(self, inst, inst.dp_size, reason)
     return 0
 
 
 cdef int degrade_all(IndexCore self, _Instance inst, int64_t dp_size, str reason) except -1:
-    ranks = set(range(dp_size if dp_size > 1 else 1)) | set(inst.workers)
-    for rank in sorted(ranks):
-        degrade(self, worker_for(self, inst, rank), reason)
+    """Every worker of ``inst``, and every rank below ``dp_size`` not seen yet when it first
+    appears (a worker made now for each would let one small batch make 1,024 of them)."""
+    cdef int64_t below = dp_size if dp_size > 1 else 1
+    for rank in sorted(inst.workers):
+        degrade(self, <uint32_t>inst.workers[rank], reason)
+    if sum(1 for rank in inst.workers if rank < below) < below:
+        inst.pending.append((reason, below))
     return 0

@@ -82,6 +82,9 @@ class PyIndexCore:
         w = inst.workers.get(rank)
         if w is None:
             w = inst.workers[rank] = Worker(inst, rank)
+            for reason, below in inst.pending:  # degradations of every rank, made before it came
+                if rank < below:
+                    self._degrade(w, reason)
         return w
 
     def _find_worker(self, instance_id: str, rank: int) -> Worker | None:
@@ -236,15 +239,13 @@ class PyIndexCore:
                 w.last_created = False
             if seq != 0:
                 reason = _reasons.new_session_not_at_zero(pid, seq)
-                for rank in self._all_ranks(inst, batch.attention_dp_size):
-                    self._degrade(self._worker(inst, rank), reason)
+                self._degrade_all(inst, batch.attention_dp_size, reason)
         elif seq <= inst.sequence:
             replay = True
         else:
             if seq > inst.sequence + 1:
                 reason = _reasons.batches_lost(pid, inst.sequence, seq)
-                for rank in self._all_ranks(inst, batch.attention_dp_size):
-                    self._degrade(self._worker(inst, rank), reason)
+                self._degrade_all(inst, batch.attention_dp_size, reason)
             inst.sequence = seq
         if replay:
             counters["batches_replayed"] += 1
@@ -283,12 +284,16 @@ class PyIndexCore:
         self._counters["session_conflicts"] += 1
         reason = _reasons.session_conflict(pid, seq, inst.producer_id or 0)
         log.warning("instance %r: %s", inst.instance_id, reason)
-        for rank in self._all_ranks(inst, inst.dp_size):
-            self._degrade(self._worker(inst, rank), reason)
+        self._degrade_all(inst, inst.dp_size, reason)
 
-    @staticmethod
-    def _all_ranks(inst: Instance, dp_size: int) -> list[int]:
-        return sorted(set(range(max(dp_size, 1))) | set(inst.workers))
+    def _degrade_all(self, inst: Instance, dp_size: int, reason: str) -> None:
+        """Every worker of ``inst``, and every rank below ``dp_size`` not seen yet when it first
+        appears (a worker made now for each would let one small batch make 1,024 of them)."""
+        for rank in sorted(inst.workers):
+            self._degrade(inst.workers[rank], reason)
+        below = max(dp_size, 1)
+        if sum(1 for rank in inst.workers if rank < below) < below:
+            inst.pending.append((reason, below))
 
     def _apply_event(self, w: Worker, event: Any, offset: int) -> None:
         data = event.data

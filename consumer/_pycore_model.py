@@ -66,7 +66,7 @@ class Worker:
 
 
 class Instance:
-    __slots__ = ("dp_size", "instance_id", "producer_id", "retired", "sequence", "workers")
+    __slots__ = ("dp_size", "instance_id", "pending", "producer_id", "retired", "sequence", "workers")
 
     def __init__(self, instance_id: str) -> None:
         self.instance_id = instance_id
@@ -75,6 +75,7 @@ class Instance:
         self.retired: dict[int, int] = {}  # producer id -> the last sequence seen from it
         self.dp_size = 1
         self.workers: dict[int, Worker] = {}
+        self.pending: list[tuple[str, int]] = []  # (reason, n): every rank < n not seen yet
 
 
 class Node:

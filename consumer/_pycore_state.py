@@ -53,6 +53,7 @@ def export_state(self: PyIndexCore) -> IndexState:
             sorted(i.retired),
             i.dp_size,
             [i.retired[p] for p in sorted(i.retired)],
+            list(i.pending),
         )
         for i in sorted(self._instances.values(), key=lambda i: i.instance_id)
     ]
@@ -105,6 +106,8 @@ def import_state(self: PyIndexCore, state: IndexState) -> None:
             slot = self._slot(w, win.window_size, True)
             self._slots[slot].capacity = None if win.capacity is None else list(win.capacity)
             canonical.append(slot)
+    for i in state.instances:  # after the workers, which the state holds already degraded
+        self._instance(i.instance_id).pending = [(reason, below) for reason, below in i.pending_degraded]
     columns = _columns(state)
     engine, content, has_content, counts, holders = columns
     pos = 0

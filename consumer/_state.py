@@ -37,8 +37,8 @@ __all__ = [
 ]
 
 MAGIC = b"KVIX"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 """Format 1 had no ``InstanceState.retired_sequences``."""
 UNKNOWN_SEQUENCE = (1 << 63) - 1
 """The last sequence of a retired producer restored from format 1: none of its batches is new."""
@@ -86,6 +86,9 @@ class InstanceState(msgspec.Struct, array_like=True, frozen=True):
     retired_sequences: list[int] = []
     """The last sequence seen from each ``retired`` producer (format 2; format 1 lacks it, read
     as :data:`UNKNOWN_SEQUENCE`)."""
+    pending_degraded: list[tuple[str, int]] = []
+    """Degradations of every rank below ``n`` that wait for ranks not seen yet: ``(reason, n)``
+    (format 3; the formats before made a worker for every such rank instead)."""
 
 
 class IndexState(msgspec.Struct, frozen=True):

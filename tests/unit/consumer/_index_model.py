@@ -45,6 +45,7 @@ class Instance:
     seq: int = 0
     retired: dict[int, int] = field(default_factory=dict)  # producer id -> last sequence seen
     dp: int = 1  # attention_dp_size of the last batch applied (not a replay)
+    pending: list[int] = field(default_factory=list)  # every rank < n not seen yet: degraded on arrival
 
 
 class NaiveIndex:
@@ -57,7 +58,20 @@ class NaiveIndex:
         self.session_conflicts = 0
 
     def worker(self, iid: str, rank: int) -> Worker:
-        return self.workers.setdefault((iid, rank), Worker())
+        w = self.workers.get((iid, rank))
+        if w is None:
+            w = self.workers[(iid, rank)] = Worker()
+            for below in self.instances[iid].pending:
+                if rank < below:
+                    self.degrade(w)
+        return w
+
+    def degrade_all(self, iid: str, dp: int) -> None:
+        """The instance's workers now; a rank below ``dp`` not seen yet when it first comes."""
+        for (i, _r), w in self.workers.items():
+            if i == iid:
+                self.degrade(w)
+        self.instances[iid].pending.append(max(1, dp))
 
     def held(self, engine: int) -> bool:
         return any(engine in win["blocks"] for w in self.workers.values() for win in w.windows.values())
@@ -74,11 +88,6 @@ class NaiveIndex:
         inst = self.instances.setdefault(batch.instance_id, Instance())
         replay = False
 
-        def ranks() -> set[int]:
-            return set(range(max(1, batch.attention_dp_size))) | {
-                r for (i, r) in self.workers if i == batch.instance_id
-            }
-
         if inst.pid is None:
             inst.pid, inst.seq = batch.producer_id, batch.sequence
         elif batch.producer_id != inst.pid:
@@ -86,10 +95,7 @@ class NaiveIndex:
                 if batch.sequence > inst.retired[batch.producer_id]:  # two live producers: a conflict
                     inst.retired[batch.producer_id] = batch.sequence
                     self.session_conflicts += 1
-                    for r in set(range(max(1, inst.dp))) | {
-                        r for (i, r) in self.workers if i == batch.instance_id
-                    }:
-                        self.degrade(self.worker(batch.instance_id, r))
+                    self.degrade_all(batch.instance_id, inst.dp)
                 return
             inst.retired[inst.pid] = inst.seq
             inst.pid, inst.seq = batch.producer_id, batch.sequence
@@ -98,14 +104,12 @@ class NaiveIndex:
                     w.fresh = True
                     w.last_created = False
             if batch.sequence != 0:
-                for r in ranks():
-                    self.degrade(self.worker(batch.instance_id, r))
+                self.degrade_all(batch.instance_id, batch.attention_dp_size)
         elif batch.sequence <= inst.seq:
             replay = True
         else:
             if batch.sequence > inst.seq + 1:
-                for r in ranks():
-                    self.degrade(self.worker(batch.instance_id, r))
+                self.degrade_all(batch.instance_id, batch.attention_dp_size)
             inst.seq = batch.sequence
         if not replay:
             inst.dp = batch.attention_dp_size

@@ -293,13 +293,32 @@ def test_event_id_jump_degrades_until_created(index, feed):
 
 
 def test_sequence_jump_degrades_every_rank_of_the_instance(index, feed):
+    """Every rank below attention_dp_size: the workers there are, and a rank not seen yet when
+    its first event comes (no worker is made for it before: a batch of a few bytes naming 1,024
+    ranks made 1,024 workers)."""
     feed(index, batch([created(0, rank=0)], 0, dp=2))
     feed(index, batch([stored(1, [1], rank=0)], 3, dp=2))
-    assert index.degraded_workers() == [W0, W1]
-    assert index.worker_stats(W1).degraded_reasons == (
-        "batches lost: producer 7 sequence jumped from 0 to 3",
-    )
+    lost = ("batches lost: producer 7 sequence jumped from 0 to 3",)
+    assert index.degraded_workers() == [W0] and index.worker_stats(W0).degraded_reasons == lost
     assert index.worker_stats(W0).last_batch_sequence == 3
+    assert W1 not in index.workers(), "rank 1 has sent nothing yet"
+    feed(index, batch([stored(0, [5], rank=1)], 4, dp=2))
+    assert index.degraded_workers() == [W0, W1]
+    assert index.worker_stats(W1).degraded_reasons == lost
+
+
+def test_degrading_every_rank_makes_no_worker_for_a_rank_never_seen(index, feed):
+    wide = 1024
+    feed(index, batch([created(0, rank=0)], 0, dp=wide))
+    for seq in (3, 6, 9):  # a jump each time
+        feed(index, batch([], seq, dp=wide))
+    assert index.workers() == [W0] and len(index.worker_stats(W0).degraded_reasons) == 3
+    feed(index, batch([stored(0, [5], rank=1000)], 10, dp=wide))
+    late = WorkerKey("i0", 1000)
+    assert len(index.worker_stats(late).degraded_reasons) == 3
+    feed(index, batch([stored(0, [6], rank=1023)], 11, dp=1024))
+    assert index.is_degraded(WorkerKey("i0", 1023))
+    assert set(index.workers()) == {W0, late, WorkerKey("i0", 1023)}
 
 
 def test_in_band_drops_degrade_their_rank_only(index, feed):
