@@ -172,7 +172,7 @@ cdef object import_core_state(IndexCore self, state):
             self.s_capacity[slot] = None if win.capacity is None else list(win.capacity)
             canon_list.append(slot)
     for i in state.instances:  # after the workers, which the state holds already degraded
-        (<_Instance>instance_for(self, i.instance_id)).pending = [(r, n) for r, n in i.pending_degraded]
+        (<_Instance>instance_for(self, i.instance_id)).pending = list(i.pending_degraded)
     nslots_canon = len(canon_list)
     if nn == 0:
         return

@@ -107,7 +107,7 @@ def import_state(self: PyIndexCore, state: IndexState) -> None:
             self._slots[slot].capacity = None if win.capacity is None else list(win.capacity)
             canonical.append(slot)
     for i in state.instances:  # after the workers, which the state holds already degraded
-        self._instance(i.instance_id).pending = [(reason, below) for reason, below in i.pending_degraded]
+        self._instance(i.instance_id).pending = list(i.pending_degraded)
     columns = _columns(state)
     engine, content, has_content, counts, holders = columns
     pos = 0

@@ -41,7 +41,9 @@ def spawn(
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    """Whether ``pid`` is a live process. A zombie counts as gone once every thread of it has
+    ended: a SIGKILLed JVM's main thread is a zombie some milliseconds before its other threads
+    have exited and closed its sockets (a restart meanwhile found its ports taken)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
@@ -54,5 +56,25 @@ def pid_alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
-    state = stat.rpartition(")")[2].split()[0]
-    return state not in ("Z", "X")
+    if _state(stat) not in ("Z", "X"):
+        return True
+    return _some_thread_runs(pid)
+
+
+def _state(stat: str) -> str:
+    """The state letter of a ``/proc/.../stat`` line (after the command, which may hold spaces)."""
+    return stat.rpartition(")")[2].split()[0]
+
+
+def _some_thread_runs(pid: int) -> bool:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            if _state(Path(f"/proc/{pid}/task/{tid}/stat").read_text()) not in ("Z", "X"):
+                return True
+        except OSError:
+            continue
+    return False

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .broker.bootstrap import BOOTSTRAP_ENV
-from .broker.config import BrokerState, free_port, port_is_free
+from .broker.config import free_port
 from .broker.jars import KAFKA_VERSION
 from .broker.probe import metadata_answers, wait_for_metadata
 
@@ -60,7 +59,7 @@ class KafkaForTests:
 
     def revive(self) -> str | None:
         """When the session's local broker has died, start it again at the same address and
-        return what happened (with the last lines of its log and GC log); None while it runs,
+        return what happened (with the last lines of its JVM output, log and GC log); None while it runs,
         and for brokers this session did not start."""
         broker = self.local_broker
         if broker is None or broker.status().running:
@@ -71,7 +70,6 @@ class KafkaForTests:
         evidence = [
             f"--- {path} ---\n{tail_of(path)}" for path in (layout.out_file, layout.log_file, layout.gc_log)
         ]
-        _wait_for_ports_released(BrokerState.load(layout))
         status = broker.start()
         moved = (
             ""
@@ -82,18 +80,6 @@ class KafkaForTests:
             f"the session's Kafka broker at {self.bootstrap_servers} had died; restarted it{moved}.\n"
             + "\n".join(evidence)
         )
-
-
-def _wait_for_ports_released(state: BrokerState | None, timeout: float = 10.0) -> None:
-    """Wait until a dead broker's ports can be bound again: its JVM's threads close the sockets
-    after its main thread already counts as gone, and a start meanwhile would take other ports."""
-    if state is None:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not all(
-        port_is_free(state.host, port) for port in (state.client_port, state.controller_port)
-    ):
-        time.sleep(0.05)
 
 
 def kafka_required(environ: dict[str, str] | None = None) -> bool:

@@ -43,7 +43,8 @@ __all__ = [
 DATA_ERRORS = (EncodeError, ValueError, TypeError, OverflowError)
 """What an encoder raises for an event it cannot write (as opposed to, say, a registry outage)."""
 
-_I63_MAX = (1 << 63) - 1
+I63_MAX = (1 << 63) - 1
+"""The largest Avro long."""
 _I31_MAX = (1 << 31) - 1
 _PROBE = 64
 """Events encoded to estimate their size when a first drain is large."""
@@ -256,8 +257,8 @@ class EnvelopeWriter:
         reporting drops of up to ``attention_dp_size`` ranks."""
         if self._max_prefix is None:
             ranks = max(1, self._dp_size)
-            dropped = [RankDrops(_I31_MAX, _I63_MAX) for _ in range(ranks)]
-            envelope = self._envelope(_I63_MAX, _I63_MAX, _I63_MAX, dropped, _I31_MAX)
+            dropped = [RankDrops(_I31_MAX, I63_MAX) for _ in range(ranks)]
+            envelope = self._envelope(I63_MAX, I63_MAX, I63_MAX, dropped, _I31_MAX)
             self._max_prefix = len(envelope_of(self._codec.encode_batch(envelope)))
         return self._max_prefix
 

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping
 
 from kvevents.schemas import RankDrops
 
-from .sink_chunks import Chunk
+from .sink_chunks import I63_MAX, Chunk
 
 __all__ = ["LOSS_REASONS", "MAX_REPORTED", "ChunkQueue", "LossLedger"]
 
-MAX_REPORTED = (1 << 63) - 1
+MAX_REPORTED = I63_MAX
 """The most lost events one batch reports per rank (``RankDrops.dropped_events`` is an Avro long)."""
 
 LOSS_REASONS = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvevents.consumer import WorkerKey
 from kvevents.schemas import (
     EventBatch,
     KVCacheCreatedData,
@@ -19,6 +20,8 @@ from kvevents.schemas import (
 
 WINDOW = 64
 BLOCK = 4
+W0 = WorkerKey("i0", 0)  # the workers of batch()'s default instance, ranks 0 and 1
+W1 = WorkerKey("i0", 1)
 
 
 def tokens_of(h: int) -> list[int]:

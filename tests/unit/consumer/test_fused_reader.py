@@ -9,12 +9,10 @@ import json
 import fastavro
 import pytest
 from _index_helpers import batch, block, created, removed, stored, stored_blocks, updated
-from kvevents.consumer import CacheIndex, WorkerKey
+from kvevents.consumer import CacheIndex
 from kvevents.schemas import DecodeError, codec, current_fingerprint, encode_batch, register_writer_schema
 from kvevents.schemas._avro import batch_schema_json
 from kvevents.schemas._reference import batch_to_record
-
-W0 = WorkerKey("i0", 0)
 
 
 def rich_batch():

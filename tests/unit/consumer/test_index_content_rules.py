@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from _index_helpers import (
     BLOCK,
+    W0,
+    W1,
     WINDOW,
     batch,
     block,
@@ -18,9 +20,6 @@ from _index_helpers import (
     tokens_of,
 )
 from kvevents.consumer import WorkerKey
-
-W0 = WorkerKey("i0", 0)
-W1 = WorkerKey("i0", 1)
 
 
 def test_block_with_unknown_parent_is_an_orphan_found_by_engine_hash_only(index, feed):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from _index_helpers import (
     BLOCK,
+    W0,
+    W1,
     WINDOW,
     batch,
     block,
@@ -18,10 +20,6 @@ from _index_helpers import (
 )
 from kvevents.consumer import CacheIndex, WorkerKey
 from kvevents.schemas import KVCacheStoredData
-
-W0 = WorkerKey("i0", 0)
-W1 = WorkerKey("i0", 1)
-
 
 # ---------------------------------------------------------------- Stored / Removed / Updated
 

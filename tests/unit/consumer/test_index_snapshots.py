@@ -9,8 +9,8 @@ session) the next Created event starts a new cache generation and clears the deg
 from __future__ import annotations
 
 import pytest
-from _index_helpers import batch, created, stored
-from kvevents.consumer import CacheIndex, WorkerKey
+from _index_helpers import W0, batch, created, stored
+from kvevents.consumer import CacheIndex
 from kvevents.schemas import (
     EventBatch,
     KVCacheCreatedData,
@@ -19,8 +19,6 @@ from kvevents.schemas import (
     encode_batch,
 )
 from schema_v1 import v1_message
-
-W0 = WorkerKey("i0", 0)
 
 
 @pytest.fixture

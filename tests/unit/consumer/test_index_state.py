@@ -7,8 +7,6 @@ from _index_helpers import batch, created, removed, stored, updated
 from kvevents.consumer import CacheIndex, WorkerKey
 from kvevents.consumer._state import decode_state, encode_state
 
-W0 = WorkerKey("i0", 0)
-
 
 def populated(core: str) -> CacheIndex:
     index = CacheIndex(core=core)
