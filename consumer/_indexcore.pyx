@@ -16,6 +16,8 @@ from cpython cimport array as carray
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.number cimport PyNumber_Index
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport (
     PyMem_Free,
@@ -172,6 +174,7 @@ import os as _os
 _log = logging.getLogger("kvevents.consumer.index")
 set_mix_seed(int.from_bytes(_os.urandom(8), "little"))  # before any table: see _nodestore.pxd
 from .hashing import content_hashes_for_tokens
+from ._query_keys import query_key
 
 ctypedef FlatEvent SEvent
 ctypedef FlatBlock SBlock
@@ -299,6 +302,8 @@ cdef class IndexCore:
     cdef list qlist
     cdef Py_ssize_t qready       # qkeys[:qready] converted from qlist
     cdef Py_ssize_t qfetched     # qlist's ints fetched (prefetched) up to here
+    cdef Py_ssize_t qbad         # the first key that is no 64-bit hash (PY_SSIZE_T_MAX: none
+    cdef object qbad_key         # met yet), and that key: an error once the walk reaches it
     cdef uint32_t q_mode         # the last _match's most common run
     cdef uint64_t q_setsig       # ... and its touched set's signature, when q_setsig_known
     cdef bint q_setsig_known

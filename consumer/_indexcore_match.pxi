@@ -83,6 +83,8 @@ cdef Py_ssize_t load_query_keys(IndexCore self, object hashes) except -1:
     grow(<void **>&self.qkeys, &self.qkeys_cap, n if n else 1, sizeof(uint64_t))
     self.qlist = None
     self.qready = self.qfetched = n
+    self.qbad = PY_SSIZE_T_MAX
+    self.qbad_key = None
     if isinstance(hashes, carray.array) and hashes.typecode == 'Q':
         if n:
             memcpy(self.qkeys, (<carray.array>hashes).data.as_ulonglongs, n * sizeof(uint64_t))
@@ -92,9 +94,31 @@ cdef Py_ssize_t load_query_keys(IndexCore self, object hashes) except -1:
         self.qready = self.qfetched = 0
         return n
     for h in hashes:
-        self.qkeys[i] = h
+        if i >= n:
+            raise RuntimeError("the query changed size while it was read")
+        if not kv_long_u64(<PyObject *>h, &self.qkeys[i]) and not query_key_or_mark(self, i, h):
+            break
         i += 1
     return n
+
+
+cdef inline bint query_key_or_mark(IndexCore self, Py_ssize_t i, object key) except -1:
+    """Convert ``key`` into ``qkeys[i]``; a key that is no 64-bit hash is marked (``qbad``)
+    instead, and raises only if the walk reaches it (as the pure-Python core, which reads
+    keys as it walks)."""
+    try:
+        self.qkeys[i] = PyNumber_Index(key)  # not a float's __int__, as Cython alone would take
+        return True
+    except (OverflowError, TypeError):
+        self.qbad = i
+        self.qbad_key = key
+        return False
+
+
+cdef int raise_bad_query_key(IndexCore self) except -1:
+    """The error for the key the walk has reached and could not read."""
+    query_key(self.qbad, self.qbad_key)
+    raise AssertionError(f"query key #{self.qbad} was marked bad but reads as a hash")
 
 
 cdef inline void fetch_query_ints(IndexCore self, Py_ssize_t upto) noexcept:
@@ -113,18 +137,19 @@ cdef inline void fetch_query_ints(IndexCore self, Py_ssize_t upto) noexcept:
 
 cdef inline int query_keys_upto(IndexCore self, Py_ssize_t upto) except -1:
     """Make ``qkeys[:upto]`` valid (converting the query list's ints; ``match_walk`` asks a few
-    groups ahead, so a query that stops matching early never converts its tail)."""
+    groups ahead, so a query that stops matching early never converts its tail), or up to the
+    first key that is no hash (``qbad``)."""
     cdef Py_ssize_t i
     cdef list src = self.qlist
     cdef PyObject *item
-    if upto <= self.qready or src is None:
+    if upto <= self.qready or src is None or self.qbad != PY_SSIZE_T_MAX:
         return 0
     for i in range(self.qready, upto):
         if i >= PyList_GET_SIZE(src):  # a key's __index__ shrank the list
             raise RuntimeError("the query list changed size while it was read")
         item = PyList_GET_ITEM(src, i)
-        if not kv_long_u64(item, &self.qkeys[i]):
-            self.qkeys[i] = <object>item
+        if not kv_long_u64(item, &self.qkeys[i]) and not query_key_or_mark(self, i, <object>item):
+            break
     self.qready = upto
     return 0
 
@@ -168,7 +193,7 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
     cdef const Slot *slots = self.slots
     cdef uint32_t epoch
     cdef const Table *tab = &self.st.ctab if by_content else &self.st.etab
-    cdef Py_ssize_t group_end = 0, g, reached = n, ahead, entries_at = 0, nodes_at = 0
+    cdef Py_ssize_t group_end = 0, g, reached = n, ahead, entries_at = 0, nodes_at = 0, valid = n
     cdef uint32_t mode_n = 0, mode_v = 0, dead
     cdef int hiding = self.hiding  # a worker's caches being dropped (drop_worker_windows)
     self.q_setsig_known = False
@@ -194,22 +219,24 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
     #   for each, most of a cold query's walk (issue 17, the bench's matrix).
     for i in range(n):
         if i == group_end:
-            group_end = min(n, i + QGROUP)
+            # a key that is no hash ends the groups before it: reaching it is the query's error
             if by_content:
                 fetch_query_ints(self, min(n, i + 4 * QGROUP))
-                ahead = min(n, i + 3 * QGROUP)
-                query_keys_upto(self, ahead)
+                query_keys_upto(self, min(n, i + 3 * QGROUP))
+                valid = min(n, self.qbad)
+                ahead = min(valid, i + 3 * QGROUP)
                 for g in range(entries_at, ahead):
                     prefetch_entry(tab, self.qkeys[g])
                 entries_at = max(entries_at, ahead)
-                ahead = min(n, i + 2 * QGROUP)
+                ahead = min(valid, i + 2 * QGROUP)
                 for g in range(nodes_at, ahead):
                     prefetch_node(st, tab, self.qkeys[g])
                 nodes_at = max(nodes_at, ahead)
             else:
                 fetch_query_ints(self, min(n, i + 3 * QGROUP))
-                ahead = min(n, i + 2 * QGROUP)
-                query_keys_upto(self, ahead)
+                query_keys_upto(self, min(n, i + 2 * QGROUP))
+                valid = min(n, self.qbad)
+                ahead = min(valid, i + 2 * QGROUP)
                 if not chained and i > 0:  # entries below entries_at: prefetched a group ago
                     g = max(nodes_at, i)
                     while g < min(entries_at, ahead):
@@ -220,6 +247,9 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
                     prefetch_entry(tab, self.qkeys[g])
                 entries_at = max(entries_at, ahead)
                 chained = True
+            if i >= valid:
+                raise_bad_query_key(self)
+            group_end = min(valid, i + QGROUP)
         step = <uint32_t>i + 1
         key = self.qkeys[i]
         # A Stored event's blocks get consecutive nodes, so the block after the last one

@@ -25,6 +25,7 @@ from kvevents.schemas.limits import DEFAULT_LIMITS, BatchLimits, check_batch, in
 from . import _reasons
 from ._pycore_model import Instance, Node, Slot, Worker, clamp_level, clamp_priority, retired_of
 from ._pycore_state import export_state, import_state
+from ._query_keys import U64_END, query_key
 from ._state import (
     MAX_REASONS,
     SLOT_MAX,
@@ -424,6 +425,8 @@ class PyIndexCore:
         score: dict[int, list[int]] = {}  # slot -> [run length, primary blocks, step of primary mark]
         slots = self._slots
         for i, key in enumerate(hashes):
+            if type(key) is not int or not 0 <= key < U64_END:
+                key = query_key(i, key)
             extended = False
             for slot, (level, _) in self._holders_of(key, by_content):
                 if level > max_level or (window is not None and slots[slot].window != window):

@@ -139,7 +139,9 @@ class CacheIndex:
 
         ``window_size`` restricts to that window size's caches (None: each worker's best).
         ``max_cache_level=0`` stops a worker's run at a block it holds only at a higher level.
-        An ``array('Q')`` of hashes is read without conversion.
+        An ``array('Q')`` of hashes is read without conversion. A hash the walk reaches that is
+        not an int in 0..2**64-1 raises ``ValueError`` (``TypeError`` for a non-int) naming its
+        position; hashes after the query stops matching are not read.
         """
         return self._core.match_counts(block_hashes, False, window_size, _max_level(max_cache_level))
 
