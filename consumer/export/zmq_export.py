@@ -82,6 +82,10 @@ class ZmqExportConfig:
     replay_anchors: int = 64
     """Replay starting points kept at most (one is taken per checkpoint; see :mod:`.anchors`);
     without ``state_path`` they are kept in memory, 16 at most."""
+    replay_max_pending: int = 8
+    """Replay answers in progress at most (each is held in memory until its client has read
+    it); a request past it, or from a client whose answer is still going out, is refused:
+    no answer (the client's timeout retries), counted in ``replays_refused``."""
 
     def __post_init__(self) -> None:
         if self.pub is None and not self.workers:
@@ -92,6 +96,8 @@ class ZmqExportConfig:
             )
         if self.replay_frames not in (2, 3):
             raise ValueError(f"replay_frames must be 2 or 3, got {self.replay_frames}")
+        if self.replay_max_pending < 1:
+            raise ValueError(f"replay_max_pending must be at least 1, got {self.replay_max_pending}")
         if isinstance(self.start, str) and self.start not in ("beginning", "end"):
             raise ValueError(f"start must be 'beginning', 'end' or partition offsets, got {self.start!r}")
 
@@ -123,6 +129,11 @@ class ExportStats:
     replays_abandoned: int = 0
     """Answers cut short: the client read nothing for ``REPLAY_SEND_TIMEOUT_S`` or went away
     (it gets no end marker, so it sees an incomplete answer, not a silent hole)."""
+    replays_refused: int = 0
+    """Requests not answered: ``replay_max_pending`` answers were in progress, or the client's
+    own earlier answer still was (a flood of requests costs no re-read of the topic)."""
+    replay_requests_invalid: int = 0
+    """Requests that were not ``[b"", start_seq (8 bytes), (topic)]``."""
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -389,6 +400,10 @@ REPLAY_SEND_TIMEOUT_S = 10.0
 """How long a replay answer waits for a client that reads nothing before it is abandoned."""
 
 
+def _power_of_two(count: int) -> bool:
+    return count & (count - 1) == 0
+
+
 @dataclass
 class _Answer:
     """A replay answer being sent: its frames (the end marker last) and how far it got."""
@@ -437,21 +452,43 @@ class _ReplayServer(threading.Thread):
                 if sock not in ready:
                     continue
                 frames = sock.recv_multipart()
+                if self._refused(sock, frames, pending):
+                    continue
                 try:
                     answer = self._answer(sock, index, frames)
                 except Exception:
                     log.exception("replay request failed")
                     continue
-                if answer is not None:
-                    pending.append(answer)
+                pending.append(answer)
             pending = [answer for answer in pending if not self._push(answer)]
 
-    def _answer(self, sock: Any, index: int, frames: list[bytes]) -> _Answer | None:
-        """The answer to one request (None: not a valid request)."""
-        exporter = self.exporter
+    def _refused(self, sock: Any, frames: list[bytes], pending: list[_Answer]) -> bool:
+        """Whether this request goes unanswered: invalid, too many answers in progress, or one
+        to the same client still is. Counted; logged at the 1st, 2nd, 4th, 8th... of each."""
+        stats = self.exporter.stats
         if len(frames) not in (3, 4) or frames[1] != b"" or len(frames[2]) != 8:
-            log.warning("invalid replay request (%d frames): expected [b'', start_seq, (topic)]", len(frames))
-            return None
+            stats.replay_requests_invalid += 1
+            if _power_of_two(stats.replay_requests_invalid):
+                log.warning(
+                    "invalid replay request (%d frames): expected [b'', start_seq, (topic)] (%d so far)",
+                    len(frames),
+                    stats.replay_requests_invalid,
+                )
+            return True
+        if any(a.sock is sock and a.frames[0][0] == frames[0] for a in pending):
+            why = "its client's earlier answer is still going out"
+        elif len(pending) >= self.exporter.config.replay_max_pending:
+            why = f"{len(pending)} answers are in progress (replay_max_pending)"
+        else:
+            return False
+        stats.replays_refused += 1
+        if _power_of_two(stats.replays_refused):
+            log.warning("replay request refused: %s (%d refused so far)", why, stats.replays_refused)
+        return True
+
+    def _answer(self, sock: Any, index: int, frames: list[bytes]) -> _Answer:
+        """The answer to one valid request."""
+        exporter = self.exporter
         client, start_seq = frames[0], int.from_bytes(frames[2], "big")
         only = frames[3] if len(frames) == 4 else None
         three = exporter.config.replay_frames == 3

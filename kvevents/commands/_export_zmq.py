@@ -58,7 +58,9 @@ topic); the answer is [topic, seq, payload] per batch from start_seq on (--repla
 topic, re-converted from a replay anchor (one per checkpoint; with --state kept in FILE.anchors/
 across restarts, at most --replay-anchors, forgotten once retention deleted their data), so a
 gap within the topic's retention can be recovered, not only the last 10,000 batches; a seq older
-than every retained anchor is answered from the oldest one.
+than every retained anchor is answered from the oldest one. At most --replay-max-pending answers
+go out at once, one per client: a request past that, or a client's repeat while its answer is
+still going out, gets no answer (its timeout retries) and is counted in replays_refused.
 
 --state FILE makes seqs survive restarts: offsets, seqs and the converter's memory are saved
 every --checkpoint-interval seconds and on exit, and a restart resumes there (batches published
@@ -161,6 +163,14 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
         "--positional", action="store_true", help="events as the older arrays (llm-d-kv-cache before v0.9)"
     )
     pub.add_argument("--replay-frames", type=int, choices=[2, 3], default=3, help="replay reply frames")
+    pub.add_argument(
+        "--replay-max-pending",
+        type=int,
+        default=8,
+        metavar="N",
+        help="replay answers in progress at most (default 8); a request past it, or from a client "
+        "whose answer is still going out, gets no answer and is counted as refused",
+    )
     add_wait_flag(pub, "the sockets")
     pub.add_argument("--hwm", type=int, default=100_000, help="PUB high-water mark in messages")
     add_output_flags(parser, json_help="print the final counters as JSON")
@@ -197,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
             state_path=args.state,
             checkpoint_interval_s=args.checkpoint_interval,
             replay_anchors=args.replay_anchors,
+            replay_max_pending=args.replay_max_pending,
             reader_config=kafka_config(args),
             codec=reader_codec(args),
             hwm=args.hwm,

@@ -374,7 +374,7 @@ def test_a_worker_that_lost_events_is_cleared_then_refilled_by_its_snapshot(
 
 @contextlib.contextmanager
 def _replaying(
-    bootstrap: str, topic: str, tmp_path: Path
+    bootstrap: str, topic: str, tmp_path: Path, **overrides: Any
 ) -> Iterator[tuple[ZmqExporter, zmq.Context, str, int]]:
     """An exporter caught up with a one-worker topic of 2,500+ batches, answering replays on
     ipc:// sockets (small kernel buffers: a client that does not read fills the pipe after a
@@ -388,6 +388,7 @@ def _replaying(
         pub=Endpoint(f"ipc://{tmp_path}/pub.sock"),
         replay=Endpoint(replay),
         replay_anchors=4,
+        **overrides,
     )
     ctx = zmq.Context()
     try:
@@ -458,3 +459,83 @@ def test_a_client_that_stops_reading_is_abandoned_and_counted(
         assert 3 < exporter.stats.replayed_batches < published + 3
         assert _drained_without_end(stuck)  # what got out before it stopped, no end marker
         stuck.close(linger=0)  # held open until here: abandoned for not reading, not for leaving
+
+
+def _wait_for(check: Any, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_flood_of_requests_from_one_client_costs_one_replay(
+    kafka_bootstrap: str, kafka_topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that asks again and again while its answer is still going out (a retry loop,
+    or hostile) is refused each time: counted, logged at powers of two, the topic re-read once;
+    another client is answered meanwhile."""
+    monkeypatch.setattr(zmq_export, "REPLAY_SEND_TIMEOUT_S", 60.0)
+    made = []
+    real_replay = zmq_export._ReplayServer.replay
+    monkeypatch.setattr(
+        zmq_export._ReplayServer, "replay", lambda self, *a: made.append(a) or real_replay(self, *a)
+    )
+    with _replaying(kafka_bootstrap, kafka_topic, tmp_path) as (exporter, ctx, replay, published):
+        flooder = _request(ctx, replay, 0)  # never read: its answer fills the pipe and waits
+        _wait_for(lambda: len(made) == 1, "the first answer")
+        for _ in range(200):
+            flooder.send_multipart([b"", (0).to_bytes(8, "big")])
+        _wait_for(lambda: exporter.stats.replays_refused == 200, "200 refusals")
+        fresh = _request(ctx, replay, published - 2)
+        assert _answer_seqs(fresh) == [published - 2, published - 1]
+        assert len(made) == 2  # the flooder's first request and the fresh client's
+        assert (exporter.stats.replays, exporter.stats.replays_abandoned) == (1, 0)
+        flooder.close(linger=0)
+
+
+def test_requests_past_the_pending_limit_are_refused_until_answers_finish(
+    kafka_bootstrap: str, kafka_topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``replay_max_pending=2`` and two clients not reading, a third gets no answer (and
+    costs no re-read); once the two are abandoned, a request is answered again."""
+    monkeypatch.setattr(zmq_export, "REPLAY_SEND_TIMEOUT_S", 3.0)
+    made = []
+    real_replay = zmq_export._ReplayServer.replay
+    monkeypatch.setattr(
+        zmq_export._ReplayServer, "replay", lambda self, *a: made.append(a) or real_replay(self, *a)
+    )
+    with _replaying(kafka_bootstrap, kafka_topic, tmp_path, replay_max_pending=2) as (
+        exporter,
+        ctx,
+        replay,
+        published,
+    ):
+        stuck = [_request(ctx, replay, 0), _request(ctx, replay, 0)]
+        _wait_for(lambda: len(made) == 2, "both answers made")
+        third = _request(ctx, replay, published - 1)
+        _wait_for(lambda: exporter.stats.replays_refused == 1, "the third refused")
+        assert not third.poll(500)  # no answer at all: not an empty one that would read as "nothing lost"
+        _wait_for(lambda: exporter.stats.replays_abandoned == 2, "the stuck answers abandoned")
+        again = _request(ctx, replay, published - 1)
+        assert _answer_seqs(again) == [published - 1]
+        assert (exporter.stats.replays, exporter.stats.replays_refused, len(made)) == (1, 1, 3)
+        for sock in [*stuck, third, again]:
+            sock.close(linger=0)
+
+
+def test_invalid_requests_are_counted_and_logged_at_powers_of_two(
+    kafka_bootstrap: str, kafka_topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with _replaying(kafka_bootstrap, kafka_topic, tmp_path) as (exporter, ctx, replay, published):
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(replay)
+        with caplog.at_level("WARNING", logger=zmq_export.log.name):
+            for _ in range(20):
+                dealer.send_multipart([b"", b"short"])
+            _wait_for(lambda: exporter.stats.replay_requests_invalid == 20, "20 invalid requests")
+            assert [
+                r.getMessage().rsplit("(", 1)[1] for r in caplog.records if "invalid" in r.getMessage()
+            ] == [f"{n} so far)" for n in (1, 2, 4, 8, 16)]
+            dealer.send_multipart([b"", (published - 1).to_bytes(8, "big")])
+            assert _answer_seqs(dealer) == [published - 1]
+        dealer.close(linger=0)
