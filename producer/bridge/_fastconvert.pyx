@@ -33,6 +33,7 @@ from ._avroout cimport W, w_block, w_created, w_removed, w_stored, w_updated
 from ._payload cimport K_CLEARED, K_STORED, Buf, Ctx, Ev, Payload, _grow, read_payload
 
 from kvevents.schemas import DEFAULT_PRIORITY as _DEFAULT_PRIORITY
+from .groups import SKIPPED_GROUP as _SKIPPED_GROUP, SKIPPED_KINDS as _SKIPPED_KINDS
 from kvevents.schemas import (
     KVCacheCreatedData,
     KVCacheEvent,
@@ -115,7 +116,7 @@ cdef class _Out:
     """The (data, window) pairs of one payload, and what was counted."""
     cdef list data, windows
     cdef object window   # the window of what is appended now (the event's)
-    cdef long long already_held, removed_unknown, not_on_medium, cleared
+    cdef long long already_held, removed_unknown, not_on_medium, cleared, skipped
 
     def __cinit__(self):
         self.data = []
@@ -129,9 +130,10 @@ cdef class _Out:
 
 cdef list _windows(conv, Buf *b, dict learned, long long *unknown):
     """Each event's window, as the converter's ``_window`` gives it (vLLM's KV-cache groups: a
-    Stored event naming a sliding window or a spec kind teaches its group's window), without
-    changing the converter: what the events teach goes to ``learned``, unknown groups are
-    counted in ``unknown``; the caller commits both once the payload is converted."""
+    Stored event naming a sliding window or a spec kind teaches its group's window;
+    ``_SKIPPED_GROUP`` for the events of a group the index skips), without changing the
+    converter: what the events teach goes to ``learned``, unknown groups are counted in
+    ``unknown``; the caller commits both once the payload is converted."""
     cdef list out = []
     cdef Py_ssize_t i
     cdef Ev *e
@@ -139,6 +141,11 @@ cdef list _windows(conv, Buf *b, dict learned, long long *unknown):
     known = conv.group_windows
     for i in range(b.nev):
         e = &b.ev[i]
+        if e.kind == K_STORED and e.skipped_kind:
+            if e.has_group:
+                learned[PyLong_FromLongLong(e.group)] = _SKIPPED_GROUP
+            out.append(_SKIPPED_GROUP)
+            continue
         if e.kind == K_CLEARED or not e.has_group:
             out.append(default)
             continue
@@ -333,6 +340,7 @@ cdef int _start(Buf *b, Ctx *c, conv, list levels, list bits, list salts) except
     c.levels = <PyObject *>levels
     c.bits = <PyObject *>bits
     c.salts = <PyObject *>salts
+    c.skipped_kinds = <PyObject *>_SKIPPED_KINDS  # a module constant: alive for the call
     c.take_last = conv.take_last
     c.medium = NULL
     c.medium_n = 0
@@ -380,7 +388,9 @@ cdef object _apply(conv, Buf *b, list levels, list bits, list salts, Payload *p)
     for i in range(b.nev):
         e = &b.ev[i]
         window = out.window = windows[i]
-        if e.kind == K_CLEARED:
+        if e.kind != K_CLEARED and window == _SKIPPED_GROUP:
+            out.skipped += 1
+        elif e.kind == K_CLEARED:
             out.cleared += 1
             held.clear()
             out.add(_Created([]))
@@ -396,6 +406,7 @@ cdef object _apply(conv, Buf *b, list levels, list bits, list salts, Payload *p)
     _add(counts, "partial_blocks", p.partial)
     _add(counts, "blocks_without_tokens", p.tokenless)
     _add(counts, "token_pair_blocks", p.pair_blocks)
+    _add(counts, "skipped_group_events", out.skipped)
     _commit_windows(conv, learned, unknown)
     rank = conv.dp_rank if p.rank < 0 else PyLong_FromLongLong(p.rank)
     ts = p.ts if p.has_ts else None

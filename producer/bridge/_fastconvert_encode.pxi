@@ -163,7 +163,7 @@ def encode(conv, payload, out):
     cdef Ev *e
     cdef list levels = [0], bits = [1], salts = [], windows
     cdef dict learned = {}
-    cdef long long unknown = 0
+    cdef long long unknown = 0, skipped = 0
     if type(payload) is not bytes:
         return None
     _check_out(out)  # before anything changes
@@ -184,7 +184,7 @@ def encode(conv, payload, out):
             if not _i32(v):
                 return None
         for v in windows:
-            if not _i32(v):
+            if not _i32(v) and v != _SKIPPED_GROUP:  # a skipped group's events are not written
                 return None
         x.first = first
         x.rank = rank
@@ -194,6 +194,9 @@ def encode(conv, payload, out):
         for i in range(b.nev):
             e = &b.ev[i]
             window = windows[i]
+            if e.kind != K_CLEARED and window == _SKIPPED_GROUP:
+                skipped += 1
+                continue
             x.window = window
             if e.kind == K_CLEARED:
                 x.cleared += 1
@@ -213,6 +216,7 @@ def encode(conv, payload, out):
         _add(counts, "partial_blocks", p.partial)
         _add(counts, "blocks_without_tokens", p.tokenless)
         _add(counts, "token_pair_blocks", p.pair_blocks)
+        _add(counts, "skipped_group_events", skipped)
         _commit_windows(conv, learned, unknown)
         if x.nev:
             _append(out, &x)

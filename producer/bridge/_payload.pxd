@@ -33,6 +33,7 @@ ctypedef struct Ev:
     bint has_group       # vLLM's KV-cache group (group_idx), when named
     int64_t group
     bint has_kind        # kv_cache_spec_kind named (a Stored event's group learns the default window)
+    bint skipped_kind    # ... and one of groups.SKIPPED_KINDS (the event, and its group, are skipped)
     int64_t sliding      # kv_cache_spec_sliding_window, 0: none (the group learns it)
     Py_ssize_t nextra    # extra_keys entries, all nil (what vLLM sends for plain blocks); -1: nil
     bint pairs           # token ids came as (token, next token) pairs (SGLang's bigram keys, EAGLE)
@@ -152,10 +153,13 @@ cdef inline bint _sliding(Rd *r, Ev *e) noexcept nogil:
     return True
 
 
-cdef inline int _kind(Rd *r, Ev *e) except -1:
-    """``kv_cache_spec_kind``: nil or a string (only whether it is named matters here)."""
-    if _opt_text(r) is not None:
+cdef inline int _kind(Rd *r, Ctx *c, Ev *e) except -1:
+    """``kv_cache_spec_kind``: nil or a string (whether it is named, and whether its group is
+    one the index skips, ``c.skipped_kinds``)."""
+    kind = _opt_text(r)
+    if kind is not None:
         e.has_kind = 1
+        e.skipped_kind = kind in <object>c.skipped_kinds
     return 0
 
 
@@ -207,6 +211,7 @@ ctypedef struct Ctx:
     PyObject *levels     # list: the level of each medium read, by Ev.level
     PyObject *bits       # list: its bit in a TierMap mask (1 << level)
     PyObject *salts      # list: the salts read, by Ev.salt
+    PyObject *skipped_kinds  # frozenset: groups.SKIPPED_KINDS
     bint take_last
     const uint8_t *medium    # the last medium name read (in the payload), NULL: none yet
     Py_ssize_t medium_n
@@ -313,7 +318,7 @@ cdef inline int _map_event(Rd *r, Buf *b, Ctx *c, Ev *e, Py_ssize_t nkeys) excep
             _extra_nils(r, e)
         elif _is(k, kn, b"kv_cache_spec_kind", 18):
             bit = F_KIND
-            _kind(r, e)
+            _kind(r, c, e)
         elif _is(k, kn, b"kv_cache_spec_sliding_window", 28):
             bit = F_SLIDING
             _sliding(r, e)
@@ -395,7 +400,7 @@ cdef inline int _array_event(Rd *r, Buf *b, Ctx *c, Ev *e, Py_ssize_t n) except 
         if n > 8 and not r.bad:
             _group(r, e)
         if n > 9 and not r.bad:
-            _kind(r, e)
+            _kind(r, c, e)
         if n > 10 and not r.bad:
             _sliding(r, e)
     elif _is(tag, tn, b"BlockRemoved", 12):
@@ -432,7 +437,7 @@ cdef inline int _events(Rd *r, Buf *b, Ctx *c) except -1:
         e.size = 0
         e.level = 0
         e.salt = -1
-        e.has_group = e.has_kind = 0
+        e.has_group = e.has_kind = e.skipped_kind = 0
         e.group = e.sliding = 0
         e.nextra = -1
         e.pairs = 0
@@ -543,7 +548,7 @@ cdef inline int read_payload(bytes payload, Buf *b, Ctx *c, Payload *out) except
     # without block_size: the Python paths (which name the error)
     for i in range(b.nev):
         e = &b.ev[i]
-        if e.kind != K_STORED:
+        if e.kind != K_STORED or e.skipped_kind:  # a skipped group's pages are not read
             continue
         if e.nextra >= 0 and e.nextra != e.nh:
             return 0  # the Python paths count the mismatch

@@ -28,6 +28,7 @@ from kvevents.schemas import (
 
 from ..mm_keys import mm_key_from_text
 from .fastwire import fast_convert, fast_parse
+from .groups import SKIPPED_GROUP, SKIPPED_KINDS
 from .hashes import DEFAULT_MEDIUM_LEVELS, WireError, lora_id_for_name
 from .tiers import TierMap
 from .wire import BridgeDecodeError, ParsedBatch, RawRemoved, RawStored, WireCounts, parse_payload
@@ -211,11 +212,18 @@ class ZmqEventConverter:
         # Validate everything first, so that a bad event leaves the state untouched.
         raws = parsed.events
         blocks_of = [
-            self._blocks(raw, k) if raw.__class__ is RawStored else None for k, raw in enumerate(raws)
+            self._blocks(raw, k)
+            if raw.__class__ is RawStored and raw.spec_kind not in SKIPPED_KINDS
+            else None
+            for k, raw in enumerate(raws)
         ]
         out: list[tuple[Any, int]] = []  # (data, window); ids are given at the end, in order
         for raw, blocks in zip(raws, blocks_of, strict=True):
-            if blocks is not None:
+            if raw.__class__ is RawStored and blocks is None:
+                assert isinstance(raw, RawStored)
+                self._window(raw.group_idx, raw)  # learns the group is skipped
+                self.counts["skipped_group_events"] += 1
+            elif blocks is not None:
                 assert isinstance(raw, RawStored)
                 self._emit_stored(out, raw, blocks)
             elif isinstance(raw, RawRemoved):
@@ -248,6 +256,12 @@ class ZmqEventConverter:
         return level
 
     def _window(self, group_idx: int | None, raw: RawStored | None = None) -> int:
+        """The window of an event of ``group_idx`` (a Stored one, ``raw``, teaches its group's
+        window), or ``SKIPPED_GROUP``."""
+        if raw is not None and raw.spec_kind in SKIPPED_KINDS:
+            if group_idx is not None:
+                self.group_windows[group_idx] = SKIPPED_GROUP
+            return SKIPPED_GROUP
         if raw is not None and group_idx is not None:
             if raw.sliding_window:
                 self.group_windows[group_idx] = raw.sliding_window
@@ -261,17 +275,30 @@ class ZmqEventConverter:
             return self.window_size
         return window
 
+    def _sparse(self, raw: RawStored, n: int) -> bool:
+        """Whether a grouped Stored event covers more whole pages of tokens than it has hashes:
+        vLLM leaves a group's null or masked blocks (a sliding window's unreachable ones) out of
+        ``block_hashes`` but not out of ``token_ids``, so which page a hash names is unknown.
+        Its blocks are carried without tokens (matched by engine hash, not by content)."""
+        size, tokens = raw.block_size, raw.token_ids
+        if raw.group_idx is None or size < 1 or len(tokens) <= n * size or len(tokens) % size:
+            return False
+        self.counts["sparse_group_events"] += 1
+        return True
+
     def _blocks(self, raw: RawStored, k: int) -> list[KVCacheStoredBlockData]:
         n = len(raw.block_hashes)
         tokens = raw.token_ids
         size = raw.block_size
         if n == 0:
-            if tokens:
+            if tokens and raw.group_idx is None:
                 raise WireError(f"events[{k}]: BlockStored has {len(tokens)} token_ids but no block_hashes")
+            if tokens:  # a group that kept none of these pages (vLLM skips its null blocks)
+                self.counts["stored_pages_without_hashes"] += 1
             return []
         wide = raw.token_extra_ids
         wides: list[array[int] | None] = [None] * n
-        if not tokens:
+        if not tokens or self._sparse(raw, n):
             pieces: list[array[int]] = [array("i") for _ in range(n)]
             self.counts["blocks_without_tokens"] += n
         else:
@@ -386,6 +413,9 @@ class ZmqEventConverter:
         self, out: list[tuple[Any, int]], raw: RawStored, blocks: list[KVCacheStoredBlockData]
     ) -> None:
         window = self._window(raw.group_idx, raw)
+        if window == SKIPPED_GROUP:  # a group learned as skipped, this event naming no kind
+            self.counts["skipped_group_events"] += 1
+            return
         self._emit_blocks(out, window, self._level(raw.medium), raw.parent, blocks)
 
     def _emit_blocks(
@@ -430,7 +460,11 @@ class ZmqEventConverter:
             out.append((KVCacheStoredData(run_parent, run), window))
 
     def _emit_removed(self, out: list[tuple[Any, int]], raw: RawRemoved) -> None:
-        self._emit_gone(out, self._window(raw.group_idx), self._level(raw.medium), raw.block_hashes)
+        window = self._window(raw.group_idx)
+        if window == SKIPPED_GROUP:
+            self.counts["skipped_group_events"] += 1
+            return
+        self._emit_gone(out, window, self._level(raw.medium), raw.block_hashes)
 
     def _emit_gone(self, out: list[tuple[Any, int]], window: int, level: int, hashes: list[int]) -> None:
         """Removed/Updated events for ``hashes`` let go on ``level`` (the tier map decides)."""

@@ -9,6 +9,7 @@ import pytest
 from bridge_engines import encode, engine_structs
 from kvevents.consumer import CacheIndex, WorkerKey
 from kvevents.producer.bridge import BridgeDecodeError, ZmqEventConverter
+from kvevents.producer.sink_encoded import EncodedEvents
 from kvevents.schemas import (
     WIDE_TOKEN_ID,
     EventBatch,
@@ -59,6 +60,102 @@ def test_block_size_0_with_tokens_is_still_refused_by_name() -> None:
     payload = encode(s["Batch"](1.0, [s["BlockStored"]([5], None, [1, 2], 0, None, "GPU", None)], 0))
     with pytest.raises(BridgeDecodeError, match=r"events\[0\].*block_size 0"):
         ZmqEventConverter("vllm").convert(payload)
+
+
+def _converters() -> list[ZmqEventConverter]:
+    """Every path: the compiled reader (then the typed one), the typed one, the tolerant one."""
+    return [
+        ZmqEventConverter("vllm", window_size=16),
+        ZmqEventConverter("vllm", window_size=16, compiled=False),
+        ZmqEventConverter("vllm", window_size=16, compiled=False, fast_path=False),
+    ]
+
+
+def _hybrid_step(s: dict, hashes: list[int], tokens: list[int], kept: list[int], kind: str) -> list:
+    """One prefill step of a hybrid vLLM 0.34 model: the attention group stores every block; the
+    other group (``kind``) only the blocks at ``kept`` (its null blocks are left out of
+    ``block_hashes``, not out of ``token_ids``: ``block_pool.cache_full_blocks``)."""
+    stored = s["BlockStored"]
+    return [
+        stored(hashes, None, tokens, 4, None, "GPU", None, [None] * len(hashes), 0, "full_attention"),
+        stored([hashes[i] for i in kept], None, tokens, 4, None, "GPU", None, [None] * len(kept), 1, kind),
+    ]
+
+
+@pytest.mark.parametrize("kind", ["mamba", "chunked_local_attention"])
+def test_vllm_hybrid_model_groups_that_mirror_attention_are_skipped_not_fatal(kind: str) -> None:
+    """A hybrid model (Mamba layers in align mode, Llama 4's local-attention chunks) publishes
+    a second group with the same hashes for some of the blocks, its stores with fewer hashes
+    than pages. The batch used to be refused whole (the attention blocks lost with it, the
+    worker degraded), and that group's evictions removed blocks attention still held."""
+    s = engine_structs("vllm-0.34")
+    hashes, tokens = [161, 162, 163, 164], list(range(16))
+    step1 = encode(s["Batch"](1.0, _hybrid_step(s, hashes, tokens, [3], kind), 0))
+    later = [
+        s["BlockRemoved"]([164], "GPU", 1),
+        s["BlockRemoved"]([161], "GPU", 1),
+        s["BlockStored"]([165], 164, list(range(16, 20)), 4, None, "GPU", None, None, 1),  # no kind named
+    ]
+    evict = encode(s["Batch"](2.0, later, 0))
+    results = []
+    for conv in _converters():
+        events = conv.convert(step1) + conv.convert(evict)
+        index = indexed(events)
+        assert index.find_matches(hashes) == {W: 4}, conv.stats()
+        assert index.find_matches_for_tokens(tokens, 4) == {W: 4}
+        assert conv.counts["skipped_group_events"] == 4 and conv.group_windows == {0: 16, 1: -1}
+        assert index.find_matches([*hashes, 165]) == {W: 4}
+        results.append((events, conv.stats(), conv.to_state()))
+    assert results[0] == results[1] == results[2]
+    pre_encoded = ZmqEventConverter("vllm", window_size=16)
+    out = EncodedEvents()
+    assert pre_encoded.convert_encoded(step1, out) and pre_encoded.convert_encoded(evict, out)
+    assert out.decode() == results[0][0] and pre_encoded.stats() == results[0][1]
+
+
+def test_vllm_sliding_window_group_with_masked_blocks_carries_its_hashes_without_tokens() -> None:
+    """A sliding-window group whose unreachable blocks vLLM masks (``reachable_block_mask``)
+    names fewer hashes than its pages of tokens: which page each names is unknown, so its
+    blocks are carried by engine hash only, in the group's own window; an event naming no
+    hash (every page masked) stores nothing. The attention group's blocks are untouched."""
+    s = engine_structs("vllm-0.34")
+    stored = s["BlockStored"]
+    hashes, tokens = [161, 162, 163, 164], list(range(16))
+    ev = [
+        stored(hashes, None, tokens, 4, None, "GPU", None, None, 0, "full_attention"),
+        stored([162, 164], None, tokens, 4, None, "GPU", None, None, 1, "sliding_window", 8),
+        stored([], 164, list(range(16, 24)), 4, None, "GPU", None, None, 1, "sliding_window", 8),
+    ]
+    payload = encode(s["Batch"](1.0, ev, 0))
+    results = []
+    for conv in _converters():
+        events = conv.convert(payload)
+        windows = [(e.window_size, [(b.block_hash, len(b.tokens)) for b in e.data.blocks]) for e in events]
+        assert windows == [(16, [(h, 4) for h in hashes]), (8, [(162, 0), (164, 0)])]
+        assert conv.counts["sparse_group_events"] == 1 and conv.counts["stored_pages_without_hashes"] == 1
+        index = indexed(events)
+        assert index.find_matches_for_tokens(tokens, 4) == {W: 4}
+        assert index.find_matches([164], window_size=8) == {W: 1}
+        results.append((events, conv.stats()))
+    assert results[0] == results[1] == results[2]
+
+
+@pytest.mark.parametrize(
+    ("hashes", "tokens", "group"),
+    [([5], list(range(7)), 0), ([5], list(range(8)), None), ([], [1, 2], None)],
+)
+def test_tokens_that_do_not_fit_the_hashes_are_still_refused_outside_that_shape(
+    hashes: list[int], tokens: list[int], group: int | None
+) -> None:
+    """Only whole pages beyond the hashes of a grouped event are vLLM's skipped blocks; other
+    mismatches stay errors that name the event."""
+    s = engine_structs("vllm-0.34")
+    ev = s["BlockStored"](
+        hashes, None, tokens, 4, None, "GPU", None, None, group, None if group is None else "full_attention"
+    )
+    for conv in _converters():
+        with pytest.raises(BridgeDecodeError, match=r"events\[0\]"):
+            conv.convert(encode(s["Batch"](1.0, [ev], 0)))
 
 
 def test_vllm_lookahead_token_ids_are_counted_and_the_blocks_read() -> None:
