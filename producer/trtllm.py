@@ -6,7 +6,7 @@ ints (``size_t``, either sign) or hex digests (``v2_sha256``: first 8 bytes, big
 as ``unique_token`` maps or plain ints (the V2 manager's hex digest of a multimodal item, written
 as a token id, as :data:`~kvevents.schemas.WIDE_TOKEN_ID` with the digest in its extra id),
 ``mm_keys`` as ``mm_key`` maps or pairs (their hash a hex digest or a user-given UUID),
-``lora_id`` and ``cache_salt`` when present. Event ids and ``attention_dp_rank`` pass through
+``lora_id`` (or a ``lora_name``, as the ZMQ bridge reads vLLM's) and ``cache_salt`` when present. Event ids and ``attention_dp_rank`` pass through
 unchanged, so TensorRT-LLM's own drops show as id gaps. A dict that cannot be read raises
 :class:`TrtllmDecodeError` naming the field.
 """
@@ -39,6 +39,7 @@ from kvevents.schemas import (
 
 from kvevents._brief import brief
 
+from .bridge.hashes import lora_id_for_name
 from .buffer import EventDrain
 from .mm_keys import digest_from_hex, mm_key_from_text
 
@@ -89,9 +90,10 @@ def _data(data: dict[str, Any], hash_algo: object) -> Any:
         if not isinstance(blocks, list):
             raise TrtllmDecodeError("data.blocks must be a list")
         parent = data.get("parent_hash")
+        lora_name = _lora_name(data.get("lora_name"), "data.lora_name")
         return KVCacheStoredData(
             None if parent is None else _hash(parent, "data.parent_hash"),
-            [_block(b, f"data.blocks[{i}]") for i, b in enumerate(blocks)],
+            [_block(b, f"data.blocks[{i}]", lora_name) for i, b in enumerate(blocks)],
         )
     if kind == "removed":
         hashes = data.get("block_hashes")
@@ -109,7 +111,16 @@ def _data(data: dict[str, Any], hash_algo: object) -> Any:
     raise TrtllmDecodeError(f"data.type {brief(kind)} is not created/stored/removed/updated")
 
 
-def _block(b: object, where: str) -> KVCacheStoredBlockData:
+def _lora_name(name: object, where: str) -> str | None:
+    if name is None or isinstance(name, str):
+        return name or None
+    raise TrtllmDecodeError(f"{where} must be a string or null, got {brief(name)}")
+
+
+def _block(b: object, where: str, lora_name: str | None = None) -> KVCacheStoredBlockData:
+    """One stored block; without a ``lora_id``, a LoRA ``lora_name`` (the block's, or the
+    event's, as Dynamo's TensorRT-LLM publisher reads it) gives the stable id the ZMQ bridge
+    gives vLLM's adapters (:func:`~kvevents.producer.bridge.hashes.lora_id_for_name`)."""
     if not isinstance(b, dict):
         raise TrtllmDecodeError(f"{where} must be a dict, got {type(b).__name__}")
     if "block_hash" not in b:
@@ -124,6 +135,9 @@ def _block(b: object, where: str) -> KVCacheStoredBlockData:
         tokens.append(token_id)
         extras.append(extra)
     lora = b.get("lora_id")
+    if lora is None:
+        name = _lora_name(b.get("lora_name"), f"{where}.lora_name") or lora_name
+        lora = None if name is None else lora_id_for_name(name)
     salt = b.get("cache_salt")
     mm_keys = b.get("mm_keys") or []
     if not isinstance(mm_keys, list):

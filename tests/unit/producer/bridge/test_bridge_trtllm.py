@@ -99,6 +99,25 @@ def test_old_stored_shape() -> None:
     assert list(b.token_extra_ids) == [9, 0]
 
 
+def test_a_lora_name_without_a_lora_id_gives_the_bridges_stable_id() -> None:
+    """A stored event naming its adapter (``data.lora_name``, or a block's own) and no
+    ``lora_id``: the blocks get the id the ZMQ bridge gives vLLM's ``lora_name``, so the same
+    adapter's blocks share one content identity whichever engine stored them."""
+    from kvevents.producer.bridge import lora_id_for_name
+
+    d = old_stored()
+    d["data"]["lora_name"] = "sql-adapter"
+    d["data"]["blocks"][1]["lora_name"] = "other"
+    d["data"]["blocks"][0]["lora_id"] = None
+    a, b = event_from_trtllm(d).data.blocks
+    assert (a.lora_id, b.lora_id) == (lora_id_for_name("sql-adapter"), lora_id_for_name("other"))
+    d["data"]["blocks"][0]["lora_id"] = 5  # an id, when given, wins
+    assert event_from_trtllm(d).data.blocks[0].lora_id == 5
+    d["data"]["lora_name"] = ["not", "a", "name"]
+    with pytest.raises(TrtllmDecodeError, match=r"data\.lora_name must be a string or null"):
+        event_from_trtllm(d)
+
+
 def test_new_stored_shape_with_mm_keys_salt_lora_and_hex_hashes() -> None:
     mm = hashlib.sha256(b"img").hexdigest()
     digest = hashlib.sha256(b"block").hexdigest()
