@@ -23,6 +23,7 @@ Speed: ``token_ids`` go out as ``msgspec.Raw`` bytes packed straight from the bl
 
 from __future__ import annotations
 
+import logging
 from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,8 +41,10 @@ from kvevents.schemas import (
 from msgspec import Raw
 
 from ..workers import WorkerKey
-from .packed import extra_keys, pack_tokens
+from .packed import extra_keys, pack_hash, pack_hashes, pack_tokens
 from .vllm_wire import MEDIUM_BY_LEVEL, VllmWire, medium_for_level
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ConverterCounters", "ConverterState", "VllmConverter"]
 
@@ -100,6 +103,29 @@ class _Media(dict[int, str]):
         return value
 
 
+class LoraNames(dict[int | None, str | None]):
+    """LoRA id -> the ``lora_name`` sent for it. An id without a configured name is sent as
+    its decimal string (as ``export dynamo`` seeds it), with a warning the first time: llm-d
+    and Dynamo key adapters by name only, and a null name made an adapter's blocks count as
+    the base model's (false hits for base-model requests)."""
+
+    def __init__(self, names: Mapping[int, str] | None = None) -> None:
+        super().__init__(names or {})
+        self[None] = None
+
+    def __missing__(self, lora_id: int | None) -> str | None:
+        name = str(lora_id)
+        log.warning(
+            "LoRA id %s has no --lora-name: sent as lora_name %r (routers key adapters by name: "
+            "give the adapter's name with --lora-name %s=NAME)",
+            lora_id,
+            name,
+            lora_id,
+        )
+        self[lora_id] = name
+        return name
+
+
 class VllmConverter:
     """Converts batches in topic order; ``convert(batch)`` returns ``{worker: [vLLM events]}``.
 
@@ -115,7 +141,7 @@ class VllmConverter:
         lora_names: Mapping[int, str] | None = None,
     ) -> None:
         self.wire = wire
-        self.lora_names: dict[int | None, str] = {k: v for k, v in (lora_names or {}).items()}
+        self.lora_names = LoraNames(lora_names)
         """LoRA id -> adapter name, sent as ``lora_name`` (vLLM keys adapters by name)."""
         self.counters = ConverterCounters()
         self._on_loss = on_loss
@@ -314,17 +340,17 @@ class VllmConverter:
                     c.unknown_updated += 1
                     continue
                 blocks[h] = (new, held[_PARENT], held[_TOKENS], held[_LORA], held[_EXTRA])
-                events.append(removed_type([h], media[old]))
+                events.append(removed_type(pack_hashes([h]), media[old]))
                 extra = held[_EXTRA]
                 events.append(
                     stored_type(
-                        [h],
-                        held[_PARENT],
+                        pack_hashes([h]),
+                        pack_hash(held[_PARENT]),
                         Raw(pack((held[_TOKENS],))),
                         len(held[_TOKENS]),
                         held[_LORA],
                         media[new],
-                        names.get(held[_LORA]),
+                        names[held[_LORA]],
                         None if extra is None else [extra],
                     )
                 )
@@ -338,7 +364,7 @@ class VllmConverter:
                     if held is None:
                         c.unknown_removed += 1
                     else:
-                        events.append(removed_type(hashes, media[held[_LEVEL]]))
+                        events.append(removed_type(pack_hashes(hashes), media[held[_LEVEL]]))
                     continue
                 by_level: dict[int, list[int]] = {}
                 for h in hashes:
@@ -352,7 +378,7 @@ class VllmConverter:
                     else:
                         group.append(h)
                 for level, group in by_level.items():
-                    events.append(removed_type(group, media[level]))
+                    events.append(removed_type(pack_hashes(group), media[level]))
             elif kind is KVCacheStoredData:
                 if blocks is None:
                     blocks = worker.windows[window] = {}
@@ -376,7 +402,7 @@ class VllmConverter:
                 moved.setdefault(held[_LEVEL], []).append(block.block_hash)
         if moved:
             for level, hashes in moved.items():
-                events.append(wire.removed(hashes, media[level]))
+                events.append(wire.removed(pack_hashes(hashes), media[level]))
         if not stored_blocks:
             return
         parent = data.parent_hash
@@ -393,10 +419,10 @@ class VllmConverter:
             ):
                 cuts.append(i)
             extra = None
-            if block.mm_keys or block.cache_salt is not None or lora_id in names:
-                extra = extra_keys(
-                    names.get(lora_id), block.mm_keys, block.cache_salt if parent is None else None
-                )
+            if block.mm_keys or (block.cache_salt is not None and parent is None):
+                # the LoRA name travels in lora_name only: llm-d reads any string here as a
+                # multimodal identifier, so a named adapter's blocks never matched there
+                extra = extra_keys(None, block.mm_keys, block.cache_salt if parent is None else None)
             blocks[block.block_hash] = (block.cache_level, parent, tokens, lora_id, extra)
             extras.append(extra)
             parent = block.block_hash
@@ -410,13 +436,13 @@ class VllmConverter:
             run_extra = extras[start:end]
             events.append(
                 stored_type(
-                    [b.block_hash for b in run],
-                    parent,
+                    pack_hashes([b.block_hash for b in run]),
+                    pack_hash(parent),
                     Raw(pack_tokens([b.tokens for b in run])),
                     len(first.tokens),
                     first.lora_id,
                     media[first.cache_level],
-                    names.get(first.lora_id),
+                    names[first.lora_id],
                     run_extra if any(e is not None for e in run_extra) else None,
                 )
             )

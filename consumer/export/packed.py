@@ -10,15 +10,49 @@ int per token; :func:`py_pack_tokens` is the pure-Python twin (same bytes: msgsp
 from __future__ import annotations
 
 import logging
+import sys
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
-__all__ = ["extra_keys", "pack_tokens", "py_pack_tokens"]
+__all__ = ["extra_keys", "pack_hash", "pack_hashes", "pack_tokens", "py_pack_tokens"]
 
 _ENCODE = msgspec.msgpack.Encoder().encode
+_U64 = b"\xcf"
+
+
+def pack_hashes(hashes: Sequence[int]) -> msgspec.Raw:
+    """The msgpack array of ``hashes``, each a full 8-byte uint64 (``0xcf`` and 8 bytes, big
+    endian) whatever its value: llm-d's decoder takes a hash only as a uint64, an int64 or
+    bytes, and refuses the batch whole for the smaller ints msgpack writes a hash below 2**32
+    as (about once in 4 billion hashes)."""
+    n = len(hashes)
+    if n < 16:
+        head = bytes((0x90 | n,))
+    elif n < 65536:
+        head = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + n.to_bytes(4, "big")
+    if n == 1:
+        return msgspec.Raw(head + _U64 + hashes[0].to_bytes(8, "big"))
+    words = array("Q", hashes)
+    if words.itemsize != 8:  # pragma: no cover - every platform kvevents runs on has 8-byte Q
+        raise RuntimeError("array('Q') is not 64-bit here")
+    if sys.byteorder == "little":  # x86, ARM: to big endian
+        words.byteswap()
+    data = words.tobytes()
+    out = bytearray(9 * n)
+    out[0::9] = _U64 * n
+    for k in range(8):
+        out[1 + k :: 9] = data[k::8]
+    return msgspec.Raw(head + bytes(out))
+
+
+def pack_hash(block_hash: int | None) -> msgspec.Raw | None:
+    """One hash (a parent's) as a full 8-byte uint64, as :func:`pack_hashes`; None stays None."""
+    return None if block_hash is None else msgspec.Raw(_U64 + block_hash.to_bytes(8, "big"))
 
 
 def py_pack_tokens(arrays: Sequence[array[int]]) -> bytes:

@@ -64,7 +64,8 @@ class ZmqExportConfig:
     workers: Mapping[WorkerKey, tuple[Endpoint, Endpoint | None]] = field(default_factory=dict)
     model: str = "model"
     topic_template: str = "kv@{pod}@{model}"
-    positional: bool = False
+    positional: bool = True
+    """Events as arrays (what every llm-d release reads); False: vLLM's current tagged maps."""
     replay_frames: int = 3
     start: str | Mapping[int, int] = "beginning"
     """"beginning", "end", or ``{partition: offset}`` (e.g. an index checkpoint's offsets)."""

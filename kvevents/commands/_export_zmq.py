@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,20 +29,26 @@ from kvevents.commands._export_common import (
     start_position,
 )
 
+log = logging.getLogger("kvevents.export")
+
 DESCRIPTION = """\
 Read a kvevents topic and publish it in vLLM's ZMQ wire format, so that an unmodified llm-d
 KV-cache indexer (or any vLLM KV-event subscriber) consumes it:
 
   live messages   3 frames [topic, seq (u64 big-endian), msgpack batch]
   batch           [ts, events, data_parallel_rank] (an array, as vLLM's EventBatch), events as
-                  tagged maps {"type": "BlockStored", ...} (vLLM's current encoding, which
-                  llm-d-kv-cache >= v0.9 and Dynamo's ZMQ listener read); --positional sends
-                  them as the older arrays ["BlockStored", ...] (older llm-d decoders)
-  BlockStored     block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-                  medium (cache level 0 GPU, 1 CPU, 2 DISK), lora_name (--lora-name, else null),
-                  extra_keys per block as vLLM orders them: the LoRA name (with --lora-name),
-                  (multimodal hash as hex, offset) per item, the cache salt on a request's
-                  first block; group_idx is not sent (a window size does not give it)
+                  arrays ["BlockStored", ...] (older vLLM's encoding: the only one llm-d-kv-cache
+                  releases up to v0.8.1 read, and Dynamo's ZMQ listener reads it too);
+                  --map-events sends vLLM's current tagged maps {"type": "BlockStored", ...}
+                  (Dynamo; llm-d only with its map support, an open PR as of 2026-06)
+  BlockStored     block_hashes, parent_block_hash (each an 8-byte uint64, as llm-d requires),
+                  token_ids, block_size, lora_id, medium (cache level 0 GPU, 1 CPU, 2 DISK,
+                  3 and above EXTERNAL), lora_name (--lora-name; an id without one is sent as
+                  its decimal string, with a warning: routers key adapters by name, and a null
+                  one made them count an adapter's blocks as the base model's), extra_keys per
+                  block: (multimodal hash as hex, offset) per item, the cache salt on a
+                  request's first block (not the LoRA name: llm-d reads a string there as a
+                  multimodal id); group_idx is not sent (a window size does not give it)
   BlockRemoved    block_hashes, medium;  AllBlocksCleared for a Created event
 
 Every worker (instance, attention-DP rank) gets its own topic (--topic-template, default
@@ -65,7 +72,14 @@ still going out, gets no answer (its timeout retries) and is counted in replays_
 --state FILE makes seqs survive restarts: offsets, seqs and the converter's memory are saved
 every --checkpoint-interval seconds and on exit, and a restart resumes there (batches published
 after the last save are published again with the same seqs: duplicates, never a gap). Without
---state, every start numbers the streams from 0 again (as a restarted vLLM does).
+--state, every start numbers the streams from 0 again (as a restarted vLLM does), which Dynamo's
+indexer ignores until the seqs pass where they were: give Dynamo --state.
+
+Routers: llm-d hashes a block under the model named in its topic (or the lora_name), so give
+--model the name its scheduler uses; its pod id is the topic's middle part (the instance id,
+'-dp<rank>' for ranks > 0: --topic-template can change it). Dynamo's indexer takes one worker
+and one seq counter per socket: give it one --worker publisher per (instance, rank), not the
+shared --pub.
 
 Progress and warnings go to stderr; the final counters to stdout (--json for JSON).
 """
@@ -74,12 +88,22 @@ EPILOG = """\
 examples:
   # one PUB for every worker, llm-d's topic convention, replay on 5558
   kvevents export zmq --pub tcp://*:5557 --replay tcp://*:5558 --model meta-llama/Llama-3.1-8B
-  # vLLM's layout: one publisher per rank of instance sim-0 (port 5557 + rank), positional
-  kvevents export zmq --positional --worker sim-0:0=tcp://*:5557,tcp://*:5567 \\
+  # vLLM's layout (and Dynamo's): one publisher per rank of instance sim-0 (port 5557 + rank)
+  kvevents export zmq --worker sim-0:0=tcp://*:5557,tcp://*:5567 \\
       --worker sim-0:1=tcp://*:5558,tcp://*:5568 --state /var/lib/kvevents/export.state
   # push to a subscriber that binds (llm-d's indexer listens), from now on
   kvevents export zmq --from end --connect --pub tcp://indexer:5557
 """
+
+
+def _model(name: str | None) -> str:
+    if name is None:
+        log.warning(
+            "no --model: topics name the model 'model'; llm-d hashes blocks under the topic's "
+            "model name, so its scheduler finds nothing unless it uses that name too"
+        )
+        return "model"
+    return name
 
 
 def _endpoint(text: str) -> str:
@@ -148,7 +172,12 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
     pub.add_argument(
         "--connect", action="store_true", help="connect the PUB sockets (default: bind); replay always binds"
     )
-    pub.add_argument("--model", default="model", help="the model name in topics (default: model)")
+    pub.add_argument(
+        "--model",
+        default=None,
+        help="the model name in topics, as the router's scheduler names it (llm-d hashes blocks "
+        "under it); default 'model', with a warning",
+    )
     pub.add_argument(
         "--topic-template",
         default="kv@{pod}@{model}",
@@ -159,8 +188,14 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
     add_lora_flag(
         pub, "a LoRA id's adapter name, sent as lora_name (repeatable; default null: kvevents carries ids)"
     )
-    pub.add_argument(
-        "--positional", action="store_true", help="events as the older arrays (llm-d-kv-cache before v0.9)"
+    encoding = pub.add_mutually_exclusive_group()
+    encoding.add_argument(
+        "--map-events",
+        action="store_true",
+        help="events as vLLM's current tagged maps (Dynamo; llm-d with map support) instead of arrays",
+    )
+    encoding.add_argument(
+        "--positional", action="store_true", help="events as arrays: the default (kept for older scripts)"
     )
     pub.add_argument("--replay-frames", type=int, choices=[2, 3], default=3, help="replay reply frames")
     pub.add_argument(
@@ -199,9 +234,9 @@ def run(args: argparse.Namespace) -> int:
             pub=None if args.pub is None else Endpoint(args.pub, bind),
             replay=None if args.replay is None else Endpoint(args.replay),
             workers=workers,
-            model=args.model,
+            model=_model(args.model),
             topic_template=args.topic_template,
-            positional=args.positional,
+            positional=not args.map_events,
             replay_frames=args.replay_frames,
             start=start_position(args),
             state_path=args.state,

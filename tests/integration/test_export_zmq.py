@@ -348,7 +348,9 @@ def test_a_worker_that_lost_events_is_cleared_then_refilled_by_its_snapshot(
     sub.bind(endpoint)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     try:
-        config = ZmqExportConfig(kafka_bootstrap, kafka_topic, pub=Endpoint(endpoint, bind=False), model="m")
+        config = ZmqExportConfig(
+            kafka_bootstrap, kafka_topic, pub=Endpoint(endpoint, bind=False), model="m", positional=False
+        )
         with ZmqExporter(config, context=ctx) as exporter:
             assert not sub.poll(500)  # a SUB sends its subscription when it handles its socket's commands
             exporter.run(until_caught_up=True)

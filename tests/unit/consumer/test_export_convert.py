@@ -84,7 +84,14 @@ def test_a_tier_move_is_removed_then_stored_on_the_other_medium(conv: VllmConver
     # storing a block again on another medium moves it too
     out = _plain(conv.convert(_batch([_ev(2, KVCacheStoredData(1, [_blk(2, lora=3)]))], 2)))
     assert [e[:3] for e in out[A0]] == [["BlockRemoved", [2], "CPU"], ["BlockStored", [2], 1]]
-    assert medium_for_level(5) == "LEVEL5"
+    assert [medium_for_level(n) for n in range(6)] == [
+        "GPU",
+        "CPU",
+        "DISK",
+        "EXTERNAL",
+        "EXTERNAL",
+        "EXTERNAL",
+    ]
 
 
 def test_lost_events_clear_the_worker_until_a_snapshot(conv: VllmConverter) -> None:
@@ -182,15 +189,52 @@ def test_map_encoding_has_type_tags_in_an_array_batch() -> None:
     ]
 
 
-def test_lora_names_are_sent_when_known() -> None:
+def test_lora_names_are_sent_when_known_else_the_ids_decimal_string(caplog: pytest.LogCaptureFixture) -> None:
+    """Routers key adapters by name: an id with no --lora-name goes as its decimal string (as
+    ``export dynamo`` seeds it), warned about once; a null name counted as the base model."""
     conv = VllmConverter(VllmWire(positional=True), lora_names={7: "sql-adapter"})
-    out = _plain(
-        conv.convert(
-            _batch([_ev(0, KVCacheStoredData(None, [_blk(1), _blk(2, lora=7), _blk(3, lora=8)]))], 0)
-        )
-    )
-    assert [(e[5], e[7]) for e in out[A0]] == [(None, None), (7, "sql-adapter"), (8, None)]
+    batch = _batch([_ev(0, KVCacheStoredData(None, [_blk(1), _blk(2, lora=7), _blk(3, lora=8)]))], 0)
+    with caplog.at_level("WARNING"):
+        out = _plain(conv.convert(batch))
+        _plain(conv.convert(_batch([_ev(1, KVCacheStoredData(None, [_blk(4, lora=8)]))], 1)))
+    assert [(e[5], e[7]) for e in out[A0]] == [(None, None), (7, "sql-adapter"), (8, "8")]
+    assert [r.getMessage() for r in caplog.records if "LoRA id 8" in r.getMessage()] == [
+        "LoRA id 8 has no --lora-name: sent as lora_name '8' (routers key adapters by name: give the "
+        "adapter's name with --lora-name 8=NAME)"
+    ]
     moved = _plain(
-        conv.convert(_batch([_ev(1, KVCacheUpdatedData(2, cache_level=KVCacheEventDiff(0, 1)))], 1))
+        conv.convert(_batch([_ev(2, KVCacheUpdatedData(2, cache_level=KVCacheEventDiff(0, 1)))], 2))
     )
     assert moved[A0][1][5:8] == [7, "CPU", "sql-adapter"]
+
+
+def test_hashes_go_as_8_byte_uint64s_and_events_as_arrays_by_default() -> None:
+    """llm-d's decoder takes a hash only as a uint64, an int64 or bytes (a hash below 2**32,
+    which msgpack writes smaller, made it drop the whole batch, its removals too), and every
+    llm-d release reads events only as arrays: the default encoding is both."""
+    wire = VllmWire()
+    conv = VllmConverter(wire)
+    small, big = 5, 2**64 - 1
+    out = conv.convert(
+        _batch(
+            [
+                _ev(0, KVCacheStoredData(None, [_blk(small), _blk(big)])),
+                _ev(1, KVCacheStoredData(small, [_blk(7)])),
+                _ev(2, KVCacheRemovedData([small, 7])),
+            ],
+            0,
+        )
+    )
+    payload = wire.encode(1.0, out[A0], 0)
+    u64 = b"\xcf" + small.to_bytes(8, "big")
+    assert payload.count(u64) == 3  # stored, parent, removed
+    assert payload.count(b"\xcf" + (7).to_bytes(8, "big")) == 2
+    events = msgspec.msgpack.decode(payload)[1]
+    assert [e[:3] for e in events] == [
+        ["BlockStored", [small, big], None],
+        ["BlockStored", [7], small],
+        ["BlockRemoved", [small, 7], "GPU"],
+    ]
+    many = list(range(70_000))  # array headers of every width: fixarray, array16, array32
+    for n in (15, 16, 65_535, 65_536, 70_000):
+        assert msgspec.msgpack.decode(msgspec.msgpack.encode(wire.removed(many[:n], "GPU")))[1] == many[:n]

@@ -92,11 +92,12 @@ def test_extra_keys_decode_with_vllm_structs(positional: bool) -> None:
     stored, plain, removed, moved = batch.events
     assert stored.block_hashes == [1, 2, 3] and stored.token_ids == list(range(1, 13))
     assert stored.lora_id == 7 and stored.lora_name == "sql-adapter" and stored.medium == "GPU"
-    # (an mm key's pair decodes as a list: vLLM's field is tuple[Any, ...] of untyped items)
+    # (an mm key's pair decodes as a list: vLLM's field is tuple[Any, ...] of untyped items);
+    # the LoRA name travels in lora_name only (llm-d reads a string here as a multimodal id)
     assert stored.extra_keys == [
-        ("sql-adapter", [MM1.hex(), 2], "salt-1"),  # the salt: the request's first block only
-        ("sql-adapter", [MM1.hex(), -2], [MM2.hex(), 3]),
-        ("sql-adapter",),
+        ([MM1.hex(), 2], "salt-1"),  # the salt: the request's first block only
+        ([MM1.hex(), -2], [MM2.hex(), 3]),
+        None,
     ]
     assert plain.extra_keys is None and plain.token_ids == [300, 70000, -5, 2**31 - 1]
     assert plain.lora_id is None and plain.lora_name is None
@@ -104,7 +105,7 @@ def test_extra_keys_decode_with_vllm_structs(positional: bool) -> None:
     assert (type(removed).__name__, removed.block_hashes, removed.medium) == ("BlockRemoved", [2], "GPU")
     assert (moved.block_hashes, moved.parent_block_hash, moved.medium) == ([2], 1, "CPU")
     assert moved.token_ids == [5, 6, 7, 8] and moved.block_size == 4
-    assert moved.extra_keys == [("sql-adapter", [MM1.hex(), -2], [MM2.hex(), 3])]
+    assert moved.extra_keys == [([MM1.hex(), -2], [MM2.hex(), 3])]
     # group_idx has no kvevents counterpart (window sizes do not say a group's index): not sent
     assert all(getattr(e, "group_idx", None) is None for e in batch.events)
 
