@@ -1,33 +1,32 @@
-"""Pre-encoded pieces of vLLM's ``BlockStored``: ``token_ids`` as msgpack bytes, and the
-per-block ``extra_keys`` entry in vLLM's shape.
+"""Pre-encoded pieces of vLLM's ``BlockStored``: ``token_ids`` and the hashes as msgpack bytes,
+and the per-block ``extra_keys`` entry in vLLM's shape.
 
 ``pack_tokens(arrays)`` returns the msgpack array of the ints of several ``array('i')`` (a run
 of blocks), which the converter hands to msgspec as ``msgspec.Raw`` (copied verbatim into the
 batch). The compiled ``_packtokens`` writes it from the arrays' buffers without making a Python
 int per token; :func:`py_pack_tokens` is the pure-Python twin (same bytes: msgspec's own).
+``pack_hashes`` does the same for block hashes, each as a full 8-byte uint64 (compiled, with
+:func:`py_pack_hashes` its twin).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
-__all__ = ["extra_keys", "pack_hash", "pack_hashes", "pack_tokens", "py_pack_tokens"]
+__all__ = ["extra_keys", "pack_hash", "pack_hashes", "pack_tokens", "py_pack_hashes", "py_pack_tokens"]
 
 _ENCODE = msgspec.msgpack.Encoder().encode
 _U64 = b"\xcf"
 
 
-def pack_hashes(hashes: Sequence[int]) -> msgspec.Raw:
+def py_pack_hashes(hashes: list[int]) -> bytes:
     """The msgpack array of ``hashes``, each a full 8-byte uint64 (``0xcf`` and 8 bytes, big
-    endian) whatever its value: llm-d's decoder takes a hash only as a uint64, an int64 or
-    bytes, and refuses the batch whole for the smaller ints msgpack writes a hash below 2**32
-    as (about once in 4 billion hashes)."""
+    endian) whatever its value (pure Python)."""
     n = len(hashes)
     if n < 16:
         head = bytes((0x90 | n,))
@@ -35,19 +34,14 @@ def pack_hashes(hashes: Sequence[int]) -> msgspec.Raw:
         head = b"\xdc" + n.to_bytes(2, "big")
     else:
         head = b"\xdd" + n.to_bytes(4, "big")
-    if n == 1:
-        return msgspec.Raw(head + _U64 + hashes[0].to_bytes(8, "big"))
-    words = array("Q", hashes)
-    if words.itemsize != 8:  # pragma: no cover - every platform kvevents runs on has 8-byte Q
-        raise RuntimeError("array('Q') is not 64-bit here")
-    if sys.byteorder == "little":  # x86, ARM: to big endian
-        words.byteswap()
-    data = words.tobytes()
-    out = bytearray(9 * n)
-    out[0::9] = _U64 * n
-    for k in range(8):
-        out[1 + k :: 9] = data[k::8]
-    return msgspec.Raw(head + bytes(out))
+    return head + b"".join(_U64 + h.to_bytes(8, "big") for h in hashes)
+
+
+def pack_hashes(hashes: list[int]) -> msgspec.Raw:
+    """``hashes`` as a msgpack array of 8-byte uint64s, for a struct field: llm-d's decoder
+    takes a hash only as a uint64, an int64 or bytes, and refuses the batch whole for the
+    smaller ints msgpack writes a hash below 2**32 as (about once in 4 billion hashes)."""
+    return msgspec.Raw(_pack_hashes(hashes))
 
 
 def pack_hash(block_hash: int | None) -> msgspec.Raw | None:
@@ -65,16 +59,17 @@ def py_pack_tokens(arrays: Sequence[array[int]]) -> bytes:
     return _ENCODE(joined.tolist())
 
 
-def _pick() -> Callable[[Sequence[array[int]]], bytes]:
+def _pick() -> tuple[Callable[[Sequence[array[int]]], bytes], Callable[[list[int]], bytes]]:
     try:
+        from ._packtokens import pack_hashes as compiled_hashes
         from ._packtokens import pack_tokens as compiled
     except ImportError:  # the optional extension was not built
         logging.getLogger(__name__).debug("_packtokens is not built; packing tokens in Python")
-        return py_pack_tokens
-    return compiled
+        return py_pack_tokens, py_pack_hashes
+    return compiled, compiled_hashes
 
 
-pack_tokens = _pick()
+pack_tokens, _pack_hashes = _pick()
 
 
 def extra_keys(lora_name: str | None, mm_keys: Sequence[tuple[bytes, int]], salt: str | None) -> Any:

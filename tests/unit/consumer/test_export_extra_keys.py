@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from kvevents.consumer import WorkerKey
 from kvevents.consumer.export.convert import VllmConverter
-from kvevents.consumer.export.packed import pack_tokens, py_pack_tokens
+from kvevents.consumer.export.packed import _pack_hashes, pack_tokens, py_pack_hashes, py_pack_tokens
 from kvevents.consumer.export.vllm_wire import VllmWire
 from kvevents.schemas import (
     EventBatch,
@@ -161,6 +161,19 @@ def test_compiled_and_python_token_packing_agree() -> None:
         assert pack_tokens(parts) == py_pack_tokens(parts) == expected
     with pytest.raises(TypeError, match="array"):
         pack_tokens([[1, 2]])  # type: ignore[list-item]
+
+
+def test_compiled_hash_packing_equals_its_twin_and_every_hash_takes_9_bytes() -> None:
+    edges = [0, 1, 127, 2**32 - 1, 2**32, 2**63, 2**64 - 1]
+    for n in (0, 1, 15, 16, 17, 65535, 65536, 70000):
+        hashes = [edges[i % len(edges)] for i in range(n)]
+        packed = _pack_hashes(hashes)
+        assert packed == py_pack_hashes(hashes)
+        assert msgspec.msgpack.decode(packed) == hashes
+        header = 1 if n < 16 else 3 if n < 65536 else 5
+        assert len(packed) == header + 9 * n and packed[header::9] == b"\xcf" * n
+    with pytest.raises(OverflowError):
+        _pack_hashes([2**64])
 
 
 @pytest.mark.parametrize("positional", [False, True])
