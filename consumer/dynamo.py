@@ -20,6 +20,9 @@ Dynamo's serde definitions (``lib/kv-router`` ``protocols.rs``):
 
 kvevents carries LoRA *ids*; Dynamo hashes LoRA *names*. ``lora_names`` maps ids to names; an
 id without a name hashes under its decimal string (never equal to the base model's blocks).
+A cache salt is Dynamo's ``cache_namespace`` (a request's namespace is its ``cache_salt``),
+which seeds every block of the request, so the blocks of a salted chain are hashed under it
+(:func:`block_namespaces`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from .workers import WorkerKey
 
 __all__ = [
     "DYNAMO_SEED",
+    "block_namespaces",
     "block_tokens_hash",
     "dynamo_seed",
     "local_block_hashes",
@@ -126,30 +130,58 @@ def block_tokens_hash(tokens: Sequence[int], seed: int = DYNAMO_SEED, mm_hashes:
     return _xxh3(data, seed=seed)
 
 
-def _block_seed(block: KVCacheStoredBlockData, lora_names: Mapping[int, str] | None) -> int:
+def _block_seed(
+    block: KVCacheStoredBlockData, lora_names: Mapping[int, str] | None, namespace: str | None = None
+) -> int:
     if block.lora_id is None:
-        return DYNAMO_SEED
+        return DYNAMO_SEED if namespace is None else dynamo_seed(None, namespace)
     name = lora_names.get(block.lora_id) if lora_names is not None else None
-    return dynamo_seed(name if name is not None else str(block.lora_id))
+    return dynamo_seed(name if name is not None else str(block.lora_id), namespace)
+
+
+def block_namespaces(
+    blocks: Sequence[KVCacheStoredBlockData], parent_namespace: str | None = None
+) -> list[str | None]:
+    """Each block's Dynamo ``cache_namespace``: the cache salt its chain started with. A salt
+    is on a request's first block (TensorRT-LLM, vLLM) or on every block of it (SGLang), while
+    Dynamo hashes every block of a salted request under the salt (a request's namespace is its
+    ``cache_salt``), so a block without one takes its parent's: the previous block's, and for
+    the first, ``parent_namespace`` (that of the event's parent, which a caller tracking the
+    stream knows)."""
+    out: list[str | None] = []
+    namespace = parent_namespace
+    for block in blocks:
+        if block.cache_salt is not None:
+            namespace = block.cache_salt or None
+        out.append(namespace)
+    return out
 
 
 def stored_block_dict(
-    block: KVCacheStoredBlockData, lora_names: Mapping[int, str] | None = None
+    block: KVCacheStoredBlockData, lora_names: Mapping[int, str] | None = None, namespace: str | None = None
 ) -> dict[str, int]:
-    """``{"block_hash", "tokens_hash"}`` of one stored block."""
+    """``{"block_hash", "tokens_hash"}`` of one stored block (hashed under ``namespace``, a
+    cache salt: :func:`block_namespaces`)."""
     mm = [mm_key_hash(k) for k in block.mm_keys] if block.mm_keys else ()
     return {
         "block_hash": block.block_hash,
-        "tokens_hash": block_tokens_hash(block.tokens, _block_seed(block, lora_names), mm),
+        "tokens_hash": block_tokens_hash(block.tokens, _block_seed(block, lora_names, namespace), mm),
     }
 
 
-def router_event(event: KVCacheEvent, lora_names: Mapping[int, str] | None = None) -> dict[str, Any] | None:
+def router_event(
+    event: KVCacheEvent,
+    lora_names: Mapping[int, str] | None = None,
+    *,
+    parent_namespace: str | None = None,
+) -> dict[str, Any] | None:
     """The Dynamo ``KvCacheEvent`` dict of one event (None for an Updated event: no counterpart).
 
     A Stored event's blocks from the first one without tokens on (a placeholder, such as vLLM's
     offloading connector sends) are left out: Dynamo keys a block by its tokens' hash, under
-    which every such block would be the same one; None when no block is left."""
+    which every such block would be the same one; None when no block is left. Salted blocks
+    are hashed under their chain's salt as Dynamo's ``cache_namespace``
+    (:func:`block_namespaces`; ``parent_namespace``: the event's parent's)."""
     data = event.data
     body: Any
     kind = type(data)
@@ -158,10 +190,14 @@ def router_event(event: KVCacheEvent, lora_names: Mapping[int, str] | None = Non
         cut = next((i for i, b in enumerate(blocks) if not len(b.tokens)), len(blocks))
         if cut == 0:
             return None
+        kept = blocks[:cut]
+        namespaces = block_namespaces(kept, parent_namespace)
         body = {
             "stored": {
                 "parent_hash": data.parent_hash,  # type: ignore[union-attr]
-                "blocks": [stored_block_dict(b, lora_names) for b in blocks[:cut]],
+                "blocks": [
+                    stored_block_dict(b, lora_names, ns) for b, ns in zip(kept, namespaces, strict=True)
+                ],
             }
         }
     elif kind is KVCacheRemovedData:
@@ -183,6 +219,8 @@ def router_events(
     counterpart (see the module docstring), each with its worker, in order.
 
     ``window_size`` keeps only that window size's events (Dynamo has one cache per worker).
+    A salt reaches the blocks after it within an event only: across events (a chain continued
+    by a later one) :class:`~kvevents.consumer.export.dynamo_export.DynamoConverter` tracks it.
     """
     out: list[tuple[WorkerKey, dict[str, Any]]] = []
     instance = batch.instance_id

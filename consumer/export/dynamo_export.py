@@ -18,9 +18,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvevents.schemas import EventBatch, KVCacheEvent, KVCacheStoredData
+from kvevents.schemas import (
+    EventBatch,
+    KVCacheCreatedData,
+    KVCacheEvent,
+    KVCacheRemovedData,
+    KVCacheStoredData,
+)
 
-from ..dynamo import router_event, worker_id_for
+from ..dynamo import block_namespaces, router_event, worker_id_for
 from ..workers import WorkerKey
 
 __all__ = ["DynamoConverter", "DynamoCounters"]
@@ -58,6 +64,9 @@ class DynamoConverter:
         self._cursors: dict[WorkerKey, int] = {}
         self._known: set[WorkerKey] = set()
         self._sessions: dict[str, tuple[int, int]] = {}
+        self._namespaces: dict[WorkerKey, dict[int, str]] = {}
+        """Per worker, the Dynamo namespace (cache salt) of each salted block held, for the
+        events that continue its chain (``block_namespaces``)."""
         self._on_loss = on_loss
 
     def worker_id(self, instance: str) -> int:
@@ -71,6 +80,7 @@ class DynamoConverter:
         c.clears_for_loss += 1
         c.loss_reasons[reason] = c.loss_reasons.get(reason, 0) + 1
         rank = key.attention_dp_rank
+        self._namespaces.pop(key, None)
         out.append(
             {
                 "worker_id": self.worker_id(key.instance_id),
@@ -145,7 +155,7 @@ class DynamoConverter:
             for event in kept:
                 if window is not None and event.window_size != window:
                     continue
-                mapped = router_event(event, lora_names)
+                mapped = self._mapped(instance, event, lora_names)
                 if isinstance(event.data, KVCacheStoredData):
                     sent = len(mapped["data"]["stored"]["blocks"]) if mapped is not None else 0
                     c.blocks_left_out += len(event.data.blocks) - sent
@@ -153,3 +163,28 @@ class DynamoConverter:
                     out.append({"worker_id": worker_id, "event": mapped})
         c.events_out += len(out)
         return out
+
+    def _mapped(
+        self, instance: str, event: KVCacheEvent, lora_names: Mapping[int, str]
+    ) -> dict[str, Any] | None:
+        """``router_event`` with the salt lineage of the event's worker kept up to date."""
+        data = event.data
+        key = WorkerKey(instance, event.attention_dp_rank or 0)
+        held = self._namespaces.get(key)
+        if isinstance(data, KVCacheStoredData):
+            parent = None if held is None or data.parent_hash is None else held.get(data.parent_hash)
+            namespaces = block_namespaces(data.blocks, parent)
+            if any(ns is not None for ns in namespaces):
+                if held is None:
+                    held = self._namespaces[key] = {}
+                for block, ns in zip(data.blocks, namespaces, strict=True):
+                    if ns is not None:
+                        held[block.block_hash] = ns
+            return router_event(event, lora_names, parent_namespace=parent)
+        if held is not None:
+            if isinstance(data, KVCacheRemovedData):
+                for h in data.block_hashes:
+                    held.pop(h, None)
+            elif isinstance(data, KVCacheCreatedData):
+                del self._namespaces[key]
+        return router_event(event, lora_names)

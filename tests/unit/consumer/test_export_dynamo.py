@@ -103,3 +103,49 @@ def test_blocks_without_tokens_are_left_out_and_counted() -> None:
     assert [line["event"]["event_id"] for line in lines] == [0, 2]
     assert [b["block_hash"] for b in lines[1]["event"]["data"]["stored"]["blocks"]] == [40]
     assert conv.counters.blocks_left_out == 3
+
+
+def test_a_salted_chain_is_hashed_under_its_salt_as_dynamos_cache_namespace() -> None:
+    """Dynamo hashes every block of a salted request under the salt (its ``cache_namespace``),
+    while kvevents carries the salt on the chain's first block (TensorRT-LLM, vLLM) or on every
+    block (SGLang): the converter keeps each chain's salt across events, so Dynamo's own tree
+    matches a request of the same tenant and no other (measured: both were wrong before)."""
+    import json
+
+    from dynamo.llm import RadixTree, compute_block_hash_for_seq
+
+    tokens = list(range(100, 116))  # 4 blocks of 4
+
+    def blk(i: int, salt: str | None = None) -> KVCacheStoredBlockData:
+        return KVCacheStoredBlockData(1000 + i, tokens[4 * i : 4 * i + 4], cache_salt=salt)
+
+    conv = DynamoConverter(worker_ids={"e": 7})
+    lines = conv.convert(
+        _batch(
+            [
+                KVCacheEvent(0, KVCacheStoredData(None, [blk(0, "tenant-x"), blk(1)]), 16, 0),
+                KVCacheEvent(1, KVCacheStoredData(1001, [blk(2)]), 16, 0),  # the chain goes on
+                KVCacheEvent(0, KVCacheStoredData(None, [blk(0), blk(1)]), 16, 1),  # unsalted, rank 1
+            ],
+            0,
+        )
+    )
+    tree = RadixTree()
+    for line in lines:
+        tree.apply_event(line["worker_id"], json.dumps(line["event"]).encode())
+
+    def scores(namespace: str | None) -> dict[tuple[int, int], int]:
+        return dict(
+            tree.find_matches(compute_block_hash_for_seq(tokens, 4, cache_namespace=namespace)).scores
+        )
+
+    assert scores("tenant-x") == {(7, 0): 3}
+    assert scores(None) == {(7, 1): 2}
+    assert scores("tenant-y") == {}
+    # a removed salted block is forgotten; a chain stored again without salt is the base model's
+    conv.convert(_batch([KVCacheEvent(2, KVCacheRemovedData([1001]), 16, 0)], 1))
+    again = conv.convert(_batch([KVCacheEvent(3, KVCacheStoredData(1001, [blk(3)]), 16, 0)], 2))
+    assert (
+        again[0]["event"]["data"]["stored"]["blocks"][0]["tokens_hash"]
+        == (compute_block_hash_for_seq(tokens[12:], 4)[0])
+    )
