@@ -134,16 +134,43 @@ cdef object inspect_store_layout(IndexCore self):
 
 
 cdef object inspect_check_tables(IndexCore self):
-    cdef uint64_t bad, far, sat, cbad, cfar, csat
+    cdef uint64_t bad, far, sat, cbad, cfar, csat, chain_bad = 0, longest_chain = 0, length
+    cdef uint32_t id, other
+    cdef Node *node
     rlock_whole(self)
     try:
         bad = table_check(&self.st, &self.st.etab, False, &far, &sat)
         cbad = table_check(&self.st, &self.st.ctab, True, &cfar, &csat)
+        # every content chain: its head in the table, each link answered, one content along it
+        for id in range(self.st.node_top):
+            node = node_at(&self.st, id)
+            if (node.n & (KV_USED | KV_HAS_CONTENT)) != (KV_USED | KV_HAS_CONTENT):
+                continue
+            if not (node.n & KV_CHAINED):
+                if table_find(&self.st, &self.st.ctab, node.content, True) != id:
+                    chain_bad += 1
+                longest_chain = max(longest_chain, 1)
+                continue
+            other = link_at(&self.st, id).next
+            if other != KV_NIL and (link_at(&self.st, other).prev != id
+                                    or node_at(&self.st, other).content != node.content
+                                    or not (node_at(&self.st, other).n & KV_CHAINED)):
+                chain_bad += 1
+            if link_at(&self.st, id).prev != KV_NIL:
+                continue
+            if table_find(&self.st, &self.st.ctab, node.content, True) != id or other == KV_NIL:
+                chain_bad += 1  # a head in the table, with a next (a chain is two nodes or more)
+            length = 1
+            while other != KV_NIL and length <= self.st.node_top:
+                length += 1
+                other = link_at(&self.st, other).next
+            longest_chain = max(longest_chain, length)
     finally:
         runlock(self)
     return {
         "engine": {"wrong": bad, "longest": far, "saturated": sat},
         "content": {"wrong": cbad, "longest": cfar, "saturated": csat},
+        "content_chains": {"wrong": chain_bad, "longest": longest_chain},
     }
 
 

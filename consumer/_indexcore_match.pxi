@@ -174,7 +174,8 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
     cdef size_t ntouched = 0, nalive = 0, nnew, k
     cdef Py_ssize_t i
     cdef uint32_t id, cnt, j, h, slot, lvl, r, step, pending = 0, prev_cnt = 0
-    cdef uint64_t pos = 0, nxt, key
+    cdef uint64_t pos = 0, key
+    cdef uint32_t cnext
     cdef uint32_t prev_set = 0, hset
     cdef uint64_t NONE = <uint64_t>-1
     cdef uint32_t *hs
@@ -279,9 +280,9 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
             if id + 4 < st.node_top:  # the node the walk guesses four steps on
                 prefetch(node + 4 if (id & KV_CHUNK_MASK) < KV_CHUNK - 4 else self.N(id + 4))
         cnt = node.n & KV_COUNT_MASK
-        # the content table has a node per engine hash that stands for this content
-        nxt = table_find_pos(st, tab, key, True, pos) if by_content else NONE
-        single = nxt == NONE
+        # a content stands for a chain of nodes, one per engine hash (the table has its head)
+        cnext = chain_next(st, id, node) if by_content else KV_NIL
+        single = cnext == KV_NIL
         # the node's holder list: its one holder's slot and level, or its run (shared by equal lists)
         hset = node.holders & 0xFFFFFFu if cnt == 1 else node.holders
         if full and single and cnt == prev_cnt and (hset == prev_set or (
@@ -302,6 +303,9 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
         nnew = 0
         while True:
             node = self.N(id)
+            if cnext != KV_NIL:  # the chain's next node and link come in while this one's holders are read
+                prefetch(self.N(cnext))
+                prefetch(link_at(st, cnext))
             cnt = node.n & KV_COUNT_MASK
             hs = node_holders(&self.st, node)
             if i == 0:  # the first block: its holders start their runs
@@ -351,10 +355,10 @@ cdef size_t match_walk(IndexCore self, Py_ssize_t n, bint by_content, bint has_w
                         prim[slot] += 1
                         pstep[slot] = step
                         slvl[slot] = 0
-            if nxt == NONE:
+            if cnext == KV_NIL:
                 break
-            id = tab.ids[nxt] & st.id_mask
-            nxt = table_find_pos(st, tab, key, True, nxt)
+            id = cnext
+            cnext = link_at(st, id).next
         if i == 0:
             if single and nnew == prev_cnt and prev_cnt >= 2:  # every holder of the first block is touched
                 self.q_setsig = run_sig(st, hset) * KVH.k1  # a 32-bit signature spread out

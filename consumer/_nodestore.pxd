@@ -22,7 +22,8 @@ cdef extern from *:
     #define KV_CHUNK_MASK (KV_CHUNK - 1u)
     #define KV_HAS_CONTENT 0x80000000u
     #define KV_USED 0x40000000u
-    #define KV_COUNT_MASK 0x3FFFFFFFu
+    #define KV_CHAINED 0x20000000u
+    #define KV_COUNT_MASK 0x1FFFFFFFu
     #define KV_SLOT_BITS 20
     #define KV_SLOT_MASK 0xFFFFFu
     #define KV_MIX 0x9E3779B97F4A7C15ull
@@ -48,6 +49,7 @@ cdef extern from *:
     const uint32_t KV_CHUNK_MASK
     const uint32_t KV_HAS_CONTENT
     const uint32_t KV_USED
+    const uint32_t KV_CHAINED
     const uint32_t KV_COUNT_MASK
     const int KV_SLOT_BITS
     const uint32_t KV_SLOT_MASK
@@ -85,8 +87,12 @@ cdef enum:
 ctypedef struct Node:
     uint64_t engine      # engine, holders and n first: a lookup by engine hash reads 16 bytes
     uint32_t holders     # count 1: the packed holder; count >= 2: its pool run; free: next free id
-    uint32_t n           # count | KV_HAS_CONTENT | KV_USED
+    uint32_t n           # count | KV_HAS_CONTENT | KV_USED | KV_CHAINED
     uint64_t content
+
+ctypedef struct Link:    # a node's place in its content's chain (KV_CHAINED nodes only)
+    uint32_t next
+    uint32_t prev
 
 ctypedef struct Table:
     uint32_t *ids        # entries: node id | distance from home | the key's fingerprint bits; KV_NIL empty
@@ -109,7 +115,8 @@ ctypedef struct NodeStore:
     uint32_t fp_mask     # the fingerprint bits of an entry (set_id_bits)
     bint huge            # tables >= 8 MiB and node slabs on 2 MiB pages
     Table etab           # engine hash -> node
-    Table ctab           # content hash -> every node with that content (a multimap)
+    Table ctab           # content hash -> its node, or the head of its nodes' chain (links)
+    Link **links         # per chunk, the Links of its nodes; NULL until one of them is chained
     uint32_t *pool
     size_t pool_len
     size_t pool_cap
@@ -181,6 +188,21 @@ cdef inline Node *node_at(const NodeStore *s, uint32_t id) noexcept nogil:
     return &s.chunks[id >> KV_CHUNK_BITS][id & KV_CHUNK_MASK]
 
 
+cdef inline Link *link_at(const NodeStore *s, uint32_t id) noexcept nogil:
+    """The Link of a KV_CHAINED node (its chunk's links are allocated)."""
+    return &s.links[id >> KV_CHUNK_BITS][id & KV_CHUNK_MASK]
+
+
+cdef inline bint chain_head(const NodeStore *s, uint32_t id, const Node *node) noexcept nogil:
+    """Whether a node with content is the one the content table holds: alone, or its chain's head."""
+    return not (node.n & KV_CHAINED) or link_at(s, id).prev == KV_NIL
+
+
+cdef inline uint32_t chain_next(const NodeStore *s, uint32_t id, const Node *node) noexcept nogil:
+    """The next node of ``id``'s content chain (KV_NIL: none)."""
+    return link_at(s, id).next if node.n & KV_CHAINED else KV_NIL
+
+
 cdef inline uint64_t node_key(const NodeStore *s, uint32_t id, bint by_content) noexcept nogil:
     cdef Node *node = node_at(s, id)
     return node.content if by_content else node.engine
@@ -247,6 +269,10 @@ cdef inline void store_free(NodeStore *s) noexcept nogil:
                 PyMem_RawFree(s.chunk_raw[i])
             elif s.chunk_raw[i] != NULL:
                 munmap(s.chunk_raw[i], slab_bytes())
+    if s.links != NULL:
+        for i in range(s.nchunks):
+            PyMem_RawFree(s.links[i])
+    PyMem_RawFree(s.links)
     PyMem_RawFree(s.chunks)
     PyMem_RawFree(s.chunk_raw)
     table_release(&s.etab)
@@ -256,7 +282,12 @@ cdef inline void store_free(NodeStore *s) noexcept nogil:
 
 
 cdef inline size_t store_bytes(const NodeStore *s) noexcept nogil:
-    return (s.nchunks * (KV_CHUNK * sizeof(Node) + 2 * sizeof(void *))
+    cdef size_t links = 0, i
+    if s.links != NULL:
+        for i in range(s.nchunks):
+            if s.links[i] != NULL:
+                links += KV_CHUNK * sizeof(Link)
+    return (s.nchunks * (KV_CHUNK * sizeof(Node) + 3 * sizeof(void *)) + links
             + (s.etab.cap + s.ctab.cap) * sizeof(uint32_t) + s.pool_cap * sizeof(uint32_t))
 
 
@@ -266,6 +297,7 @@ cdef inline int chunk_add(NodeStore *s) except -1 nogil:
     never touched, so take no memory."""
     cdef size_t k = s.nchunks
     cdef Node **chunks
+    cdef Link **links
     cdef void **raws
     cdef void *raw
     cdef void *mem
@@ -275,6 +307,12 @@ cdef inline int chunk_add(NodeStore *s) except -1 nogil:
         with gil:
             raise MemoryError()
     s.chunks = chunks
+    links = <Link **>PyMem_RawRealloc(s.links, (k + 1) * sizeof(Link *))
+    if links == NULL:
+        with gil:
+            raise MemoryError()
+    links[k] = NULL
+    s.links = links
     raws = <void **>PyMem_RawRealloc(s.chunk_raw, (k + 1) * sizeof(void *))
     if raws == NULL:
         with gil:
@@ -434,6 +472,27 @@ cdef inline void table_place(Table *t, uint32_t id, uint64_t key, uint32_t id_ma
     t.count += 1
 
 
+cdef inline uint32_t content_find_or_place(NodeStore *s, uint32_t id, uint64_t content) noexcept nogil:
+    """One probe of the content table (room is there): the node already under ``content``, or
+    KV_NIL after placing ``id`` under it where the probe ended."""
+    cdef Table *t = &s.ctab
+    cdef uint64_t m = key_mix(content)
+    cdef uint64_t i = tab_home(t, m), dist = 0
+    cdef uint32_t fp = fp_bits(s, m), e, mask = s.id_mask
+    while True:
+        e = t.ids[i]
+        if e == KV_NIL:
+            t.ids[i] = id | dist_field(mask, dist) | ((<uint32_t>m) & ~(mask | dist_field(mask, KV_NIL)))
+            t.count += 1
+            return KV_NIL
+        if (e & s.fp_mask) == fp and node_at(s, e & mask).content == content:
+            return e & mask
+        i += 1
+        dist += 1
+        if i == t.cap:
+            i = 0
+
+
 cdef inline void table_put(NodeStore *s, Table *t, uint32_t id, uint64_t key) noexcept nogil:
     """Place ``id`` under ``key`` (room is there)."""
     table_place(t, id, key, s.id_mask)
@@ -441,8 +500,8 @@ cdef inline void table_put(NodeStore *s, Table *t, uint32_t id, uint64_t key) no
 
 cdef inline void table_fill(const NodeStore *s, Table *t, bint by_content, uint32_t id_mask,
                             uint32_t skip) noexcept nogil:
-    """Put into ``t`` (allocated, empty) every node in use (by_content: every one with a
-    content hash) but ``skip``, in one pass over the nodes in order. It only reads the store:
+    """Put into ``t`` (allocated, empty) every node in use (by_content: every content's node,
+    or the head of its chain) but ``skip``, in one pass over the nodes in order. It only reads the store:
     the writer runs it without the index lock while readers use the store's own tables."""
     cdef uint32_t id
     cdef const Node *node
@@ -454,10 +513,10 @@ cdef inline void table_fill(const NodeStore *s, Table *t, bint by_content, uint3
         ahead = id + REBUILD_AHEAD
         if ahead < s.node_top:
             node = node_at(s, ahead)
-            if (node.n & need) == need:
+            if (node.n & need) == need and not (by_content and not chain_head(s, ahead, node)):
                 prefetch(&t.ids[tab_home(t, key_mix(node.content if by_content else node.engine))])
         node = node_at(s, id)
-        if (node.n & need) == need and id != skip:
+        if (node.n & need) == need and id != skip and not (by_content and not chain_head(s, id, node)):
             table_place(t, id, node.content if by_content else node.engine, id_mask)
 
 
@@ -645,11 +704,13 @@ cdef inline void prefetch_removal(const NodeStore *s, uint64_t key, int stage) n
             prefetch(s.pool + node.holders)
         return
     if stage == 0:
-        if node.n & KV_HAS_CONTENT:
+        if node.n & KV_CHAINED:
+            prefetch(link_at(s, id))
+        elif node.n & KV_HAS_CONTENT:
             prefetch(&s.ctab.ids[tab_home(&s.ctab, key_mix(node.content))])
         return
     prefetch_shift(s, &s.etab, pos)
-    if node.n & KV_HAS_CONTENT:
+    if (node.n & KV_HAS_CONTENT) and not (node.n & KV_CHAINED):
         i = tab_home(&s.ctab, key_mix(node.content))
         while steps < 64:
             e = s.ctab.ids[i]
@@ -666,33 +727,100 @@ cdef inline void prefetch_removal(const NodeStore *s, uint64_t key, int stage) n
 
 # ---------------------------------------------------------------------------- content, release
 
-cdef inline int set_content(NodeStore *s, uint32_t id, uint64_t content) except -1 nogil:
-    cdef Node *node = node_at(s, id)
-    node.content = content
-    table_reserve(s, &s.ctab, True, s.ctab.count + 1, id)
-    node.n |= KV_HAS_CONTENT
-    table_put(s, &s.ctab, id, content)
+cdef inline int links_for(NodeStore *s, uint32_t id) except -1 nogil:
+    """Allocate the Links of ``id``'s chunk if it has none yet (its first chained node)."""
+    cdef size_t k = id >> KV_CHUNK_BITS
+    if s.links[k] == NULL:
+        s.links[k] = <Link *>PyMem_RawMalloc(KV_CHUNK * sizeof(Link))
+        if s.links[k] == NULL:
+            with gil:
+                raise MemoryError()
     return 0
+
+
+cdef inline int set_content(NodeStore *s, uint32_t id, uint64_t content) except -1 nogil:
+    """Give node ``id`` its content. The content table holds one entry per content: its node,
+    or, when several nodes have it (one per engine hash seed: vLLM hashes with a seed per
+    process), the head of their chain, the others linked after it (``links``, allocated per
+    chunk only once a node of the chunk is chained). Either costs one probe, however many
+    nodes the content has: a table run of one entry per node, as before, made every insert and
+    removal of a content walk all its nodes (quadratic for a producer that sends one content
+    under ever new hashes; 2x the writer's time per block in a 128-worker fleet of seeds)."""
+    cdef Node *node = node_at(s, id)
+    cdef Node *head
+    cdef Link *hl
+    cdef Link *nl
+    cdef uint32_t hid
+    node.content = content
+    table_reserve(s, &s.ctab, True, s.ctab.count + 1, id)  # (id is not in the table yet)
+    hid = content_find_or_place(s, id, content)
+    if hid == KV_NIL:
+        node.n |= KV_HAS_CONTENT
+        return 0
+    head = node_at(s, hid)
+    links_for(s, hid)
+    links_for(s, id)
+    hl = link_at(s, hid)
+    if not (head.n & KV_CHAINED):
+        hl.next = hl.prev = KV_NIL
+        head.n |= KV_CHAINED
+    nl = link_at(s, id)
+    nl.prev = hid
+    nl.next = hl.next
+    if hl.next != KV_NIL:
+        link_at(s, hl.next).prev = id
+    hl.next = id
+    node.n |= KV_HAS_CONTENT | KV_CHAINED
+    return 0
+
+
+cdef inline void unchain_if_alone(NodeStore *s, uint32_t id) noexcept nogil:
+    """A chain left with one node: that node is alone again (not KV_CHAINED)."""
+    cdef Link *l = link_at(s, id)
+    if l.next == KV_NIL and l.prev == KV_NIL:
+        node_at(s, id).n &= ~KV_CHAINED
+
+
+cdef inline void unlink_content(NodeStore *s, uint32_t id, Node *node) noexcept nogil:
+    """Take node ``id`` out of the content table, or out of its content's chain (a head's next
+    node takes its entry: same key, same place)."""
+    cdef uint64_t i
+    cdef uint32_t e, nxt = KV_NIL, prv = KV_NIL
+    cdef Link *l
+    if node.n & KV_CHAINED:
+        l = link_at(s, id)
+        nxt, prv = l.next, l.prev
+        node.n &= ~KV_CHAINED
+        if prv != KV_NIL:
+            link_at(s, prv).next = nxt
+            if nxt != KV_NIL:
+                link_at(s, nxt).prev = prv
+            unchain_if_alone(s, prv)
+            return
+        link_at(s, nxt).prev = KV_NIL  # a chained head has a next
+    i = tab_home(&s.ctab, key_mix(node.content))
+    while True:
+        e = s.ctab.ids[i]
+        if e == KV_NIL:
+            return
+        if (e & s.id_mask) == id:
+            if nxt != KV_NIL:
+                s.ctab.ids[i] = (e & ~s.id_mask) | nxt
+                unchain_if_alone(s, nxt)
+            else:
+                table_delete_at(s, &s.ctab, True, i)
+            return
+        i += 1
+        if i == s.ctab.cap:
+            i = 0
 
 
 cdef inline void release_node(NodeStore *s, uint32_t id) noexcept nogil:
     """Forget a node whose last holder left (both tables, then the node)."""
     cdef Node *node = node_at(s, id)
-    cdef uint64_t m, i
-    cdef uint32_t e
+    cdef uint64_t i
     if node.n & KV_HAS_CONTENT:
-        m = key_mix(node.content)
-        i = tab_home(&s.ctab, m)
-        while True:
-            e = s.ctab.ids[i]
-            if e == KV_NIL:
-                break
-            if (e & s.id_mask) == id:
-                table_delete_at(s, &s.ctab, True, i)
-                break
-            i += 1
-            if i == s.ctab.cap:
-                i = 0
+        unlink_content(s, id, node)
     i = table_find_pos(s, &s.etab, node.engine, False, <uint64_t>-1)
     if i != <uint64_t>-1:
         table_delete_at(s, &s.etab, False, i)

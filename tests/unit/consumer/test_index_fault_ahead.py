@@ -76,7 +76,10 @@ for first in range(50_000, n2, PER_EVENT):  # every block, an event's run at a t
     assert index.find_matches(run) == {("i0", 0): PER_EVENT}, first
 layout = index._core.store_layout()
 assert layout["node_top"] == n2 - 50_000, layout  # the freed ids were used again first
-assert layout["engine_table_count"] == layout["content_table_count"] == n2 - 50_000, layout
+assert layout["engine_table_count"] == n2 - 50_000, layout
+assert layout["content_table_count"] == 50_000, layout  # one entry per content: tokens [h % 50000, 7]
+checked = index._core.check_tables()
+assert checked["content_chains"] == {"wrong": 0, "longest": 13}, checked  # 622,000 blocks over 50,000
 assert layout["chunks"] << 14 >= layout["node_top"] and layout["id_bits"] == 20, layout
 again = CacheIndex.from_bytes(index.to_bytes(), core="compiled")
 assert again.same_state(index)
