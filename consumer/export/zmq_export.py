@@ -83,6 +83,10 @@ class ZmqExportConfig:
     replay_anchors: int = 64
     """Replay starting points kept at most (one is taken per checkpoint; see :mod:`.anchors`);
     without ``state_path`` they are kept in memory, 16 at most."""
+    pod_ids: Mapping[WorkerKey, str] = field(default_factory=dict)
+    """A worker's ``{pod}`` in topics, as the router names the engine (llm-d: the pod's
+    ``ip:port``, each data-parallel rank its own port); default: the instance id, ``-dp<rank>``
+    added for ranks above 0."""
     replay_max_pending: int = 8
     """Replay answers in progress at most (each is held in memory until its client has read
     it); a request past it, or from a client whose answer is still going out, is refused:
@@ -103,9 +107,16 @@ class ZmqExportConfig:
             raise ValueError(f"start must be 'beginning', 'end' or partition offsets, got {self.start!r}")
 
 
-def stream_topic(template: str, key: WorkerKey, model: str) -> str:
-    """The ZMQ topic of a worker's stream."""
-    pod = key.instance_id if key.attention_dp_rank == 0 else f"{key.instance_id}-dp{key.attention_dp_rank}"
+def stream_topic(
+    template: str, key: WorkerKey, model: str, pod_ids: Mapping[WorkerKey, str] | None = None
+) -> str:
+    """The ZMQ topic of a worker's stream; ``{pod}`` is ``pod_ids``' name for the worker, else the
+    instance id, ``-dp<rank>`` added for ranks above 0."""
+    pod = pod_ids.get(key) if pod_ids else None
+    if pod is None:
+        pod = (
+            key.instance_id if key.attention_dp_rank == 0 else f"{key.instance_id}-dp{key.attention_dp_rank}"
+        )
     return template.format(pod=pod, instance=key.instance_id, rank=key.attention_dp_rank, model=model)
 
 
@@ -276,7 +287,7 @@ class ZmqExporter:
         if route is False:
             index = self.publisher_of(key)
             cfg = self.config
-            topic = stream_topic(cfg.topic_template, key, cfg.model)
+            topic = stream_topic(cfg.topic_template, key, cfg.model, cfg.pod_ids)
             route = None if index is None else (self._publishers[index][0], topic.encode("utf-8"), index)
             self._routes[key] = route
         return route  # type: ignore[return-value]
@@ -586,7 +597,9 @@ class _ReplayServer(threading.Thread):
                     ts, converted = pipeline.handle(message)
                     for key, events in converted.items():
                         if key not in topics:
-                            name = stream_topic(cfg.topic_template, key, cfg.model).encode("utf-8")
+                            name = stream_topic(cfg.topic_template, key, cfg.model, cfg.pod_ids).encode(
+                                "utf-8"
+                            )
                             topics[key] = (name, exporter.publisher_of(key))
                         topic, publisher = topics[key]
                         if publisher is None:

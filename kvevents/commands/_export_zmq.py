@@ -77,7 +77,8 @@ indexer ignores until the seqs pass where they were: give Dynamo --state.
 
 Routers: llm-d hashes a block under the model named in its topic (or the lora_name), so give
 --model the name its scheduler uses; its pod id is the topic's middle part (the instance id,
-'-dp<rank>' for ranks > 0: --topic-template can change it). Dynamo's indexer takes one worker
+'-dp<rank>' for ranks > 0; --pod-id gives a worker the name the scheduler knows its engine by,
+llm-d's pod ip:port, each data-parallel rank on its own port). Dynamo's indexer takes one worker
 and one seq counter per socket: give it one --worker publisher per (instance, rank), not the
 shared --pub.
 
@@ -110,6 +111,26 @@ def _endpoint(text: str) -> str:
     if "://" not in text:
         raise argparse.ArgumentTypeError(f"expected a ZMQ endpoint like tcp://*:5557, got {text!r}")
     return text.replace("tcp://*:", "tcp://0.0.0.0:")
+
+
+def _who(who: str, text: str) -> tuple[str, int]:
+    """``INSTANCE[:RANK]`` of ``text`` (an argparse error naming ``text``)."""
+    instance, _, rank = who.rpartition(":") if ":" in who else (who, "", "0")
+    if not rank.isdigit() or not instance:
+        raise argparse.ArgumentTypeError(f"the worker in {text!r} must be INSTANCE[:RANK], RANK a number")
+    return instance, int(rank)
+
+
+def _pod_id(text: str) -> tuple[str, int, str]:
+    """``INSTANCE[:RANK]=ID``."""
+    who, sep, pod = text.partition("=")
+    if not sep or not who or not pod:
+        raise argparse.ArgumentTypeError(f"expected INSTANCE[:RANK]=ID, got {text!r}")
+    if "@" in pod:
+        raise argparse.ArgumentTypeError(
+            f"a pod id cannot contain '@' (llm-d splits topics on it), got {pod!r}"
+        )
+    return (*_who(who, text), pod)
 
 
 def _worker(text: str) -> tuple[str, int, str, str | None]:
@@ -179,6 +200,16 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
         "under it); default 'model', with a warning",
     )
     pub.add_argument(
+        "--pod-id",
+        type=_pod_id,
+        action="append",
+        default=[],
+        metavar="INSTANCE[:RANK]=ID",
+        help="a worker's {pod} in topics, as the router's scheduler names that engine (llm-d: its "
+        "pod's ip:port, each rank its own port); repeatable; default: the instance id, '-dp<rank>' "
+        "added for ranks above 0",
+    )
+    pub.add_argument(
         "--topic-template",
         default="kv@{pod}@{model}",
         help="ZMQ topic of a worker's stream; fields {pod} {instance} {rank} {model} (default: "
@@ -236,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
             workers=workers,
             model=_model(args.model),
             topic_template=args.topic_template,
+            pod_ids={WorkerKey(instance, rank): pod for instance, rank, pod in args.pod_id},
             positional=not args.map_events,
             replay_frames=args.replay_frames,
             start=start_position(args),

@@ -238,3 +238,24 @@ def test_hashes_go_as_8_byte_uint64s_and_events_as_arrays_by_default() -> None:
     many = list(range(70_000))  # array headers of every width: fixarray, array16, array32
     for n in (15, 16, 65_535, 65_536, 70_000):
         assert msgspec.msgpack.decode(msgspec.msgpack.encode(wire.removed(many[:n], "GPU")))[1] == many[:n]
+
+
+def test_pod_ids_name_a_workers_topic_and_the_cli_reads_them() -> None:
+    """llm-d takes a topic's middle part as the pod id its scheduler knows (the engine's
+    ip:port, each data-parallel rank its own port): --pod-id maps workers to those names."""
+    import argparse
+
+    from kvevents.consumer.export.zmq_export import stream_topic
+
+    from kvevents.commands._export_zmq import _pod_id
+
+    pods = {WorkerKey("a", 1): "10.0.0.5:5558"}
+    template = "kv@{pod}@{model}"
+    assert stream_topic(template, WorkerKey("a", 1), "m", pods) == "kv@10.0.0.5:5558@m"
+    assert stream_topic(template, WorkerKey("a", 2), "m", pods) == "kv@a-dp2@m"
+    assert stream_topic(template, WorkerKey("a", 0), "m") == "kv@a@m"
+    assert _pod_id("engine-0:1=10.0.0.5:5558") == ("engine-0", 1, "10.0.0.5:5558")
+    assert _pod_id("engine-0=10.0.0.5:5557") == ("engine-0", 0, "10.0.0.5:5557")
+    for bad in ("engine-0", "engine-0:x=pod", "=pod", "engine-0=kv@x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _pod_id(bad)
