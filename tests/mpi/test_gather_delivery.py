@@ -149,14 +149,18 @@ def test_a_stalled_rank_0_backs_sends_up_to_the_bound_and_drops_are_exact(mpirun
     run.assert_clean(4)
     root = run.results[0]
     assert root["gather"]["dead_rank_detections_total"] == 0  # queued messages are read first
+    # rank 0's own buffer (2000 entries) may drop gathered events too, when its reader falls
+    # behind on a busy machine: counted per source rank there, beside what each rank reported
+    root_drops = root["buffer"]["events_dropped_by_rank"]
     for rank in range(1, 4):
         stats = run.results[rank]["gather"]
         assert stats["sends_deferred_total"] > 0, rank  # the in-flight bound held events back
         received = root["received_ids"][str(rank)]
         dropped = root["dropped_by_rank"][str(rank)]
+        own = run.results[rank]["buffer"]["events_dropped_total"]
         assert received == sorted(set(received)), rank
-        assert dropped == run.results[rank]["buffer"]["events_dropped_total"] > 0, rank
-        assert len(received) + dropped == run.results[rank]["enqueued"], rank
+        assert len(received) + dropped == run.results[rank]["enqueued"], (rank, len(received), dropped, own)
+        assert dropped == root_drops[str(rank)] and dropped >= own > 0, (rank, dropped, own, root_drops)
 
 
 def test_losses_at_rank_0_ask_the_losing_rank_for_a_snapshot(mpirun: MpiRunner) -> None:
