@@ -458,17 +458,22 @@ cdef inline int table_alloc(NodeStore *s, Table *t, uint64_t cap) except -1 nogi
     return 0
 
 
+cdef inline uint32_t table_entry(uint32_t id, uint64_t dist, uint64_t m, uint32_t id_mask) noexcept nogil:
+    """The entry of node ``id`` at ``dist`` from the home of its mixed key ``m``: the id, the
+    distance, the fingerprint bits."""
+    return id | dist_field(id_mask, dist) | ((<uint32_t>m) & ~(id_mask | dist_field(id_mask, KV_NIL)))
+
+
 cdef inline void table_place(Table *t, uint32_t id, uint64_t key, uint32_t id_mask) noexcept nogil:
     """Place ``id`` under ``key`` (room is there), for node ids of ``id_mask``'s bits."""
     cdef uint64_t m = key_mix(key)
     cdef uint64_t i = tab_home(t, m), dist = 0
-    cdef uint32_t dist_bits = dist_field(id_mask, KV_NIL)
     while t.ids[i] != KV_NIL:
         i += 1
         dist += 1
         if i == t.cap:
             i = 0
-    t.ids[i] = id | dist_field(id_mask, dist) | ((<uint32_t>m) & ~(id_mask | dist_bits))
+    t.ids[i] = table_entry(id, dist, m, id_mask)
     t.count += 1
 
 
@@ -482,7 +487,7 @@ cdef inline uint32_t content_find_or_place(NodeStore *s, uint32_t id, uint64_t c
     while True:
         e = t.ids[i]
         if e == KV_NIL:
-            t.ids[i] = id | dist_field(mask, dist) | ((<uint32_t>m) & ~(mask | dist_field(mask, KV_NIL)))
+            t.ids[i] = table_entry(id, dist, m, mask)
             t.count += 1
             return KV_NIL
         if (e & s.fp_mask) == fp and node_at(s, e & mask).content == content:

@@ -31,14 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvevents.schemas import DecodeError, decode_batch
-
 from ..reader import EventReader
 from ..workers import WorkerKey
 from .anchors import AnchorStore
 from .convert import VllmConverter
 from .state import Anchor, ExportState, load_state, save_state
-from .vllm_wire import END_SEQ, VllmWire
+from .vllm_wire import VllmWire
+from .zmq_replay import ReplayServer
+from .zmq_streams import Pipeline, stream_key, stream_topic
 
 __all__ = ["Endpoint", "ExportStats", "ZmqExportConfig", "ZmqExporter", "stream_key", "stream_topic"]
 
@@ -107,26 +107,6 @@ class ZmqExportConfig:
             raise ValueError(f"start must be 'beginning', 'end' or partition offsets, got {self.start!r}")
 
 
-def stream_topic(
-    template: str, key: WorkerKey, model: str, pod_ids: Mapping[WorkerKey, str] | None = None
-) -> str:
-    """The ZMQ topic of a worker's stream; ``{pod}`` is ``pod_ids``' name for the worker, else the
-    instance id, ``-dp<rank>`` added for ranks above 0."""
-    pod = pod_ids.get(key) if pod_ids else None
-    if pod is None:
-        pod = (
-            key.instance_id if key.attention_dp_rank == 0 else f"{key.instance_id}-dp{key.attention_dp_rank}"
-        )
-    return template.format(pod=pod, instance=key.instance_id, rank=key.attention_dp_rank, model=model)
-
-
-def stream_key(publisher: int, topic: bytes) -> str:
-    """A stream's name in ``ZmqExporter.seqs`` and the state file: its publisher (0: the shared
-    PUB, then the ``workers`` in order) and ZMQ topic. Each has its own seq, as each vLLM
-    publisher has, so workers that share a topic on one publisher share its seq."""
-    return f"{publisher}:{topic.decode('utf-8')}"
-
-
 @dataclass
 class ExportStats:
     """What one run published."""
@@ -152,43 +132,6 @@ class ExportStats:
         return dict(self.__dict__)
 
 
-class _Pipeline:
-    """Kafka messages -> (worker, events) with deterministic handling of bad messages; shared
-    by the live exporter and replays so both number a stream's batches the same way."""
-
-    def __init__(self, converter: VllmConverter, codec: Any = None) -> None:
-        self.converter = converter
-        self.malformed = 0
-        self._decode = decode_batch if codec is None else codec.decode_batch
-
-    def handle(self, message: Any) -> tuple[float, dict[WorkerKey, list[Any]]]:
-        """(the batch's creation time in seconds, its vLLM events per worker)."""
-        try:
-            value = message.value()
-            if value is None:
-                raise DecodeError("empty message (a tombstone?)")
-            batch = self._decode(value)
-        except DecodeError as exc:
-            self.malformed += 1
-            key = message.key()
-            log.warning(
-                "skipped a malformed message at %s[%d]@%d: %s",
-                message.topic(),
-                message.partition(),
-                message.offset(),
-                exc,
-            )
-            ts = message.timestamp()[1] / 1000.0
-            if not key:
-                return ts, {}
-            instance = key.decode("utf-8", "replace")
-            return ts, self.converter.lose_instance(
-                instance, "a malformed message of this instance was skipped"
-            )
-        ts = batch.created_at_us / 1e6 if batch.created_at_us > 0 else message.timestamp()[1] / 1000.0
-        return ts, self.converter.convert(batch)
-
-
 class ZmqExporter:
     """Reads the topic and publishes every worker's stream (module docstring)."""
 
@@ -209,7 +152,7 @@ class ZmqExporter:
         self.converter = VllmConverter(
             self.wire, converter_state, on_loss=self._lost, lora_names=config.lora_names
         )
-        self._pipeline = _Pipeline(self.converter, config.codec)
+        self._pipeline = Pipeline(self.converter, config.codec)
         self.seqs: dict[str, int] = {} if state is None else dict(state.seqs)
         start: Any = config.start if state is None else state.offsets
         self._reader = EventReader(
@@ -236,11 +179,11 @@ class ZmqExporter:
         if not len(self.anchors):  # the first start: replays reach back to here
             self.anchors.add(Anchor(dict(self.offsets), dict(self.seqs), self.converter.state_bytes()))
         self._last_save = time.monotonic()
-        self._replay: _ReplayServer | None = None
+        self._replay: ReplayServer | None = None
         try:
             self._publishers = self._open_publishers()
             if any(r is not None for _, r in self._publishers):
-                self._replay = _ReplayServer(self)
+                self._replay = ReplayServer(self)
         except BaseException:
             self.close()
             raise
@@ -406,217 +349,3 @@ class ZmqExporter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-REPLAY_SEND_TIMEOUT_S = 10.0
-"""How long a replay answer waits for a client that reads nothing before it is abandoned."""
-
-
-def _power_of_two(count: int) -> bool:
-    return count & (count - 1) == 0
-
-
-@dataclass
-class _Answer:
-    """A replay answer being sent: its frames (the end marker last) and how far it got."""
-
-    sock: Any
-    start_seq: int
-    frames: list[list[bytes]]
-    sent: int = 0
-    last_progress: float = field(default_factory=time.monotonic)
-
-
-class _ReplayServer(threading.Thread):
-    """Answers replay requests on every publisher's ROUTER socket.
-
-    A ROUTER drops, silently, what goes past a slow client's high-water mark and still sends
-    the end marker: the client would see an answer with a hole in it. So the sockets route
-    mandatorily (a full pipe refuses the send) and answers are sent without blocking: what a
-    client cannot take yet waits in its answer while the others go on; one that takes nothing
-    for ``REPLAY_SEND_TIMEOUT_S``, or has gone, is abandoned (no end marker) and counted."""
-
-    def __init__(self, exporter: ZmqExporter) -> None:
-        super().__init__(name="kvevents-export-replay", daemon=True)
-        self.exporter = exporter
-        self._stopping = threading.Event()
-        zmq = exporter._zmq
-        self._routers: list[tuple[Any, int]] = []
-        for index, (_, endpoint) in enumerate(exporter._publishers):
-            if endpoint is not None:
-                router = exporter._open(zmq.ROUTER, endpoint)
-                router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-                self._routers.append((router, index))
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self.join(timeout=5)
-
-    def run(self) -> None:
-        zmq = self.exporter._zmq
-        poller = zmq.Poller()
-        for sock, _ in self._routers:
-            poller.register(sock, zmq.POLLIN)
-        pending: list[_Answer] = []
-        while not self._stopping.is_set():
-            ready = dict(poller.poll(5 if pending else 100))
-            for sock, index in self._routers:
-                if sock not in ready:
-                    continue
-                frames = sock.recv_multipart()
-                if self._refused(sock, frames, pending):
-                    continue
-                try:
-                    answer = self._answer(sock, index, frames)
-                except Exception:
-                    log.exception("replay request failed")
-                    continue
-                pending.append(answer)
-            pending = [answer for answer in pending if not self._push(answer)]
-
-    def _refused(self, sock: Any, frames: list[bytes], pending: list[_Answer]) -> bool:
-        """Whether this request goes unanswered: invalid, too many answers in progress, or one
-        to the same client still is. Counted; logged at the 1st, 2nd, 4th, 8th... of each."""
-        stats = self.exporter.stats
-        if len(frames) not in (3, 4) or frames[1] != b"" or len(frames[2]) != 8:
-            stats.replay_requests_invalid += 1
-            if _power_of_two(stats.replay_requests_invalid):
-                log.warning(
-                    "invalid replay request (%d frames): expected [b'', start_seq, (topic)] (%d so far)",
-                    len(frames),
-                    stats.replay_requests_invalid,
-                )
-            return True
-        if any(a.sock is sock and a.frames[0][0] == frames[0] for a in pending):
-            why = "its client's earlier answer is still going out"
-        elif len(pending) >= self.exporter.config.replay_max_pending:
-            why = f"{len(pending)} answers are in progress (replay_max_pending)"
-        else:
-            return False
-        stats.replays_refused += 1
-        if _power_of_two(stats.replays_refused):
-            log.warning("replay request refused: %s (%d refused so far)", why, stats.replays_refused)
-        return True
-
-    def _answer(self, sock: Any, index: int, frames: list[bytes]) -> _Answer:
-        """The answer to one valid request."""
-        exporter = self.exporter
-        client, start_seq = frames[0], int.from_bytes(frames[2], "big")
-        only = frames[3] if len(frames) == 4 else None
-        three = exporter.config.replay_frames == 3
-        out = [
-            [client, b"", topic, seq, payload] if three else [client, b"", seq, payload]
-            for topic, seq, payload in self.replay(index, start_seq, only)
-        ]
-        end = END_SEQ.to_bytes(8, "big")
-        out.append([client, b"", only or b"", end, b""] if three else [client, b"", end, b""])
-        return _Answer(sock, start_seq, out)
-
-    def _push(self, answer: _Answer) -> bool:
-        """Send what the client takes now; True once the answer is done with (sent or abandoned)."""
-        zmq, stats = self.exporter._zmq, self.exporter.stats
-        start = answer.sent
-        try:
-            while answer.sent < len(answer.frames):
-                answer.sock.send_multipart(answer.frames[answer.sent], flags=zmq.NOBLOCK)
-                answer.sent += 1
-        except zmq.Again:  # the client's pipe is full: later, unless it stopped reading
-            now = time.monotonic()
-            if answer.sent > start:
-                answer.last_progress = now
-            if now - answer.last_progress < REPLAY_SEND_TIMEOUT_S:
-                return False
-            why = f"it read nothing for {REPLAY_SEND_TIMEOUT_S:.0f} s"
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client has gone
-            why = str(exc)
-        else:
-            batches = len(answer.frames) - 1
-            stats.replays += 1
-            stats.replayed_batches += batches
-            log.info("replay from seq %d: %d batches", answer.start_seq, batches)
-            return True
-        stats.replays_abandoned += 1
-        stats.replayed_batches += answer.sent
-        log.warning(
-            "replay from seq %d abandoned after %d batches (%s): the client gets no end marker",
-            answer.start_seq,
-            answer.sent,
-            why,
-        )
-        return True
-
-    def replay(self, index: int, start_seq: int, only: bytes | None) -> list[tuple[bytes, bytes, bytes]]:
-        """Re-convert the topic from the anchor up to the live position; the batches of
-        publisher ``index`` (topic ``only``) with ``seq >= start_seq``."""
-        exporter = self.exporter
-        cfg = exporter.config
-        target, live_seqs = exporter.live_position()
-        prefix = f"{index}:"
-        wanted = [
-            k for k in live_seqs if k.startswith(prefix) and (only is None or k == stream_key(index, only))
-        ]
-        out: list[tuple[bytes, bytes, bytes]] = []
-        anchor = exporter.anchor_for(wanted, start_seq)
-        if anchor is None:
-            log.warning("cannot replay from seq %d: retention deleted the data of every anchor", start_seq)
-            return out
-        if any(anchor.seqs.get(k, 0) > start_seq for k in wanted):
-            log.warning(
-                "replay from seq %d: the topic no longer holds the batches before the oldest anchor "
-                "(seqs %s); answering from there",
-                start_seq,
-                {k: anchor.seqs.get(k, 0) for k in wanted},
-            )
-        converter = VllmConverter(
-            exporter.wire, VllmConverter.state_from_bytes(anchor.converter), lora_names=cfg.lora_names
-        )
-        pipeline = _Pipeline(converter, cfg.codec)
-        seqs = dict(anchor.seqs)
-        if all(target.get(p, 0) <= o for p, o in anchor.offsets.items()):
-            return out
-        topics: dict[WorkerKey, tuple[bytes, int | None]] = {}
-        reader = EventReader(
-            cfg.bootstrap_servers, cfg.topic, start=anchor.offsets, config=cfg.reader_config, codec=cfg.codec
-        )
-        deadline = time.monotonic() + cfg.replay_timeout_s
-        try:
-            starts = reader.offsets()
-            if any(starts.get(p, o) > o for p, o in anchor.offsets.items()):
-                log.warning("cannot replay: retention deleted batches after the anchor %s", anchor.offsets)
-                return out  # deleted between choosing the anchor and opening the reader
-            positions = dict(anchor.offsets)
-            while any(positions.get(p, 0) < t for p, t in target.items()):
-                if time.monotonic() > deadline or self._stopping.is_set():
-                    log.warning("replay stopped early (timeout %.0f s or shutdown)", cfg.replay_timeout_s)
-                    break
-                for message in reader.messages(timeout=0.5):
-                    p, offset = message.partition(), message.offset()
-                    if offset >= target.get(p, 0):
-                        continue
-                    positions[p] = offset + 1
-                    ts, converted = pipeline.handle(message)
-                    for key, events in converted.items():
-                        if key not in topics:
-                            name = stream_topic(cfg.topic_template, key, cfg.model, cfg.pod_ids).encode(
-                                "utf-8"
-                            )
-                            topics[key] = (name, exporter.publisher_of(key))
-                        topic, publisher = topics[key]
-                        if publisher is None:
-                            continue
-                        name_s = stream_key(publisher, topic)
-                        seq = seqs.get(name_s, 0)
-                        seqs[name_s] = seq + 1
-                        if (
-                            publisher == index
-                            and seq >= start_seq
-                            and seq < live_seqs.get(name_s, 0)
-                            and (only is None or only == topic)
-                        ):
-                            payload = exporter.wire.encode(ts, events, key[1])
-                            out.append((topic, seq.to_bytes(8, "big"), payload))
-                    if not any(positions.get(q, 0) < t for q, t in target.items()):
-                        break
-        finally:
-            reader.close()
-        return out

@@ -138,11 +138,8 @@ def _worker(text: str) -> tuple[str, int, str, str | None]:
     who, sep, where = text.partition("=")
     if not sep or not who or not where:
         raise argparse.ArgumentTypeError(f"expected INSTANCE[:RANK]=PUB[,REPLAY], got {text!r}")
-    instance, _, rank = who.rpartition(":") if ":" in who else (who, "", "0")
-    if not rank.isdigit():
-        raise argparse.ArgumentTypeError(f"the rank in {text!r} must be a number")
     pub, _, replay = where.partition(",")
-    return instance, int(rank), _endpoint(pub), _endpoint(replay) if replay else None
+    return (*_who(who, text), _endpoint(pub), _endpoint(replay) if replay else None)
 
 
 def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -22,7 +22,7 @@ import pytest
 import zmq
 from cli_streams import simulate_to_topic
 from kvevents.consumer import CacheIndex, EventReader, WorkerKey
-from kvevents.consumer.export import zmq_export
+from kvevents.consumer.export import zmq_replay
 from kvevents.consumer.export.vllm_wire import medium_for_level
 from kvevents.consumer.export.zmq_export import Endpoint, ZmqExportConfig, ZmqExporter, stream_topic
 
@@ -447,7 +447,7 @@ def test_a_client_that_stops_reading_is_abandoned_and_counted(
 ) -> None:
     """A client that stops reading holds up no one: another's answer goes out meanwhile; the
     stuck one is abandoned after the timeout, counted, with no end marker."""
-    monkeypatch.setattr(zmq_export, "REPLAY_SEND_TIMEOUT_S", 5.0)
+    monkeypatch.setattr(zmq_replay, "REPLAY_SEND_TIMEOUT_S", 5.0)
     with _replaying(kafka_bootstrap, kafka_topic, tmp_path) as (exporter, ctx, replay, published):
         stuck = _request(ctx, replay, 0)  # never read
         time.sleep(0.5)  # its answer is made and fills the pipe first
@@ -470,18 +470,24 @@ def _wait_for(check: Any, what: str, timeout_s: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+def _count_replays(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The arguments of every topic re-read a replay request causes, as they happen."""
+    made: list[Any] = []
+    real_replay = zmq_replay.ReplayServer.replay
+    monkeypatch.setattr(
+        zmq_replay.ReplayServer, "replay", lambda self, *a: made.append(a) or real_replay(self, *a)
+    )
+    return made
+
+
 def test_a_flood_of_requests_from_one_client_costs_one_replay(
     kafka_bootstrap: str, kafka_topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A client that asks again and again while its answer is still going out (a retry loop,
     or hostile) is refused each time: counted, logged at powers of two, the topic re-read once;
     another client is answered meanwhile."""
-    monkeypatch.setattr(zmq_export, "REPLAY_SEND_TIMEOUT_S", 60.0)
-    made = []
-    real_replay = zmq_export._ReplayServer.replay
-    monkeypatch.setattr(
-        zmq_export._ReplayServer, "replay", lambda self, *a: made.append(a) or real_replay(self, *a)
-    )
+    monkeypatch.setattr(zmq_replay, "REPLAY_SEND_TIMEOUT_S", 60.0)
+    made = _count_replays(monkeypatch)
     with _replaying(kafka_bootstrap, kafka_topic, tmp_path) as (exporter, ctx, replay, published):
         flooder = _request(ctx, replay, 0)  # never read: its answer fills the pipe and waits
         _wait_for(lambda: len(made) == 1, "the first answer")
@@ -500,12 +506,8 @@ def test_requests_past_the_pending_limit_are_refused_until_answers_finish(
 ) -> None:
     """With ``replay_max_pending=2`` and two clients not reading, a third gets no answer (and
     costs no re-read); once the two are abandoned, a request is answered again."""
-    monkeypatch.setattr(zmq_export, "REPLAY_SEND_TIMEOUT_S", 3.0)
-    made = []
-    real_replay = zmq_export._ReplayServer.replay
-    monkeypatch.setattr(
-        zmq_export._ReplayServer, "replay", lambda self, *a: made.append(a) or real_replay(self, *a)
-    )
+    monkeypatch.setattr(zmq_replay, "REPLAY_SEND_TIMEOUT_S", 3.0)
+    made = _count_replays(monkeypatch)
     with _replaying(kafka_bootstrap, kafka_topic, tmp_path, replay_max_pending=2) as (
         exporter,
         ctx,
@@ -531,7 +533,7 @@ def test_invalid_requests_are_counted_and_logged_at_powers_of_two(
     with _replaying(kafka_bootstrap, kafka_topic, tmp_path) as (exporter, ctx, replay, published):
         dealer = ctx.socket(zmq.DEALER)
         dealer.connect(replay)
-        with caplog.at_level("WARNING", logger=zmq_export.log.name):
+        with caplog.at_level("WARNING", logger=zmq_replay.log.name):
             for _ in range(20):
                 dealer.send_multipart([b"", b"short"])
             _wait_for(lambda: exporter.stats.replay_requests_invalid == 20, "20 invalid requests")
