@@ -125,6 +125,7 @@ from kvevents.consumer._nodestore cimport (
     KV_SLOT_MASK,
     KV_USED,
     KV_CHAINED,
+    MIN_ID_BITS,
     Node,
     NodeStore,
     Table,
@@ -148,6 +149,8 @@ from kvevents.consumer._nodestore cimport (
     table_find_pos,
     table_insert,
     table_reserve,
+    table_entry,
+    table_widen_ids,
 )
 from kvevents.consumer._storegrow cimport (
     Regrowth,

@@ -186,3 +186,32 @@ cdef object inspect_memory_bytes(IndexCore self):
         total += (2 << SPEC_BITS) * sizeof(uint64_t)
     total += 300 * self.nworkers + 100 * self.nslots + 500 * len(self.instances)
     return total
+
+
+def widen_entry_mismatches(int samples, uint64_t seed):
+    """A test seam: for node ids of every width from MIN_ID_BITS to 31 bits and ``samples``
+    random (id, distance, mixed key) each, the entries ``table_widen_ids`` makes for one bit
+    more that differ from the ones a rebuild from the nodes would place (``table_entry``)."""
+    cdef uint32_t ids[1]
+    cdef Table t
+    cdef uint32_t old_mask, new_mask, node
+    cdef uint64_t x = seed | 1, m, dist
+    cdef int bits, k
+    cdef Py_ssize_t bad = 0
+    t.ids = ids
+    t.cap = 1
+    for bits in range(MIN_ID_BITS, 32):
+        old_mask = <uint32_t>(((<uint64_t>1) << bits) - 1)
+        new_mask = (old_mask << 1) | 1
+        for k in range(samples):
+            x ^= x << 13
+            x ^= x >> 7
+            x ^= x << 17
+            m = x
+            node = <uint32_t>(x >> 7) % old_mask  # ids stay below the mask (the mask is KV_NIL's)
+            dist = (x >> 40) % 12
+            ids[0] = table_entry(node, dist, m, old_mask)
+            table_widen_ids(&t, &t, old_mask, new_mask)
+            if ids[0] != table_entry(node, dist, m, new_mask):
+                bad += 1
+    return bad

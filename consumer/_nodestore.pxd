@@ -341,7 +341,7 @@ cdef inline int chunk_add(NodeStore *s) except -1 nogil:
 
 cdef inline uint32_t node_alloc(NodeStore *s, uint64_t engine) except? 0xFFFFFFFF nogil:
     """A new node for ``engine`` (not yet in any table)."""
-    cdef uint32_t id
+    cdef uint32_t id, id_mask
     cdef Node *node
     if s.free_node != KV_NIL:
         id = s.free_node
@@ -354,9 +354,10 @@ cdef inline uint32_t node_alloc(NodeStore *s, uint64_t engine) except? 0xFFFFFFF
                 with gil:
                     raise OverflowError("more than 2**32 - 2 distinct blocks in one index")
             # one more bit of node id, one fingerprint bit less: every entry is rewritten
+            id_mask = s.id_mask
             set_id_bits(s, s.id_bits + 1)
-            table_rebuild(s, &s.etab, False, s.etab.cap, KV_NIL)
-            table_rebuild(s, &s.ctab, True, s.ctab.cap, KV_NIL)
+            table_widen_in_place(s, &s.etab, id_mask)
+            table_widen_in_place(s, &s.ctab, id_mask)
         if (s.node_top >> KV_CHUNK_BITS) >= s.nchunks:
             chunk_add(s)
         id = s.node_top
@@ -529,6 +530,34 @@ cdef inline int table_rebuild(NodeStore *s, Table *t, bint by_content, uint64_t 
     """Refill ``t`` (``cap`` entries) from the nodes, inside an event (the index lock held)."""
     table_alloc(s, t, cap)
     table_fill(s, t, by_content, s.id_mask, skip)
+    s.rebuilds_locked += 1
+    return 0
+
+
+cdef inline void table_widen_ids(Table *dst, const Table *src, uint32_t old_mask, uint32_t new_mask) noexcept nogil:
+    """``src``'s entries rewritten into ``dst`` (``src`` itself, or as big) for node ids of
+    ``new_mask``, one bit more: each stays at its position, its id and distance move up a bit and
+    its fingerprint keeps the bits it still has room for (a subset of the ones it had, the
+    mixed key's). One pass in order, no node read: a rebuild from the nodes reads them all and
+    writes at random."""
+    cdef uint32_t old_dmask = dist_field(old_mask, KV_NIL)
+    cdef uint32_t new_fp = ~(new_mask | dist_field(new_mask, KV_NIL))
+    cdef int old_shift = dist_shift(old_mask)
+    cdef uint64_t i
+    cdef uint32_t e, dist
+    for i in range(src.cap):
+        e = src.ids[i]
+        if e != KV_NIL:
+            # a saturated distance stays saturated: the field keeps its width or loses a bit
+            dist = (e & old_dmask) >> old_shift if old_dmask else 0
+            e = (e & old_mask) | dist_field(new_mask, dist) | (e & new_fp)
+        dst.ids[i] = e
+    dst.count = src.count
+
+
+cdef inline int table_widen_in_place(NodeStore *s, Table *t, uint32_t old_mask) noexcept nogil:
+    """``table_widen_ids`` on ``t`` itself, inside an event (the index lock held)."""
+    table_widen_ids(t, t, old_mask, s.id_mask)
     s.rebuilds_locked += 1
     return 0
 

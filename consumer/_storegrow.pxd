@@ -18,6 +18,7 @@ from kvevents.consumer._nodestore cimport (
     table_fill,
     table_map,
     table_release,
+    table_widen_ids,
 )
 
 
@@ -55,7 +56,10 @@ cdef inline bint table_build_ahead(const NodeStore *s, Table *t, const Table *no
         return False
     if not table_map(s, t, cap):
         return False
-    table_fill(s, t, by_content, id_mask, KV_NIL)
+    if cap == now.cap:  # only node ids gain a bit: the entries are rewritten where they are
+        table_widen_ids(t, now, s.id_mask, id_mask)
+    else:
+        table_fill(s, t, by_content, id_mask, KV_NIL)
     return True
 
 

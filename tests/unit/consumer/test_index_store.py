@@ -1,7 +1,7 @@
 """The compiled core's block store (``_nodestore.pxd``) against the pure core: the content table
 holds several nodes per content hash (one per engine hash that stands for it), holder runs
-grow and shrink across their size classes, and node ids widen past 2**16 (the tables are
-rebuilt with fewer fingerprint bits) while blocks come and go through the apply path."""
+grow and shrink across their size classes, and node ids widen past 2**16 (the table entries
+are rewritten with fewer fingerprint bits) while blocks come and go through the apply path."""
 
 from __future__ import annotations
 
@@ -127,6 +127,31 @@ def test_node_ids_widen_while_blocks_come_and_go() -> None:
             feed.send(gone_w, lambda eid, r, gone=gone: removed(eid, gone[::-1], rank=r))
     _same(indexes, [c for _, c in chains[:20]] + [c[:64] for _, c in chains[-20:]], [])
     assert indexes[1].stats().distinct_blocks > 1 << 16
+    # the entries were rewritten where they were, between batches and (importing a state,
+    # node by node) inside one: every distance and fingerprint is a rebuild's
+    compiled = indexes[1]
+    again = CacheIndex.from_bytes(compiled.to_bytes(), core="compiled")
+    for index in (compiled, again):
+        layout = index._core.store_layout()  # type: ignore[attr-defined]
+        assert layout["id_bits"] == 17, layout
+        tables = index._core.check_tables()  # type: ignore[attr-defined]
+        assert tables["engine"]["wrong"] == tables["content"]["wrong"] == 0, tables
+        assert tables["engine"]["saturated"] > 0, "no saturated distance: the test misses that path"
+    assert compiled._core.store_layout()["rebuilds_locked"] == 0  # type: ignore[attr-defined]
+    assert again._core.store_layout()["rebuilds_locked"] >= 2  # type: ignore[attr-defined]
+    assert again.same_state(compiled)
+    for _, chain in chains[:50]:
+        assert again.find_matches(chain) == compiled.find_matches(chain) != {}
+
+
+def test_widened_entries_are_the_ones_a_rebuild_places() -> None:
+    """Node ids gaining a bit rewrite each table entry in place (``table_widen_ids``: the id and
+    distance move up, the fingerprint loses a bit) instead of rebuilding from every node. At
+    every width from 16 to 31 id bits, the distance field narrowing past 24 and gone past 26
+    included, the entry is exactly the one ``table_entry`` makes for the wider ids."""
+    from kvevents.consumer._indexcore import widen_entry_mismatches
+
+    assert widen_entry_mismatches(5000, 0x9E3779B97F4A7C15) == 0
 
 
 def test_query_keys_of_every_width_are_read_exactly() -> None:
