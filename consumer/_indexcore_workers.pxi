@@ -208,5 +208,5 @@ cdef int degrade_all(IndexCore self, _Instance inst, int64_t dp_size, str reason
     for rank in sorted(inst.workers):
         degrade(self, <uint32_t>inst.workers[rank], reason)
     if sum(1 for rank in inst.workers if rank < below) < below:
-        inst.pending.append((reason, below))
+        add_pending(inst.pending, reason, below)
     return 0

@@ -23,7 +23,7 @@ from kvevents.schemas import (
 from kvevents.schemas.limits import DEFAULT_LIMITS, BatchLimits, check_batch, index_full
 
 from . import _reasons
-from ._pycore_model import Instance, Node, Slot, Worker, clamp_level, clamp_priority, retired_of
+from ._pycore_model import Instance, Node, Slot, Worker, add_pending, clamp_level, clamp_priority, retired_of
 from ._pycore_state import export_state, import_state
 from ._query_keys import U64_END, query_key
 from ._state import (
@@ -294,7 +294,7 @@ class PyIndexCore:
             self._degrade(inst.workers[rank], reason)
         below = max(dp_size, 1)
         if sum(1 for rank in inst.workers if rank < below) < below:
-            inst.pending.append((reason, below))
+            add_pending(inst.pending, reason, below)
 
     def _apply_event(self, w: Worker, event: Any, offset: int) -> None:
         data = event.data

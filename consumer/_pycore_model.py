@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._state import LEVEL_MAX, PRIORITY_MAX, UNKNOWN_SEQUENCE, InstanceState
+from ._state import LEVEL_MAX, MAX_REASONS, PRIORITY_MAX, UNKNOWN_SEQUENCE, InstanceState
 
 
 def retired_of(state: InstanceState) -> dict[int, int]:
@@ -13,6 +13,18 @@ def retired_of(state: InstanceState) -> dict[int, int]:
             f"corrupt index state: instance {state.instance_id!r} has retired producers without sequences"
         )
     return dict(zip(state.retired, sequences, strict=True))
+
+
+def add_pending(pending: list[tuple[str, int]], reason: str, below: int) -> None:
+    """Keep ``reason`` for every rank below ``below`` not seen yet (both cores). At most
+    MAX_REASONS are kept, as a worker keeps its reasons: past that only a degradation covering
+    more ranks than any kept, in place of the last, so that every rank one ever covered is still
+    degraded when it comes (each gap of a producer that never sends its other ranks used to add
+    one, without bound, to memory and to every checkpoint)."""
+    if len(pending) < MAX_REASONS:
+        pending.append((reason, below))
+    elif below > max(b for _, b in pending):
+        pending[-1] = (reason, below)
 
 
 def clamp_level(value: int) -> int:

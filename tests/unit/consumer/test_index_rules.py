@@ -19,6 +19,7 @@ from _index_helpers import (
     updated,
 )
 from kvevents.consumer import CacheIndex, WorkerKey
+from kvevents.consumer._state import MAX_REASONS
 from kvevents.schemas import KVCacheStoredData
 
 # ---------------------------------------------------------------- Stored / Removed / Updated
@@ -317,6 +318,30 @@ def test_degrading_every_rank_makes_no_worker_for_a_rank_never_seen(index, feed)
     feed(index, batch([stored(0, [6], rank=1023)], 11, dp=1024))
     assert index.is_degraded(WorkerKey("i0", 1023))
     assert set(index.workers()) == {W0, late, WorkerKey("i0", 1023)}
+
+
+def test_a_producer_whose_other_ranks_never_come_keeps_few_pending_degradations(index, feed):
+    """Each gap of an instance whose other ranks never send used to add one degradation for
+    them, kept in memory and in every checkpoint without bound (2,000 gaps: 2,000 entries). At
+    most MAX_REASONS are kept, as a worker keeps its reasons; past that a gap covering more
+    ranks than any kept replaces the last, so every rank a gap covered is degraded when it comes."""
+    feed(index, batch([created(0, rank=0)], 0, dp=4))
+    for k in range(1, 2001):  # a jump each time
+        feed(index, batch([], 2 * k, dp=4))
+    feed(index, batch([], 5000, dp=64))  # wider: ranks 4..63 too
+    feed(index, batch([], 5002, dp=4))
+    (state,) = index._core.export_state().instances  # type: ignore[attr-defined]
+    assert len(state.pending_degraded) == MAX_REASONS
+    assert [below for _, below in state.pending_degraded] == [4] * (MAX_REASONS - 1) + [64]
+    assert index.worker_stats(W0).degraded_reasons[MAX_REASONS:] == ("... 1994 more",)  # 2,002 gaps
+    feed(index, batch([stored(0, [5], rank=3), stored(0, [6], rank=40)], 5003, dp=64))
+    assert index.is_degraded(WorkerKey("i0", 3)) and index.is_degraded(WorkerKey("i0", 40))
+    assert len(index.worker_stats(WorkerKey("i0", 3)).degraded_reasons) == MAX_REASONS
+    assert index.worker_stats(WorkerKey("i0", 40)).degraded_reasons == (
+        "batches lost: producer 7 sequence jumped from 4000 to 5000",
+    )
+    again = CacheIndex.from_bytes(index.to_bytes(), core="compiled" if index.compiled else "python")
+    assert again.same_state(index)
 
 
 def test_in_band_drops_degrade_their_rank_only(index, feed):
