@@ -62,7 +62,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 import index_realistic as realistic
-from index_big import run_big
+from index_big import run_big, run_big_ingest
 from index_growth import print_growth, run_growth
 from index_matrix import run_matrix
 from index_report import compute_targets, print_big, print_matrix, print_realistic, print_targets
@@ -141,6 +141,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "rebuild",
             "topic",
             "big",
+            "big-ingest",
         ],
         help=argparse.SUPPRESS,
     )
@@ -183,6 +184,8 @@ def run_child_mode(args: argparse.Namespace) -> dict[str, Any]:
             args.lookup_rate,
             args.baseline_core or None,
         )
+    if args.child == "big-ingest":
+        return run_big_ingest(args.big_workers, args.big_blocks_per_worker, args.big_tail_instances)
     if args.child == "rebuild":
         return realistic.rebuild_child(args.payload, args.rebuild_events)
     if args.child == "topic":
@@ -273,6 +276,18 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             ]
         )
+        if compiled_core_available():
+            # issue 17 (b) asks for ingest using both cores: the same instances fed with the
+            # opt-in decoding thread (KVEVENTS_INGEST_THREADS=2, read at import: a child of its own)
+            print("big scale, ingest with both cores (KVEVENTS_INGEST_THREADS=2) ...", flush=True)
+            results["big_scale"]["ingest_both_cores"] = realistic.run_child(
+                [
+                    "--child",
+                    "big-ingest",
+                    *_forward(args, "big_workers", "big_blocks_per_worker", "big_tail_instances"),
+                ],
+                env={"KVEVENTS_INGEST_THREADS": "2"},
+            )
     if "realistic" in args.parts:
         print("realistic stream ...", flush=True)
         t0 = time.perf_counter()

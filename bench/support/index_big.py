@@ -182,6 +182,68 @@ def _with_lookups(index: CacheIndex, call: Callable[[], object], queries: list[l
     }
 
 
+def _ingest_instances(
+    index: CacheIndex, fleet: Fleet, count: int
+) -> tuple[dict[str, Any], list[tuple[list[int], list[int]]], int]:
+    """Feed the fleet's first ``count`` instances, each generated then fed (only the feeding
+    timed): the figures, the sampled query paths, the worker-blocks held."""
+    n = fleet.c.instances
+    paths: list[tuple[list[int], list[int]]] = []
+    apply_s = apply_cpu = gen_s = 0.0
+    blocks = events = batches = held = 0
+    for i in range(count):
+        t0 = time.perf_counter()
+        part = fleet.instance(i, sample_paths=max(8, 4096 // n))
+        gen_s += time.perf_counter() - t0
+        gc.collect()
+        t0, c0 = time.perf_counter(), time.process_time()
+        ingest_ours(index, part.batches)
+        apply_s += time.perf_counter() - t0
+        apply_cpu += time.process_time() - c0
+        blocks, events, batches = (
+            blocks + part.blocks_stored,
+            events + part.events,
+            batches + len(part.batches),
+        )
+        held += part.held_worker_blocks
+        paths += part.paths
+        del part
+    ingest = {
+        "instances": count,
+        "blocks": blocks,
+        "events": events,
+        "batches": batches,
+        "seconds": apply_s,
+        "blocks_per_s": blocks / apply_s if apply_s else None,
+        "cpu_seconds": apply_cpu,
+        "blocks_per_cpu_s": blocks / apply_cpu if apply_cpu else None,
+        "events_per_s": events / apply_s if apply_s else None,
+        "batch_apply_us_mean": apply_s / batches * 1e6 if batches else None,
+        "generated_s": gen_s,
+        "method": ingest_method(),
+        "ingest_threads": ingest_threads(),
+    }
+    return ingest, paths, held
+
+
+def ingest_threads() -> int:
+    """The compiled core's ingest threads (``KVEVENTS_INGEST_THREADS``, read at its import)."""
+    return int(os.environ.get("KVEVENTS_INGEST_THREADS", "1"))
+
+
+def run_big_ingest(workers: int, blocks_per_worker: int, concurrent_tail: int) -> dict[str, Any]:
+    """Only ``run_big``'s ingest figures, on the same instances (run in a child process started
+    with ``KVEVENTS_INGEST_THREADS=2``: both cores)."""
+    config = FleetConfig(workers=workers, blocks_per_worker=blocks_per_worker)
+    n = config.instances
+    tail = min(max(1, concurrent_tail), n - 1) if n > 1 else 0
+    index = CacheIndex()
+    ingest, _, held = _ingest_instances(index, Fleet(config), n - tail)
+    if index.held_blocks() != held:
+        raise SystemExit(f"kvevents holds {index.held_blocks()} worker-blocks, the generator {held}")
+    return ingest
+
+
 def run_big(
     workers: int,
     blocks_per_worker: int,
@@ -198,40 +260,8 @@ def run_big(
     _trim()
     base_rss = rss_bytes()
     index = CacheIndex()
-    paths: list[tuple[list[int], list[int]]] = []
-    apply_s = apply_cpu = gen_s = 0.0
-    blocks = events = batches = held = 0
-    for i in range(n - tail):
-        t0 = time.perf_counter()
-        part = fleet.instance(i, sample_paths=max(8, 4096 // n))
-        gen_s += time.perf_counter() - t0
-        gc.collect()
-        t0, c0 = time.perf_counter(), time.thread_time()
-        ingest_ours(index, part.batches)
-        apply_s += time.perf_counter() - t0
-        apply_cpu += time.thread_time() - c0
-        blocks, events, batches = (
-            blocks + part.blocks_stored,
-            events + part.events,
-            batches + len(part.batches),
-        )
-        held += part.held_worker_blocks
-        paths += part.paths
-        del part
-    ingest = {
-        "instances": n - tail,
-        "blocks": blocks,
-        "events": events,
-        "batches": batches,
-        "seconds": apply_s,
-        "blocks_per_s": blocks / apply_s if apply_s else None,
-        "cpu_seconds": apply_cpu,
-        "blocks_per_cpu_s": blocks / apply_cpu if apply_cpu else None,
-        "events_per_s": events / apply_s if apply_s else None,
-        "batch_apply_us_mean": apply_s / batches * 1e6 if batches else None,
-        "generated_s": gen_s,
-        "method": ingest_method(),
-    }
+    ingest, paths, held = _ingest_instances(index, fleet, n - tail)
+    gen_s = ingest["generated_s"]
     during: dict[str, Any] = {"status": "skipped: one instance only"}
     if tail:
         t0 = time.perf_counter()

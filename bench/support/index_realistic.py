@@ -204,8 +204,15 @@ def memory_child(side: str, path: str, tracemalloc_on: bool) -> dict[str, Any]:
 SCRIPT = str(Path(__file__).resolve().parent.parent / "index.py")
 
 
-def run_child(args: list[str]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, check=False)
+def run_child(args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``bench/index.py`` with ``args`` in a child process (``env``: added to this one's)."""
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=None if env is None else {**os.environ, **env},
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"child {args} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -163,6 +163,11 @@ def test_bench_index_runs_its_matrix_and_big_scale_end_to_end(tmp_path: Path) ->
     for who in ("dynamo", "naive"):
         assert cell["cross_check"][who]["identical_answers"] == cell["cross_check"]["queries"] > 0
     assert result["big_scale"]["memory"]["held_worker_blocks"] > 0
+    one, both = result["big_scale"]["ingest"], result["big_scale"]["ingest_both_cores"]
+    assert (one["ingest_threads"], both["ingest_threads"]) == (1, 2)  # issue 17 (b): both cores
+    assert both["blocks"] == one["blocks"] > 0 and both["blocks_per_s"] > 0
+    rows = {t["target"] for t in result["targets"]}
+    assert {"ingest blocks/s (Avro bytes), one thread", "ingest blocks/s (Avro bytes), both cores"} <= rows
     restart = result["big_scale"]["worker_restart"]
     restarts = [r for r in restart["runs"] + restart["resets"]["kvevents"] if r["blocks_dropped"]]
     assert restarts  # (with 2 instances the middle one and the last are one: restarted twice)
