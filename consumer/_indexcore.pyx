@@ -168,7 +168,7 @@ from kvevents.schemas import (
     LimitError,
     decode_batch,
 )
-from kvevents.schemas.limits import DEFAULT_LIMITS, index_full
+from kvevents.schemas.limits import DEFAULT_LIMITS, index_full, instances_full, workers_full
 from kvevents.schemas.codec import SINGLE_OBJECT_HEADER, SINGLE_OBJECT_MAGIC, flat_variants
 
 from . import _reasons
@@ -351,6 +351,7 @@ cdef class IndexCore:
     cdef FlatLimits lim
     cdef readonly object limits
     cdef size_t max_caches
+    cdef size_t max_workers
     # counters
     cdef int64_t c_batches_applied, c_batches_replayed, c_batches_stale, c_events_applied
     cdef int64_t c_events_duplicate, c_blocks_stored, c_blocks_removed, c_orphan_blocks
@@ -393,6 +394,7 @@ cdef class IndexCore:
         self.limits = DEFAULT_LIMITS if limits is None else limits
         flat_limits(&self.lim, self.limits)
         self.max_caches = self.limits.max_caches
+        self.max_workers = self.limits.max_workers
         self._reset_all()
         self.variants = flat_variants()
 

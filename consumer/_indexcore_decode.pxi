@@ -64,13 +64,11 @@ cdef int apply_flat(IndexCore self, const uint8_t *base, int status, const FlatE
     if self.last_inst_bytes is not None and length == len(self.last_inst_bytes) and \
             memcmp(name, PyBytes_AS_STRING(self.last_inst_bytes), length) == 0:
         inst = self.last_inst
-        if self.nslots + self.fb.nev > self.max_caches:
-            check_capacity(self, inst)
+        check_room(self, inst)
     else:
         name_bytes = PyBytes_FromStringAndSize(<const char *>name, length)
         instance_id = name_bytes.decode("utf-8")
-        if self.nslots + self.fb.nev > self.max_caches:
-            check_capacity(self, self.inst_by_id.get(instance_id))
+        check_room(self, find_instance(self, instance_id))
         inst = instance_for(self, instance_id)
         self.last_inst_bytes = name_bytes
         self.last_inst = inst
@@ -100,8 +98,7 @@ cdef int apply_model(IndexCore self, batch) except -1:
     except (OverflowError, UnicodeEncodeError) as exc:
         raise LimitError(f"a value outside the schema's types: {exc}") from None
     flat_validate(self.fb, &self.lim)
-    if self.nslots + self.fb.nev > self.max_caches:
-        check_capacity(self, self.inst_by_id.get(batch.instance_id))
+    check_room(self, find_instance(self, batch.instance_id))
     _apply_scratch(self, instance_for(self, batch.instance_id), self.fb.producer_id, self.fb.sequence,
                    self.fb.dp_size, self.fb.offset)
     return 0

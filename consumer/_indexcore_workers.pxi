@@ -102,6 +102,30 @@ cdef inline void count_active(IndexCore self, uint32_t widx, int delta) noexcept
         self.multi_workers -= 1
 
 
+cdef _Instance find_instance(IndexCore self, str instance_id):
+    """The instance of ``instance_id``; IndexFullError when there is none and no room for one
+    (``max_instances``, as ``_pycore``)."""
+    cdef _Instance inst = self.inst_by_id.get(instance_id)
+    if inst is None and len(self.instances) >= self.limits.max_instances:
+        raise instances_full(len(self.instances), self.limits)
+    return inst
+
+
+cdef int check_room(IndexCore self, _Instance inst) except -1:
+    """IndexFullError unless the workers and caches the scratch batch names fit under
+    ``max_workers`` and ``max_caches`` (``inst`` None: not seen yet); cheap unless near them."""
+    cdef size_t k
+    if self.nworkers + self.fb.nev + self.fb.ndrops > self.max_workers:
+        ranks = {self.fb.ev[k].rank for k in range(self.fb.nev)}
+        ranks.update(self.fb.drops[2 * k] for k in range(self.fb.ndrops) if self.fb.drops[2 * k + 1] > 0)
+        adding = len(ranks if inst is None else ranks - inst.workers.keys())
+        if self.nworkers + adding > self.max_workers:
+            raise workers_full(self.nworkers, adding, self.limits)
+    if self.nslots + self.fb.nev > self.max_caches:
+        check_capacity(self, inst)
+    return 0
+
+
 cdef int check_capacity(IndexCore self, _Instance inst) except -1:
     """IndexFullError unless every (rank, window) cache the scratch batch's Stored and Created
     events name exists already or fits under ``max_caches`` (as ``_pycore``); ``inst`` may be

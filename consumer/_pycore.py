@@ -20,7 +20,14 @@ from kvevents.schemas import (
     KVCacheUpdatedData,
     decode_batch,
 )
-from kvevents.schemas.limits import DEFAULT_LIMITS, BatchLimits, check_batch, index_full
+from kvevents.schemas.limits import (
+    DEFAULT_LIMITS,
+    BatchLimits,
+    check_batch,
+    index_full,
+    instances_full,
+    workers_full,
+)
 
 from . import _reasons
 from ._pycore_model import Instance, Node, Slot, Worker, add_pending, clamp_level, clamp_priority, retired_of
@@ -66,6 +73,7 @@ class PyIndexCore:
         self._key_factory = key_factory
         self.limits = DEFAULT_LIMITS if limits is None else limits
         self._instances: dict[str, Instance] = {}
+        self._nworkers = 0
         self._slots: list[Slot] = []
         self._nodes: dict[int, Node] = {}
         self._by_content: dict[int, set[int]] = {}
@@ -83,6 +91,7 @@ class PyIndexCore:
         w = inst.workers.get(rank)
         if w is None:
             w = inst.workers[rank] = Worker(inst, rank)
+            self._nworkers += 1
             for reason, below in inst.pending:  # degradations of every rank, made before it came
                 if rank < below:
                     self._degrade(w, reason)
@@ -263,12 +272,21 @@ class PyIndexCore:
             self._apply_event(self._worker(inst, rank), event, offset if k == 0 else 0)
 
     def _check_capacity(self, batch: EventBatch) -> None:
-        """IndexFullError unless every (rank, window) cache the batch's Stored and Created events
-        name exists already or fits under ``limits.max_caches`` (duplicates count: an upper bound)."""
+        """IndexFullError unless the batch's instance, the workers its events and drops name and
+        every (rank, window) cache its Stored and Created events name exist already or fit under
+        ``limits.max_instances``, ``max_workers`` and ``max_caches``."""
+        inst = self._instances.get(batch.instance_id)
+        if inst is None and len(self._instances) >= self.limits.max_instances:
+            raise instances_full(len(self._instances), self.limits)
+        if self._nworkers + len(batch.events) + len(batch.dropped) > self.limits.max_workers:
+            ranks = {event.attention_dp_rank or 0 for event in batch.events}
+            ranks.update(d.attention_dp_rank for d in batch.dropped if d.dropped_events > 0)
+            adding = len(ranks if inst is None else ranks - inst.workers.keys())
+            if self._nworkers + adding > self.limits.max_workers:
+                raise workers_full(self._nworkers, adding, self.limits)
         held, top = len(self._slots), self.limits.max_caches
         if held + len(batch.events) <= top:
             return
-        inst = self._instances.get(batch.instance_id)
         new: set[tuple[int, int]] = set()
         for event in batch.events:
             if event.data.__class__ is KVCacheStoredData or event.data.__class__ is KVCacheCreatedData:

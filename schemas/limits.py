@@ -4,8 +4,9 @@ A batch within the Avro schema can still be absurd (an ``attention_dp_size`` of 
 ranks, a million windows): :class:`BatchLimits` bounds what one message may ask of a consumer,
 and :func:`check_batch` raises :class:`LimitError` (a :class:`DecodeError`) naming the first
 field beyond them. Both index cores apply the same rules (the compiled one in C, on the flat
-batch); ``avro/README.md`` documents them. ``max_caches`` alone bounds an index over time, not
-one message: a batch that would take an index past it raises :class:`IndexFullError`.
+batch); ``avro/README.md`` documents them. ``max_caches``, ``max_instances`` and ``max_workers`` bound
+an index over time, not one message: a batch that would take an index past one raises
+:class:`IndexFullError`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ __all__ = [
     "LimitError",
     "check_batch",
     "index_full",
+    "instances_full",
+    "workers_full",
 ]
 
 LEVEL_MAX = 15
@@ -33,7 +36,8 @@ MAX_CACHES = 1 << 20
 
 
 class IndexFullError(LimitError):
-    """A valid batch that would take the index past ``BatchLimits.max_caches``; rejected whole."""
+    """A valid batch that would take the index past ``BatchLimits.max_caches``, ``max_instances``
+    or ``max_workers``; rejected whole."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,14 @@ class BatchLimits:
     max_caches: int = MAX_CACHES
     """(worker, window size) caches one index keeps over its life, not per batch: every pair a
     Stored or Created event ever named takes one. A batch that could add more is rejected whole."""
+
+    max_instances: int = MAX_CACHES
+    """Instance ids one index keeps over its life: every batch's ``instance_id`` takes one, an
+    empty batch's too (27 bytes on the topic cost ~400 bytes of memory and of every checkpoint).
+    A batch naming a new one past it is rejected whole."""
+    max_workers: int = MAX_CACHES
+    """(instance, rank) workers one index keeps over its life: every rank an event or a
+    ``dropped`` count names takes one. A batch that could add more is rejected whole."""
 
     def __post_init__(self) -> None:
         for name in self.__slots__:
@@ -194,6 +206,22 @@ def check_batch(batch: EventBatch, limits: BatchLimits = DEFAULT_LIMITS) -> None
             "max_windows_per_batch",
         )
         _check_data(event.data, f"{where}.data", limits)
+
+
+def instances_full(held: int, limits: BatchLimits) -> IndexFullError:
+    """The error for a batch naming a new instance id in an index holding ``held`` of them."""
+    return IndexFullError(
+        f"index full: the batch names a new instance id, {held} held, the limit "
+        f"{limits.max_instances} (BatchLimits.max_instances); nothing of it was applied"
+    )
+
+
+def workers_full(held: int, adding: int, limits: BatchLimits) -> IndexFullError:
+    """The error for a batch that would add ``adding`` workers to an index holding ``held``."""
+    return IndexFullError(
+        f"index full: the batch would add {adding} (instance, rank) workers to the {held} held, "
+        f"over the limit {limits.max_workers} (BatchLimits.max_workers); nothing of it was applied"
+    )
 
 
 def index_full(held: int, adding: int, limits: BatchLimits) -> IndexFullError:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 from _index_helpers import batch, created, removed, stored
-from kvevents.consumer import CacheIndex
+from kvevents.consumer import CacheIndex, WorkerKey
 from kvevents.consumer._state import SLOT_MAX
 from kvevents.schemas import (
     BatchLimits,
@@ -67,6 +67,42 @@ def test_a_stream_reaching_the_cap_gets_the_batch_beyond_it_rejected_whole(
     feed(index, batch([removed(0, [1]), removed(1, [2])], 0, instance="remover"))
 
 
+def test_empty_batches_naming_new_instances_stop_at_the_instance_cap(
+    core: str, feed: Callable[[CacheIndex, EventBatch], None]
+) -> None:
+    """A batch of no event still makes its instance a record (its session, its sequence): a
+    stream of 27-byte empty batches under ever new instance ids grew memory and every
+    checkpoint by ~400 bytes each, without bound. ``max_instances`` bounds them."""
+    index = CacheIndex(core=core, limits=BatchLimits(max_instances=5))
+    for k in range(5):
+        feed(index, batch([], 0, instance=f"empty-{k}"))
+    error = _rejected(index, feed, batch([], 0, instance="empty-5"))
+    assert "max_instances" in error and "5 held" in error
+    _rejected(index, feed, batch([stored(0, [1])], 0, instance="stores"))
+    feed(index, batch([stored(0, [1])], 1, instance="empty-4"))  # a known instance goes on
+    assert index.find_matches([1]) == {WorkerKey("empty-4", 0): 1}
+    assert len(index._core.export_state().instances) == 5  # type: ignore[attr-defined]
+
+
+def test_events_and_drops_naming_new_ranks_stop_at_the_worker_cap(
+    core: str, feed: Callable[[CacheIndex, EventBatch], None]
+) -> None:
+    """Every rank an event or a ``dropped`` count names becomes a worker (a record, even
+    without a cache): ``max_workers`` bounds them over the index's life, counting only the
+    ranks a batch would add."""
+    index = CacheIndex(core=core, limits=BatchLimits(max_workers=6))
+    feed(index, batch([stored(0, [10], rank=r) for r in range(4)], 0, dp=8))
+    error = _rejected(index, feed, batch([], 1, dp=8, dropped=[(r, 1) for r in range(8)]))
+    assert "max_workers" in error and "add 4" in error and "4 held" in error
+    feed(index, batch([removed(1, [10], rank=r) for r in range(4)], 1, dp=8, dropped=[(4, 2), (5, 0)]))
+    assert len(index.workers()) == 5 and index.is_degraded(WorkerKey("i0", 4))
+    feed(index, batch([stored(0, [11], rank=5)], 2, dp=8))  # the sixth
+    _rejected(index, feed, batch([stored(0, [12], rank=6)], 3, dp=8))
+    _rejected(index, feed, batch([stored(0, [13])], 0, instance="other"))
+    feed(index, batch([stored(2, [14], rank=0), stored(1, [15], rank=5)], 3, dp=8))  # known ranks
+    assert index.find_matches([14]) == {WorkerKey("i0", 0): 1}
+
+
 def test_the_cap_counts_distinct_caches_once(
     core: str, feed: Callable[[CacheIndex, EventBatch], None]
 ) -> None:
@@ -87,6 +123,7 @@ def test_limits_survive_a_restore(core: str) -> None:
 
 def test_the_cap_is_what_the_state_format_can_number() -> None:
     assert DEFAULT_LIMITS.max_caches == MAX_CACHES == SLOT_MAX + 1
+    assert DEFAULT_LIMITS.max_instances == DEFAULT_LIMITS.max_workers == MAX_CACHES
     with pytest.raises(ValueError, match="max_caches"):
         BatchLimits(max_caches=MAX_CACHES + 1)
     with pytest.raises(ValueError, match="max_caches"):
