@@ -672,6 +672,19 @@ cdef class IndexCore:
         finally:
             end_write(self)
 
+    def mark_instance_degraded(self, str instance_id, str reason):
+        """``mark_degraded`` on every worker ``instance_id`` has; how many (makes none)."""
+        cdef _Instance inst = self.inst_by_id.get(instance_id)
+        if inst is None:
+            return 0
+        begin_write(self)
+        try:
+            for rank in sorted(inst.workers):
+                degrade(self, <uint32_t>inst.workers[rank], reason)
+        finally:
+            end_write(self)
+        return len(inst.workers)
+
     def load_window(self, str instance_id, int32_t rank, int32_t window, capacity, stored):
         """Store a snapshot's window. The tables and the pool grow for all its blocks first,
         without the GIL or the index lock (``_regrow_ahead``; readers go on); the blocks are

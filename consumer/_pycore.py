@@ -558,6 +558,14 @@ class PyIndexCore:
     def mark_degraded(self, instance_id: str, rank: int, reason: str) -> None:
         self._degrade(self._worker(self._instance(instance_id), rank), reason)
 
+    def mark_instance_degraded(self, instance_id: str, reason: str) -> int:
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            return 0
+        for rank in sorted(inst.workers):
+            self._degrade(inst.workers[rank], reason)
+        return len(inst.workers)
+
     def load_window(
         self, instance_id: str, rank: int, window: int, capacity: Sequence[int] | None, stored: Iterable[Any]
     ) -> None:

@@ -10,7 +10,6 @@ from confluent_kafka import KafkaError
 
 from ._reader_base import ReaderBase, log
 from .dead_letter import MalformedMessage
-from .workers import WorkerKey
 
 if TYPE_CHECKING:
     from .index import CacheIndex
@@ -43,9 +42,7 @@ class ReaderTrouble(ReaderBase):
         if index is not None and malformed.key:
             instance = malformed.key.decode("utf-8", "replace")
             reason = f"a malformed message of this instance was skipped ({malformed.topic}[{malformed.partition}]@{malformed.offset})"
-            for worker in index.workers():
-                if worker.instance_id == instance:
-                    index.mark_degraded(WorkerKey(*worker), reason)
+            index.mark_instance_degraded(instance, reason)
         if self._dead_letter is not None:
             self._dead_letter.send(message, malformed)
         if self._on_malformed is not None:

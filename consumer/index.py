@@ -336,6 +336,12 @@ class CacheIndex:
         """Flag ``key`` as incomplete (e.g. a reader that skipped a malformed message)."""
         self._core.mark_degraded(key[0], key[1], reason)
 
+    def mark_instance_degraded(self, instance_id: str, reason: str) -> int:
+        """:meth:`mark_degraded` on every worker of ``instance_id`` the index has (a reader that
+        skipped a malformed message keyed by it); returns how many. It makes no worker, and
+        costs the instance's ranks, not a pass over every worker."""
+        return int(self._core.mark_instance_degraded(instance_id, reason))
+
     def load_worker_snapshot(
         self,
         key: WorkerKey,
