@@ -26,7 +26,6 @@ from cpython.mem cimport (
     PyMem_RawFree,
     PyMem_RawMalloc,
     PyMem_RawRealloc,
-    PyMem_Realloc,
 )
 from cpython.pythread cimport (
     NOWAIT_LOCK,
@@ -48,9 +47,6 @@ cdef extern from "Python.h":
     dict _PyDict_NewPresized(Py_ssize_t minused)
     int _PyDict_SetItem_KnownHash(object mp, object key, object item, Py_hash_t hash) except -1
     dict PyDict_Copy(object mp)
-    ctypedef struct PyThreadState
-    PyThreadState *PyEval_SaveThread()
-    void PyEval_RestoreThread(PyThreadState *tstate)
     PyObject *_PyDict_GetItem_KnownHash(object mp, object key, Py_hash_t hash)
 
 from kvevents.schemas._fastcodec cimport (
@@ -114,7 +110,7 @@ from kvevents.consumer._ingest cimport (
     pthread_t,
     speculate,
 )
-from kvevents.consumer._kvh64 cimport Kvh64, kvh64_absorb, kvh64_constants, kvh64_finish, kvh64_salt
+from kvevents.consumer._kvh64 cimport Kvh64, kvh64_constants, kvh64_salt
 from kvevents.consumer._nodestore cimport (
     KV_CHUNK,
     KV_CHUNK_MASK,
@@ -200,7 +196,6 @@ cdef extern from "sched.h":
     int sched_yield() noexcept nogil
 
 cdef enum:
-    YIELD_BLOCKS = 64    # a batch being applied lets other threads run after about this many blocks
     LEVELS = 16
     LEVEL_MAX = 15
     PRIORITY_MAX = 255
@@ -219,34 +214,7 @@ cdef tuple _KINDS = (KVCacheStoredData, KVCacheRemovedData, KVCacheUpdatedData, 
 cdef bytes _MAGIC = SINGLE_OBJECT_MAGIC
 cdef Py_ssize_t _HEADER = SINGLE_OBJECT_HEADER
 
-# KVEVENTS_INDEX_HUGEPAGES=0 turns the huge-page layout off (see docs/INDEX.md: it makes big
-# indexes' lookups faster and their ingest slower).
-cdef bint use_huge = _os.environ.get("KVEVENTS_INDEX_HUGEPAGES", "1") != "0"
-# KVEVENTS_INGEST_THREADS=2 has apply_encoded_many decode in a second native thread while the
-# writer applies; the default, 1, decodes in the writer thread (docs/INDEX.md "Ingest": on a
-# shared 2-core machine the second thread measured slower, or lookups waited for a core).
-cdef int ingest_threads = int(_os.environ.get("KVEVENTS_INGEST_THREADS", "1"))
-# The second thread runs under SCHED_IDLE (a waking reader preempts it at once); =nice keeps it
-# at nice 10 instead (docs/INDEX.md "Ingest").
-cdef bint decoder_idle = _os.environ.get("KVEVENTS_DECODER_SCHED", "idle") != "nice"
-cdef uint64_t decoder_stall_ns = 0  # test seam: the decoding thread sleeps this long per batch
-
-
-def _set_ingest_threads(int threads):
-    """Test seam: set what KVEVENTS_INGEST_THREADS set at import (1 or 2); returns the old."""
-    global ingest_threads
-    old = ingest_threads
-    ingest_threads = threads
-    return old
-
-
-def _set_decoder_stall(double seconds):
-    """Test seam: the decoding thread sleeps ``seconds`` before each batch it reads (a decoder
-    starved of CPU), so the writer reads batches itself; returns the old value."""
-    global decoder_stall_ns
-    old = decoder_stall_ns / 1e9
-    decoder_stall_ns = <uint64_t>(seconds * 1e9)
-    return old
+include "_indexcore_settings.pxi"
 
 
 cdef enum:
@@ -359,35 +327,7 @@ cdef class IndexCore:
     cdef int64_t c_session_conflicts
 
     def __cinit__(self):
-        memset(&self.st, 0, sizeof(NodeStore))
-        self.mu = PyThread_allocate_lock()
-        if self.mu == NULL:
-            raise MemoryError()
-        self.readers_waiting = 0
-        self.writer_ident = self.reader_ident = 0
-        self.reentered = 0
-        self.ev_widx = NULL
-        self.ev_widx_cap = 0
-        self.slots = NULL
-        self.wrk = NULL
-        self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
-        self.slvl = NULL
-        self.skhash = NULL
-        self.qkeys = NULL
-        self.ctok = NULL
-        self.ctok_cap = 0
-        self.applying = False
-        self.writing = self.exporting = 0
-        self.has_last_fp = False
-        memset(&self.pipe, 0, sizeof(Pipe))
-        self.plan_ids = NULL
-        self.plan_n = self.plan_cap = 0
-        self.plan_nslots = 0
-        self.clears_planned = self.clears_scanned = 0
-        self.hiding = 0
-        self.drop_handovers = 0
-        flat_init(&self.fb0)
-        self.fb = &self.fb0
+        core_init(self)
 
     def __init__(self, key_factory=tuple, limits=None):
         self.key_factory = key_factory
@@ -395,67 +335,11 @@ cdef class IndexCore:
         flat_limits(&self.lim, self.limits)
         self.max_caches = self.limits.max_caches
         self.max_workers = self.limits.max_workers
-        self._reset_all()
+        core_reset(self)
         self.variants = flat_variants()
 
     def __dealloc__(self):
-        self._free_all()
-        stages_free(self)
-        PyMem_RawFree(self.plan_ids)
-        PyMem_Free(self.ev_widx)
-        if self.mu != NULL:
-            PyThread_free_lock(self.mu)
-
-    cdef void _free_all(self) noexcept:
-        store_free(&self.st)
-        PyMem_Free(self.slots)
-        self.slots = NULL
-        PyMem_Free(self.wrk)
-        self.wrk = NULL
-        PyMem_Free(self.stamp)
-        PyMem_Free(self.run)
-        PyMem_Free(self.prim)
-        PyMem_Free(self.pstep)
-        PyMem_Free(self.touched)
-        PyMem_Free(self.alive)
-        PyMem_Free(self.slvl)
-        PyMem_Free(self.skhash)
-        self.skhash = NULL
-        self.stamp = self.run = self.prim = self.pstep = self.touched = self.alive = NULL
-        self.slvl = NULL
-        PyMem_Free(self.qkeys)
-        self.qkeys = NULL
-        PyMem_Free(self.ctok)
-        self.ctok = NULL
-        self.ctok_cap = 0
-        flat_free(&self.fb0)
-
-    cdef int _reset_all(self) except -1:
-        self._free_all()
-        store_init(&self.st, use_huge)
-        self.held = 0
-        self.nslots = self.slots_cap = 0
-        self.nworkers = self.workers_cap = 0
-        self.w_reasons = []
-        self.w_keys = []
-        self.s_capacity = []
-        self.s_keys = []
-        self.instances = []
-        self.inst_by_id = {}
-        self.last_inst_bytes = None
-        self.last_inst = None
-        self.score_cap = 0
-        self.epoch = 0
-        self.qkeys_cap = 0
-        self.multi_workers = 0
-        self.templates = {}
-        self.template_keys = 0
-        self.c_batches_applied = self.c_batches_replayed = self.c_batches_stale = 0
-        self.c_events_applied = self.c_events_duplicate = self.c_blocks_stored = 0
-        self.c_blocks_removed = self.c_orphan_blocks = self.c_unknown_removed = 0
-        self.c_unknown_updated = self.c_content_conflicts = self.c_gaps = self.c_resyncs = 0
-        self.c_session_conflicts = 0
-        return 0
+        core_dealloc(self)
 
     # ------------------------------------------------------------------ holders
 
@@ -556,23 +440,7 @@ cdef class IndexCore:
 
     def match(self, hashes, bint by_content, window, int max_level):
         """Per slot holding the first key: (slot, contiguous run length, primary blocks in it)."""
-        cdef Py_ssize_t n
-        cdef size_t t, k
-        cdef uint32_t slot
-        if window is not None and window_outside_schema(window):
-            return []
-        rlock(self)
-        try:
-            n = load_query_keys(self, hashes)
-            t = match_walk(self, n, by_content, window is not None, 0 if window is None else window, max_level, True)
-            out = []
-            for k in range(t):
-                slot = self.touched[k]
-                out.append((slot, self.run[slot], self.prim[slot]))
-            out.sort()
-            return out
-        finally:
-            runlock(self)
+        return slot_runs(self, hashes, by_content, window, max_level)
 
     def find_matches(self, block_hashes, window_size=None, *, max_cache_level=None):
         """``CacheIndex.find_matches`` itself (same parameters): ``CacheIndex`` binds it on the
@@ -631,8 +499,7 @@ cdef class IndexCore:
         the decoding thread before the writer came to them), ``waited`` (the writer waited for
         the decoder to finish), ``stolen`` (the writer read them itself, the decoder not having
         started) and ``duplicated`` (the writer read them itself after waiting its patience)."""
-        cdef Pipe *p = &self.pipe
-        return {"ahead": p.ahead, "waited": p.waited, "stolen": p.stolen, "duplicated": p.duplicated}
+        return inspect_pipeline_counts(self)
 
     def check_tables(self):
         """A test seam: per table (``engine``, ``content``), its wrong entries (docs/INDEX.md:
@@ -651,17 +518,9 @@ cdef class IndexCore:
     def reset_workers(self, keys, bint clear_degraded):
         """``reset_worker`` for each (instance id, rank) of ``keys``, their blocks found by as
         few scans of every node as the plans hold (``reset_planned``)."""
-        cdef uint32_t widx
         begin_write(self)
         try:
-            widxs = [worker_for(self, instance_for(self, instance_id), rank) for instance_id, rank in keys]
-            reset_planned(self, widxs)
-            for widx in widxs:
-                self.wrk[widx].split_blocks = 0
-                self.wrk[widx].has_split_tail = 0
-                if clear_degraded:
-                    self.w_reasons[widx] = []
-                    self.wrk[widx].gaps = 0
+            reset_worker_keys(self, keys, clear_degraded)
         finally:
             end_write(self)
 
@@ -674,16 +533,11 @@ cdef class IndexCore:
 
     def mark_instance_degraded(self, str instance_id, str reason):
         """``mark_degraded`` on every worker ``instance_id`` has; how many (makes none)."""
-        cdef _Instance inst = self.inst_by_id.get(instance_id)
-        if inst is None:
-            return 0
         begin_write(self)
         try:
-            for rank in sorted(inst.workers):
-                degrade(self, <uint32_t>inst.workers[rank], reason)
+            return degrade_instance(self, instance_id, reason)
         finally:
             end_write(self)
-        return len(inst.workers)
 
     def load_window(self, str instance_id, int32_t rank, int32_t window, capacity, stored):
         """Store a snapshot's window. The tables and the pool grow for all its blocks first,
@@ -696,16 +550,9 @@ cdef class IndexCore:
             end_write(self)
 
     def set_cursor(self, str instance_id, int32_t rank, event_id):
-        cdef Worker *w
         begin_write(self)
         try:
-            w = &self.wrk[worker_for(self, instance_for(self, instance_id), rank)]
-            w.has_cursor = event_id is not None
-            w.cursor = 0 if event_id is None else event_id
-            w.session_fresh = event_id is None
-            w.last_created = 0
-            w.split_blocks = 0
-            w.has_split_tail = 0
+            set_worker_cursor(self, worker_for(self, instance_for(self, instance_id), rank), event_id)
         finally:
             end_write(self)
 
@@ -737,6 +584,7 @@ cdef class IndexCore:
             self.exporting = 0
 
 
+include "_indexcore_memory.pxi"
 include "_indexcore_lock.pxi"
 include "_indexcore_workers.pxi"
 include "_indexcore_decode.pxi"

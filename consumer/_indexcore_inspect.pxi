@@ -174,6 +174,11 @@ cdef object inspect_check_tables(IndexCore self):
     }
 
 
+cdef dict inspect_pipeline_counts(IndexCore self):
+    cdef Pipe *p = &self.pipe
+    return {"ahead": p.ahead, "waited": p.waited, "stolen": p.stolen, "duplicated": p.duplicated}
+
+
 cdef object inspect_memory_bytes(IndexCore self):
     cdef size_t total = 0, k
     total += store_bytes(&self.st)

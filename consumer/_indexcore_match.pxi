@@ -503,6 +503,27 @@ cdef inline bint window_outside_schema(window) except -1:
     return not (-0x80000000 <= window <= 0x7FFFFFFF)
 
 
+cdef list slot_runs(IndexCore self, hashes, bint by_content, window, int max_level):
+    """``match``: per slot holding the first key, (slot, run, primary blocks in it), sorted."""
+    cdef Py_ssize_t n
+    cdef size_t t, k
+    cdef uint32_t slot
+    if window is not None and window_outside_schema(window):
+        return []
+    rlock(self)
+    try:
+        n = load_query_keys(self, hashes)
+        t = match_walk(self, n, by_content, window is not None, 0 if window is None else window, max_level, True)
+        out = []
+        for k in range(t):
+            slot = self.touched[k]
+            out.append((slot, self.run[slot], self.prim[slot]))
+        out.sort()
+        return out
+    finally:
+        runlock(self)
+
+
 cdef dict worker_counts(IndexCore self, hashes, bint by_content, window, int max_level):
     """{worker key: best run over its window caches} (the hot path of find_matches).
 

@@ -147,7 +147,7 @@ cdef object import_core_state(IndexCore self, state):
         total += pn[k]
     if len(holders) != total * 4:
         raise ValueError(f"corrupt index state: {len(holders) // 4} holders, the counts say {total}")
-    self._reset_all()
+    core_reset(self)
     for i in state.instances:
         inst = instance_for(self, i.instance_id)
         inst.producer_id = i.producer_id

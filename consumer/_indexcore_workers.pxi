@@ -234,3 +234,44 @@ cdef int degrade_all(IndexCore self, _Instance inst, int64_t dp_size, str reason
     if sum(1 for rank in inst.workers if rank < below) < below:
         add_pending(inst.pending, reason, below)
     return 0
+
+
+# ---------------------------------------------------------------------------- the seams' bodies
+
+cdef int reset_worker_keys(IndexCore self, keys, bint clear_degraded) except -1:
+    """``reset_workers``: each (instance id, rank) of ``keys`` emptied, their blocks found by as
+    few scans of every node as the plans hold (``reset_planned``); ``clear_degraded`` drops
+    their reasons and gaps too."""
+    cdef uint32_t widx
+    widxs = [worker_for(self, instance_for(self, instance_id), rank) for instance_id, rank in keys]
+    reset_planned(self, widxs)
+    for widx in widxs:
+        self.wrk[widx].split_blocks = 0
+        self.wrk[widx].has_split_tail = 0
+        if clear_degraded:
+            self.w_reasons[widx] = []
+            self.wrk[widx].gaps = 0
+    return 0
+
+
+cdef Py_ssize_t degrade_instance(IndexCore self, str instance_id, str reason) except -1:
+    """``mark_instance_degraded``: every worker ``instance_id`` has, through its own ranks (a
+    malformed message keyed by it: no pass over every worker); how many. It makes none."""
+    cdef _Instance inst = self.inst_by_id.get(instance_id)
+    if inst is None:
+        return 0
+    for rank in sorted(inst.workers):
+        degrade(self, <uint32_t>inst.workers[rank], reason)
+    return len(inst.workers)
+
+
+cdef int set_worker_cursor(IndexCore self, uint32_t widx, event_id) except -1:
+    """``set_cursor``: the worker's next event is ``event_id + 1`` (None: any, a fresh session)."""
+    cdef Worker *w = &self.wrk[widx]
+    w.has_cursor = event_id is not None
+    w.cursor = 0 if event_id is None else event_id
+    w.session_fresh = event_id is None
+    w.last_created = 0
+    w.split_blocks = 0
+    w.has_split_tail = 0
+    return 0
