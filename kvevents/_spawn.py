@@ -1,6 +1,6 @@
 """Background JVMs of this package (the local Kafka broker, the local registry): started in a
-session of their own, optionally dying with the process that started them; and whether a pid
-still lives."""
+session of their own, optionally dying with the process that started them; whether a pid
+still lives, and what it runs."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import ctypes
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 _PR_SET_PDEATHSIG = 1
+_PF_KTHREAD = 0x00200000  # in the flags field of /proc/<pid>/stat
+ARGV_SETTLE_SECONDS = 5.0
 _libc: ctypes.CDLL | None = None
 
 
@@ -78,3 +81,31 @@ def _some_thread_runs(pid: int) -> bool:
         except OSError:
             continue
     return False
+
+
+def process_argv(pid: int, settle: float = ARGV_SETTLE_SECONDS) -> list[str] | None:
+    """The arguments of process ``pid``, None when ``/proc`` does not show them.
+
+    A process shows none for a moment while it execs (``Popen`` returns when exec closes its
+    pipe, before the kernel has copied the new arguments) and while it exits: wait up to
+    ``settle`` seconds for them or for its end. [] for a kernel thread, a process that ended,
+    or one that still shows none (so never taken for a process of ours).
+    """
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        argv = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+        if argv or _kernel_thread(pid) or not pid_alive(pid) or time.monotonic() >= deadline:
+            return argv
+        time.sleep(0.01)
+
+
+def _kernel_thread(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return False
+    return len(fields) > 6 and int(fields[6]) & _PF_KTHREAD != 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from kvevents._spawn import pid_alive, spawn
+from kvevents._spawn import pid_alive, process_argv, spawn
 
 from .config import (
     DEFAULT_HOST,
@@ -148,14 +148,6 @@ def find_java() -> str:
     if found is None:
         raise BrokerError("no 'java' on PATH and no JAVA_HOME: the local Kafka broker needs Java 17 or newer")
     return found
-
-
-def _cmdline(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
 def tail_of(path: Path, offset: int = 0, lines: int = _TAIL_LINES) -> str:
@@ -373,7 +365,7 @@ class LocalBroker:
             return None
         if not pid_alive(pid):
             return None
-        argv = _cmdline(pid)
+        argv = process_argv(pid)
         if argv is not None and ("kafka.Kafka" not in argv or str(self.layout.server_properties) not in argv):
             return None  # the pid was reused by an unrelated process
         return pid

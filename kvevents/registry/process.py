@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 
-from kvevents._spawn import pid_alive, spawn
+from kvevents._spawn import pid_alive, process_argv, spawn
 
 from .dist import APICURIO_VERSION, RegistryFetchError, ensure_registry, find_registry_java
 
@@ -88,11 +88,8 @@ def registry_answers(url: str, timeout: float = 2.0) -> bool:
 
 
 def _is_ours(pid: int, runner_marker: str) -> bool:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return any(runner_marker.encode() in part for part in argv)
+    argv = process_argv(pid)  # waits out the moment an exec'ing process shows no arguments
+    return argv is not None and any(runner_marker in part for part in argv)
 
 
 class LocalRegistry:
