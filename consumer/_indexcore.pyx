@@ -222,6 +222,8 @@ cdef enum:
     PLAN_SLOTS = 8              # caches a batch's Created events plan to clear before its lock
     DROP_STRIDE = 64            # a drop looks for waiting readers every this many planned nodes
     SCAN_STRIDE = 4096          # ... and every this many nodes of a scan
+    RECENT_MIN = 1024           # a cache's list of its nodes (Slot.recent) may grow to this, or to
+    RECENT_SHIFT = 8            # node_top >> this if more: past it the cache's restart scans
 
 
 include "_indexcore_records.pxi"
@@ -312,6 +314,8 @@ cdef class IndexCore:
     cdef int plan_nslots
     cdef int64_t clears_planned  # caches cleared from a plan ...
     cdef int64_t clears_scanned  # ... and by a scan of every node under the lock
+    cdef int64_t clears_listed   # caches cleared from their own list of nodes (Slot.recent)
+    cdef int64_t recent_bytes    # the caches' lists of nodes, in bytes
     cdef uint32_t hidden_worker       # the worker being dropped, while ``hiding``: queries skip
     cdef int hiding                   # its caches, so a drop may hand the lock over (atomic loads)
     cdef int64_t drop_handovers       # times a drop handed the lock to waiting readers
@@ -354,6 +358,12 @@ cdef class IndexCore:
         else:
             s.total += 1
             self.held += 1
+            if not s.rfull:
+                if s.rlen < s.rcap:
+                    s.recent[s.rlen] = id
+                    s.rlen += 1
+                else:
+                    recent_push(self, packed & KV_SLOT_MASK, id)
         s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
         return 0
 
@@ -364,6 +374,8 @@ cdef class IndexCore:
         s.levels[(packed >> KV_SLOT_BITS) & 0xF] -= 1
         s.total -= 1
         self.held -= 1
+        if s.total == 0:  # nothing held: the list starts again, complete
+            recent_restart(self, s)
         return 0
 
     cdef inline bint _remove_holder(self, uint64_t engine, uint32_t slot) except -1 nogil:

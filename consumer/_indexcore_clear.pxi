@@ -1,5 +1,6 @@
 # Included by _indexcore.pyx (textually, after IndexCore): dropping a cache's blocks when its
-# worker restarts (a Created event). The blocks of a cache are found by a scan of every node,
+# worker restarts (a Created event). A small cache's blocks are in its own list of nodes (the
+# end of this file); a bigger one's are found by a scan of every node,
 # tens of ms at 256 x 100k; the writer runs that scan before taking the index lock for the
 # batch (it alone changes the store, so it may read it while readers do), and under the lock
 # drops the holders of the nodes it found, handing the lock to waiting readers as it goes while
@@ -61,7 +62,7 @@ cdef bint _plan_worker(IndexCore self, uint32_t widx) noexcept nogil:
     cdef uint32_t slot = self.wrk[widx].first_slot
     cdef int before = self.plan_nslots
     while slot != KV_NIL:
-        if self.slots[slot].active and self.slots[slot].total and not _planned(self, slot):
+        if self.slots[slot].active and self.slots[slot].total and self.slots[slot].rfull and not _planned(self, slot):
             if self.plan_nslots == PLAN_SLOTS:
                 self.plan_nslots = before
                 return False
@@ -137,11 +138,24 @@ cdef int clear_slot(IndexCore self, uint32_t slot) except -1 nogil:
     """Drop every block of ``slot``: from the nodes ``plan_clears`` found when it planned the
     slot (a node since released is skipped; one since reused for another block the slot holds
     loses that holder too, as it must), then, if the slot still holds blocks (stored after the
-    plan, by an earlier event of the batch), by a scan of every node."""
+    plan, by an earlier event of the batch), by a scan of every node. A cache whose list of
+    nodes is complete (``Slot.recent``: every cache of fewer blocks than RECENT_MIN, or than
+    node_top >> RECENT_SHIFT, since it was last empty) is dropped from that list instead:
+    no scan, so a producer restarting a small cache over and over costs its own blocks, not
+    the whole index."""
     cdef size_t k
     cdef uint32_t id
     if self.slots[slot].total == 0:
         return 0
+    if not self.slots[slot].rfull:  # every node it holds is in its list
+        k = 0
+        while k < self.slots[slot].rlen:
+            if k % DROP_STRIDE == 0:
+                _drop_hand_over(self, slot)
+            if _drop_holder(self, self.slots[slot].recent[k], slot):
+                self.clears_listed += 1
+                return 0
+            k += 1
     if _planned(self, slot):
         self.clears_planned += 1
         for k in range(self.plan_n):
@@ -178,3 +192,71 @@ cdef inline bint _drop_holder(IndexCore self, uint32_t id, uint32_t slot) except
             self._remove_holder_at(id, <uint32_t>i)
             return self.slots[slot].total == 0
     return False
+
+
+# ---------------------------------------------------------------------------- a cache's nodes
+
+cdef void recent_push(IndexCore self, uint32_t slot, uint32_t id) noexcept nogil:
+    """Add node ``id`` to ``slot``'s full list: the list grows (doubling) up to its limit;
+    at the limit, nodes the cache no longer holds are dropped from it when they are a quarter
+    or more (so a compaction's pass is paid for by as many pushes); else the list is given up (``rfull``: the cache's restart scans every node). The
+    limit grows with the index, so that a scan costs no more than the stores that filled
+    the list (a node scanned costs ~3 ns, a block stored ~250 ns)."""
+    cdef Slot *s = &self.slots[slot]
+    cdef size_t limit = max(<size_t>RECENT_MIN, <size_t>(self.st.node_top >> RECENT_SHIFT))
+    cdef size_t cap
+    cdef uint32_t *grown
+    if s.rlen >= limit and 4 * <size_t>s.total <= 3 * <size_t>s.rlen:
+        _recent_compact(self, slot)
+    if s.rlen >= limit:
+        recent_drop(self, s)
+        return
+    if s.rlen == s.rcap:
+        cap = min(limit, max(<size_t>16, 2 * <size_t>s.rcap))
+        grown = <uint32_t *>PyMem_RawRealloc(s.recent, cap * sizeof(uint32_t))
+        if grown == NULL:  # no memory for it: a restart scans instead
+            recent_drop(self, s)
+            return
+        self.recent_bytes += <int64_t>(cap - s.rcap) * sizeof(uint32_t)
+        s.recent = grown
+        s.rcap = <uint32_t>cap
+    s.recent[s.rlen] = id
+    s.rlen += 1
+
+
+cdef void _recent_compact(IndexCore self, uint32_t slot) noexcept nogil:
+    """Keep in ``slot``'s list only the nodes it holds, each once (a node released and given
+    to the cache again is listed each time), in id order."""
+    cdef Slot *s = &self.slots[slot]
+    cdef uint32_t k, kept = 0, id
+    cdef Node *node
+    qsort(s.recent, s.rlen, sizeof(uint32_t), cmp_u32)
+    for k in range(s.rlen):
+        id = s.recent[k]
+        if kept and s.recent[kept - 1] == id:
+            continue
+        node = self.N(id)
+        if (node.n & KV_USED) and holder_index(&self.st, node, slot) >= 0:
+            s.recent[kept] = id
+            kept += 1
+    s.rlen = kept
+
+
+cdef void recent_restart(IndexCore self, Slot *s) noexcept nogil:
+    """The cache holds nothing: its list is complete again, empty (a big one is freed)."""
+    s.rlen = 0
+    s.rfull = 0
+    if s.rcap > 256:
+        PyMem_RawFree(s.recent)
+        self.recent_bytes -= <int64_t>s.rcap * sizeof(uint32_t)
+        s.recent = NULL
+        s.rcap = 0
+
+
+cdef void recent_drop(IndexCore self, Slot *s) noexcept nogil:
+    """Give the cache's list up until it is empty again: its restart scans every node."""
+    PyMem_RawFree(s.recent)
+    self.recent_bytes -= <int64_t>s.rcap * sizeof(uint32_t)
+    s.recent = NULL
+    s.rlen = s.rcap = 0
+    s.rfull = 1

@@ -127,6 +127,8 @@ cdef object inspect_store_layout(IndexCore self):
             "holder_run_refs": self.st.run_refs,
             "clears_planned": self.clears_planned,
             "clears_scanned": self.clears_scanned,
+            "clears_listed": self.clears_listed,
+            "recent_bytes": self.recent_bytes,
             "drop_handovers": self.drop_handovers,
         }
     finally:
@@ -184,7 +186,7 @@ cdef object inspect_memory_bytes(IndexCore self):
     total += store_bytes(&self.st)
     total += self.slots_cap * sizeof(Slot) + self.workers_cap * sizeof(Worker)
     total += self.score_cap * (6 * sizeof(uint32_t) + 1) + self.qkeys_cap * sizeof(uint64_t)
-    total += flat_bytes(&self.fb0)
+    total += flat_bytes(&self.fb0) + <size_t>self.recent_bytes
     if self.pipe.stages != NULL:  # apply_encoded_many's flat batches and content cache
         for k in range(NSTAGES):
             total += flat_bytes(&self.pipe.stages[k].fb)

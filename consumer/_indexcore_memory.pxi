@@ -28,7 +28,8 @@ cdef int core_init(IndexCore self) except -1:
     self.plan_ids = NULL
     self.plan_n = self.plan_cap = 0
     self.plan_nslots = 0
-    self.clears_planned = self.clears_scanned = 0
+    self.clears_planned = self.clears_scanned = self.clears_listed = 0
+    self.recent_bytes = 0
     self.hiding = 0
     self.drop_handovers = 0
     flat_init(&self.fb0)
@@ -39,7 +40,11 @@ cdef int core_init(IndexCore self) except -1:
 cdef void core_free(IndexCore self) noexcept:
     """Free the store and the per-slot, per-worker and query arrays (not the lock, the
     pipeline's stages or the plan: ``__dealloc__`` frees those)."""
+    cdef size_t k
     store_free(&self.st)
+    for k in range(self.nslots if self.slots != NULL else 0):
+        PyMem_RawFree(self.slots[k].recent)
+    self.recent_bytes = 0
     PyMem_Free(self.slots)
     self.slots = NULL
     PyMem_Free(self.wrk)

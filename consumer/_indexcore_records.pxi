@@ -10,6 +10,10 @@ ctypedef struct Slot:
     uint32_t worker
     uint32_t next_slot
     int32_t window
+    uint32_t *recent     # the nodes given a holder of this cache since it was last empty, while
+    uint32_t rlen        # ``rfull`` is 0: a restart drops its blocks from them, not by a scan of
+    uint32_t rcap        # every node (``_indexcore_clear.pxi``); may name nodes it no longer holds
+    uint8_t rfull
     uint8_t active
 
 ctypedef struct Worker:
@@ -69,6 +73,11 @@ cdef inline uint32_t pack_holder(uint32_t slot, int32_t level, int32_t prio) noe
 
 cdef int cmp_engine(const void *a, const void *b) noexcept nogil:
     cdef uint64_t x = (<const EngineId *>a).engine, y = (<const EngineId *>b).engine
+    return (x > y) - (x < y)
+
+
+cdef int cmp_u32(const void *a, const void *b) noexcept nogil:
+    cdef uint32_t x = (<const uint32_t *>a)[0], y = (<const uint32_t *>b)[0]
     return (x > y) - (x < y)
 
 

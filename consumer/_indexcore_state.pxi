@@ -222,6 +222,9 @@ cdef object import_core_state(IndexCore self, state):
     finally:
         PyMem_Free(canon)
         PyMem_Free(tmp)
+    for k in range(self.nslots):  # holders set in bulk: no cache's list of nodes is complete
+        if self.slots[k].total:
+            recent_drop(self, &self.slots[k])
 
 
 cdef int load_window_blocks(IndexCore self, str instance_id, int32_t rank, int32_t window, capacity,

@@ -71,7 +71,9 @@ def _clears(before: dict[str, int] | None, after: dict[str, int] | None) -> dict
     """The caches cleared from a plan made before the lock, and by a scan under it."""
     if before is None or after is None or "clears_planned" not in after:
         return {}
-    return {k: after[k] - before[k] for k in ("clears_planned", "clears_scanned")}
+    return {
+        k: after[k] - before[k] for k in ("clears_planned", "clears_scanned", "clears_listed") if k in after
+    }
 
 
 def _store_changes(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, Any] | None:

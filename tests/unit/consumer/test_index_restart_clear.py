@@ -1,7 +1,9 @@
-"""A worker's restart (a Created event) drops its caches' blocks. The compiled core finds them
-by a scan of every node made before it takes the index lock for the batch, then drops the
-holders of the nodes it found; a cache that gained blocks after that scan (an earlier event of
-the same batch) is finished by a scan under the lock. Either way the index is the pure-Python
+"""A worker's restart (a Created event) drops its caches' blocks. The compiled core drops a
+small cache's blocks from its own list of nodes (every node it was given since it was last
+empty, up to 1,024 or a 256th of the index's nodes). A bigger cache's are found by a scan of
+every node made before the index lock is taken for the batch, and the holders of the nodes
+found are then dropped; a cache that gained blocks after that scan (an earlier event of the
+same batch) is finished by a scan under the lock. Either way the index is the pure-Python
 core's, event for event."""
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from kvevents.consumer.index import CacheIndex
 from kvevents.schemas import EventBatch, encode_batch
 
 RANKS = 10
+OWN = 1000
+"""Blocks of a rank's own per cache in the big fleet: with the 100 shared, past the 1,024
+nodes a cache's list holds, so its restart is planned."""
+SMALL_OWN = 200
 
 
 def both(batches: list[EventBatch]) -> tuple[CacheIndex, CacheIndex]:
@@ -24,13 +30,14 @@ def both(batches: list[EventBatch]) -> tuple[CacheIndex, CacheIndex]:
     return compiled, oracle
 
 
-def fleet() -> list[EventBatch]:
-    """Ten ranks, each with two window caches holding 300 blocks, 100 of them shared by all."""
+def fleet(own_blocks: int = OWN) -> list[EventBatch]:
+    """Ten ranks, each with two window caches holding ``own_blocks`` + 100 blocks, the 100
+    shared by all."""
     shared = list(range(1, 101))
     events = []
     for r in range(RANKS):
         events += [created(0, rank=r), created(1, window=128, rank=r)]
-        own = [10**8 * (r + 1) + j for j in range(200)]
+        own = [10**8 * (r + 1) + j for j in range(own_blocks)]
         events += [stored(2, shared + own, rank=r), stored(3, shared + own, window=128, rank=r)]
     return [batch(events, 0, dp=RANKS)]
 
@@ -44,8 +51,77 @@ def test_a_restart_drops_the_blocks_found_before_the_lock() -> None:
     compiled, _ = both([*fleet(), restart])
     assert layout(compiled)["clears_planned"] == 2  # both of rank 3's caches, from the plan
     assert layout(compiled)["clears_scanned"] == 0
-    assert compiled.held_blocks() == 2 * 300 * (RANKS - 1)
+    assert compiled.held_blocks() == 2 * (OWN + 100) * (RANKS - 1)
     assert compiled.find_matches(list(range(1, 101))) == {("i0", r): 100 for r in range(RANKS) if r != 3}
+
+
+def test_a_small_cache_is_dropped_from_its_own_list_of_nodes() -> None:
+    restart = batch([created(4, rank=3), created(5, window=128, rank=3)], 1, dp=RANKS)
+    compiled, _ = both([*fleet(SMALL_OWN), restart])
+    counts = layout(compiled)
+    assert (counts["clears_listed"], counts["clears_planned"], counts["clears_scanned"]) == (2, 0, 0)
+    assert counts["recent_bytes"] > 0
+    assert compiled.held_blocks() == 2 * (SMALL_OWN + 100) * (RANKS - 1)
+    assert compiled.find_matches(list(range(1, 101))) == {("i0", r): 100 for r in range(RANKS) if r != 3}
+
+
+def test_restarts_of_a_small_cache_over_and_over_scan_nothing() -> None:
+    """A producer restarting a cache of one block again and again (hostile, or broken) costs
+    that block each time, not a pass over the index's every node."""
+    events = []
+    for k in range(200):
+        events += [created(4 + 2 * k, rank=3), stored(5 + 2 * k, [9 * 10**6 + k], rank=3)]
+    compiled, _ = both([*fleet(), batch(events, 1, dp=RANKS)])
+    counts = layout(compiled)
+    assert counts["clears_scanned"] == 0 and counts["clears_listed"] == 199
+    assert counts["clears_planned"] == 2  # the first restart: both big window caches
+    assert compiled.find_matches([9 * 10**6 + 199]) == {("i0", 3): 1}
+    assert compiled.find_matches([9 * 10**6 + 198]) == {}
+
+
+def test_a_cache_past_its_list_restarts_by_a_scan_until_it_is_empty_again() -> None:
+    """Rank 3's caches outgrow their lists (1,100 blocks): a restart would be planned. Emptied
+    by Removed events and one refilled with a few blocks, it has a complete list again."""
+    held = list(range(1, 101)) + [10**8 * 4 + j for j in range(OWN)]
+    emptied = [
+        removed(4, held, rank=3),
+        removed(5, held, window=128, rank=3),
+        stored(6, [6 * 10**6, 6 * 10**6 + 1], rank=3),
+    ]
+    compiled, _ = both([*fleet(), batch(emptied, 1, dp=RANKS), batch([created(7, rank=3)], 2, dp=RANKS)])
+    assert (layout(compiled)["clears_listed"], layout(compiled)["clears_planned"]) == (1, 0)
+    assert compiled.find_matches([6 * 10**6]) == {}
+
+
+def test_a_list_of_nodes_mostly_let_go_is_compacted_not_given_up() -> None:
+    """Rank 3 stores and removes block after block, keeping one in eight: its list reaches
+    its limit with most of its nodes let go, keeps the ones still held and stays complete."""
+    events, eid = [], 4
+    for k in range(3000):
+        events.append(stored(eid, [7 * 10**6 + k], rank=3))
+        eid += 1
+        if k % 8 != 0:
+            events.append(removed(eid, [7 * 10**6 + k], rank=3))
+            eid += 1
+    kept = [7 * 10**6 + k for k in range(0, 3000, 8)]
+    compiled, _ = both(
+        [*fleet(SMALL_OWN), batch(events, 1, dp=RANKS), batch([created(eid, rank=3)], 2, dp=RANKS)]
+    )
+    counts = layout(compiled)
+    assert (counts["clears_listed"], counts["clears_planned"], counts["clears_scanned"]) == (2, 0, 0)
+    assert all(compiled.find_matches([h]) == {} for h in kept[::50])
+
+
+def test_an_imported_state_restarts_by_a_scan() -> None:
+    """A checkpoint sets the holders in bulk, so no cache has a complete list: a restart after
+    an import is planned (and the index is the oracle's)."""
+    compiled, oracle = both(fleet(SMALL_OWN))
+    restored = CacheIndex.from_bytes(compiled.to_bytes(), core="compiled")
+    restart = batch([created(4, rank=3)], 1, dp=RANKS)
+    for index in (restored, oracle):
+        index.apply_encoded(encode_batch(restart))
+    assert restored.to_bytes() == oracle.to_bytes()
+    assert (layout(restored)["clears_listed"], layout(restored)["clears_planned"]) == (0, 2)
 
 
 def test_blocks_stored_after_the_plan_are_dropped_by_a_scan() -> None:
@@ -68,16 +144,18 @@ def test_caches_past_what_a_plan_holds_are_each_scanned() -> None:
     assert compiled.held_blocks() == 0
 
 
+@pytest.mark.parametrize("own_blocks", [OWN, SMALL_OWN])
 @pytest.mark.parametrize("twice", [False, True])
-def test_a_node_released_and_reused_between_plan_and_clear(twice: bool) -> None:
+def test_a_node_released_and_reused_between_plan_and_clear(twice: bool, own_blocks: int) -> None:
     """The batch first removes rank 3's shared blocks' holders elsewhere and stores new blocks
-    on released nodes, then restarts rank 3: the plan's node ids may now hold other blocks."""
+    on released nodes, then restarts rank 3: the plan's node ids (or the cache's list's) may
+    now hold other blocks."""
     events = [removed(4, list(range(1, 101)), rank=r) for r in range(RANKS) if r != 3]
     events += [stored(5, [7 * 10**6 + j for j in range(100)], rank=0)]
     events += [created(6, rank=3)]
     if twice:
         events += [stored(7, [8 * 10**6 + j for j in range(20)], rank=3), created(8, rank=3)]
-    compiled, _ = both([*fleet(), batch(events, 1, dp=RANKS)])
+    compiled, _ = both([*fleet(own_blocks), batch(events, 1, dp=RANKS)])
     assert compiled.find_matches([8 * 10**6]) == {}
 
 
@@ -90,7 +168,7 @@ def test_reset_worker_drops_the_blocks_found_before_the_lock() -> None:
     assert compiled.to_bytes() == oracle.to_bytes()
     assert compiled.stats().counters == oracle.stats().counters
     assert (layout(compiled)["clears_planned"], layout(compiled)["clears_scanned"]) == (2, 0)
-    assert compiled.held_blocks() == 2 * 300 * (RANKS - 1)
+    assert compiled.held_blocks() == 2 * (OWN + 100) * (RANKS - 1)
 
 
 def test_reset_workers_plans_as_many_workers_per_scan_as_fit() -> None:
