@@ -197,21 +197,23 @@ cdef inline bint _drop_holder(IndexCore self, uint32_t id, uint32_t slot) except
 # ---------------------------------------------------------------------------- a cache's nodes
 
 cdef void recent_push(IndexCore self, uint32_t slot, uint32_t id) noexcept nogil:
-    """Add node ``id`` to ``slot``'s full list: the list grows (doubling) up to its limit;
-    at the limit, nodes the cache no longer holds are dropped from it when they are a quarter
-    or more (so a compaction's pass is paid for by as many pushes); else the list is given up (``rfull``: the cache's restart scans every node). The
-    limit grows with the index, so that a scan costs no more than the stores that filled
-    the list (a node scanned costs ~3 ns, a block stored ~250 ns)."""
+    """Add node ``id`` to ``slot``'s list, which is full: first the nodes the cache no longer
+    holds are dropped from it, when they are a quarter of it or more (so a compaction's pass
+    is paid for by as many pushes, and the list stays within about three times what the cache
+    holds); else the list grows (doubling) up to its limit, past which it is given up
+    (``rfull``: the cache's restart scans every node). The limit grows with the index, so that
+    a scan costs no more than about three times the stores that filled the list (a node
+    scanned costs ~3 ns, a block stored ~250 ns)."""
     cdef Slot *s = &self.slots[slot]
     cdef size_t limit = max(<size_t>RECENT_MIN, <size_t>(self.st.node_top >> RECENT_SHIFT))
     cdef size_t cap
     cdef uint32_t *grown
-    if s.rlen >= limit and 4 * <size_t>s.total <= 3 * <size_t>s.rlen:
+    if s.rlen >= 16 and 4 * <size_t>s.total <= 3 * <size_t>s.rlen:
         _recent_compact(self, slot)
-    if s.rlen >= limit:
-        recent_drop(self, s)
-        return
     if s.rlen == s.rcap:
+        if s.rlen >= limit:
+            recent_drop(self, s)
+            return
         cap = min(limit, max(<size_t>16, 2 * <size_t>s.rcap))
         grown = <uint32_t *>PyMem_RawRealloc(s.recent, cap * sizeof(uint32_t))
         if grown == NULL:  # no memory for it: a restart scans instead

@@ -182,3 +182,16 @@ def test_reset_workers_plans_as_many_workers_per_scan_as_fit() -> None:
     assert compiled.stats().counters == oracle.stats().counters
     assert (layout(compiled)["clears_planned"], layout(compiled)["clears_scanned"]) == (2 * RANKS, 0)
     assert compiled.held_blocks() == 0
+
+
+def test_a_cache_list_stays_near_what_the_cache_holds() -> None:
+    """A cache holding one block while 5,000 others come and go (a churning, or hostile,
+    producer) keeps a list of a few nodes, not one per store: the lists' memory follows what
+    the caches hold."""
+    events = [created(0), stored(1, [1])]
+    for k in range(5000):
+        events += [stored(2 + 2 * k, [10**6 + k]), removed(3 + 2 * k, [10**6 + k])]
+    compiled, _ = both([batch(events, 0), batch([created(10**5)], 1)])
+    counts = layout(compiled)
+    assert counts["recent_bytes"] <= 32 * 4  # 16 entries, or 32 at most
+    assert counts["clears_listed"] == 1 and compiled.held_blocks() == 0
