@@ -159,16 +159,25 @@ def test_a_node_released_and_reused_between_plan_and_clear(twice: bool, own_bloc
     assert compiled.find_matches([8 * 10**6]) == {}
 
 
-def test_reset_worker_drops_the_blocks_found_before_the_lock() -> None:
-    """reset_worker (liveness, snapshots) finds the worker's blocks the same way, then drops
-    them as the pure-Python core does."""
-    compiled, oracle = both(fleet())
+@pytest.mark.parametrize(("own_blocks", "listed", "planned"), [(OWN, 0, 2), (SMALL_OWN, 2, 0)])
+def test_reset_worker_drops_the_blocks_found_before_the_lock(
+    own_blocks: int, listed: int, planned: int
+) -> None:
+    """reset_worker (liveness, snapshots) finds the worker's blocks the same way (from the
+    caches' lists when small, else by a scan before the lock), then drops them as the
+    pure-Python core does."""
+    compiled, oracle = both(fleet(own_blocks))
     for index in (compiled, oracle):
         index.reset_worker(("i0", 3), clear_degraded=True)  # type: ignore[arg-type]
     assert compiled.to_bytes() == oracle.to_bytes()
     assert compiled.stats().counters == oracle.stats().counters
-    assert (layout(compiled)["clears_planned"], layout(compiled)["clears_scanned"]) == (2, 0)
-    assert compiled.held_blocks() == 2 * (OWN + 100) * (RANKS - 1)
+    counts = layout(compiled)
+    assert (counts["clears_listed"], counts["clears_planned"], counts["clears_scanned"]) == (
+        listed,
+        planned,
+        0,
+    )
+    assert compiled.held_blocks() == 2 * (own_blocks + 100) * (RANKS - 1)
 
 
 def test_reset_workers_plans_as_many_workers_per_scan_as_fit() -> None:
