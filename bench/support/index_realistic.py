@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,36 @@ def latencies(sides: dict[str, tuple[Any, list[Any]]], repeat: int) -> dict[str,
         for name, s in samples.items():
             runs[name].append(percentiles(s))
     return {name: median_of(r) for name, r in runs.items()}
+
+
+def query_floor(
+    index: CacheIndex, others: list[tuple[Any, list[Any]]], engine: list[list[int]], repeat: int
+) -> dict[str, dict[str, float]]:
+    """What any index called from Python pays in ``latencies``' context, whatever its walk:
+    reading the query's ints (``array('Q', query)``) and copying a dict the size of kvevents'
+    answer, each timed right after the other sides' calls on the previous query (as
+    find_matches is), medians of ``repeat`` passes; and find_matches itself the same way."""
+    answers = [index.find_matches(q) for q in engine]
+    probes: dict[str, Any] = {
+        "find_matches": lambda i: index.find_matches(engine[i]),
+        "read_query_ints": lambda i: array("Q", engine[i]),
+        "copy_answer_sized_dict": lambda i: answers[i].copy(),
+    }
+    clock = time.perf_counter_ns
+    out = {}
+    for name, probe in probes.items():
+        runs = []
+        for _ in range(repeat):
+            samples = []
+            for i in range(len(engine)):
+                for fn, args in others:
+                    fn(args[i - 1])
+                t0 = clock()
+                probe(i)
+                samples.append(clock() - t0)
+            runs.append(percentiles(samples))
+        out[name] = median_of(runs)
+    return out
 
 
 def cross_check(index: CacheIndex, other: Any, stream: Stream, queries: list[Any]) -> dict[str, Any]:
@@ -450,6 +481,13 @@ def run_realistic(args: Any, radix_tree: Any) -> dict[str, Any]:
             row["ours_find_matches"]["p99_us"], row["naive_find_matches"]["p99_us"]
         )
         row["naive_cross_check"] = cross_check(index, naive, stream, qs[: args.cross_check])
+        if size == 64:
+            others = [
+                (sides[k][0], sides[k][1])
+                for k in ("dynamo_find_matches", "naive_find_matches")
+                if k in sides
+            ]
+            row["floor"] = query_floor(index, others, engine, max(args.repeat, 5))
         row["mean_matched_blocks_best_worker"] = statistics.fmean(
             max(index.find_matches(e).values(), default=0) for e in engine[:300]
         )

@@ -168,6 +168,15 @@ def print_realistic(r: dict[str, Any]) -> None:
                     f"cross-check {size}-block queries vs {who}: {cc['identical_best_matches']}/{cc['queries']} "
                     f"identical best matches, {cc['identical_answers']}/{cc['queries']} identical answers"
                 )
+    floor = r["find_matches"]["64"].get("floor")
+    if floor:
+        f, ints, copy = floor["find_matches"], floor["read_query_ints"], floor["copy_answer_sized_dict"]
+        print(
+            "64-block queries, each right after the other sides' calls (p50 / p99 us): find_matches "
+            f"{f['p50_us']:.2f} / {f['p99_us']:.2f}; of which no index escapes: reading the query's ints "
+            f"(array('Q', query)) {ints['p50_us']:.2f} / {ints['p99_us']:.2f}, copying a dict of the "
+            f"answer's size {copy['p50_us']:.2f} / {copy['p99_us']:.2f}"
+        )
     st = r["state_round_trip"]
     print(
         f"state: {st['bytes'] / 1e6:.1f} MB, to_bytes {st['to_bytes_s']:.2f} s, from_bytes {st['from_bytes_s']:.2f} s"

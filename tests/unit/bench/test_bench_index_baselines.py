@@ -202,3 +202,20 @@ def test_bench_feeds_apply_encoded_many_only_when_cache_index_has_it(monkeypatch
     assert ingest_method() == "apply_encoded_many"
     assert calls == [len(stream.batches)]
     assert index.held_blocks() == stream.held_worker_blocks
+
+
+def test_query_floor_times_find_matches_and_what_no_index_escapes() -> None:
+    """``index_realistic.query_floor``: find_matches, reading the query's ints and copying a
+    dict of the answer's size, each after the other sides' calls on the previous query."""
+    from index_realistic import make_queries, query_floor
+
+    stream = generate(StreamConfig(target_events=400, seed=3))
+    index = CacheIndex()
+    for b in stream.batches:
+        index.apply_encoded(encode_batch(b))
+    engine = [q[0] for q in make_queries(stream, 8, 20, seed=5)]
+    calls: list[int] = []
+    floor = query_floor(index, [(calls.append, list(range(len(engine))))], engine, repeat=2)
+    assert set(floor) == {"find_matches", "read_query_ints", "copy_answer_sized_dict"}
+    assert all(f["p50_us"] > 0 and f["p99_us"] >= f["p50_us"] for f in floor.values())
+    assert len(calls) == 3 * 2 * len(engine)  # the other side ran before every timed call
