@@ -24,6 +24,7 @@ class IndexCore:
     def match_counts(
         self, hashes: Sequence[int], by_content: bool, window: int | None, max_level: int
     ) -> dict[Any, int]: ...
+    def read_query_keys(self, hashes: Sequence[int]) -> int: ...
     def find_matches(
         self,
         block_hashes: Sequence[int],

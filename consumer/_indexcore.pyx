@@ -467,6 +467,11 @@ cdef class IndexCore:
         """{worker key: best run over its window caches} (see ``worker_counts``)."""
         return worker_counts(self, hashes, by_content, window, max_level)
 
+    def read_query_keys(self, hashes):
+        """Bench seam: read ``hashes`` into the query scratch as find_matches does (its ints
+        asked for ahead, then converted), and no more; how many were read."""
+        return read_query_keys(self, hashes)
+
     def content_hashes(self, tokens, Py_ssize_t block_size, lora_id, cache_salt, token_extra_ids, mm_keys):
         """Chained content hashes of the full blocks of ``tokens`` (see ``hashing``)."""
         return tokens_content_hashes(self, tokens, block_size, lora_id, cache_salt, token_extra_ids, mm_keys)

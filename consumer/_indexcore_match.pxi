@@ -525,6 +525,22 @@ cdef list slot_runs(IndexCore self, hashes, bint by_content, window, int max_lev
         runlock(self)
 
 
+cdef Py_ssize_t read_query_keys(IndexCore self, hashes) except -1:
+    """The query's keys read as ``match_walk`` reads them, every one (``read_query_keys``)."""
+    cdef Py_ssize_t n, k
+    rlock(self)
+    try:
+        n = load_query_keys(self, hashes)
+        k = 0
+        while k < n:
+            fetch_query_ints(self, min(n, k + 3 * QGROUP))
+            query_keys_upto(self, min(n, k + 2 * QGROUP))
+            k += QGROUP
+        return min(n, self.qbad)
+    finally:
+        runlock(self)
+
+
 cdef dict worker_counts(IndexCore self, hashes, bint by_content, window, int max_level):
     """{worker key: best run over its window caches} (the hot path of find_matches).
 

@@ -173,9 +173,9 @@ def print_realistic(r: dict[str, Any]) -> None:
         f, ints, copy = floor["find_matches"], floor["read_query_ints"], floor["copy_answer_sized_dict"]
         print(
             "64-block queries, each right after the other sides' calls (p50 / p99 us): find_matches "
-            f"{f['p50_us']:.2f} / {f['p99_us']:.2f}; of which no index escapes: reading the query's ints "
-            f"(array('Q', query)) {ints['p50_us']:.2f} / {ints['p99_us']:.2f}, copying a dict of the "
-            f"answer's size {copy['p50_us']:.2f} / {copy['p99_us']:.2f}"
+            f"{f['p50_us']:.2f} / {f['p99_us']:.2f}; its parts that do not depend on the walk: reading the "
+            f"query's ints {ints['p50_us']:.2f} / {ints['p99_us']:.2f}, copying a dict of the answer's "
+            f"size {copy['p50_us']:.2f} / {copy['p99_us']:.2f}"
         )
     st = r["state_round_trip"]
     print(

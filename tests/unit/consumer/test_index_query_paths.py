@@ -5,6 +5,7 @@ hold several window caches, and ``find_matches`` bound straight on the index."""
 from __future__ import annotations
 
 import random
+from array import array
 
 import pytest
 from _index_helpers import batch, created, removed, stored
@@ -184,3 +185,17 @@ def test_a_window_size_no_cache_can_have_matches_nothing(core: str, window: int)
     assert index.find_matches_by_content([5], window) == {}
     if core == "compiled":
         assert index._core.match([5], False, window, 3) == []
+
+
+def test_read_query_keys_reads_every_key_up_to_the_first_that_is_no_hash() -> None:
+    """The bench's seam (``read_query_keys``, ``bench/index.py``'s query floor) reads a query
+    as find_matches does: lists (past a prefetch group), arrays and other iterables, and stops
+    at the first key that is no 64-bit hash."""
+    core = CacheIndex(core="compiled")._core
+    keys = [(1 << 64) - 1 - k for k in range(70)]
+    assert core.read_query_keys(keys) == 70
+    assert core.read_query_keys(array("Q", keys)) == 70
+    assert core.read_query_keys(tuple(keys)) == 70
+    assert core.read_query_keys([*keys[:40], 1 << 64, *keys[:5]]) == 40
+    assert core.read_query_keys([*keys[:3], "x"]) == 3
+    assert core.read_query_keys([]) == 0
