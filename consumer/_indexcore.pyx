@@ -358,12 +358,7 @@ cdef class IndexCore:
         else:
             s.total += 1
             self.held += 1
-            if not s.rfull:
-                if s.rlen < s.rcap:
-                    s.recent[s.rlen] = id
-                    s.rlen += 1
-                else:
-                    recent_push(self, packed & KV_SLOT_MASK, id)
+            recent_add(self, s, packed & KV_SLOT_MASK, id)
         s.levels[(packed >> KV_SLOT_BITS) & 0xF] += 1
         return 0
 
@@ -508,7 +503,8 @@ cdef class IndexCore:
         pool growths: ahead (before a batch, without the index lock) and locked (inside an
         event: a batch outgrew the room made ahead; docs/INDEX.md), and the caches a worker's
         restart cleared from the nodes found before the batch's lock (``clears_planned``) or by
-        a scan of every node under it (``clears_scanned``)."""
+        a scan of every node under it (``clears_scanned``) or from the cache's own list of
+        nodes (``clears_listed``; the lists' bytes: ``recent_bytes``)."""
         return inspect_store_layout(self)
 
     def pipeline_counts(self):
@@ -584,21 +580,9 @@ cdef class IndexCore:
             end_write(self)
 
     def export_state(self):
-        """The state as columns (``IndexState``). With no writer call in progress the export
-        reads without the index lock, and queries from other threads go on meanwhile: writers
-        wait for it (``begin_write``), the readers only read. Else (this thread's callback,
-        or another thread applying) it takes the lock like a query."""
-        if self.writing:
-            rlock_whole(self)
-            try:
-                return export_core_state(self, False)
-            finally:
-                runlock(self)
-        self.exporting = 1
-        try:
-            return export_core_state(self, True)
-        finally:
-            self.exporting = 0
+        """The state as columns (``IndexState``), read without the index lock when no writer
+        call is in progress (``export_state_now``)."""
+        return export_state_now(self)
 
 
 include "_indexcore_memory.pxi"

@@ -57,18 +57,21 @@ cdef int reset_planned(IndexCore self, list widxs) except -1:
 
 
 cdef bint _plan_worker(IndexCore self, uint32_t widx) noexcept nogil:
-    """Add the worker's active, non-empty caches to the plan; False, and the plan as it was,
-    when they do not all fit in PLAN_SLOTS."""
+    """Add the worker's active, non-empty caches without a complete list of their nodes to the
+    plan (a listed one needs no scan); False, and the plan as it was, when they do not all fit
+    in PLAN_SLOTS."""
     cdef uint32_t slot = self.wrk[widx].first_slot
     cdef int before = self.plan_nslots
+    cdef const Slot *s
     while slot != KV_NIL:
-        if self.slots[slot].active and self.slots[slot].total and self.slots[slot].rfull and not _planned(self, slot):
+        s = &self.slots[slot]
+        if s.active and s.total and s.rfull and not _planned(self, slot):
             if self.plan_nslots == PLAN_SLOTS:
                 self.plan_nslots = before
                 return False
             self.plan_slots[self.plan_nslots] = slot
             self.plan_nslots += 1
-        slot = self.slots[slot].next_slot
+        slot = s.next_slot
     return True
 
 
@@ -196,6 +199,17 @@ cdef inline bint _drop_holder(IndexCore self, uint32_t id, uint32_t slot) except
 
 # ---------------------------------------------------------------------------- a cache's nodes
 
+cdef inline void recent_add(IndexCore self, Slot *s, uint32_t slot, uint32_t id) noexcept nogil:
+    """Node ``id`` was given to cache ``s`` (number ``slot``): listed while its list is kept."""
+    if s.rfull:
+        return
+    if s.rlen < s.rcap:
+        s.recent[s.rlen] = id
+        s.rlen += 1
+    else:
+        recent_push(self, slot, id)
+
+
 cdef void recent_push(IndexCore self, uint32_t slot, uint32_t id) noexcept nogil:
     """Add node ``id`` to ``slot``'s list, which is full: first the nodes the cache no longer
     holds are dropped from it, when they are a quarter of it or more (so a compaction's pass
@@ -246,19 +260,20 @@ cdef void _recent_compact(IndexCore self, uint32_t slot) noexcept nogil:
 
 cdef void recent_restart(IndexCore self, Slot *s) noexcept nogil:
     """The cache holds nothing: its list is complete again, empty (a big one is freed)."""
+    if s.rcap > 256:
+        _recent_free(self, s)
     s.rlen = 0
     s.rfull = 0
-    if s.rcap > 256:
-        PyMem_RawFree(s.recent)
-        self.recent_bytes -= <int64_t>s.rcap * sizeof(uint32_t)
-        s.recent = NULL
-        s.rcap = 0
 
 
 cdef void recent_drop(IndexCore self, Slot *s) noexcept nogil:
     """Give the cache's list up until it is empty again: its restart scans every node."""
+    _recent_free(self, s)
+    s.rfull = 1
+
+
+cdef inline void _recent_free(IndexCore self, Slot *s) noexcept nogil:
     PyMem_RawFree(s.recent)
     self.recent_bytes -= <int64_t>s.rcap * sizeof(uint32_t)
     s.recent = NULL
     s.rlen = s.rcap = 0
-    s.rfull = 1

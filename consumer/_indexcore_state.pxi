@@ -1,6 +1,24 @@
 # Included by _indexcore.pyx (textually, after IndexCore): the index's state as columns, out and in
 # (IndexState; the checkpoint's content). Functions of an IndexCore, called by its methods.
 
+cdef object export_state_now(IndexCore self):
+    """``export_state``: with no writer call in progress the export reads without the index
+    lock, and queries from other threads go on meanwhile: writers wait for it
+    (``begin_write``), the readers only read. Else (this thread's callback, or another thread
+    applying) it takes the lock like a query."""
+    if self.writing:
+        rlock_whole(self)
+        try:
+            return export_core_state(self, False)
+        finally:
+            runlock(self)
+    self.exporting = 1
+    try:
+        return export_core_state(self, True)
+    finally:
+        self.exporting = 0
+
+
 cdef object export_core_state(IndexCore self, bint unlocked):
     """The state as columns. ``unlocked``: the caller holds no index lock, writers wait for it
     (``export_state``), and the node scan, the sort and the columns run without the GIL, so
