@@ -51,16 +51,23 @@ def test_bad_settings_are_named(kwargs, message):
         SimRunConfig(**kwargs)
 
 
-def test_without_kafka_events_are_discarded_not_dropped():
+def test_without_kafka_rank_0_takes_the_events_and_discards_them():
+    """Rank 0's reader takes the events as they come: several buffers' worth get through. Without
+    a reader (see the Stalled test below) at most one buffer's worth (60) could be held, the rest
+    dropped. Not ``drops == 0``: on a loaded CI machine the reader thread can be descheduled for
+    a third of a second (CI, 2026-12-07: 12 of 77 events dropped), and then the manager drops and
+    counts, as it should."""
+    buffer = 60
     config = SimRunConfig(
-        requests=40,
-        max_kv_event_entries=60,
+        requests=120,
+        max_kv_event_entries=buffer,
         topic=None,
         workload=WorkloadConfig(request_rate=200),
         simulator=SimulatorConfig(iterations_per_second=1000),
-    )  # real time: ~0.2 s
+    )  # real time: ~0.6 s, ~300 events
     (result,) = run(config)
-    assert result.events_enqueued > 60 and result.manager_drops == 0  # more than the buffer: taken by rank 0
+    taken = result.events_enqueued - result.manager_drops
+    assert result.error is None and taken > 3 * buffer, (result.events_enqueued, result.manager_drops)
 
 
 def test_a_snapshot_larger_than_the_buffer_is_counted_not_fatal(monkeypatch):
