@@ -439,6 +439,7 @@ def test_a_slow_replay_client_gets_every_batch_not_a_hole(
         dealer = _request(ctx, replay, 0)
         time.sleep(2.0)  # the answer fills the pipe; the server waits
         assert _answer_seqs(dealer) == list(range(published))
+        _wait_counted(exporter, 1)
         assert (exporter.stats.replays, exporter.stats.replays_abandoned) == (1, 0)
 
 
@@ -453,6 +454,7 @@ def test_a_client_that_stops_reading_is_abandoned_and_counted(
         time.sleep(0.5)  # its answer is made and fills the pipe first
         fresh = _request(ctx, replay, published - 3)
         assert _answer_seqs(fresh) == [published - 3, published - 2, published - 1]
+        _wait_counted(exporter, 1)
         assert (exporter.stats.replays, exporter.stats.replays_abandoned) == (1, 0)
         deadline = time.monotonic() + 30
         while exporter.stats.replays_abandoned == 0 and time.monotonic() < deadline:
@@ -461,6 +463,12 @@ def test_a_client_that_stops_reading_is_abandoned_and_counted(
         assert 3 < exporter.stats.replayed_batches < published + 3
         assert _drained_without_end(stuck)  # what got out before it stopped, no end marker
         stuck.close(linger=0)  # held open until here: abandoned for not reading, not for leaving
+
+
+def _wait_counted(exporter: ZmqExporter, replays: int) -> None:
+    """The server counts an answer just after sending its end marker, so a client can read the
+    marker first: wait for the count (under load the gap was enough to fail, CI-like run)."""
+    _wait_for(lambda: exporter.stats.replays >= replays, f"{replays} answer(s) counted", timeout_s=10.0)
 
 
 def _wait_for(check: Any, what: str, timeout_s: float = 20.0) -> None:
@@ -497,6 +505,7 @@ def test_a_flood_of_requests_from_one_client_costs_one_replay(
         fresh = _request(ctx, replay, published - 2)
         assert _answer_seqs(fresh) == [published - 2, published - 1]
         assert len(made) == 2  # the flooder's first request and the fresh client's
+        _wait_counted(exporter, 1)
         assert (exporter.stats.replays, exporter.stats.replays_abandoned) == (1, 0)
         flooder.close(linger=0)
 
@@ -522,6 +531,7 @@ def test_requests_past_the_pending_limit_are_refused_until_answers_finish(
         _wait_for(lambda: exporter.stats.replays_abandoned == 2, "the stuck answers abandoned")
         again = _request(ctx, replay, published - 1)
         assert _answer_seqs(again) == [published - 1]
+        _wait_counted(exporter, 1)
         assert (exporter.stats.replays, exporter.stats.replays_refused, len(made)) == (1, 1, 3)
         for sock in [*stuck, third, again]:
             sock.close(linger=0)
