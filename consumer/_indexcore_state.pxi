@@ -235,14 +235,14 @@ cdef object import_core_state(IndexCore self, state):
             if cnt > 1:  # the store keeps holders in its own slots' order
                 qsort(tmp, cnt, sizeof(uint32_t), cmp_u32_slot)
             set_holders(&self.st, id, tmp, cnt)
+            for j in range(cnt):  # each cache's list of its nodes, as its stores would make it
+                slot = tmp[j] & KV_SLOT_MASK
+                recent_add(self, &self.slots[slot], slot, id)
             self.held += cnt
             pos += cnt
     finally:
         PyMem_Free(canon)
         PyMem_Free(tmp)
-    for k in range(self.nslots):  # holders set in bulk: no cache's list of nodes is complete
-        if self.slots[k].total:
-            recent_drop(self, &self.slots[k])
 
 
 cdef int load_window_blocks(IndexCore self, str instance_id, int32_t rank, int32_t window, capacity,

@@ -112,16 +112,22 @@ def test_a_list_of_nodes_mostly_let_go_is_compacted_not_given_up() -> None:
     assert all(compiled.find_matches([h]) == {} for h in kept[::50])
 
 
-def test_an_imported_state_restarts_by_a_scan() -> None:
-    """A checkpoint sets the holders in bulk, so no cache has a complete list: a restart after
-    an import is planned (and the index is the oracle's)."""
-    compiled, oracle = both(fleet(SMALL_OWN))
+@pytest.mark.parametrize(("own_blocks", "listed", "planned"), [(SMALL_OWN, 2, 0), (OWN, 0, 2)])
+def test_an_imported_state_has_the_lists_its_stores_made(own_blocks: int, listed: int, planned: int) -> None:
+    """A checkpoint's import lists each cache's nodes as its stores did (the same lists, so a
+    restart after a warm start scans nothing for a small cache); a cache past its list's limit
+    is planned, as without the import. The index stays the oracle's."""
+    compiled, oracle = both(fleet(own_blocks))
     restored = CacheIndex.from_bytes(compiled.to_bytes(), core="compiled")
+    assert layout(restored)["recent_bytes"] == layout(compiled)["recent_bytes"]
+    assert (layout(restored)["recent_bytes"] > 0) == (listed > 0)
     restart = batch([created(4, rank=3)], 1, dp=RANKS)
     for index in (restored, oracle):
         index.apply_encoded(encode_batch(restart))
     assert restored.to_bytes() == oracle.to_bytes()
-    assert (layout(restored)["clears_listed"], layout(restored)["clears_planned"]) == (0, 2)
+    counts = layout(restored)
+    clears = (counts["clears_listed"], counts["clears_planned"], counts["clears_scanned"])
+    assert clears == (listed, planned, 0)
 
 
 def test_blocks_stored_after_the_plan_are_dropped_by_a_scan() -> None:
