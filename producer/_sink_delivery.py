@@ -54,8 +54,10 @@ class Delivery(TopicLimit):
         self, counts: dict[int, int], reason: str, newest_event_ids: Mapping[int, int] | None = None
     ) -> None:
         """Count a loss (in-band in the next batch) and tell the manager, whose rank must then
-        publish a snapshot (not for events still unsent at close: the engine has stopped)."""
-        self._ledger.lose(counts, reason)
+        publish a snapshot (not for events still unsent at close: the engine has stopped).
+        Only a chunk queued after now, or a batch with no events, may carry it: a chunk queued
+        before may hold events older than the lost ones."""
+        self._ledger.lose(counts, reason, after=self._queue.pushed)
         report = self._report_lost
         if report is None or reason == "unsent_at_close":
             return
@@ -142,7 +144,7 @@ class Delivery(TopicLimit):
         self._queue.replace_head(replacement)
 
     def _produce_locked(self, chunk: Chunk, *, closing: bool = False) -> object:
-        carried = self._ledger.take()
+        carried = self._ledger.take(chunk.number if chunk.number >= 0 else None)
         sequence = self._next_sequence
         guess = chunk.envelope
         try:

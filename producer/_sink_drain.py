@@ -58,7 +58,7 @@ class Drain(Delivery):
         as they come, so encoding overlaps librdkafka's compression and sending)."""
         if drain.dropped:
             with self._lock:
-                self._ledger.manager_dropped(drain.dropped)
+                self._ledger.manager_dropped(drain.dropped, after=self._queue.pushed)
         events = drain.events
         if not events:
             return
@@ -96,7 +96,7 @@ class Drain(Delivery):
         with self._lock:
             if not self._limit_known or self._queue or self._full_since is not None:
                 return None
-            dropped = self._ledger.reportable()
+            dropped = self._ledger.reportable(self._queue.pushed)
             sequence = self._next_sequence
         return EventBatch(
             self._instance_id,

@@ -125,6 +125,9 @@ class Chunk:
     envelope: EventBatch | None = None
     """The envelope ``part.obj`` was encoded with, when it is a whole message already (see
     :attr:`EnvelopeWriter.speculative`); None when it carries the template envelope."""
+    number: int = -1
+    """Its place in the sink's queue (:attr:`ChunkQueue.pushed` when it was pushed; the pieces
+    of a re-split chunk share it); -1 for a batch with no events, made when the queue is empty."""
 
     @property
     def size(self) -> int:

@@ -5,6 +5,9 @@ its queued siblings) and hands them back to be counted. :class:`LossLedger` keep
 event, per source rank, *pending* until a produced batch carries it in ``EventBatch.dropped``
 and *reported* once that batch is delivered (pending again if it fails), so every lost event is
 at any moment pending or reported in exactly one delivered batch (``docs/OPERATIONS.md``).
+A loss is carried only by a batch whose events all came after the lost ones (a consumer takes
+the loss to precede the batch's events): one recorded while older chunks wait in the queue
+waits for a chunk queued after it, or for a batch with no events.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class ChunkQueue:
         self.max_events = max_events
         self.max_bytes = max_bytes
         self._chunks: deque[Chunk] = deque()
+        self.pushed = 0
+        """Chunks pushed so far: the next chunk's :attr:`Chunk.number`."""
         self.events = 0
         self.bytes = 0
         self.high_water_events = 0
@@ -55,7 +60,10 @@ class ChunkQueue:
         return bool(self._chunks)
 
     def push(self, chunk: Chunk) -> list[Chunk]:
-        """Append ``chunk``; return the chunks dropped to stay within the bounds, oldest first."""
+        """Append ``chunk`` (numbering it); return the chunks dropped to stay within the bounds,
+        oldest first."""
+        chunk.number = self.pushed
+        self.pushed += 1
         self._chunks.append(chunk)
         self.events += chunk.events
         self.bytes += chunk.size
@@ -82,8 +90,9 @@ class ChunkQueue:
 
     def replace_head(self, chunks: Iterable[Chunk]) -> None:
         """Put ``chunks`` where the head chunk was (a re-split of it to a smaller budget)."""
-        self.pop()
+        number = self.pop().number
         for chunk in reversed(list(chunks)):
+            chunk.number = number
             self._chunks.appendleft(chunk)
             self.events += chunk.events
             self.bytes += chunk.size
@@ -122,36 +131,54 @@ class LossLedger:
 
     def __init__(self) -> None:
         self.pending: dict[int, int] = {}
+        self.waiting: deque[tuple[int, dict[int, int]]] = deque()
+        """Parts of ``pending`` that only a chunk numbered at least so much may carry."""
         self.carried: dict[int, int] = {}
         self.reported: dict[int, int] = {}
         self.from_manager: dict[int, int] = {}
         self.lost: dict[str, dict[int, int]] = {reason: {} for reason in LOSS_REASONS}
 
-    def manager_dropped(self, drops: Iterable[RankDrops]) -> None:
-        """Drops the manager reported in a drain."""
-        for drop in drops:
-            if drop.dropped_events:
-                counts = {drop.attention_dp_rank: drop.dropped_events}
-                _add(self.pending, counts)
-                _add(self.from_manager, counts)
+    def manager_dropped(self, drops: Iterable[RankDrops], after: int | None = None) -> None:
+        """Drops the manager reported in a drain; ``after``: the number of the first chunk that
+        may carry them (the drain's own first chunk: the chunks before it hold older events)."""
+        counts = {drop.attention_dp_rank: drop.dropped_events for drop in drops if drop.dropped_events}
+        self._pend(counts, after)
+        _add(self.from_manager, counts)
 
-    def lose(self, counts: Mapping[int, int], reason: str) -> None:
-        """The sink lost ``counts`` events per rank, for ``reason`` (one of :data:`LOSS_REASONS`)."""
-        _add(self.pending, counts)
+    def lose(self, counts: Mapping[int, int], reason: str, after: int | None = None) -> None:
+        """The sink lost ``counts`` events per rank, for ``reason`` (one of :data:`LOSS_REASONS`);
+        ``after`` as for :meth:`manager_dropped`."""
+        self._pend(counts, after)
         _add(self.lost[reason], counts)
 
-    def reportable(self) -> list[RankDrops]:
-        """What the next batch carries (sorted by rank): each rank's pending count, at most what
-        an Avro long holds (a forged engine seq can make a loss of 2**64; the rest waits for the
-        batches after it)."""
-        return [RankDrops(rank, min(n, MAX_REPORTED)) for rank, n in sorted(self.pending.items())]
+    def _pend(self, counts: Mapping[int, int], after: int | None) -> None:
+        counts = {rank: n for rank, n in counts.items() if n}
+        if not counts:
+            return
+        _add(self.pending, counts)
+        if after is not None:
+            self.waiting.append((after, counts))
 
-    def take(self) -> list[RankDrops]:
+    def reportable(self, chunk: int | None = None) -> list[RankDrops]:
+        """What the batch of chunk number ``chunk`` may carry (sorted by rank; None: a batch
+        with no events, made when no chunk waits: everything pending): each rank's pending count
+        but what waits for a later chunk, at most what an Avro long holds (a forged engine seq
+        can make a loss of 2**64; the rest waits for the batches after it)."""
+        counts = dict(self.pending)
+        if chunk is not None:
+            for after, later in self.waiting:
+                if after > chunk:
+                    _subtract(counts, later)
+        return [RankDrops(rank, min(n, MAX_REPORTED)) for rank, n in sorted(counts.items())]
+
+    def take(self, chunk: int | None = None) -> list[RankDrops]:
         """:meth:`reportable`, for the batch being produced: moved from pending to carried."""
-        carried = self.reportable()
+        carried = self.reportable(chunk)
         counts = _as_counts(carried)
         _subtract(self.pending, counts)
         _add(self.carried, counts)
+        # what this batch could carry no longer waits (past an Avro long, the rest is pending)
+        self.waiting = deque(w for w in self.waiting if chunk is not None and w[0] > chunk)
         return carried
 
     def restore(self, carried: Iterable[RankDrops]) -> None:

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException
+from kvevents.consumer import CacheIndex
 from kvevents.producer import KVCacheEventManager
 from kvevents.producer.sink import KafkaEventSink
 from kvevents.producer.sink_queue import LOSS_REASONS
-from kvevents.schemas import EventBatch, RankDrops, decode_batch
+from kvevents.schemas import EventBatch, KVCacheCreatedData, KVCacheEvent, RankDrops, decode_batch
 from sink_helpers import Workload, by_rank, huge_stored_event, rank_events, reassemble, wait_for
 
 MOCK = {"test.mock.num.brokers": 1, "log_level": 3}
@@ -267,6 +268,35 @@ def test_chunks_made_before_the_topic_limit_was_known_are_cut_again() -> None:
     assert stats.events_split_total >= 1 and stats.events_lost_total == 0
     assert reassemble(captured.delivered()) == expected
     assert stats.events_delivered_total == len(expected)
+
+
+def test_a_loss_after_a_queued_chunk_is_not_reported_before_that_chunks_events() -> None:
+    """CI, 2026-12-07: rank 0's first chunk (Created, ids 0-4) waited for the topic's limit
+    while the buffer dropped its later events (5-14, its last); the first batch then carried
+    those drops, which a consumer applies before the batch's events, so the Created event
+    "rebuilt" the worker and the loss was invisible. Now a later batch carries them."""
+    captured = Captured()
+    manager = KVCacheEventManager(
+        10, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600, attention_dp_gather=False
+    )  # holds 10 x 2 events
+    first = [KVCacheEvent(0, KVCacheCreatedData([100, 0]), 32, 0), *rank_events(0, 4, seed=2, first_id=1)]
+    manager.buffer.extend(first)
+    sink = GatedDescribeSink(manager, "kv", "engine-e", config={**MOCK, "on_delivery": captured})
+    assert wait_for(lambda: sink.stats().queued_events == 5, 10)
+    later = [*rank_events(0, 10, seed=3, first_id=5), *rank_events(1, 30, seed=4)]
+    manager.buffer.extend(later)  # 20 dropped: rank 0's 10 (its last) and rank 1's first 10
+    assert wait_for(lambda: sink.stats().queued_events == 25, 10)
+    sink.answer.set_result({"max.message.bytes": SimpleNamespace(value="1000000")})
+    assert sink.wait_delivered(30)
+    sink.close()
+    manager.close()
+    batches = captured.delivered()
+    assert batches[0].events == first and batches[0].dropped == []
+    assert [d for b in batches for d in b.dropped] == [RankDrops(0, 10), RankDrops(1, 10)]
+    index = CacheIndex()
+    for batch in batches:
+        index.apply(batch)
+    assert {w.attention_dp_rank for w in index.degraded_workers()} == {0, 1}
 
 
 def test_close_takes_what_the_manager_still_holds_and_is_idempotent() -> None:

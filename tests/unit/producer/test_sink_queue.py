@@ -101,3 +101,28 @@ def test_a_loss_past_an_avro_long_is_carried_over_several_batches() -> None:
     assert ledger.take() == second
     assert ledger.take() == [RankDrops(0, 2**64 + 5 - 2 * MAX_REPORTED)]
     assert ledger.take() == [] and not ledger.pending
+
+
+def test_a_loss_waits_for_a_chunk_queued_after_it() -> None:
+    """A chunk queued before a loss may hold older events: it does not carry the loss (a consumer
+    takes a batch's drops to precede its events); the next chunk, or a batch with no events, does."""
+    queue, ledger = ChunkQueue(100, 10**9), LossLedger()
+    older = Chunk(memoryview(b"x"), 1, {0: 1}, {0: 4})
+    queue.push(older)
+    ledger.manager_dropped([RankDrops(0, 10)], after=queue.pushed)
+    ledger.lose({1: 2}, "oversized", after=queue.pushed)
+    ledger.lose({2: 3}, "queue_full")  # no place given: any batch
+    assert older.number == 0 and queue.pushed == 1
+    assert ledger.take(older.number) == [RankDrops(2, 3)]
+    assert ledger.pending == {0: 10, 1: 2}
+    newer = Chunk(memoryview(b"y"), 1, {0: 1}, {0: 20})
+    queue.push(newer)
+    assert ledger.reportable(newer.number) == [RankDrops(0, 10), RankDrops(1, 2)]
+    carried = ledger.take(newer.number)
+    ledger.restore(carried)  # its batch failed: any later batch may carry them
+    assert ledger.take(0) == carried and not ledger.waiting
+    ledger.lose({0: 1}, "delivery_failed", after=queue.pushed)
+    assert ledger.take(newer.number) == [] and ledger.take(None) == [RankDrops(0, 1)]  # no events
+    queue.pop()
+    queue.replace_head([Chunk(memoryview(b"y"), 0, {}, {}), Chunk(memoryview(b"z"), 1, {0: 1}, {})])
+    assert [queue.pop().number, queue.pop().number] == [1, 1]  # a re-split chunk's pieces keep its place
