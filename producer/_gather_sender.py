@@ -127,7 +127,7 @@ class SenderRole(GatherCore):
         settle = self._settle() if self._settle is not None else None
         if settle is not None:
             settle(min(1.0, self._config.shutdown_timeout_s))
-        self._send_drain(self._buffer.drain(timeout=0), final=True)
+        self._send_drain(self._buffer.drain(timeout=0, whole=True), final=True)
         deadline = time.monotonic() + self._config.shutdown_timeout_s
         acknowledged = False
         while True:

@@ -18,6 +18,9 @@ from .sink_encoded import EncodedDrain, EncodedEvents
 
 log = logging.getLogger("kvevents.producer.sink")  # the sink's one logger
 
+STOP_DRAINS = 1024
+"""The most drains one stopping pass makes (the loop passes again while it has time)."""
+
 
 class Drain(Delivery):
     """The sink thread's loop (part of ``KafkaEventSink``)."""
@@ -37,7 +40,7 @@ class Drain(Delivery):
             self._iterations += 1
             stopping = self._stop_requested
             if stopping:
-                self._accept(self._drain(0))
+                self._accept_all()
             self._resolve_topic_limit()
             stuck = self._hand_off()
             if stopping and (not stuck or time.monotonic() >= self._stop_deadline):
@@ -52,6 +55,15 @@ class Drain(Delivery):
                     self._accept(self._drain(0))
             else:
                 self._accept(self._drain(IDLE_WAIT_S))
+
+    def _accept_all(self) -> None:
+        """Drain until the source holds nothing (a drain stops before drops recorded behind
+        older events, so stopping may take several)."""
+        for _ in range(STOP_DRAINS):
+            drain = self._drain(0)
+            self._accept(drain)
+            if not drain.events and not drain.dropped:
+                return
 
     def _accept(self, drain: EventDrain | EncodedDrain) -> None:
         """Count the drain's drops, cut its events into chunks and queue them (handing them off

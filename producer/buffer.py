@@ -131,6 +131,11 @@ class EventBuffer:
         self._dropped_by_rank: dict[int, int] = {}
         self._dropped_by_window: dict[int, int] = {}
         self._undrained_drops: dict[int, int] = {}
+        self._marks: deque[list[int]] = deque()
+        """[older, rank, count]: drops recorded while ``older`` events were buffered, oldest first.
+        They join ``_undrained_drops`` once those events are taken or dropped, so that a drain
+        never reports a drop together with events older than it (a consumer applies a batch's
+        drops before its events)."""
         self._last_warning_at: float | None = None
         self._dropped_since_warning = 0
         self._drop_listeners: list[DropListener] = []
@@ -215,6 +220,7 @@ class EventBuffer:
                     newest[_rank_key(event.attention_dp_rank)] = event.event_id  # type: ignore[union-attr]
                     left -= 1
                 self._count -= from_buffer
+                self._release_marks_locked(from_buffer)
                 from_batch = overflow - from_buffer
                 if from_batch:
                     if windows is not None:
@@ -273,7 +279,9 @@ class EventBuffer:
         if dropped_events == 0:
             return
         with self._cond:
-            self._count_drops_locked(source_rank, dropped_events, window_size)
+            self._count_drops_locked(source_rank, dropped_events, window_size, undrained=not self._count)
+            if self._count:  # after the events buffered now: a drain stops before it
+                self._marks.append([self._count, source_rank, dropped_events])
             warning = self._warning_locked()
             self._cond.notify_all()
         if warning is not None:
@@ -281,11 +289,14 @@ class EventBuffer:
         if notify and self._drop_listeners:
             self._notify_drops({source_rank: (dropped_events, newest_event_id)})
 
-    def _count_drops_locked(self, rank: int, count: int, window_size: int | None) -> None:
+    def _count_drops_locked(
+        self, rank: int, count: int, window_size: int | None, *, undrained: bool = True
+    ) -> None:
         self._dropped_total += count
         self._dropped_since_warning += count
         self._dropped_by_rank[rank] = self._dropped_by_rank.get(rank, 0) + count
-        self._undrained_drops[rank] = self._undrained_drops.get(rank, 0) + count
+        if undrained:
+            self._undrained_drops[rank] = self._undrained_drops.get(rank, 0) + count
         if window_size is not None:
             self._dropped_by_window[window_size] = self._dropped_by_window.get(window_size, 0) + count
 
@@ -313,20 +324,25 @@ class EventBuffer:
         with self._cond:
             if not self._events and not self._closed:
                 self._cond.wait_for(lambda: bool(self._events) or self._closed, timeout)
-            return self._take_locked()
+            return self._take_locked(self._count)
 
-    def drain(self, timeout: float | None = None) -> EventDrain:
+    def drain(self, timeout: float | None = None, *, whole: bool = False) -> EventDrain:
         """Like :meth:`take`, and atomically also take the per-rank drop counts accumulated since
-        the previous drain; also returns when only drops are pending. ``timeout=0`` never waits."""
+        the previous drain; also returns when only drops are pending. ``timeout=0`` never waits.
+        Drops recorded (:meth:`record_drops`) while older events were buffered are not reported
+        with those events: the drain stops before the drop's place, and the next one starts with
+        it. ``whole``: take everything at once, drops first (a last message that cannot wait)."""
         timeout = check_timeout(timeout)
         with self._cond:
             if not self._events and not self._undrained_drops and not self._closed:
                 self._cond.wait_for(
                     lambda: bool(self._events or self._undrained_drops) or self._closed, timeout
                 )
-            events = self._take_locked()
-            drops = self._undrained_drops
+            if whole:
+                self._release_marks_locked(self._count)
+            drops = self._undrained_drops  # before the events: they may release the next drops
             self._undrained_drops = {}
+            events = self._take_locked(self._until_mark_locked())
         return EventDrain(events, [RankDrops(rank, drops[rank]) for rank in sorted(drops)])
 
     def drain_encoded(self, timeout: float | None = None) -> EventDrain | EncodedDrain:
@@ -340,15 +356,13 @@ class EventBuffer:
                 self._cond.wait_for(
                     lambda: bool(self._events or self._undrained_drops) or self._closed, timeout
                 )
+            drops = self._undrained_drops  # before the events: they may release the next drops
+            self._undrained_drops = {}
             if self._segments:
-                items = list(self._events)
-                self._events.clear()
-                self._count = self._segments = 0
+                items = self._pop_front_locked(self._until_mark_locked())
             else:
                 items = None
-                events = self._take_locked()
-            drops = self._undrained_drops
-            self._undrained_drops = {}
+                events = self._take_locked(self._until_mark_locked())
         dropped = [RankDrops(rank, drops[rank]) for rank in sorted(drops)]
         if items is None:
             return EventDrain(events, dropped)
@@ -368,22 +382,64 @@ class EventBuffer:
             encode_events(run, out)
         return EncodedDrain(out, dropped)
 
-    def _take_locked(self) -> list[KVCacheEvent]:
-        if not self._events:
-            return []
-        if self._segments:
-            events: list[KVCacheEvent] = []
-            for item in self._events:
-                if item.__class__ is _Segment:
-                    events += item.events.decode()
-                else:
-                    events.append(item)  # type: ignore[arg-type]
-            self._segments = 0
-        else:
-            events = list(self._events)  # type: ignore[arg-type]
-        self._events.clear()
-        self._count = 0
+    def _take_locked(self, n: int) -> list[KVCacheEvent]:
+        """The oldest ``n`` events, as objects, out of the buffer."""
+        events: list[KVCacheEvent] = []
+        if not self._segments and n == self._count:
+            events.extend(self._events)  # type: ignore[arg-type]  # no segment among them
+            self._events.clear()
+            self._count = 0
+            self._release_marks_locked(n)
+            return events
+        for item in self._pop_front_locked(n):
+            if isinstance(item, _Segment):
+                events += item.events.decode()
+            else:
+                events.append(item)
         return events
+
+    def _pop_front_locked(self, n: int) -> list[KVCacheEvent | _Segment]:
+        """The items holding the oldest ``n`` events (a segment cut where needed), removed."""
+        items = self._events
+        if n == self._count:  # everything (the usual case)
+            taken = list(items)
+            items.clear()
+            self._count = self._segments = 0
+            self._release_marks_locked(n)
+            return taken
+        taken = []
+        left = n
+        while left:
+            item = items[0]
+            if isinstance(item, _Segment):
+                size = len(item.events)
+                if size > left:
+                    taken.append(_Segment(item.events[:left], item.windows[:left]))
+                    item.events, item.windows = item.events[left:], item.windows[left:]
+                    break
+                self._segments -= 1
+                left -= size
+            else:
+                left -= 1
+            taken.append(items.popleft())
+        self._count -= n
+        self._release_marks_locked(n)
+        return taken
+
+    def _until_mark_locked(self) -> int:
+        """How many events a drain takes: all, or those older than the first pending drops."""
+        return self._marks[0][0] if self._marks else self._count
+
+    def _release_marks_locked(self, gone: int) -> None:
+        """``gone`` of the oldest events left the buffer: drops no older event is left before
+        join the next drain."""
+        if not gone or not self._marks:
+            return
+        for mark in self._marks:
+            mark[0] -= gone
+        while self._marks and self._marks[0][0] <= 0:
+            _, rank, count = self._marks.popleft()
+            self._undrained_drops[rank] = self._undrained_drops.get(rank, 0) + count
 
     # -- lifecycle and counters ------------------------------------------------------------
 

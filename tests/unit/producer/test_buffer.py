@@ -87,6 +87,41 @@ def test_record_drops_counts_remote_drops_per_rank_without_a_window() -> None:
     assert buf.drain(0).dropped == [RankDrops(0, 4), RankDrops(3, 9)]
 
 
+def test_a_drain_stops_before_drops_recorded_behind_older_events() -> None:
+    """Drops a rank reported (``record_drops``) while older events were buffered: a drain takes
+    the events older than them, the next drain starts with the drops (a consumer applies a
+    batch's drops before its events). With nothing buffered, they go with the next drain."""
+    buf = EventBuffer(10)
+    buf.record_drops(1, 2)  # nothing buffered
+    buf.extend([ev(0, rank=1), ev(1, rank=1)])
+    buf.record_drops(1, 5)  # after events 0-1
+    buf.extend([ev(2, rank=1)])
+    buf.record_drops(2, 1)  # after event 2
+    buf.extend([ev(3, rank=2)])
+    first, second, third = buf.drain(0), buf.drain(0), buf.drain(0)
+    assert (ids(first.events), first.dropped) == ([0, 1], [RankDrops(1, 2)])
+    assert (ids(second.events), second.dropped) == ([2], [RankDrops(1, 5)])
+    assert (ids(third.events), third.dropped) == ([3], [RankDrops(2, 1)])
+    assert buf.drain(0) == EventDrain([], [])
+    assert buf.stats().events_dropped_by_rank == {1: 7, 2: 1}
+
+
+def test_drops_behind_events_that_are_dropped_or_taken_go_with_the_next_drain() -> None:
+    buf = EventBuffer(3)
+    buf.extend([ev(0), ev(1)])
+    buf.record_drops(1, 4)
+    buf.extend([ev(2), ev(3), ev(4)])  # 0 and 1 dropped: nothing is older than the 4 now
+    drain = buf.drain(0)
+    assert (ids(drain.events), drain.dropped) == ([2, 3, 4], [RankDrops(0, 2), RankDrops(1, 4)])
+    buf.extend([ev(5)])
+    buf.record_drops(2, 1)
+    assert ids(buf.take(0)) == [5]
+    assert buf.drain(0) == EventDrain([], [RankDrops(2, 1)])
+    buf.extend([ev(6)])
+    buf.record_drops(3, 1)
+    assert buf.drain(0, whole=True) == EventDrain([ev(6)], [RankDrops(3, 1)])  # a last message
+
+
 @pytest.mark.parametrize(("rank", "count"), [(-1, 1), (1, -1), (True, 1), (1, 1.0)])
 def test_record_drops_rejects_bad_arguments(rank: object, count: object) -> None:
     with pytest.raises(ValueError):

@@ -211,10 +211,10 @@ def test_drain_encoded_keeps_buffer_order_and_gives_objects_without_encoded_even
     buffer.extend(own1)
     buffer.extend_encoded(*encoded(other))
     buffer.extend(own2)
-    buffer.record_drops(1, 2, notify=False)
+    buffer.record_drops(1, 2, notify=False)  # after every buffered event: the next drain's
     drain = buffer.drain_encoded(0)
     assert isinstance(drain.events, EncodedEvents)
     assert drain.events.decode() == own1 + other + own2
     assert list(drain.events.ids) == [e.event_id for e in own1 + other + own2]
-    assert drain.dropped == [RankDrops(1, 2)]
-    assert len(buffer) == 0
+    assert drain.dropped == [] and len(buffer) == 0
+    assert buffer.drain_encoded(0).dropped == [RankDrops(1, 2)]

@@ -70,6 +70,7 @@ def test_drops_are_counted_per_source_rank_on_rank_0_with_gathered_events() -> N
         m.buffer.record_drops(2, 5)  # rank 2 reported 5 drops of its own buffer
         # 3 + 4 + 3 = 10 events into 6 places: the 3 of rank 0 and the first of rank 1 go.
         drain = m.drain(timeout=0)
+        reported_after = m.drain(timeout=0)  # rank 2's come after its events buffered before them
         stats = m.stats().buffer
     assert [(e.attention_dp_rank, e.event_id) for e in drain.events] == [
         (1, 1),
@@ -79,7 +80,8 @@ def test_drops_are_counted_per_source_rank_on_rank_0_with_gathered_events() -> N
         (2, 1),
         (2, 2),
     ]
-    assert drain.dropped == [RankDrops(0, 3), RankDrops(1, 1), RankDrops(2, 5)]
+    assert drain.dropped == [RankDrops(0, 3), RankDrops(1, 1)]
+    assert reported_after.events == [] and reported_after.dropped == [RankDrops(2, 5)]
     assert stats.events_dropped_by_rank == {0: 3, 1: 1, 2: 5}
     assert stats.events_dropped_by_window_size == {16: 1, 17: 1, 18: 1, 32: 1}
     assert stats.events_dropped_total == 9

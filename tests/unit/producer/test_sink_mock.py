@@ -299,6 +299,47 @@ def test_a_loss_after_a_queued_chunk_is_not_reported_before_that_chunks_events()
     assert {w.attention_dp_rank for w in index.degraded_workers()} == {0, 1}
 
 
+def test_gathered_drops_behind_that_ranks_buffered_events_are_reported_after_them() -> None:
+    """Rank 1's first events (Created first) wait in rank 0's buffer when the gather reports
+    that rank 1 dropped later ones: the batch with the older events must not carry the drops."""
+    captured = Captured()
+    manager = KVCacheEventManager(
+        100, attention_dp_rank=0, attention_dp_size=2, drop_warning_interval_s=3600, attention_dp_gather=False
+    )
+    older = [KVCacheEvent(0, KVCacheCreatedData([100, 0]), 32, 1), *rank_events(1, 4, seed=6, first_id=1)]
+    newer = rank_events(1, 3, seed=7, first_id=10)
+    manager.buffer.extend(older)
+    manager.buffer.record_drops(1, 5, notify=False)  # as the gather does with rank 1's report
+    manager.buffer.extend(newer)
+    with mock_sink(manager, captured) as sink:
+        assert sink.wait_delivered(10)
+    manager.close()
+    batches = captured.delivered()
+    assert batches[0].events == older and batches[0].dropped == []
+    assert batches[1].events == newer and batches[1].dropped == [RankDrops(1, 5)]
+    index = CacheIndex()
+    for batch in batches:
+        index.apply(batch)
+    assert {w.attention_dp_rank for w in index.degraded_workers()} == {1}
+
+
+def test_a_stopping_sink_drains_past_every_drop_mark() -> None:
+    captured = Captured()
+    manager = KVCacheEventManager(100, attention_dp_rank=0, attention_dp_size=3, attention_dp_gather=False)
+    sink = mock_sink(manager, captured)
+    expected = []
+    for k in range(20):  # while the sink runs: each report may split a drain
+        events = rank_events(1 + k % 2, 2, seed=k, first_id=2 * k)
+        manager.buffer.extend(events)
+        manager.buffer.record_drops(1 + k % 2, 1, notify=False)
+        expected += events
+    report = sink.close()
+    manager.close()
+    batches = captured.delivered()
+    assert [e for b in batches for e in b.events] == expected
+    assert sum(d.dropped_events for b in batches for d in b.dropped) == 20 and report.unreported_by_rank == {}
+
+
 def test_close_takes_what_the_manager_still_holds_and_is_idempotent() -> None:
     captured = Captured()
     manager = KVCacheEventManager(1000)
