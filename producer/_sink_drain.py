@@ -18,8 +18,8 @@ from .sink_encoded import EncodedDrain, EncodedEvents
 
 log = logging.getLogger("kvevents.producer.sink")  # the sink's one logger
 
-STOP_DRAINS = 1024
-"""The most drains one stopping pass makes (the loop passes again while it has time)."""
+MAX_FOLLOWING_DRAINS = 1024
+"""The most drains one loop pass takes after a drain cut short (the next pass takes the rest)."""
 
 
 class Drain(Delivery):
@@ -40,7 +40,7 @@ class Drain(Delivery):
             self._iterations += 1
             stopping = self._stop_requested
             if stopping:
-                self._accept_all()
+                self._accept_all(self._drain(0))
             self._resolve_topic_limit()
             stuck = self._hand_off()
             if stopping and (not stuck or time.monotonic() >= self._stop_deadline):
@@ -52,18 +52,20 @@ class Drain(Delivery):
                     if self._stop_requested == stopping:
                         self._room.wait(STUCK_WAIT_S if stuck else IDLE_WAIT_S)
                 if not stopping:
-                    self._accept(self._drain(0))
+                    self._accept_all(self._drain(0))
             else:
-                self._accept(self._drain(IDLE_WAIT_S))
+                self._accept_all(self._drain(IDLE_WAIT_S))
 
-    def _accept_all(self) -> None:
-        """Drain until the source holds nothing (a drain stops before drops recorded behind
-        older events, so stopping may take several)."""
-        for _ in range(STOP_DRAINS):
-            drain = self._drain(0)
+    def _accept_all(self, drain: EventDrain | EncodedDrain) -> None:
+        """Accept ``drain`` and, while it stopped before drops recorded behind its events
+        (``more``), the drains that follow it: one loop pass takes everything buffered at its
+        start, as ``wait_delivered`` expects."""
+        for _ in range(MAX_FOLLOWING_DRAINS):
             self._accept(drain)
-            if not drain.events and not drain.dropped:
+            if not getattr(drain, "more", False):
                 return
+            drain = self._drain(0)
+        self._accept(drain)
 
     def _accept(self, drain: EventDrain | EncodedDrain) -> None:
         """Count the drain's drops, cut its events into chunks and queue them (handing them off

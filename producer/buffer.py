@@ -45,6 +45,9 @@ class EventDrain(msgspec.Struct, frozen=True, gc=False):
 
     events: list[KVCacheEvent]
     dropped: list[RankDrops]
+    more: bool = False
+    """The drain stopped before drops recorded behind its events: drain again at once (the
+    next drain starts with them)."""
 
     @property
     def dropped_events_total(self) -> int:
@@ -343,7 +346,8 @@ class EventBuffer:
             drops = self._undrained_drops  # before the events: they may release the next drops
             self._undrained_drops = {}
             events = self._take_locked(self._until_mark_locked())
-        return EventDrain(events, [RankDrops(rank, drops[rank]) for rank in sorted(drops)])
+            more = bool(self._count or self._undrained_drops)  # only what a mark held back
+        return EventDrain(events, [RankDrops(rank, drops[rank]) for rank in sorted(drops)], more)
 
     def drain_encoded(self, timeout: float | None = None) -> EventDrain | EncodedDrain:
         """:meth:`drain` for the Kafka sink (its ``drain_encoded`` seam): when the buffer holds
@@ -363,9 +367,10 @@ class EventBuffer:
             else:
                 items = None
                 events = self._take_locked(self._until_mark_locked())
+            more = bool(self._count or self._undrained_drops)  # only what a mark held back
         dropped = [RankDrops(rank, drops[rank]) for rank in sorted(drops)]
         if items is None:
-            return EventDrain(events, dropped)
+            return EventDrain(events, dropped, more)
         from .sink_encoded import EncodedDrain, EncodedEvents, encode_events
 
         out = EncodedEvents()
@@ -380,7 +385,7 @@ class EventBuffer:
                 run.append(item)  # type: ignore[arg-type]
         if run:
             encode_events(run, out)
-        return EncodedDrain(out, dropped)
+        return EncodedDrain(out, dropped, more)
 
     def _take_locked(self, n: int) -> list[KVCacheEvent]:
         """The oldest ``n`` events, as objects, out of the buffer."""

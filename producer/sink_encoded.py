@@ -256,11 +256,13 @@ class EncodedDrain:
     """What a pre-encoded source's ``drain_encoded`` took: the events (pre-encoded, or objects)
     and, per source rank, the events it dropped since the previous drain (as ``EventDrain``)."""
 
-    __slots__ = ("dropped", "events")
+    __slots__ = ("dropped", "events", "more")
 
-    def __init__(self, events: Sequence[KVCacheEvent], dropped: list[RankDrops]) -> None:
+    def __init__(self, events: Sequence[KVCacheEvent], dropped: list[RankDrops], more: bool = False) -> None:
         self.events = events
         self.dropped = dropped
+        self.more = more
+        """As ``EventDrain.more``: drain again at once."""
 
 
 class EncodedEventSource(Protocol):

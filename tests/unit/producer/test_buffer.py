@@ -102,6 +102,7 @@ def test_a_drain_stops_before_drops_recorded_behind_older_events() -> None:
     assert (ids(first.events), first.dropped) == ([0, 1], [RankDrops(1, 2)])
     assert (ids(second.events), second.dropped) == ([2], [RankDrops(1, 5)])
     assert (ids(third.events), third.dropped) == ([3], [RankDrops(2, 1)])
+    assert [first.more, second.more, third.more] == [True, True, False]  # drain again at once
     assert buf.drain(0) == EventDrain([], [])
     assert buf.stats().events_dropped_by_rank == {1: 7, 2: 1}
 

@@ -326,13 +326,15 @@ def test_gathered_drops_behind_that_ranks_buffered_events_are_reported_after_the
 def test_a_stopping_sink_drains_past_every_drop_mark() -> None:
     captured = Captured()
     manager = KVCacheEventManager(100, attention_dp_rank=0, attention_dp_size=3, attention_dp_gather=False)
-    sink = mock_sink(manager, captured)
     expected = []
-    for k in range(20):  # while the sink runs: each report may split a drain
+    for k in range(20):  # 20 reports behind buffered events: the buffer's drains come in 21 parts
         events = rank_events(1 + k % 2, 2, seed=k, first_id=2 * k)
         manager.buffer.extend(events)
         manager.buffer.record_drops(1 + k % 2, 1, notify=False)
         expected += events
+    sink = mock_sink(manager, captured)
+    assert sink.wait_delivered(10)  # one pass of the sink takes every part
+    assert sink.stats().events_delivered_total == len(expected) and len(manager.buffer) == 0
     report = sink.close()
     manager.close()
     batches = captured.delivered()
