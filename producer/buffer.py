@@ -73,6 +73,19 @@ def _rank_key(rank: int | None) -> int:
     return 0 if rank is None else rank
 
 
+def _as_objects(items: list[KVCacheEvent | _Segment], encoded: bool) -> list[KVCacheEvent]:
+    """Buffer items as event objects (segments decoded)."""
+    if not encoded:
+        return items  # type: ignore[return-value]  # no segment among them
+    events: list[KVCacheEvent] = []
+    for item in items:
+        if isinstance(item, _Segment):
+            events += item.events.decode()
+        else:
+            events.append(item)
+    return events
+
+
 class _Segment:
     """Events of another rank as they came over the gather, still Avro (rank 0's pass-through:
     ``docs/GATHER_PROTOCOL.md``): a view of an ``EncodedEvents`` and each event's window size."""
@@ -327,14 +340,47 @@ class EventBuffer:
         with self._cond:
             if not self._events and not self._closed:
                 self._cond.wait_for(lambda: bool(self._events) or self._closed, timeout)
-            return self._take_locked(self._count)
+            return _as_objects(*self._pop_front_locked(self._count))
 
     def drain(self, timeout: float | None = None, *, whole: bool = False) -> EventDrain:
         """Like :meth:`take`, and atomically also take the per-rank drop counts accumulated since
         the previous drain; also returns when only drops are pending. ``timeout=0`` never waits.
         Drops recorded (:meth:`record_drops`) while older events were buffered are not reported
-        with those events: the drain stops before the drop's place, and the next one starts with
-        it. ``whole``: take everything at once, drops first (a last message that cannot wait)."""
+        with those events: the drain stops before the drop's place (``more`` says so), and the
+        next one starts with it. ``whole``: take everything at once, drops first (a last
+        message that cannot wait)."""
+        items, encoded, dropped, more = self._drain_front(timeout, whole)
+        return EventDrain(_as_objects(items, encoded), dropped, more)
+
+    def drain_encoded(self, timeout: float | None = None) -> EventDrain | EncodedDrain:
+        """:meth:`drain` for the Kafka sink (its ``drain_encoded`` seam): when the drained events
+        include some still encoded (:meth:`extend_encoded`), every one comes as Avro bytes in
+        one ``EncodedEvents``, in buffer order (this rank's own events encoded here, the others'
+        bytes as they came); otherwise an :class:`EventDrain` of objects, as :meth:`drain`."""
+        items, encoded, dropped, more = self._drain_front(timeout, False)
+        if not encoded:
+            return EventDrain(items, dropped, more)  # type: ignore[arg-type]  # objects only
+        from .sink_encoded import EncodedDrain, EncodedEvents, encode_events
+
+        out = EncodedEvents()
+        run: list[KVCacheEvent] = []
+        for item in items:
+            if isinstance(item, _Segment):
+                if run:
+                    encode_events(run, out)
+                    run = []
+                out.extend(item.events)
+            else:
+                run.append(item)
+        if run:
+            encode_events(run, out)
+        return EncodedDrain(out, dropped, more)
+
+    def _drain_front(
+        self, timeout: float | None, whole: bool
+    ) -> tuple[list[KVCacheEvent | _Segment], bool, list[RankDrops], bool]:
+        """A drain's share of the buffer: (items, whether a segment is among them, the drops
+        that precede them, whether a drop mark held events or drops back)."""
         timeout = check_timeout(timeout)
         with self._cond:
             if not self._events and not self._undrained_drops and not self._closed:
@@ -343,80 +389,30 @@ class EventBuffer:
                 )
             if whole:
                 self._release_marks_locked(self._count)
-            drops = self._undrained_drops  # before the events: they may release the next drops
+            drops = self._undrained_drops  # before the events: taking them may release the next
             self._undrained_drops = {}
-            events = self._take_locked(self._until_mark_locked())
-            more = bool(self._count or self._undrained_drops)  # only what a mark held back
-        return EventDrain(events, [RankDrops(rank, drops[rank]) for rank in sorted(drops)], more)
+            items, encoded = self._pop_front_locked(self._until_mark_locked())
+            more = bool(self._count or self._undrained_drops)
+        return items, encoded, [RankDrops(rank, drops[rank]) for rank in sorted(drops)], more
 
-    def drain_encoded(self, timeout: float | None = None) -> EventDrain | EncodedDrain:
-        """:meth:`drain` for the Kafka sink (its ``drain_encoded`` seam): when the buffer holds
-        events still encoded (:meth:`extend_encoded`), every drained event comes as Avro bytes in
-        one ``EncodedEvents``, in buffer order (this rank's own events encoded here, the others'
-        bytes as they came); otherwise an :class:`EventDrain` of objects, as :meth:`drain`."""
-        timeout = check_timeout(timeout)
-        with self._cond:
-            if not self._events and not self._undrained_drops and not self._closed:
-                self._cond.wait_for(
-                    lambda: bool(self._events or self._undrained_drops) or self._closed, timeout
-                )
-            drops = self._undrained_drops  # before the events: they may release the next drops
-            self._undrained_drops = {}
-            if self._segments:
-                items = self._pop_front_locked(self._until_mark_locked())
-            else:
-                items = None
-                events = self._take_locked(self._until_mark_locked())
-            more = bool(self._count or self._undrained_drops)  # only what a mark held back
-        dropped = [RankDrops(rank, drops[rank]) for rank in sorted(drops)]
-        if items is None:
-            return EventDrain(events, dropped, more)
-        from .sink_encoded import EncodedDrain, EncodedEvents, encode_events
-
-        out = EncodedEvents()
-        run: list[KVCacheEvent] = []
-        for item in items:
-            if item.__class__ is _Segment:
-                if run:
-                    encode_events(run, out)
-                    run = []
-                out.extend(item.events)
-            else:
-                run.append(item)  # type: ignore[arg-type]
-        if run:
-            encode_events(run, out)
-        return EncodedDrain(out, dropped, more)
-
-    def _take_locked(self, n: int) -> list[KVCacheEvent]:
-        """The oldest ``n`` events, as objects, out of the buffer."""
-        events: list[KVCacheEvent] = []
-        if not self._segments and n == self._count:
-            events.extend(self._events)  # type: ignore[arg-type]  # no segment among them
-            self._events.clear()
-            self._count = 0
-            self._release_marks_locked(n)
-            return events
-        for item in self._pop_front_locked(n):
-            if isinstance(item, _Segment):
-                events += item.events.decode()
-            else:
-                events.append(item)
-        return events
-
-    def _pop_front_locked(self, n: int) -> list[KVCacheEvent | _Segment]:
-        """The items holding the oldest ``n`` events (a segment cut where needed), removed."""
+    def _pop_front_locked(self, n: int) -> tuple[list[KVCacheEvent | _Segment], bool]:
+        """The items holding the oldest ``n`` events (a segment cut where needed), removed, and
+        whether a segment is among them."""
         items = self._events
         if n == self._count:  # everything (the usual case)
             taken = list(items)
+            encoded = self._segments > 0
             items.clear()
             self._count = self._segments = 0
             self._release_marks_locked(n)
-            return taken
+            return taken, encoded
         taken = []
+        encoded = False
         left = n
         while left:
             item = items[0]
             if isinstance(item, _Segment):
+                encoded = True
                 size = len(item.events)
                 if size > left:
                     taken.append(_Segment(item.events[:left], item.windows[:left]))
@@ -429,7 +425,7 @@ class EventBuffer:
             taken.append(items.popleft())
         self._count -= n
         self._release_marks_locked(n)
-        return taken
+        return taken, encoded
 
     def _until_mark_locked(self) -> int:
         """How many events a drain takes: all, or those older than the first pending drops."""

@@ -254,7 +254,8 @@ class EncodedEvents(Sequence[KVCacheEvent]):
 
 class EncodedDrain:
     """What a pre-encoded source's ``drain_encoded`` took: the events (pre-encoded, or objects)
-    and, per source rank, the events it dropped since the previous drain (as ``EventDrain``)."""
+    and, per source rank, the events it dropped since the previous drain, and ``more`` (drain
+    again at once), as ``EventDrain``."""
 
     __slots__ = ("dropped", "events", "more")
 
@@ -262,7 +263,6 @@ class EncodedDrain:
         self.events = events
         self.dropped = dropped
         self.more = more
-        """As ``EventDrain.more``: drain again at once."""
 
 
 class EncodedEventSource(Protocol):

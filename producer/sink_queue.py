@@ -131,7 +131,7 @@ class LossLedger:
 
     def __init__(self) -> None:
         self.pending: dict[int, int] = {}
-        self.waiting: deque[tuple[int, dict[int, int]]] = deque()
+        self.waiting: list[tuple[int, dict[int, int]]] = []
         """Parts of ``pending`` that only a chunk numbered at least so much may carry."""
         self.carried: dict[int, int] = {}
         self.reported: dict[int, int] = {}
@@ -177,8 +177,8 @@ class LossLedger:
         counts = _as_counts(carried)
         _subtract(self.pending, counts)
         _add(self.carried, counts)
-        # what this batch could carry no longer waits (past an Avro long, the rest is pending)
-        self.waiting = deque(w for w in self.waiting if chunk is not None and w[0] > chunk)
+        if self.waiting:  # what this batch could carry waits no more (past an Avro long: pending)
+            self.waiting = [w for w in self.waiting if chunk is not None and w[0] > chunk]
         return carried
 
     def restore(self, carried: Iterable[RankDrops]) -> None:
