@@ -44,20 +44,31 @@ class Delivery(TopicLimit):
         )  # fmt: skip
 
     def _lose_chunk_locked(self, chunk: Chunk, reason: str) -> None:
+        """Count a lost chunk. Every chunk queued after it holds newer events, so the next one
+        (the queue's head, for ``queue_full`` and failed deliveries) may carry the loss; a
+        fragment's loss waits for a chunk queued after now (its event's later fragments may
+        still be queued)."""
         counts = dict(chunk.by_rank)
         split = chunk.split
         if split is not None and split.lose():
             counts[split.rank] = counts.get(split.rank, 0) + 1
-        self._lose_locked(counts, reason, chunk.last_event_ids)
+        after = chunk.number + 1 if split is None and chunk.number >= 0 else None
+        self._lose_locked(counts, reason, chunk.last_event_ids, after=after)
 
     def _lose_locked(
-        self, counts: dict[int, int], reason: str, newest_event_ids: Mapping[int, int] | None = None
+        self,
+        counts: dict[int, int],
+        reason: str,
+        newest_event_ids: Mapping[int, int] | None = None,
+        *,
+        after: int | None = None,
     ) -> None:
-        """Count a loss (in-band in the next batch) and tell the manager, whose rank must then
-        publish a snapshot (not for events still unsent at close: the engine has stopped).
-        Only a chunk queued after now, or a batch with no events, may carry it: a chunk queued
-        before may hold events older than the lost ones."""
-        self._ledger.lose(counts, reason, after=self._queue.pushed)
+        """Count a loss (in-band in the next batch that may carry it) and tell the manager, whose
+        rank must then publish a snapshot (not for events still unsent at close: the engine has
+        stopped). ``after``: the first chunk number that may carry it; by default a chunk queued
+        after now (or a batch with no events): a chunk queued before may hold events older than
+        the lost ones."""
+        self._ledger.lose(counts, reason, after=self._queue.pushed if after is None else after)
         report = self._report_lost
         if report is None or reason == "unsent_at_close":
             return

@@ -7,7 +7,8 @@ and *reported* once that batch is delivered (pending again if it fails), so ever
 at any moment pending or reported in exactly one delivered batch (``docs/OPERATIONS.md``).
 A loss is carried only by a batch whose events all came after the lost ones (a consumer takes
 the loss to precede the batch's events): one recorded while older chunks wait in the queue
-waits for a chunk queued after it, or for a batch with no events.
+waits for a chunk queued after it, or for a batch with no events; a lost chunk's loss may ride
+with any chunk queued after that chunk (the sink says which with ``after``).
 """
 
 from __future__ import annotations

@@ -299,6 +299,29 @@ def test_a_loss_after_a_queued_chunk_is_not_reported_before_that_chunks_events()
     assert {w.attention_dp_rank for w in index.degraded_workers()} == {0, 1}
 
 
+def test_a_chunk_dropped_from_the_queue_is_reported_by_the_queues_next_chunk() -> None:
+    """The sink's queue drops its oldest chunk; every chunk still queued holds newer events, so
+    the first batch produced carries the loss (not a batch queued later, or one with no events
+    once the queue is empty)."""
+    captured = Captured()
+    manager = KVCacheEventManager(100, attention_dp_rank=0, attention_dp_size=2, attention_dp_gather=False)
+    oldest, newer = rank_events(1, 6, seed=8), rank_events(1, 6, seed=9, first_id=6)
+    manager.buffer.extend(oldest)
+    sink = GatedDescribeSink(
+        manager, "kv", "engine-f", config={**MOCK, "on_delivery": captured}, max_queued_events=10
+    )
+    assert wait_for(lambda: sink.stats().queued_events == 6, 10)
+    manager.buffer.extend(newer)  # 12 queued > 10: the oldest chunk goes
+    assert wait_for(lambda: sink.stats().queued_events == 6 and sink.stats().events_lost_total == 6, 10)
+    sink.answer.set_result({"max.message.bytes": SimpleNamespace(value="1000000")})
+    assert sink.wait_delivered(30)
+    report = sink.close()
+    manager.close()
+    batches = captured.delivered()
+    assert batches[0].events == newer and batches[0].dropped == [RankDrops(1, 6)]
+    assert [d for b in batches for d in b.dropped] == [RankDrops(1, 6)] and report.unreported_by_rank == {}
+
+
 def test_gathered_drops_behind_that_ranks_buffered_events_are_reported_after_them() -> None:
     """Rank 1's first events (Created first) wait in rank 0's buffer when the gather reports
     that rank 1 dropped later ones: the batch with the older events must not carry the drops."""
