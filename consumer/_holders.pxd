@@ -8,13 +8,15 @@ from cpython.mem cimport PyMem_RawRealloc
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memmove
 
-from kvevents.consumer._nodestore cimport (
+from kvevents.consumer._nodebase cimport (
     KV_COUNT_MASK,
     KV_NIL,
     KV_SLOT_MASK,
     Node,
     NodeStore,
     node_at,
+)
+from kvevents.consumer._nodestore cimport (
     release_node,
 )
 

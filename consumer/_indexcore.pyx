@@ -1,15 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The compiled index core: compact C tables behind ``CacheIndex`` (same results as ``_pycore``).
 
-The block store (nodes, the engine-hash and content-hash tables, the holder pool's memory) is
-``_nodestore.pxd``, the holder lists and their shared runs ``_holders.pxd``, the content hash ``_kvh64.pxd`` (constants from ``hashing``); this module
-holds the rules a batch is applied by, the queries and the state. ``apply_encoded`` has the
-compiled codec read the Avro body (``flat_read``, cimported from ``kvevents.schemas._fastcodec``)
-into its flat C arrays without building Python objects; ``apply_batch`` fills the same arrays (``_flatfill.pxd``)
-from model objects. A malformed body raises ``DecodeError`` before anything is applied. Layout,
-threads (one writer that applies events without the GIL, holding an index lock it hands to
-waiting readers between events and inside a worker's drop; any number of readers) and the query
-path: ``docs/INDEX.md``.
+Nodes: ``_nodestore.pxd`` (types ``_nodebase.pxd``, hash tables ``_nodetables.pxd``); holder lists
+``_holders.pxd``; content hash ``_kvh64.pxd``. Here: the rules a batch is applied by, the queries,
+the state. ``apply_encoded`` reads the Avro body with the compiled codec into flat C arrays (no
+Python objects), ``apply_batch`` fills them from model objects (``_flatfill.pxd``); a malformed
+body raises ``DecodeError`` before anything is applied. Layout, threads (one writer without the
+GIL, handing its lock to waiting readers between events) and the query path: ``docs/INDEX.md``.
 """
 
 from cpython cimport array as carray
@@ -111,7 +108,7 @@ from kvevents.consumer._ingest cimport (
     speculate,
 )
 from kvevents.consumer._kvh64 cimport Kvh64, kvh64_constants, kvh64_salt
-from kvevents.consumer._nodestore cimport (
+from kvevents.consumer._nodebase cimport (
     KV_CHUNK,
     KV_CHUNK_MASK,
     KV_COUNT_MASK,
@@ -125,21 +122,16 @@ from kvevents.consumer._nodestore cimport (
     Node,
     NodeStore,
     Table,
-    node_alloc,
     node_at,
     link_at,
     chain_next,
     prefetch,
+    set_mix_seed,
+)
+from kvevents.consumer._nodetables cimport (
     prefetch_entry,
     prefetch_node,
     prefetch_removal,
-    set_content,
-    set_mix_seed,
-    store_bytes,
-    store_fault_ahead,
-    store_free,
-    store_init,
-    store_map_ahead,
     table_find,
     table_check,
     table_find_pos,
@@ -147,6 +139,15 @@ from kvevents.consumer._nodestore cimport (
     table_reserve,
     table_entry,
     table_widen_ids,
+)
+from kvevents.consumer._nodestore cimport (
+    node_alloc,
+    set_content,
+    store_bytes,
+    store_fault_ahead,
+    store_free,
+    store_init,
+    store_map_ahead,
 )
 from kvevents.consumer._storegrow cimport (
     Regrowth,
@@ -175,7 +176,7 @@ from ._state import IndexState, InstanceState, WindowState, WorkerState
 import logging
 import os as _os
 _log = logging.getLogger("kvevents.consumer.index")
-set_mix_seed(int.from_bytes(_os.urandom(8), "little"))  # before any table: see _nodestore.pxd
+set_mix_seed(int.from_bytes(_os.urandom(8), "little"))  # before any table: see _nodebase.pxd
 from .hashing import content_hashes_for_tokens
 from ._query_keys import query_key
 

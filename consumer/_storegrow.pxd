@@ -1,5 +1,5 @@
 # cython: language_level=3
-# Growing the block store before a batch needs it (consumer/_nodestore.pxd's tables and holder
+# Growing the block store before a batch needs it (consumer/_nodetables.pxd's tables and the holder
 # pool): the writer builds the bigger tables, or both with one more node-id bit, and a bigger
 # copy of the pool WITHOUT the index lock while readers use the old ones, swaps them in under
 # the lock and frees the old ones after it. docs/INDEX.md "Threads". Inline: compiled into the
@@ -9,11 +9,13 @@ from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
-from kvevents.consumer._nodestore cimport (
+from kvevents.consumer._nodebase cimport (
     KV_NIL,
     NodeStore,
     Table,
     set_id_bits,
+)
+from kvevents.consumer._nodetables cimport (
     table_cap_for,
     table_fill,
     table_map,
