@@ -13,6 +13,7 @@ on a schedule (``--lookup-rate`` per second; latency from each lookup's schedule
 
 from __future__ import annotations
 
+import functools
 import gc
 import statistics
 import time
@@ -27,6 +28,7 @@ from index_sides import (
     lookups_during_ingest,
     lookups_interleaved,
     make_sides,
+    query_floor,
     timed_ingest,
 )
 from kvevents.consumer import CacheIndex
@@ -180,6 +182,15 @@ def run_cell(workers: int, args: Any, radix_tree: Any) -> dict[str, Any]:
         ),
         flush=True,
     )
+    if ours is not None and len(targets) > 1:
+        # what no walk escapes in this context (bench/support/index_sides.py, query_floor)
+        qs, part = queries[64], next(side.query_part for side, _ in targets if side.name == "kvevents")
+        others = [
+            (functools.partial(side.lookup, obj), [q[side.query_part] for q in qs])
+            for side, obj in targets
+            if side.name not in ("kvevents", "baseline")
+        ]
+        row["floor_64"] = query_floor(ours, others, [q[part] for q in qs], max(3, args.repeat))
     checks = [q for size in QUERY_SIZES for q in queries[size][: args.cross_check // len(QUERY_SIZES)]]
     row["cross_check"] = cross_check(objs, checks)
     objs.clear()

@@ -18,12 +18,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from array import array
 from pathlib import Path
 from typing import Any
 
 from index_naive import NaiveIndex
-from index_sides import ingest_method, load_dynamo, median_of, percentiles
+from index_sides import ingest_method, load_dynamo, median_of, percentiles, query_floor
 from index_sides import ingest_ours as feed_ours
 from index_stream import Stream, StreamConfig, generate, worker_key
 from kvevents.consumer import CacheIndex
@@ -132,40 +131,6 @@ def latencies(sides: dict[str, tuple[Any, list[Any]]], repeat: int) -> dict[str,
         for name, s in samples.items():
             runs[name].append(percentiles(s))
     return {name: median_of(r) for name, r in runs.items()}
-
-
-def query_floor(
-    index: CacheIndex, others: list[tuple[Any, list[Any]]], engine: list[list[int]], repeat: int
-) -> dict[str, dict[str, float]]:
-    """Two parts of find_matches that do not depend on the index's walk, in ``latencies``'
-    context: reading the query's ints (as find_matches reads them, prefetched a few groups
-    ahead: the compiled core's ``read_query_keys``; ``array('Q', query)`` on another core) and
-    copying a dict the size of kvevents' answer; each timed right after the other sides' calls
-    on the previous query (as find_matches is), medians of ``repeat`` passes; and find_matches
-    itself the same way."""
-    answers = [index.find_matches(q) for q in engine]
-    core = getattr(index, "_core", None)
-    read = core.read_query_keys if hasattr(core, "read_query_keys") else lambda q: array("Q", q)
-    probes: dict[str, Any] = {
-        "find_matches": lambda i: index.find_matches(engine[i]),
-        "read_query_ints": lambda i: read(engine[i]),
-        "copy_answer_sized_dict": lambda i: answers[i].copy(),
-    }
-    clock = time.perf_counter_ns
-    out = {}
-    for name, probe in probes.items():
-        runs = []
-        for _ in range(repeat):
-            samples = []
-            for i in range(len(engine)):
-                for fn, args in others:
-                    fn(args[i - 1])
-                t0 = clock()
-                probe(i)
-                samples.append(clock() - t0)
-            runs.append(percentiles(samples))
-        out[name] = median_of(runs)
-    return out
 
 
 def cross_check(index: CacheIndex, other: Any, stream: Stream, queries: list[Any]) -> dict[str, Any]:

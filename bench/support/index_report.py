@@ -170,13 +170,7 @@ def print_realistic(r: dict[str, Any]) -> None:
                 )
     floor = r["find_matches"]["64"].get("floor")
     if floor:
-        f, ints, copy = floor["find_matches"], floor["read_query_ints"], floor["copy_answer_sized_dict"]
-        print(
-            "64-block queries, each right after the other sides' calls (p50 / p99 us): find_matches "
-            f"{f['p50_us']:.2f} / {f['p99_us']:.2f}; its parts that do not depend on the walk: reading the "
-            f"query's ints {ints['p50_us']:.2f} / {ints['p99_us']:.2f}, copying a dict of the answer's "
-            f"size {copy['p50_us']:.2f} / {copy['p99_us']:.2f}"
-        )
+        print(floor_line(floor))
     st = r["state_round_trip"]
     print(
         f"state: {st['bytes'] / 1e6:.1f} MB, to_bytes {st['to_bytes_s']:.2f} s, from_bytes {st['from_bytes_s']:.2f} s"
@@ -342,6 +336,17 @@ def print_targets(rows: list[dict[str, Any]]) -> None:
         )
 
 
+def floor_line(floor: dict[str, Any]) -> str:
+    """The query floor (``index_sides.query_floor``) in one line."""
+    f, ints, copy = floor["find_matches"], floor["read_query_ints"], floor["copy_answer_sized_dict"]
+    return (
+        "64-block queries, each right after the other sides' calls (p50 / p99 us): find_matches "
+        f"{f['p50_us']:.2f} / {f['p99_us']:.2f}; its parts that do not depend on the walk: reading the "
+        f"query's ints {ints['p50_us']:.2f} / {ints['p99_us']:.2f}, copying a dict of the answer's "
+        f"size {copy['p50_us']:.2f} / {copy['p99_us']:.2f}"
+    )
+
+
 def print_matrix(m: dict[str, Any]) -> None:
     print(
         f"\nmatrix: {m['worker_blocks_per_cell']:,} worker-blocks per cell; medians of {m['repeats']} repeats; "
@@ -384,6 +389,8 @@ def print_matrix(m: dict[str, Any]) -> None:
             f"{'':>7} ({s['events']:,} events, {s['blocks_stored']:,} blocks stored, {s['held_worker_blocks']:,} held; "
             f"cross-check vs kvevents: {'; '.join(parts)})"
         )
+        if "floor_64" in cell:
+            print(f"{'':>7} {floor_line(cell['floor_64'])}")
 
 
 def print_big(b: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ import os
 import statistics
 import threading
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -202,6 +203,40 @@ def _passes(
                     best[side.name][i] = elapsed
         for name, s in samples.items():
             runs[name].append(percentiles(s))
+
+
+def query_floor(
+    index: CacheIndex, others: list[tuple[Any, list[Any]]], engine: list[list[int]], repeat: int
+) -> dict[str, dict[str, float]]:
+    """Two parts of find_matches that do not depend on the index's walk, in ``latencies``'
+    context: reading the query's ints (as find_matches reads them, prefetched a few groups
+    ahead: the compiled core's ``read_query_keys``; ``array('Q', query)`` on another core) and
+    copying a dict the size of kvevents' answer; each timed right after the other sides' calls
+    on the previous query (as find_matches is), medians of ``repeat`` passes; and find_matches
+    itself the same way."""
+    answers = [index.find_matches(q) for q in engine]
+    core = getattr(index, "_core", None)
+    read = core.read_query_keys if hasattr(core, "read_query_keys") else lambda q: array("Q", q)
+    probes: dict[str, Any] = {
+        "find_matches": lambda i: index.find_matches(engine[i]),
+        "read_query_ints": lambda i: read(engine[i]),
+        "copy_answer_sized_dict": lambda i: answers[i].copy(),
+    }
+    clock = time.perf_counter_ns
+    out = {}
+    for name, probe in probes.items():
+        runs = []
+        for _ in range(repeat):
+            samples = []
+            for i in range(len(engine)):
+                for fn, args in others:
+                    fn(args[i - 1])
+                t0 = clock()
+                probe(i)
+                samples.append(clock() - t0)
+            runs.append(percentiles(samples))
+        out[name] = median_of(runs)
+    return out
 
 
 def lookups_during_ingest(

@@ -162,6 +162,10 @@ def test_bench_index_runs_its_matrix_and_big_scale_end_to_end(tmp_path: Path) ->
     assert set(cell["sides"]) == {"kvevents", "dynamo", "naive"}
     for who in ("dynamo", "naive"):
         assert cell["cross_check"][who]["identical_answers"] == cell["cross_check"]["queries"] > 0
+    floor = cell["floor_64"]  # the matrix's query floor, as the realistic stream's
+    assert set(floor) == {"find_matches", "read_query_ints", "copy_answer_sized_dict"}
+    assert all(f["p99_us"] >= f["p50_us"] > 0 for f in floor.values())
+    assert "its parts that do not depend on the walk" in proc.stdout
     assert result["big_scale"]["memory"]["held_worker_blocks"] > 0
     one, both = result["big_scale"]["ingest"], result["big_scale"]["ingest_both_cores"]
     assert (one["ingest_threads"], both["ingest_threads"]) == (1, 2)  # issue 17 (b): both cores
@@ -205,9 +209,10 @@ def test_bench_feeds_apply_encoded_many_only_when_cache_index_has_it(monkeypatch
 
 
 def test_query_floor_times_find_matches_and_what_no_index_escapes() -> None:
-    """``index_realistic.query_floor``: find_matches, reading the query's ints and copying a
+    """``index_sides.query_floor``: find_matches, reading the query's ints and copying a
     dict of the answer's size, each after the other sides' calls on the previous query."""
-    from index_realistic import make_queries, query_floor
+    from index_realistic import make_queries
+    from index_sides import query_floor
 
     stream = generate(StreamConfig(target_events=400, seed=3))
     index = CacheIndex()
