@@ -33,7 +33,7 @@ from ._avroout cimport W, w_block, w_created, w_removed, w_stored, w_updated
 from ._payload cimport K_CLEARED, K_STORED, Buf, Ctx, Ev, Payload, _grow, read_payload
 
 from kvevents.schemas import DEFAULT_PRIORITY as _DEFAULT_PRIORITY
-from .groups import SKIPPED_GROUP as _SKIPPED_GROUP, SKIPPED_KINDS as _SKIPPED_KINDS
+from .groups import KEPT_KINDS as _KEPT_KINDS, SKIPPED_GROUP as _SKIPPED_GROUP, WINDOW_KINDS as _WINDOW_KINDS
 from kvevents.schemas import (
     KVCacheCreatedData,
     KVCacheEvent,
@@ -158,9 +158,9 @@ cdef list _windows(conv, Buf *b, dict learned, long long *unknown):
         window = learned.get(group)
         if window is None:
             window = known.get(group)
-        if window is None:
+        if window is None:  # a group no Stored event described: 0 takes the default window
             unknown[0] += 1
-            window = default
+            window = default if e.group == 0 else _SKIPPED_GROUP
         out.append(window)
     return out
 
@@ -340,7 +340,8 @@ cdef int _start(Buf *b, Ctx *c, conv, list levels, list bits, list salts) except
     c.levels = <PyObject *>levels
     c.bits = <PyObject *>bits
     c.salts = <PyObject *>salts
-    c.skipped_kinds = <PyObject *>_SKIPPED_KINDS  # a module constant: alive for the call
+    c.kept_kinds = <PyObject *>_KEPT_KINDS  # module constants: alive for the call
+    c.window_kinds = <PyObject *>_WINDOW_KINDS
     c.take_last = conv.take_last
     c.medium = NULL
     c.medium_n = 0

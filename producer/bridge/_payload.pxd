@@ -33,7 +33,8 @@ ctypedef struct Ev:
     bint has_group       # vLLM's KV-cache group (group_idx), when named
     int64_t group
     bint has_kind        # kv_cache_spec_kind named (a Stored event's group learns the default window)
-    bint skipped_kind    # ... and one of groups.SKIPPED_KINDS (the event, and its group, are skipped)
+    bint skipped_kind    # ... and skipped with its group (groups.skips_group: set once the event is read)
+    bint window_kind     # ... and one of groups.WINDOW_KINDS (skipped when it names no window)
     int64_t sliding      # kv_cache_spec_sliding_window, 0: none (the group learns it)
     Py_ssize_t nextra    # extra_keys entries, all nil (what vLLM sends for plain blocks); -1: nil
     bint pairs           # token ids came as (token, next token) pairs (SGLang's bigram keys, EAGLE)
@@ -154,12 +155,13 @@ cdef inline bint _sliding(Rd *r, Ev *e) noexcept nogil:
 
 
 cdef inline int _kind(Rd *r, Ctx *c, Ev *e) except -1:
-    """``kv_cache_spec_kind``: nil or a string (whether it is named, and whether its group is
-    one the index skips, ``c.skipped_kinds``)."""
+    """``kv_cache_spec_kind``: nil or a string (whether it is named, and whether the index takes
+    its group, ``c.kept_kinds``; a window kind is decided once the window is read too)."""
     kind = _opt_text(r)
     if kind is not None:
         e.has_kind = 1
-        e.skipped_kind = kind in <object>c.skipped_kinds
+        e.skipped_kind = kind not in <object>c.kept_kinds
+        e.window_kind = kind in <object>c.window_kinds
     return 0
 
 
@@ -211,7 +213,8 @@ ctypedef struct Ctx:
     PyObject *levels     # list: the level of each medium read, by Ev.level
     PyObject *bits       # list: its bit in a TierMap mask (1 << level)
     PyObject *salts      # list: the salts read, by Ev.salt
-    PyObject *skipped_kinds  # frozenset: groups.SKIPPED_KINDS
+    PyObject *kept_kinds     # frozenset: groups.KEPT_KINDS
+    PyObject *window_kinds   # frozenset: groups.WINDOW_KINDS
     bint take_last
     const uint8_t *medium    # the last medium name read (in the payload), NULL: none yet
     Py_ssize_t medium_n
@@ -437,7 +440,7 @@ cdef inline int _events(Rd *r, Buf *b, Ctx *c) except -1:
         e.size = 0
         e.level = 0
         e.salt = -1
-        e.has_group = e.has_kind = e.skipped_kind = 0
+        e.has_group = e.has_kind = e.skipped_kind = e.window_kind = 0
         e.group = e.sliding = 0
         e.nextra = -1
         e.pairs = 0
@@ -548,7 +551,13 @@ cdef inline int read_payload(bytes payload, Buf *b, Ctx *c, Payload *out) except
     # without block_size: the Python paths (which name the error)
     for i in range(b.nev):
         e = &b.ev[i]
-        if e.kind != K_STORED or e.skipped_kind:  # a skipped group's pages are not read
+        if e.window_kind and not e.sliding:  # a sliding window without its window: skipped
+            e.skipped_kind = 1
+        if e.kind != K_STORED:
+            continue
+        if e.skipped_kind:  # a skipped group's pages are not read, but a malformed event is one
+            if e.nh and e.nt and e.size == 0:
+                return 0
             continue
         if e.nextra >= 0 and e.nextra != e.nh:
             return 0  # the Python paths count the mismatch

@@ -28,7 +28,7 @@ from kvevents.schemas import (
 
 from ..mm_keys import mm_key_from_text
 from .fastwire import fast_convert, fast_parse
-from .groups import SKIPPED_GROUP, SKIPPED_KINDS
+from .groups import SKIPPED_GROUP, skips_group
 from .hashes import DEFAULT_MEDIUM_LEVELS, WireError, lora_id_for_name
 from .tiers import TierMap
 from .wire import BridgeDecodeError, ParsedBatch, RawRemoved, RawStored, WireCounts, parse_payload
@@ -213,7 +213,7 @@ class ZmqEventConverter:
         raws = parsed.events
         blocks_of = [
             self._blocks(raw, k)
-            if raw.__class__ is RawStored and raw.spec_kind not in SKIPPED_KINDS
+            if raw.__class__ is RawStored and not skips_group(raw.spec_kind, raw.sliding_window)
             else None
             for k, raw in enumerate(raws)
         ]
@@ -257,8 +257,10 @@ class ZmqEventConverter:
 
     def _window(self, group_idx: int | None, raw: RawStored | None = None) -> int:
         """The window of an event of ``group_idx`` (a Stored one, ``raw``, teaches its group's
-        window), or ``SKIPPED_GROUP``."""
-        if raw is not None and raw.spec_kind in SKIPPED_KINDS:
+        window), or ``SKIPPED_GROUP``: for a kind the index skips (``groups.skips_group``), and for
+        a group other than 0 that no Stored event described yet (counted ``unknown_group``; its
+        evictions could be a sliding window's of blocks the attention group holds)."""
+        if raw is not None and skips_group(raw.spec_kind, raw.sliding_window):
             if group_idx is not None:
                 self.group_windows[group_idx] = SKIPPED_GROUP
             return SKIPPED_GROUP
@@ -272,7 +274,7 @@ class ZmqEventConverter:
         window = self.group_windows.get(group_idx)
         if window is None:
             self.counts["unknown_group"] += 1
-            return self.window_size
+            return self.window_size if group_idx == 0 else SKIPPED_GROUP
         return window
 
     def _sparse(self, raw: RawStored, n: int) -> bool:

@@ -113,6 +113,56 @@ def test_vllm_hybrid_model_groups_that_mirror_attention_are_skipped_not_fatal(ki
     assert out.decode() == results[0][0] and pre_encoded.stats() == results[0][1]
 
 
+@pytest.mark.parametrize(
+    ("kind", "window"),
+    [("unknown", None), ("sliding_window", None), ("sliding_window_mla", None), ("a_newer_kind", None)],
+)
+def test_vllm_groups_of_unknown_meaning_are_skipped_not_taken_as_attention(
+    kind: str, window: int | None
+) -> None:
+    """vLLM 0.34 names kind ``unknown`` for a group of mixed layer types, and no window for a
+    sliding-window group whose layers differ: taken in the default window, that group's
+    evictions removed blocks the attention group still held. Now the group is skipped and
+    counted, on every path, as Dynamo's router drops it."""
+    s = engine_structs("vllm-0.34")
+    stored = s["BlockStored"]
+    hashes, tokens = [171, 172], list(range(8))
+    step = [
+        stored(hashes, None, tokens, 4, None, "GPU", None, None, 0, "full_attention"),
+        stored(hashes, None, tokens, 4, None, "GPU", None, None, 1, kind, window),
+    ]
+    evict = [s["BlockRemoved"]([172], "GPU", 1), s["BlockRemoved"]([171], "GPU", 1)]
+    results = []
+    for conv in _converters():
+        events = conv.convert(encode(s["Batch"](1.0, step, 0))) + conv.convert(
+            encode(s["Batch"](2.0, evict, 0))
+        )
+        assert indexed(events).find_matches(hashes) == {W: 2}, conv.stats()
+        assert conv.counts["skipped_group_events"] == 3 and conv.group_windows == {0: 16, 1: -1}
+        results.append((events, conv.stats(), conv.to_state()))
+    assert results[0] == results[1] == results[2]
+
+
+def test_evictions_of_a_group_never_described_are_skipped_unless_it_is_group_0() -> None:
+    """A removal naming a group no Stored event described yet (a bridge started without its
+    state, mid-stream): group 0 takes the default window; another group may be a sliding
+    window's, whose evictions are not the block's, so it is skipped and counted."""
+    s = engine_structs("vllm-0.34")
+    stored = s["BlockStored"]
+    first = [stored([181, 182], None, list(range(8)), 4, None, "GPU", None, None)]  # no group named
+    later = [s["BlockRemoved"]([182], "GPU", 2), s["BlockRemoved"]([181], "GPU", 0)]
+    results = []
+    for conv in _converters():
+        events = conv.convert(encode(s["Batch"](1.0, first, 0))) + conv.convert(
+            encode(s["Batch"](2.0, later, 0))
+        )
+        index = indexed(events)
+        assert index.find_matches([181, 182]) == {} and index.find_matches([182]) == {W: 1}, conv.stats()
+        assert conv.counts["unknown_group"] == 2 and conv.counts["skipped_group_events"] == 1
+        results.append((events, conv.stats(), conv.to_state()))
+    assert results[0] == results[1] == results[2]
+
+
 def test_vllm_sliding_window_group_with_masked_blocks_carries_its_hashes_without_tokens() -> None:
     """A sliding-window group whose unreachable blocks vLLM masks (``reachable_block_mask``)
     names fewer hashes than its pages of tokens: which page each names is unknown, so its

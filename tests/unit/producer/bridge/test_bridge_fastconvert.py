@@ -180,7 +180,7 @@ def test_takes_kv_cache_groups_and_learns_their_windows() -> None:
         stored([3], None, [5, 6], 2, None, "GPU", None, None, 1, "sliding_window", 128),
         V["BlockRemoved"]([1], "GPU", 0),
         V["BlockRemoved"]([3], "GPU", 1),
-        V["BlockRemoved"]([9], "GPU", 7),  # a group never described: the default window, counted
+        V["BlockRemoved"]([9], "GPU", 7),  # a group never described (not 0): skipped, counted
         stored([4], None, [7, 8], 2, None, "GPU", None, None, 1),  # a known group, no spec again
     ]
     for kind in ("vllm", "vllm-positional"):
@@ -190,6 +190,7 @@ def test_takes_kv_cache_groups_and_learns_their_windows() -> None:
         )
         assert compiled.compiled_payloads == 2
         assert compiled.group_windows == {0: 16, 1: 128} and compiled.counts["unknown_group"] == 1
+        assert compiled.counts["skipped_group_events"] == 1
 
 
 def test_takes_a_vllm_0_26_payload_as_captured() -> None:
