@@ -23,6 +23,7 @@ __all__ = [
 U64_MASK = (1 << 64) - 1
 
 DEFAULT_MEDIUM_LEVELS: dict[str, int] = {
+    "": 0,  # named but empty: the default medium, as no medium at all (Dynamo's router agrees)
     "GPU": 0,
     "CPU": 1,
     "CPU_PINNED": 1,

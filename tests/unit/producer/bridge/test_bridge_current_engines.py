@@ -277,3 +277,22 @@ def test_token_ids_that_are_neither_ints_nor_pairs_are_refused_by_name(token_ids
     payload = encode(s["Batch"](1.0, [s["BlockStored"]([1], None, token_ids, 2, None, "GPU")], 0))
     with pytest.raises(BridgeDecodeError, match=needle):
         ZmqEventConverter("sglang").convert(payload)
+
+
+def test_an_empty_medium_is_the_default_one_not_a_new_tier() -> None:
+    """A medium named but empty is the default (GPU, level 0), as no medium is, on every path:
+    it used to become a new, slower tier (``new_medium.``), and the compiled reader declined it."""
+    s = engine_structs("vllm-0.34")
+    stored = s["BlockStored"]
+    named = [stored([191, 192], None, list(range(8)), 4, None, "", None, None), s["BlockRemoved"]([192], "")]
+    plain = [
+        stored([191, 192], None, list(range(8)), 4, None, None, None, None),
+        s["BlockRemoved"]([192], None),
+    ]
+    expected = ZmqEventConverter("vllm", window_size=16).convert(encode(s["Batch"](1.0, plain, 0)))
+    for conv in _converters():
+        assert conv.convert(encode(s["Batch"](1.0, named, 0))) == expected
+        assert not [k for k in conv.stats() if k.startswith("new_medium")]
+    compiled = ZmqEventConverter("vllm", window_size=16)
+    compiled.convert(encode(s["Batch"](1.0, named, 0)))
+    assert compiled.compiled_payloads == 1
