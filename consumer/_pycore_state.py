@@ -110,8 +110,13 @@ def import_state(self: PyIndexCore, state: IndexState) -> None:
         self._instance(i.instance_id).pending = list(i.pending_degraded)
     columns = _columns(state)
     engine, content, has_content, counts, holders = columns
-    pos = 0
+    pos, prev = 0, -1
     for n, e in enumerate(engine):
+        if e <= prev:  # the messages are the compiled core's
+            raise ValueError(f"corrupt index state: block hashes not strictly ascending at node {n}")
+        if not counts[n]:
+            raise ValueError(f"corrupt index state: node {n} has no holder")
+        prev = e
         node = self._nodes[e] = Node()
         if has_content[n]:
             self._set_content(e, node, content[n])

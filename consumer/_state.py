@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable
+from typing import Annotated, TypeVar
 
 import msgspec
+
+_T = TypeVar("_T")
 
 _join: Callable[[Iterable[bytes]], bytes]
 try:
@@ -53,25 +56,35 @@ MAX_REASONS = 8
 """A degraded worker keeps its first reasons; later gaps are only counted."""
 
 
+# The ranges a state's numbers may take: what the wire's limits let into an index
+# (schemas/limits.py) and what the compiled core's records hold. A state beyond them is corrupt,
+# and decoding says which field (rather than one core overflowing and the other loading it).
+_Int32 = Annotated[int, msgspec.Meta(ge=0, le=(1 << 31) - 1)]
+_Int64 = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+_Long = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+_U64 = Annotated[int, msgspec.Meta(ge=0)]  # msgpack holds no int above 2**64 - 1
+_Reasons = Annotated[list[str], msgspec.Meta(max_length=MAX_REASONS)]
+
+
 class WindowState(msgspec.Struct, array_like=True, frozen=True):
     """One (worker, window size) cache: the window size and its Created capacity, if any."""
 
-    window_size: int
-    capacity: list[int] | None
+    window_size: _Int32
+    capacity: Annotated[list[_Int32], msgspec.Meta(max_length=LEVEL_MAX + 1)] | None
 
 
 class WorkerState(msgspec.Struct, array_like=True, frozen=True):
     """A worker's replay cursor, split-event position and degraded status."""
 
     instance_id: str
-    rank: int
-    cursor: int | None
+    rank: _Int32
+    cursor: _Int64 | None
     last_created: bool
     session_fresh: bool
-    split_blocks: int
-    split_tail: int | None
-    degraded_reasons: list[str]
-    gaps: int
+    split_blocks: _Int64
+    split_tail: _U64 | None
+    degraded_reasons: _Reasons
+    gaps: _Int64
     windows: list[WindowState]
 
 
@@ -79,14 +92,14 @@ class InstanceState(msgspec.Struct, array_like=True, frozen=True):
     """An engine instance's producer session: current id, last sequence, retired ids."""
 
     instance_id: str
-    producer_id: int | None
-    sequence: int
-    retired: list[int]
-    attention_dp_size: int
-    retired_sequences: list[int] = []
+    producer_id: _Long | None
+    sequence: _Int64
+    retired: list[_Long]
+    attention_dp_size: Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
+    retired_sequences: list[_Int64] = []
     """The last sequence seen from each ``retired`` producer (format 2; format 1 lacks it, read
     as :data:`UNKNOWN_SEQUENCE`)."""
-    pending_degraded: list[tuple[str, int]] = []
+    pending_degraded: Annotated[list[tuple[str, _Int32]], msgspec.Meta(max_length=MAX_REASONS)] = []
     """Degradations of every rank below ``n`` that wait for ranks not seen yet: ``(reason, n)``
     (format 3; the formats before made a worker for every such rank instead)."""
 
@@ -154,6 +167,36 @@ def decode_state(data: bytes | bytearray | memoryview) -> IndexState:
             f"unsupported index state format version {got}; this reader knows {', '.join(map(str, READABLE_VERSIONS))}"
         )
     try:
-        return _DECODER.decode(view[5:])
+        state = _DECODER.decode(view[5:])
     except msgspec.DecodeError as exc:
         raise ValueError(f"corrupt index state: {exc}") from exc
+    _check_names(state)
+    return state
+
+
+def _check_names(state: IndexState) -> None:
+    """Each instance, worker and worker's window named once (a repeated one would be restored
+    twice over the same records: its blocks counted twice, and differently by each core)."""
+    instances = [i.instance_id for i in state.instances]
+    if len(set(instances)) != len(instances):
+        raise ValueError(f"corrupt index state: instance {_first_repeat(instances)!r} appears twice")
+    workers = [(w.instance_id, w.rank) for w in state.workers]
+    if len(set(workers)) != len(workers):
+        instance_id, rank = _first_repeat(workers)
+        raise ValueError(f"corrupt index state: worker {instance_id!r} rank {rank} appears twice")
+    for w in state.workers:
+        windows = [win.window_size for win in w.windows]
+        if len(set(windows)) != len(windows):
+            raise ValueError(
+                f"corrupt index state: worker {w.instance_id!r} rank {w.rank} has window size "
+                f"{_first_repeat(windows)} twice"
+            )
+
+
+def _first_repeat(items: list[_T]) -> _T:
+    seen: set[_T] = set()
+    for item in items:
+        if item in seen:
+            return item
+        seen.add(item)
+    raise AssertionError("no repeat")

@@ -105,7 +105,7 @@ class Checkpoint:
         """The index this checkpoint holds (``CheckpointError`` if its state is corrupt)."""
         try:
             return CacheIndex.from_bytes(self.index_state, core=core)
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:  # decode_state checks ranges; OverflowError is a fence
             raise CheckpointError(f"checkpoint of {self.topic!r}: {exc}") from exc
 
     @property

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 from _index_helpers import batch, created, stored
 from _index_model import TroubledProducer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvevents.consumer import CacheIndex, Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from kvevents.consumer._state import decode_state, encode_state
 from kvevents.consumer.checkpoint import MAGIC, decode_checkpoint, encode_checkpoint
 from kvevents.schemas import encode_batch
 
@@ -101,6 +103,18 @@ def test_a_corrupt_index_state_with_a_valid_checksum_is_a_clear_error() -> None:
     wrong_version = Checkpoint("t", {0: 1}, b"KVIX\x09")
     with pytest.raises(CheckpointError, match="unsupported index state format version 9"):
         decode_checkpoint(encode_checkpoint(wrong_version)).index()
+
+
+@pytest.mark.parametrize("core", ["python", "compiled"])
+def test_a_state_number_too_big_for_the_index_is_a_checkpoint_error_on_both_cores(core: str) -> None:
+    """A cursor past int64 in a checksum-valid checkpoint: the compiled core let OverflowError
+    escape ``Checkpoint.index()``, the pure one loaded it."""
+    state = decode_state(sample_index().to_bytes())
+    worker = msgspec.structs.replace(state.workers[0], cursor=2**64 - 1)
+    bad = encode_state(msgspec.structs.replace(state, workers=[worker, *state.workers[1:]]))
+    restored = decode_checkpoint(encode_checkpoint(Checkpoint("t", {0: 1}, bad)))
+    with pytest.raises(CheckpointError, match=r"checkpoint of 't': corrupt index state: Expected `int` <= "):
+        restored.index(core=core)
 
 
 @settings(

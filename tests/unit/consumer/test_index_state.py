@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from _index_helpers import batch, created, removed, stored, updated
 from kvevents.consumer import CacheIndex, WorkerKey
@@ -96,6 +97,61 @@ def test_holders_out_of_order_or_repeated_are_a_corrupt_state(core):
             ValueError, match="corrupt index state: holders of node 0 not in ascending slot order"
         ):
             CacheIndex.from_bytes(encode_state(state.__class__(**{**fields, "holders": bad})), core=core)
+
+
+def _with_worker(state, worker, **fields):
+    return msgspec.structs.replace(
+        state, workers=[msgspec.structs.replace(worker, **fields), *state.workers[1:]]
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("cursor", 2**64 - 1, r"Expected `int` <= 9223372036854775807 - at `\$.workers\[0\]\[2\]`"),
+        ("rank", 2**31, r"Expected `int` <= 2147483647 - at `\$.workers\[0\]\[1\]`"),
+        ("split_tail", -1, r"Expected `int` >= 0 - at `\$.workers\[0\]\[6\]`"),
+        ("gaps", -1, r"Expected `int` >= 0"),
+        ("degraded_reasons", ["gap"] * 9, r"Expected `array` of length <= 8"),
+    ],
+)
+def test_a_number_beyond_what_an_index_holds_is_a_corrupt_state_on_both_cores(core, field, value, message):
+    """Checked when decoding, for both cores alike: the compiled one used to let OverflowError
+    escape (not a ValueError, so not a CheckpointError), the pure one to load it."""
+    state = decode_state(populated(core).to_bytes())
+    bad = encode_state(_with_worker(state, state.workers[0], **{field: value}))
+    with pytest.raises(ValueError, match="corrupt index state: " + message):
+        CacheIndex.from_bytes(bad, core=core)
+
+
+def test_a_repeated_worker_window_or_instance_is_a_corrupt_state_on_both_cores(core):
+    """A name given twice would be restored twice over the same records (its blocks counted
+    twice, and differently by each core)."""
+    state = decode_state(populated(core).to_bytes())
+    first = state.workers[0]
+    window = first.windows[0]
+    cases = {
+        "worker 'i0' rank 0 appears twice": msgspec.structs.replace(state, workers=[first, *state.workers]),
+        "worker 'i0' rank 0 has window size 64 twice": _with_worker(state, first, windows=[window, window]),
+        "instance 'i0' appears twice": msgspec.structs.replace(state, instances=state.instances * 2),
+    }
+    for message, bad in cases.items():
+        with pytest.raises(ValueError, match=f"corrupt index state: {message}"):
+            CacheIndex.from_bytes(encode_state(bad), core=core)
+
+
+def test_node_hashes_out_of_order_or_without_holders_are_a_corrupt_state_on_both_cores(core):
+    state = decode_state(populated(core).to_bytes())
+    engine, counts = state.engine, state.holder_counts
+    repeated = engine[:8] + engine[:8] + engine[16:]
+    no_holder = bytes(4) + counts[4:]
+    cases = {
+        "block hashes not strictly ascending at node 1": {"engine": repeated},
+        "node 0 has no holder": {"holder_counts": no_holder, "holders": state.holders[4 * counts[0] :]},
+    }
+    for message, fields in cases.items():
+        with pytest.raises(ValueError, match=f"corrupt index state: {message}"):
+            CacheIndex.from_bytes(encode_state(msgspec.structs.replace(state, **fields)), core=core)
 
 
 def test_a_block_held_by_thousands_of_workers_round_trips_and_stays_editable(core):
