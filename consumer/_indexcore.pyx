@@ -165,7 +165,7 @@ from kvevents.schemas import (
     LimitError,
     decode_batch,
 )
-from kvevents.schemas.limits import DEFAULT_LIMITS, index_full, instances_full, workers_full
+from kvevents.schemas.limits import DEFAULT_LIMITS, check_worker_windows, index_full, instances_full, workers_full
 from kvevents.schemas.codec import SINGLE_OBJECT_HEADER, SINGLE_OBJECT_MAGIC, flat_variants
 
 from . import _reasons
@@ -323,8 +323,8 @@ cdef class IndexCore:
     cdef uint64_t *spec      # its content cache (_ingest.speculate), kept from call to call
     cdef FlatLimits lim
     cdef readonly object limits
-    cdef size_t max_caches
-    cdef size_t max_workers
+    cdef size_t max_caches, max_workers, max_windows_per_worker  # of limits (set_limits)
+    cdef uint32_t widest     # the most window caches one worker has had (check_room)
     # counters
     cdef int64_t c_batches_applied, c_batches_replayed, c_batches_stale, c_events_applied
     cdef int64_t c_events_duplicate, c_blocks_stored, c_blocks_removed, c_orphan_blocks
@@ -338,8 +338,7 @@ cdef class IndexCore:
         self.key_factory = key_factory
         self.limits = DEFAULT_LIMITS if limits is None else limits
         flat_limits(&self.lim, self.limits)
-        self.max_caches = self.limits.max_caches
-        self.max_workers = self.limits.max_workers
+        set_limits(self)
         core_reset(self)
         self.variants = flat_variants()
 

@@ -64,11 +64,11 @@ cdef int apply_flat(IndexCore self, const uint8_t *base, int status, const FlatE
     if self.last_inst_bytes is not None and length == len(self.last_inst_bytes) and \
             memcmp(name, PyBytes_AS_STRING(self.last_inst_bytes), length) == 0:
         inst = self.last_inst
-        check_room(self, inst)
+        check_room(self, inst, inst.instance_id)
     else:
         name_bytes = PyBytes_FromStringAndSize(<const char *>name, length)
         instance_id = name_bytes.decode("utf-8")
-        check_room(self, find_instance(self, instance_id))
+        check_room(self, find_instance(self, instance_id), instance_id)
         inst = instance_for(self, instance_id)
         self.last_inst_bytes = name_bytes
         self.last_inst = inst
@@ -98,7 +98,7 @@ cdef int apply_model(IndexCore self, batch) except -1:
     except (OverflowError, UnicodeEncodeError) as exc:
         raise LimitError(f"a value outside the schema's types: {exc}") from None
     flat_validate(self.fb, &self.lim)
-    check_room(self, find_instance(self, batch.instance_id))
+    check_room(self, find_instance(self, batch.instance_id), batch.instance_id)
     _apply_scratch(self, instance_for(self, batch.instance_id), self.fb.producer_id, self.fb.sequence,
                    self.fb.dp_size, self.fb.offset)
     return 0

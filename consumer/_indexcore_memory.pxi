@@ -97,6 +97,7 @@ cdef int core_reset(IndexCore self) except -1:
     self.epoch = 0
     self.qkeys_cap = 0
     self.multi_workers = 0
+    self.widest = 0
     self.templates = {}
     self.template_keys = 0
     self.c_batches_applied = self.c_batches_replayed = self.c_batches_stale = 0

@@ -29,6 +29,7 @@ ctypedef struct Worker:
     uint8_t session_fresh
     uint8_t has_split_tail
     uint32_t nactive     # active window caches (slots)
+    uint32_t nslots      # window caches it has had, active or not (the list at first_slot)
 
 ctypedef struct EngineId:
     uint64_t engine

@@ -186,7 +186,7 @@ cdef object import_core_state(IndexCore self, state):
         w.gaps = ws.gaps
         self.w_reasons[<uint32_t>widx] = list(ws.degraded_reasons)
         for win in ws.windows:
-            slot = slot_for(self, <uint32_t>widx, win.window_size, True)
+            slot = slot_new(self, <uint32_t>widx, win.window_size)  # each named once (decode_state)
             self.s_capacity[slot] = None if win.capacity is None else list(win.capacity)
             canon_list.append(slot)
     for i in state.instances:  # after the workers, which the state holds already degraded

@@ -70,6 +70,14 @@ cdef uint32_t slot_for(IndexCore self, uint32_t widx, int32_t window, bint creat
         slot = s.next_slot
     if not create:
         return KV_NIL
+    return slot_new(self, widx, window)
+
+
+cdef uint32_t slot_new(IndexCore self, uint32_t widx, int32_t window) except? 0xFFFFFFFE:
+    """A new active slot for (worker, window), which has none (``slot_for``; a restored state,
+    whose windows are each named once)."""
+    cdef Slot *s
+    cdef uint32_t slot
     if self.nslots > KV_SLOT_MASK:
         raise OverflowError(f"more than {KV_SLOT_MASK} (worker, window size) caches in one index")
     grow(<void **>&self.slots, &self.slots_cap, self.nslots + 1, sizeof(Slot))
@@ -82,6 +90,9 @@ cdef uint32_t slot_for(IndexCore self, uint32_t widx, int32_t window, bint creat
     s.active = 1
     s.next_slot = self.wrk[widx].first_slot
     self.wrk[widx].first_slot = slot
+    self.wrk[widx].nslots += 1
+    if self.wrk[widx].nslots > self.widest:
+        self.widest = self.wrk[widx].nslots
     count_active(self, widx, 1)
     self.nslots += 1
     self.s_capacity.append(None)
@@ -111,9 +122,10 @@ cdef _Instance find_instance(IndexCore self, str instance_id):
     return inst
 
 
-cdef int check_room(IndexCore self, _Instance inst) except -1:
+cdef int check_room(IndexCore self, _Instance inst, str instance_id) except -1:
     """IndexFullError unless the workers and caches the scratch batch names fit under
-    ``max_workers`` and ``max_caches`` (``inst`` None: not seen yet); cheap unless near them."""
+    ``max_workers``, ``max_caches`` and ``max_windows_per_worker`` (``inst``: the instance of
+    ``instance_id``, None when not seen yet); cheap unless near them."""
     cdef size_t k
     if self.nworkers + self.fb.nev + self.fb.ndrops > self.max_workers:
         ranks = {self.fb.ev[k].rank for k in range(self.fb.nev)}
@@ -123,7 +135,40 @@ cdef int check_room(IndexCore self, _Instance inst) except -1:
             raise workers_full(self.nworkers, adding, self.limits)
     if self.nslots + self.fb.nev > self.max_caches:
         check_capacity(self, inst)
+    # a batch adds at most max_windows_per_batch window sizes to a worker (flat_validate)
+    if self.widest + self.lim.max_windows_per_batch > self.max_windows_per_worker:
+        caches = batch_caches(self)
+        known = {rank: windows_of(self, inst, rank) for rank, _ in caches}
+        check_worker_windows(instance_id, caches, known.__getitem__, self.limits)
     return 0
+
+
+cdef int set_limits(IndexCore self) except -1:
+    """The lifetime caps of ``self.limits``, as C fields (``check_room``)."""
+    self.max_caches = self.limits.max_caches
+    self.max_workers = self.limits.max_workers
+    self.max_windows_per_worker = self.limits.max_windows_per_worker
+    return 0
+
+
+cdef list batch_caches(IndexCore self):
+    """The (rank, window) caches the scratch batch's Stored and Created events name."""
+    cdef size_t k
+    return [(self.fb.ev[k].rank, self.fb.ev[k].window) for k in range(self.fb.nev)
+            if self.fb.ev[k].kind == K_STORED or self.fb.ev[k].kind == K_CREATED]
+
+
+cdef object windows_of(IndexCore self, _Instance inst, int32_t rank):
+    """The window sizes worker (``inst``, ``rank``) has had caches for (empty: not seen yet)."""
+    found = None if inst is None else inst.workers.get(rank)
+    if found is None:
+        return ()
+    windows = set()
+    cdef uint32_t slot = self.wrk[<uint32_t>found].first_slot
+    while slot != KV_NIL:
+        windows.add(self.slots[slot].window)
+        slot = self.slots[slot].next_slot
+    return windows
 
 
 cdef int check_capacity(IndexCore self, _Instance inst) except -1:

@@ -24,13 +24,11 @@ from kvevents.schemas.limits import (
     DEFAULT_LIMITS,
     BatchLimits,
     check_batch,
-    index_full,
-    instances_full,
-    workers_full,
 )
 
 from . import _reasons
 from ._pycore_model import Instance, Node, Slot, Worker, add_pending, clamp_level, clamp_priority, retired_of
+from ._pycore_room import check_room
 from ._pycore_state import export_state, import_state
 from ._query_keys import U64_END, query_key
 from ._state import (
@@ -75,6 +73,7 @@ class PyIndexCore:
         self._instances: dict[str, Instance] = {}
         self._nworkers = 0
         self._slots: list[Slot] = []
+        self._widest = 0  # the most window caches a worker has had (check_room)
         self._nodes: dict[int, Node] = {}
         self._by_content: dict[int, set[int]] = {}
         self._counters = dict.fromkeys(COUNTER_NAMES, 0)
@@ -120,6 +119,7 @@ class PyIndexCore:
             raise OverflowError(f"more than {SLOT_MAX} (worker, window size) caches in one index")
         self._slots.append(Slot(w, window))
         w.slots[window] = slot
+        self._widest = max(self._widest, len(w.slots))
         return slot
 
     def _degrade(self, w: Worker, reason: str) -> None:
@@ -228,7 +228,7 @@ class PyIndexCore:
 
     def apply_batch(self, batch: EventBatch) -> None:
         check_batch(batch, self.limits)  # before anything changes: a rejected batch leaves no trace
-        self._check_capacity(batch)
+        check_room(self, batch)
         counters = self._counters
         inst = self._instance(batch.instance_id)
         pid, seq = batch.producer_id, batch.sequence
@@ -270,32 +270,6 @@ class PyIndexCore:
         for k, event in enumerate(batch.events):
             rank = event.attention_dp_rank or 0
             self._apply_event(self._worker(inst, rank), event, offset if k == 0 else 0)
-
-    def _check_capacity(self, batch: EventBatch) -> None:
-        """IndexFullError unless the batch's instance, the workers its events and drops name and
-        every (rank, window) cache its Stored and Created events name exist already or fit under
-        ``limits.max_instances``, ``max_workers`` and ``max_caches``."""
-        inst = self._instances.get(batch.instance_id)
-        if inst is None and len(self._instances) >= self.limits.max_instances:
-            raise instances_full(len(self._instances), self.limits)
-        if self._nworkers + len(batch.events) + len(batch.dropped) > self.limits.max_workers:
-            ranks = {event.attention_dp_rank or 0 for event in batch.events}
-            ranks.update(d.attention_dp_rank for d in batch.dropped if d.dropped_events > 0)
-            adding = len(ranks if inst is None else ranks - inst.workers.keys())
-            if self._nworkers + adding > self.limits.max_workers:
-                raise workers_full(self._nworkers, adding, self.limits)
-        held, top = len(self._slots), self.limits.max_caches
-        if held + len(batch.events) <= top:
-            return
-        new: set[tuple[int, int]] = set()
-        for event in batch.events:
-            if event.data.__class__ is KVCacheStoredData or event.data.__class__ is KVCacheCreatedData:
-                rank = event.attention_dp_rank or 0
-                w = None if inst is None else inst.workers.get(rank)
-                if w is None or event.window_size not in w.slots:
-                    new.add((rank, event.window_size))
-        if held + len(new) > top:
-            raise index_full(held, len(new), self.limits)
 
     def _session_conflict(self, inst: Instance, pid: int, seq: int) -> None:
         """A retired producer sent a new batch: two live producers share the instance id."""

@@ -11,6 +11,7 @@ an index over time, not one message: a batch that would take an index past one r
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from .errors import LimitError
@@ -24,8 +25,10 @@ __all__ = [
     "IndexFullError",
     "LimitError",
     "check_batch",
+    "check_worker_windows",
     "index_full",
     "instances_full",
+    "worker_windows_full",
     "workers_full",
 ]
 
@@ -69,6 +72,10 @@ class BatchLimits:
     """(worker, window size) caches one index keeps over its life, not per batch: every pair a
     Stored or Created event ever named takes one. A batch that could add more is rejected whole."""
 
+    max_windows_per_worker: int = 64
+    """Window sizes one worker keeps caches for over its life (every one a Stored or Created
+    event of it ever named, as ``max_caches``): engines use one to three; each more costs every
+    later event of the worker a step. A batch that could give a worker more is rejected whole."""
     max_instances: int = MAX_CACHES
     """Instance ids one index keeps over its life: every batch's ``instance_id`` takes one, an
     empty batch's too (27 bytes on the topic cost ~400 bytes of memory and of every checkpoint).
@@ -222,6 +229,41 @@ def workers_full(held: int, adding: int, limits: BatchLimits) -> IndexFullError:
         f"index full: the batch would add {adding} (instance, rank) workers to the {held} held, "
         f"over the limit {limits.max_workers} (BatchLimits.max_workers); nothing of it was applied"
     )
+
+
+def worker_windows_full(
+    instance_id: str, rank: int, held: int, adding: int, limits: BatchLimits
+) -> IndexFullError:
+    """The error for a batch that would give worker ``(instance_id, rank)``, with caches for
+    ``held`` window sizes, ``adding`` more."""
+    return IndexFullError(
+        f"index full: the batch would give worker {instance_id!r} rank {rank} {adding} more window "
+        f"sizes to the {held} it has, over the limit {limits.max_windows_per_worker} "
+        f"(BatchLimits.max_windows_per_worker); nothing of it was applied"
+    )
+
+
+def check_worker_windows(
+    instance_id: str,
+    caches: Iterable[tuple[int, int]],
+    windows_of: Callable[[int], Collection[int]],
+    limits: BatchLimits,
+) -> None:
+    """IndexFullError unless the ``(rank, window size)`` caches a batch's Stored and Created
+    events name (``caches``) leave every worker of ``instance_id`` within
+    ``limits.max_windows_per_worker``; ``windows_of(rank)``: the window sizes it has caches for
+    (both cores; the lowest offending rank is named)."""
+    known: dict[int, Collection[int]] = {}
+    new: dict[int, set[int]] = {}
+    for rank, window in caches:
+        windows = known.get(rank)
+        if windows is None:
+            windows = known[rank] = windows_of(rank)
+        if window not in windows:
+            new.setdefault(rank, set()).add(window)
+    for rank in sorted(new):
+        if len(known[rank]) + len(new[rank]) > limits.max_windows_per_worker:
+            raise worker_windows_full(instance_id, rank, len(known[rank]), len(new[rank]), limits)
 
 
 def index_full(held: int, adding: int, limits: BatchLimits) -> IndexFullError:

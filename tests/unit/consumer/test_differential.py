@@ -92,8 +92,11 @@ def test_both_cores_raise_together_and_end_in_the_same_state(data: st.DataObject
 )
 @given(st.data())
 def test_both_cores_agree_when_the_index_fills_up(data: st.DataObject) -> None:
-    """A cache cap the stream reaches: both cores reject the same batches whole (IndexFullError)."""
-    limits = BatchLimits(max_caches=data.draw(st.integers(1, 6), label="max_caches"))
+    """Cache caps the stream reaches (the index's, a worker's window sizes): both cores reject
+    the same batches whole (IndexFullError)."""
+    max_caches = data.draw(st.integers(1, 6), label="max_caches")
+    windows = data.draw(st.integers(1, 6), label="max_windows_per_worker")
+    limits = BatchLimits(max_caches=max_caches, max_windows_per_worker=windows)
     compiled, python = CacheIndex(core="compiled", limits=limits), CacheIndex(core="python", limits=limits)
     compare(data, compiled, python, every=True)
 

@@ -133,9 +133,10 @@ def test_the_cap_is_what_the_state_format_can_number() -> None:
 @pytest.mark.slow
 def test_the_compiled_core_fills_all_2_20_caches_then_rejects_the_next_batch_whole() -> None:
     """The default cap for real (the pure core, ten times the memory, is held to the same rule at
-    small caps above): 64 valid batches of 1,024 ranks x 16 windows, then one more cache."""
+    small caps above): 64 valid batches of 1,024 ranks x 16 windows, then one more cache (each
+    rank has 1,024 window sizes by then: the per-worker cap is raised to let them)."""
     dp, windows = 1024, 16
-    index = CacheIndex(core="compiled")
+    index = CacheIndex(core="compiled", limits=BatchLimits(max_windows_per_worker=1024))
     for seq in range(MAX_CACHES // (dp * windows)):
         events = [
             KVCacheEvent(seq * windows + k, KVCacheStoredData(None, []), seq * windows + k + 1, rank)
@@ -150,3 +151,30 @@ def test_the_compiled_core_fills_all_2_20_caches_then_rejects_the_next_batch_who
         with pytest.raises(IndexFullError, match=f"to the {MAX_CACHES} held"):
             feed(EventBatch("big", [last], attention_dp_size=dp, sequence=64))
     assert index.to_bytes() == before and index.stats().counters == counters
+
+
+def test_a_worker_past_its_window_sizes_gets_the_batch_rejected_whole(
+    core: str, feed: Callable[[CacheIndex, EventBatch], None]
+) -> None:
+    """``max_windows_per_worker``: each window size a worker ever had costs every later event of
+    it a step of the compiled core's walk (65k of them made a 66-byte batch cost 317 µs), so a
+    worker past the cap gets the batch rejected whole; other workers and known windows go on."""
+    index = CacheIndex(core=core, limits=BatchLimits(max_windows_per_worker=3))
+    feed(index, batch([stored(k, [10 + k], window=64 * (k + 1)) for k in range(3)], 0, dp=2))
+    error = _rejected(index, feed, batch([stored(3, [20], window=256)], 1, dp=2))
+    assert "worker 'i0' rank 0 1 more window sizes to the 3 it has" in error
+    assert "max_windows_per_worker" in error
+    # rank 1 has room; a batch giving rank 0 a fourth and rank 1 a first names rank 0 only
+    both = batch([stored(3, [21], window=512, rank=1), stored(3, [22], window=256)], 1, dp=2)
+    assert "rank 0 1 more" in _rejected(index, feed, both)
+    feed(index, batch([stored(0, [23], window=512, rank=1)], 1, dp=2))
+    # a Created event retires the worker's caches; its old window sizes still count, re-creating
+    # one takes no new
+    feed(index, batch([created(3, window=64), stored(4, [24], window=128)], 2, dp=2))
+    assert set(index.worker_stats(WorkerKey("i0", 0)).windows) == {64, 128}
+    _rejected(index, feed, batch([created(5, window=1024)], 3, dp=2))
+    # a new instance past it in its first batch leaves no trace of itself
+    _rejected(
+        index, feed, batch([stored(k, [30 + k], window=8 * (k + 1)) for k in range(4)], 0, instance="new")
+    )
+    assert {key.instance_id for key in index.workers()} == {"i0"}
