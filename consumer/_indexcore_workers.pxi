@@ -135,12 +135,33 @@ cdef int check_room(IndexCore self, _Instance inst, str instance_id) except -1:
             raise workers_full(self.nworkers, adding, self.limits)
     if self.nslots + self.fb.nev > self.max_caches:
         check_capacity(self, inst)
-    # a batch adds at most max_windows_per_batch window sizes to a worker (flat_validate)
-    if self.widest + self.lim.max_windows_per_batch > self.max_windows_per_worker:
+    if self.widest + self.lim.max_windows_per_batch > self.max_windows_per_worker and \
+            near_window_cap(self, inst):
         caches = batch_caches(self)
         known = {rank: windows_of(self, inst, rank) for rank, _ in caches}
         check_worker_windows(instance_id, caches, known.__getitem__, self.limits)
     return 0
+
+
+cdef bint near_window_cap(IndexCore self, _Instance inst) except -1:
+    """Whether a worker the scratch batch's Stored or Created events name could pass
+    ``max_windows_per_worker`` with it: a batch adds at most ``max_windows_per_batch`` window
+    sizes to one (flat_validate). So the workers of one that has many cost a loop, not the
+    Python check."""
+    cdef size_t k
+    cdef int64_t last_rank = -1
+    cdef uint32_t had
+    cdef SEvent *e
+    for k in range(self.fb.nev):
+        e = &self.fb.ev[k]
+        if (e.kind != K_STORED and e.kind != K_CREATED) or e.rank == last_rank:
+            continue
+        last_rank = e.rank
+        found = None if inst is None else inst.workers.get(e.rank)
+        had = 0 if found is None else self.wrk[<uint32_t>found].nslots
+        if had + self.lim.max_windows_per_batch > self.max_windows_per_worker:
+            return True
+    return False
 
 
 cdef int set_limits(IndexCore self) except -1:

@@ -178,3 +178,23 @@ def test_a_worker_past_its_window_sizes_gets_the_batch_rejected_whole(
         index, feed, batch([stored(k, [30 + k], window=8 * (k + 1)) for k in range(4)], 0, instance="new")
     )
     assert {key.instance_id for key in index.workers()} == {"i0"}
+
+
+def test_the_window_cap_is_checked_for_every_worker_of_a_batch(
+    core: str, feed: Callable[[CacheIndex, EventBatch], None]
+) -> None:
+    """With few window sizes per batch, only a worker near the cap is looked at: one far from it
+    first in the batch does not hide one near it after."""
+    index = CacheIndex(core=core, limits=BatchLimits(max_windows_per_worker=6, max_windows_per_batch=2))
+    for k in range(3):
+        feed(
+            index,
+            batch([stored(2 * k + j, [10 * k + j], window=8 * (2 * k + j + 1)) for j in range(2)], k, dp=2),
+        )
+    feed(index, batch([stored(0, [100], window=8, rank=1)], 3, dp=2))  # rank 1 far from it: applies
+    mixed = batch(
+        [stored(1, [101], window=64, rank=1), stored(6, [102], window=64), stored(7, [103], window=72)],
+        4,
+        dp=2,
+    )
+    assert "rank 0 2 more window sizes to the 6 it has" in _rejected(index, feed, mixed)
