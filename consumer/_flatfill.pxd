@@ -5,7 +5,7 @@
 
 from cpython cimport array as carray
 from cpython.bytes cimport PyBytes_AS_STRING
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from kvevents.consumer._kvh64 cimport Kvh64, kvh64_salt
@@ -29,6 +29,7 @@ cdef inline int fill_block(FlatBatch *fb, object block, const Kvh64 *kvh) except
     cdef Py_ssize_t n = len(tokens), i
     cdef bytes key_hash
     cdef bytes salt
+    cdef int32_t offset  # an Avro int: OverflowError past it (apply_model: LimitError)
     flat_grow(<void **>&fb.blk, &fb.blk_cap, fb.nblk + 1, sizeof(FlatBlock))
     flat_grow(<void **>&fb.tok, &fb.tok_cap, fb.ntok + n, sizeof(uint32_t))
     b = &fb.blk[fb.nblk]
@@ -61,7 +62,8 @@ cdef inline int fill_block(FlatBatch *fb, object block, const Kvh64 *kvh) except
             raise ValueError(f"block {block.block_hash}: a multimodal key hash must be 32 bytes")
         flat_grow(<void **>&fb.mm, &fb.mm_cap, fb.nmm + 5, sizeof(uint64_t))
         memcpy(&fb.mm[fb.nmm], PyBytes_AS_STRING(key_hash), 32)
-        fb.mm[fb.nmm + 4] = <uint32_t>(<int64_t>key_offset & 0xFFFFFFFF)
+        offset = key_offset
+        fb.mm[fb.nmm + 4] = <uint32_t>offset
         fb.nmm += 5
         b.nmm += 1
     if block.cache_salt is not None:
@@ -76,6 +78,7 @@ cdef inline int fill_event(FlatBatch *fb, object event, const Kvh64 *kvh, tuple 
     """Append one ``KVCacheEvent`` (and its blocks or values) to ``fb``; ``kinds``: the Stored,
     Removed, Updated and Created data classes."""
     cdef FlatEvent *e
+    cdef int32_t level
     flat_grow(<void **>&fb.ev, &fb.ev_cap, fb.nev + 1, sizeof(FlatEvent))
     e = &fb.ev[fb.nev]
     memset(e, 0, sizeof(FlatEvent))
@@ -122,7 +125,8 @@ cdef inline int fill_event(FlatBatch *fb, object event, const Kvh64 *kvh, tuple 
         e = &fb.ev[fb.nev]
         e.first = <uint32_t>fb.nvals
         for v in levels:
-            fb.vals[fb.nvals] = v
+            level = v  # an Avro int: OverflowError past it (apply_model: LimitError)
+            fb.vals[fb.nvals] = level
             fb.nvals += 1
         e.count = <uint32_t>(fb.nvals - e.first)
     else:

@@ -165,7 +165,8 @@ from kvevents.schemas import (
     LimitError,
     decode_batch,
 )
-from kvevents.schemas.limits import DEFAULT_LIMITS, check_worker_windows, index_full, instances_full, workers_full
+from kvevents.schemas.limits import (DEFAULT_LIMITS, check_no_bools, check_worker_windows, index_full,
+                                     instances_full, workers_full)
 from kvevents.schemas.codec import SINGLE_OBJECT_HEADER, SINGLE_OBJECT_MAGIC, flat_variants
 
 from . import _reasons

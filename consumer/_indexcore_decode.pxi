@@ -98,6 +98,7 @@ cdef int apply_model(IndexCore self, batch) except -1:
     except (OverflowError, UnicodeEncodeError) as exc:
         raise LimitError(f"a value outside the schema's types: {exc}") from None
     flat_validate(self.fb, &self.lim)
+    check_no_bools(batch)  # as check_batch: the fill above reads True as 1
     check_room(self, find_instance(self, batch.instance_id), batch.instance_id)
     _apply_scratch(self, instance_for(self, batch.instance_id), self.fb.producer_id, self.fb.sequence,
                    self.fb.dp_size, self.fb.offset)

@@ -25,6 +25,7 @@ __all__ = [
     "IndexFullError",
     "LimitError",
     "check_batch",
+    "check_no_bools",
     "check_worker_windows",
     "index_full",
     "instances_full",
@@ -122,6 +123,30 @@ def _non_negative(value: int, what: str, top: int = _I64) -> None:
         raise LimitError(f"{what}: {value} is outside the schema's range")
 
 
+def check_no_bools(batch: EventBatch) -> None:
+    """LimitError for a bool where ``batch`` (model objects: the wire has no bools) has an int
+    that an index keeps as it is: its session numbers, an event's id, window size and rank, a
+    Created event's capacities, a drop count. ``True`` is an ``int`` to Python, but a state
+    holding one is not an index state (both cores refuse it alike)."""
+    for name in ("producer_id", "sequence", "attention_dp_size"):
+        _not_bool(getattr(batch, name), name)
+    for i, drops in enumerate(batch.dropped):
+        _not_bool(drops.attention_dp_rank, f"dropped[{i}].attention_dp_rank")
+        _not_bool(drops.dropped_events, f"dropped[{i}].dropped_events")
+    for i, event in enumerate(batch.events):
+        _not_bool(event.event_id, f"events[{i}].event_id")
+        _not_bool(event.window_size, f"events[{i}].window_size")
+        _not_bool(event.attention_dp_rank, f"events[{i}].attention_dp_rank")
+        if isinstance(event.data, KVCacheCreatedData):
+            for k, blocks in enumerate(event.data.num_blocks_per_cache_level):
+                _not_bool(blocks, f"events[{i}].data.num_blocks_per_cache_level[{k}]")
+
+
+def _not_bool(value: object, what: str) -> None:
+    if value.__class__ is bool:
+        raise LimitError(f"{what}: {value!r} is a bool, where the schema has an int")
+
+
 def _fits(value: int, low: int, high: int, what: str) -> None:
     """A value of a model object (not read from bytes) within its Avro type."""
     if not low <= value <= high:
@@ -194,6 +219,7 @@ def check_batch(batch: EventBatch, limits: BatchLimits = DEFAULT_LIMITS) -> None
             )
         _non_negative(drops.dropped_events, f"dropped[{i}].dropped_events")
     _at_most(len(batch.events), limits.max_events, "events", "max_events")
+    check_no_bools(batch)
     windows: set[int] = set()
     for i, event in enumerate(batch.events):
         where = f"events[{i}]"

@@ -14,6 +14,7 @@ from kvevents.schemas import (
     BatchLimits,
     DecodeError,
     EventBatch,
+    KVCacheCreatedData,
     KVCacheEvent,
     KVCacheStoredBlockData,
     KVCacheStoredData,
@@ -136,6 +137,30 @@ def test_the_model_path_rejects_values_outside_the_schema(core: str) -> None:
     with pytest.raises(LimitError):
         index.apply(EventBatch("\ud800", []))
     assert index.workers() == []
+
+
+def test_the_model_path_rejects_ints_past_their_avro_type_and_bools_on_both_cores(core: str) -> None:
+    """Model objects can hold what no Avro message can: the compiled core took a capacity past
+    int32 and a multimodal offset of 2**40 (hashing it as 0) that the pure core refused, and the
+    pure core kept a True window size and rank that its own to_bytes then wrote as a bool."""
+    index = CacheIndex(core=core)
+    stored_mm = KVCacheStoredData(None, [_block_with(mm_keys=((b"k" * 32, 2**40),))])
+    hostile = {
+        "capacity past int32": [KVCacheEvent(0, KVCacheCreatedData([2**31]), 64)],
+        "offset past int32": [KVCacheEvent(0, stored_mm, 64)],
+        "a bool window": [KVCacheEvent(0, KVCacheCreatedData([4]), True)],
+        "a bool rank": [KVCacheEvent(0, KVCacheCreatedData([4]), 64, True)],
+        "a bool event id": [KVCacheEvent(False, KVCacheCreatedData([4]), 64)],
+        "a bool capacity": [KVCacheEvent(0, KVCacheCreatedData([True]), 64)],
+    }
+    for what, events in hostile.items():
+        with pytest.raises(LimitError):
+            index.apply(EventBatch("i", events, attention_dp_size=2))
+        assert index.workers() == [], what
+    with pytest.raises(
+        LimitError, match=r"events\[0\].window_size: True is a bool, where the schema has an int"
+    ):
+        index.apply(EventBatch("i", hostile["a bool window"]))
 
 
 def test_a_block_alone_at_the_limits_is_accepted(core: str) -> None:
