@@ -53,6 +53,7 @@ from kvevents.schemas import WIDE_TOKEN_ID, KVCacheStoredBlockData, MmKey
 __all__ = [
     "ROOT_CONTENT_HASH",
     "block_content_hash",
+    "check_token_query",
     "content_hash_of_block",
     "content_hashes_for_tokens",
     "salt_hash",
@@ -60,6 +61,7 @@ __all__ = [
 
 _MASK = (1 << 64) - 1
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+_U64_MAX = (1 << 64) - 1
 K1 = 0x9E3779B97F4A7C15
 K2 = 0xBF58476D1CE4E5B9
 K3 = 0x94D049BB133111EB
@@ -164,6 +166,27 @@ def _widened(tokens: Sequence[int], extras: Sequence[int] | None) -> tuple[list[
     return ids, out
 
 
+def check_token_query(
+    lora_id: int | None, token_extra_ids: Sequence[int] | None, mm_keys: Sequence[Sequence[MmKey]] | None
+) -> None:
+    """ValueError naming a query argument outside what a stored block can carry (a LoRA id or an
+    extra id outside 0..2**64-1, a multimodal offset outside int32), instead of hashing it
+    wrapped: ``-1`` hashed as ``2**64 - 1``, ``2**64`` as 0."""
+    if lora_id is not None and not 0 <= lora_id <= _U64_MAX:
+        raise ValueError(f"lora_id {lora_id} is outside 0..2**64-1")
+    if (
+        token_extra_ids is not None
+        and len(token_extra_ids)
+        and not (min(token_extra_ids) >= 0 and max(token_extra_ids) <= _U64_MAX)
+    ):
+        bad = next(k for k, v in enumerate(token_extra_ids) if not 0 <= v <= _U64_MAX)
+        raise ValueError(f"token_extra_ids[{bad}] {token_extra_ids[bad]} is outside 0..2**64-1")
+    for b, keys in enumerate(mm_keys or ()):
+        for k, (_, offset) in enumerate(keys):
+            if not _I32_MIN <= offset <= _I32_MAX:
+                raise ValueError(f"mm_keys[{b}][{k}] start offset {offset} is outside int32")
+
+
 def content_hashes_for_tokens(
     tokens: Sequence[int],
     block_size: int,
@@ -185,6 +208,7 @@ def content_hashes_for_tokens(
         raise ValueError(f"block_size must be positive, got {block_size}")
     if token_extra_ids is not None and len(token_extra_ids) != len(tokens):
         raise ValueError(f"token_extra_ids has {len(token_extra_ids)} ids for {len(tokens)} tokens")
+    check_token_query(lora_id, token_extra_ids, mm_keys)
     if any(not _I32_MIN <= t <= _I32_MAX for t in tokens):
         tokens, token_extra_ids = _widened(tokens, token_extra_ids)
     hashes: list[int] = []

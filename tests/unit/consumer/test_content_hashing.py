@@ -142,3 +142,33 @@ def test_a_wide_token_hashes_as_the_bridge_stores_it(core: str) -> None:
     assert index.content_hashes([1, 2, WIDE_TOKEN_ID, 3], 2)[1] != stored[1]
     with pytest.raises(ValueError, match="token 2 is wider than 32 bits and has an extra id"):
         content_hashes_for_tokens(raw, 2, token_extra_ids=[0, 0, 9, 0])
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"lora_id": 2**64}, r"lora_id 18446744073709551616 is outside 0\.\.2\*\*64-1"),
+        ({"lora_id": -1}, r"lora_id -1 is outside"),
+        ({"token_extra_ids": [0, -1, 0, 0]}, r"token_extra_ids\[1\] -1 is outside 0\.\.2\*\*64-1"),
+        ({"token_extra_ids": [0, 0, 0, 2**64]}, r"token_extra_ids\[3\] 18446744073709551616 is outside"),
+        (
+            {"mm_keys": [[(bytes(32), 0)], [(bytes(32), 2**40)]]},
+            r"mm_keys\[1\]\[0\] start offset 1099511627776",
+        ),
+    ],
+)
+def test_a_query_argument_no_stored_block_can_carry_is_refused_not_wrapped(
+    core: str, arguments, message
+) -> None:
+    """Both cores hashed lora_id 2**64 as 0, -1 as 2**64-1 (an extra id too) and an offset of
+    2**40 as 0: a query that matched blocks it does not describe."""
+    index = CacheIndex(core=core)
+    with pytest.raises(ValueError, match=message):
+        index.content_hashes([1, 2, 3, 4], 2, **arguments)
+    with pytest.raises(ValueError, match=message):
+        index.find_matches_for_tokens([1, 2, 3, 4], 2, **arguments)
+    with pytest.raises(ValueError, match=message):
+        content_hashes_for_tokens([1, 2, 3, 4], 2, **arguments)
+    assert index.content_hashes([1, 2, 3, 4], 2, lora_id=2**64 - 1, token_extra_ids=[2**64 - 1] * 4) == (
+        content_hashes_for_tokens([1, 2, 3, 4], 2, 2**64 - 1, token_extra_ids=[2**64 - 1] * 4)
+    )
