@@ -80,3 +80,5 @@ cdef int begin_write(IndexCore self) except -1:
 
 cdef inline void end_write(IndexCore self) noexcept:
     self.writing -= 1
+    if self.writing == 0 and not self.applying:
+        scratch_trim(self)

@@ -75,6 +75,7 @@ cdef extern from *:
 cdef enum:
     # mixed into a touched set's signature: the key of that set's last template (any run)
     SHAPE = 0x53484150  # "SHAP"
+    QKEYS_KEEP = 1 << 16  # query keys whose scratch a query leaves allocated (512 KiB)
 
 
 cdef Py_ssize_t load_query_keys(IndexCore self, object hashes) except -1:
@@ -101,6 +102,18 @@ cdef Py_ssize_t load_query_keys(IndexCore self, object hashes) except -1:
             break
         i += 1
     return n
+
+
+cdef inline void query_done(IndexCore self) noexcept:
+    """After a query (its lock still held): the caller's list let go (it was kept only while
+    read lazily), and a key scratch grown past QKEYS_KEEP by a huge query returned; one query
+    of 10**7 keys kept them both, ~160 MB, until the next."""
+    self.qlist = None
+    self.qbad_key = None
+    if self.qkeys_cap > QKEYS_KEEP:
+        PyMem_Free(self.qkeys)
+        self.qkeys = NULL
+        self.qkeys_cap = 0
 
 
 cdef inline bint query_key_or_mark(IndexCore self, Py_ssize_t i, object key) except -1:
@@ -522,6 +535,7 @@ cdef list slot_runs(IndexCore self, hashes, bint by_content, window, int max_lev
         out.sort()
         return out
     finally:
+        query_done(self)
         runlock(self)
 
 
@@ -538,6 +552,7 @@ cdef Py_ssize_t read_query_keys(IndexCore self, hashes) except -1:
             k += QGROUP
         return min(n, self.qbad)
     finally:
+        query_done(self)
         runlock(self)
 
 
@@ -571,4 +586,5 @@ cdef dict worker_counts(IndexCore self, hashes, bint by_content, window, int max
             return counts_from_template(self, t, setsig ^ (<uint64_t>self.q_mode * KVH.k1), self.q_mode)
         return build_counts(self, t)
     finally:
+        query_done(self)
         runlock(self)
