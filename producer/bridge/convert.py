@@ -25,11 +25,12 @@ from kvevents.schemas import (
     KVCacheStoredData,
     KVCacheUpdatedData,
 )
+from kvevents.schemas.limits import DEFAULT_LIMITS
 
 from ..mm_keys import mm_key_from_text
 from .fastwire import fast_convert, fast_parse
 from .groups import SKIPPED_GROUP, skips_group
-from .hashes import DEFAULT_MEDIUM_LEVELS, WireError, lora_id_for_name
+from .hashes import DEFAULT_MEDIUM_LEVELS, MAX_MEDIA, NEW_MEDIUM_LEVEL_MAX, WireError, lora_id_for_name
 from .tiers import TierMap
 from .wire import BridgeDecodeError, ParsedBatch, RawRemoved, RawStored, WireCounts, parse_payload
 
@@ -73,7 +74,8 @@ __all__ = ["ENGINES", "ZmqEventConverter"]
 
 ENGINES = ("vllm", "sglang")
 _HEX64 = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
-_MAX_LEVEL = 2**31 - 1
+_MAX_MM_KEYS = DEFAULT_LIMITS.max_mm_keys_per_block
+_MAX_EXTRA_KEYS = _MAX_MM_KEYS + 2  # and a LoRA name and a salt
 
 
 class ZmqEventConverter:
@@ -149,9 +151,7 @@ class ZmqEventConverter:
         except WireError as exc:
             raise BridgeDecodeError(str(exc)) from None
         if counts is not None:
-            self.wire_counts.unknown_tags.update(counts.unknown_tags)
-            self.wire_counts.unknown_fields.update(counts.unknown_fields)
-            self.wire_counts.not_local.update(counts.not_local)
+            self.wire_counts.merge(counts)
         self.counts["payloads"] += 1
         self.last_batch_ts = parsed.ts
         self.counts["events_out"] += len(events)
@@ -202,7 +202,7 @@ class ZmqEventConverter:
         conv.next_event_id = {int(k): int(v) for k, v in state["next_event_id"].items()}
         conv.tiers = TierMap.from_state(state["tiers"])
         conv.group_windows = {int(k): int(v) for k, v in state["group_windows"].items()}
-        conv.media = {str(k): int(v) for k, v in state["media"].items()}
+        conv.media = {str(k): min(int(v), NEW_MEDIUM_LEVEL_MAX) for k, v in state["media"].items()}
         return conv
 
     # -- conversion --------------------------------------------------------------------
@@ -248,8 +248,12 @@ class ZmqEventConverter:
         level = self.media.get(medium)
         if level is None:
             level = self.media.get(medium.upper())
+        if level is None and len(self.media) >= MAX_MEDIA:
+            if commit:
+                self.counts["new_medium.(past MAX_MEDIA)"] += 1
+            return NEW_MEDIUM_LEVEL_MAX
         if level is None:
-            level = min(max(self.media.values(), default=0) + 1, _MAX_LEVEL)
+            level = min(max(self.media.values(), default=0) + 1, NEW_MEDIUM_LEVEL_MAX)
             if commit:
                 self.media[medium] = level
                 self.counts[f"new_medium.{medium[:32]}"] += 1
@@ -375,6 +379,11 @@ class ZmqEventConverter:
             return (), None
         if not isinstance(keys, list):
             keys = [keys]
+        if len(keys) > _MAX_EXTRA_KEYS:  # refused before anything is built from them
+            raise WireError(
+                f"a block's extra_keys has {len(keys)} entries: more than the {_MAX_MM_KEYS} multimodal "
+                f"keys a consumer takes (BatchLimits.max_mm_keys_per_block), a LoRA name and a salt"
+            )
         mm: list[tuple[bytes, int]] = []
         salts: list[str] = []
         last_text = max((k for k, key in enumerate(keys) if isinstance(key, str)), default=-1)
@@ -409,6 +418,10 @@ class ZmqEventConverter:
             else:
                 self.counts["extra_keys_skipped"] += 1
         self.counts["extra_keys_skipped"] += max(0, len(salts) - 1)  # one salt per block is kept
+        if len(mm) > _MAX_MM_KEYS:
+            raise WireError(
+                f"a block has {len(mm)} multimodal keys: more than the {_MAX_MM_KEYS} a consumer takes"
+            )
         return tuple(mm), (salts[0] if salts else None)
 
     def _emit_stored(

@@ -14,6 +14,8 @@ from kvevents._brief import brief
 
 __all__ = [
     "DEFAULT_MEDIUM_LEVELS",
+    "MAX_MEDIA",
+    "NEW_MEDIUM_LEVEL_MAX",
     "U64_MASK",
     "WireError",
     "fold_hash",
@@ -36,6 +38,13 @@ DEFAULT_MEDIUM_LEVELS: dict[str, int] = {
     "REMOTE": 3,
 }
 """Engine ``medium`` -> kvevents ``cache_level`` (0 = GPU, the best tier; higher = slower)."""
+NEW_MEDIUM_LEVEL_MAX = 15
+"""The highest level a medium the bridge learns gets (the next after the highest known): the
+index keeps levels 0..15 apart (``LEVEL_MAX``) and counts higher ones as 15."""
+MAX_MEDIA = 64
+"""Medium names a converter learns; a name past them takes ``NEW_MEDIUM_LEVEL_MAX`` unlearned
+(a stream of ever new names made each one cost a scan of the learned ones, and levels, and the
+tier map's masks, grow without bound)."""
 
 
 class WireError(ValueError):

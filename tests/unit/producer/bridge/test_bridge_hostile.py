@@ -234,3 +234,53 @@ def test_a_damaged_bridge_state_file_is_a_value_error_naming_it(
     with pytest.raises(ValueError, match=re.escape(needle)) as caught:
         load_state(path, "vllm")
     assert str(path) in str(caught.value)
+
+
+def _vllm_batch(events: list) -> bytes:
+    return msgspec.msgpack.encode([1.0, events])
+
+
+def test_ever_new_media_stop_at_the_index_s_top_level_and_a_bounded_table() -> None:
+    """Each unseen medium took the level after the highest known and was learned for good: a
+    stream of new names cost a scan of all of them each (quadratic), and levels (the tier map's
+    masks, 1 << level each) grew without bound."""
+    from kvevents.producer.bridge.hashes import DEFAULT_MEDIUM_LEVELS, MAX_MEDIA, NEW_MEDIUM_LEVEL_MAX
+
+    conv = ZmqEventConverter("vllm")
+    conv.convert(_vllm_batch([["BlockStored", [7], None, [1, 2], 2, None, "GPU", None]]))
+    levels = []
+    for k in range(3 * MAX_MEDIA):
+        events = conv.convert(_vllm_batch([["BlockStored", [7], None, [1, 2], 2, None, f"TIER{k}", None]]))
+        levels += [e.data.cache_level.new_value for e in events if hasattr(e.data, "cache_level")]
+        conv.convert(_vllm_batch([["BlockRemoved", [7], f"TIER{k}"]]))
+    assert len(conv.media) == MAX_MEDIA
+    assert max(conv.media.values()) == NEW_MEDIUM_LEVEL_MAX == 15
+    past = 3 * MAX_MEDIA - (MAX_MEDIA - len(DEFAULT_MEDIUM_LEVELS))  # names never learned
+    assert conv.stats()["new_medium.(past MAX_MEDIA)"] == 2 * past  # each stored and removed
+    assert conv.tiers.level(0, 7) == 0 and levels == []  # GPU holds it throughout: no level change
+    assert max(conv.tiers.held.values()).bit_length() <= NEW_MEDIUM_LEVEL_MAX + 1
+
+
+def test_a_block_with_more_extra_keys_than_a_consumer_takes_is_refused_before_they_are_built() -> None:
+    conv = ZmqEventConverter("vllm")
+    keys = [[f"{k:064x}", 0] for k in range(300)]
+    payload = _vllm_batch([["BlockStored", [7], None, [1, 2], 2, None, "GPU", None, [keys]]])
+    with pytest.raises(BridgeDecodeError, match="extra_keys has 300 entries: more than the 256"):
+        conv.convert(payload)
+    assert len(conv.tiers) == 0
+    ok = _vllm_batch([["BlockStored", [7], None, [1, 2], 2, None, "GPU", None, [keys[:256]]]])
+    [event] = conv.convert(ok)
+    assert len(event.data.blocks[0].mm_keys) == 256
+
+
+def test_unknown_field_names_are_counted_under_bounded_names() -> None:
+    from kvevents.producer.bridge.wire import COUNT_NAME_CHARS, COUNT_NAMES
+
+    conv = ZmqEventConverter("vllm")
+    for k in range(COUNT_NAMES + 50):
+        name = f"field_{k}_" + "x" * 200
+        conv.convert(msgspec.msgpack.encode({"ts": 1.0, "events": [], name: 1}))
+    unknown = conv.wire_counts.unknown_fields
+    assert len(unknown) == COUNT_NAMES + 1 and unknown["(other names)"] == 50
+    assert max(len(name) for name in unknown) <= COUNT_NAME_CHARS
+    assert sum(unknown.values()) == COUNT_NAMES + 50
