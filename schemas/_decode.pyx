@@ -61,6 +61,7 @@ cdef struct Reader:
     Py_ssize_t event
     Py_ssize_t block
     Py_ssize_t item
+    bint no_snapshot     # a v1 body: Created events have no snapshot flag (read as False)
 
 # Fields, for error messages: (where the field is, its name).
 cdef enum Field:
@@ -517,7 +518,7 @@ cdef object _read_data(Reader* r):
         priority = _read_diff(r, F_UPDATED_PRIORITY, F_PRIORITY_OLD, F_PRIORITY_NEW)
         return _Updated(PyLong_FromUnsignedLongLong(<uint64_t>block_hash), cache_level, priority)
     levels = _read_ints(r, F_LEVELS)
-    return _Created(levels, _read_boolean(r, F_SNAPSHOT))
+    return _Created(levels, False if r.no_snapshot else _read_boolean(r, F_SNAPSHOT))
 
 
 cdef object _read_event(Reader* r):
@@ -591,8 +592,9 @@ cdef object _read_batch(Reader* r):
     )
 
 
-cdef object _decode(const unsigned char* data, Py_ssize_t size):
+cdef object _decode(const unsigned char* data, Py_ssize_t size, bint no_snapshot=False):
     cdef Reader r
+    r.no_snapshot = no_snapshot
     r.start = data
     r.p = data
     r.end = data + size

@@ -90,15 +90,16 @@ def encode_body(batch, bytes prefix not None=b""):
             _shared_busy = False
 
 
-def decode_body(body, Py_ssize_t offset=0):
-    """Read the ``EventBatch`` whose Avro body starts at ``body[offset]`` and fills the rest."""
+def decode_body(body, Py_ssize_t offset=0, bint no_snapshot=False):
+    """Read the ``EventBatch`` whose Avro body starts at ``body[offset]`` and fills the rest;
+    ``no_snapshot``: a body of schema v1, whose Created events have no ``snapshot`` (False)."""
     cdef Py_buffer view
     cdef Py_ssize_t size
     if PyBytes_CheckExact(body):
         size = PyBytes_GET_SIZE(body)
         if offset < 0 or offset > size:
             raise _DecodeError(f"body offset {offset} is outside the {size} bytes given")
-        return _decode(<const unsigned char*>PyBytes_AS_STRING(body) + offset, size - offset)
+        return _decode(<const unsigned char*>PyBytes_AS_STRING(body) + offset, size - offset, no_snapshot)
     try:
         PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
     except (TypeError, BufferError) as exc:
@@ -106,7 +107,7 @@ def decode_body(body, Py_ssize_t offset=0):
     try:
         if offset < 0 or offset > view.len:
             raise _DecodeError(f"body offset {offset} is outside the {view.len} bytes given")
-        return _decode(<const unsigned char*>view.buf + offset, view.len - offset)
+        return _decode(<const unsigned char*>view.buf + offset, view.len - offset, no_snapshot)
     finally:
         PyBuffer_Release(&view)
 

@@ -160,7 +160,7 @@ class RegistryCodec:
         view, writer = self._split(view)
         if writer is None:
             return codec._BODY.decode_body(view, _HEADER)
-        return _reference.decode_body(memoryview(view)[_HEADER:], writer, codec._SCHEMA)
+        return codec.decode_other_body(view, _HEADER, writer)
 
     def as_single_object(self, data: bytes | bytearray | memoryview) -> bytes | None:
         """A Confluent-framed message written with the current schema, re-framed as a

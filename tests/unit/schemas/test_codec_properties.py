@@ -88,6 +88,30 @@ def test_compiled_writes_fastavros_bytes_and_both_read_them_back(batch: EventBat
     assert [type(e.data) for e in from_compiled.events] == [type(e.data) for e in batch.events]
 
 
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(batches, st.binary(max_size=12))
+def test_compiled_reads_v1_bodies_as_fastavros_resolution_does(batch: EventBatch, tail: bytes) -> None:
+    """Schema v1 (no snapshot flag) through the compiled reader equals fastavro's resolution to
+    the current schema, for whole bodies and damaged ones (a DecodeError both, or equal)."""
+    from kvevents.schemas import _reference
+    from schema_v1 import V1_SCHEMA, v1_body
+
+    body = v1_body(batch)
+    assert compiled().decode_body(body, 0, True) == _reference.decode_body(body, V1_SCHEMA, codec._SCHEMA)  # type: ignore[call-arg]
+    for damaged in (body[: len(body) // 2], body + tail if tail else body[:-1]):
+        try:
+            want: object = _reference.decode_body(damaged, V1_SCHEMA, codec._SCHEMA)
+        except Exception as exc:  # fastavro's own errors
+            want = type(exc)
+        try:
+            got: object = compiled().decode_body(damaged, 0, True)  # type: ignore[call-arg]
+        except DecodeError:
+            got = DecodeError
+        assert (got is DecodeError) == (want is not None and isinstance(want, type)), (got, want)
+        if got is not DecodeError:
+            assert got == want
+
+
 # ------------------------------------------------------------------ fuzzing: only DecodeError, quickly
 
 FUZZ = settings(max_examples=400, deadline=timedelta(seconds=1), suppress_health_check=[HealthCheck.too_slow])

@@ -16,6 +16,7 @@ import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from kvevents.schemas import (
+    DecodeError,
     EventBatch,
     KVCacheCreatedData,
     KVCacheEvent,
@@ -160,3 +161,26 @@ def test_through_a_registry_v1_and_v2_read_each_other(
     assert RegistryCodec(registry).decode_record(new_message, json.dumps(v1())) == without_snapshot(
         batch_to_record(full_batch)
     )
+
+
+def test_v1_bodies_are_read_by_the_compiled_reader_not_fastavro(
+    full_batch: EventBatch, monkeypatch: pytest.MonkeyPatch, registry: SchemaRegistryClient
+) -> None:
+    """fastavro's resolution of a v1 body took 18x the compiled reader's time and ~110 bytes of
+    memory per byte of a message of tiny events (1M events in 5 MB: 9 s, +562 MB)."""
+    from kvevents.schemas import _reference
+
+    assert codec.fast_path_enabled()
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("fastavro read a v1 body")
+
+    monkeypatch.setattr(_reference, "decode_body", refuse)
+    expected = as_v1_reader_sees_it(full_batch)
+    assert decode_batch(v1_message(full_batch)) == expected
+    assert codec.decode_body(v1_message(full_batch)[10:], codec._WRITERS[V1_FINGERPRINT]) == expected
+    v1_id = registry.register_schema("kv-cache-events-value", Schema(json.dumps(v1()), "AVRO"))
+    framed = b"\x00" + v1_id.to_bytes(4, "big") + v1_message(full_batch)[10:]
+    assert RegistryCodec(registry, "kv-cache-events").decode_batch(framed) == expected
+    with pytest.raises(DecodeError, match="trailing bytes"):
+        decode_batch(v1_message(full_batch) + b"\x00")
