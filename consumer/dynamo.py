@@ -179,7 +179,9 @@ def router_event(
 
     A Stored event's blocks from the first one without tokens on (a placeholder, such as vLLM's
     offloading connector sends) are left out: Dynamo keys a block by its tokens' hash, under
-    which every such block would be the same one; None when no block is left. Salted blocks
+    which every such block would be the same one; so are those from the first one with a
+    negative token id on (kvevents' ids are int32, Dynamo's u32: no Dynamo request hashes to
+    it). None when no block is left. Salted blocks
     are hashed under their chain's salt as Dynamo's ``cache_namespace``
     (:func:`block_namespaces`; ``parent_namespace``: the event's parent's)."""
     data = event.data
@@ -187,7 +189,7 @@ def router_event(
     kind = type(data)
     if kind is KVCacheStoredData:
         blocks = data.blocks  # type: ignore[union-attr]
-        cut = next((i for i, b in enumerate(blocks) if not len(b.tokens)), len(blocks))
+        cut = next((i for i, b in enumerate(blocks) if not len(b.tokens) or min(b.tokens) < 0), len(blocks))
         if cut == 0:
             return None
         kept = blocks[:cut]

@@ -42,7 +42,8 @@ class DynamoCounters:
     duplicates: int = 0
     clears_for_loss: int = 0
     blocks_left_out: int = 0
-    """Stored blocks left out: from a block without tokens on (``router_event``)."""
+    """Stored blocks left out: from a block without tokens, or with a negative token id, on
+    (``router_event``)."""
     loss_reasons: dict[str, int] = field(default_factory=dict)
 
 

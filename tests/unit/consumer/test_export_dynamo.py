@@ -149,3 +149,27 @@ def test_a_salted_chain_is_hashed_under_its_salt_as_dynamos_cache_namespace() ->
         again[0]["event"]["data"]["stored"]["blocks"][0]["tokens_hash"]
         == (compute_block_hash_for_seq(tokens[12:], 4)[0])
     )
+
+
+def test_blocks_from_a_negative_token_id_on_are_left_out_not_a_crash() -> None:
+    """kvevents' token ids are int32, Dynamo's u32: a Stored block with a negative id stopped
+    `export dynamo` (ValueError out of the converter), and a restart stopped on it again."""
+    conv = DynamoConverter(worker_ids={"e": 1})
+    negative = KVCacheEvent(
+        1,
+        KVCacheStoredData(
+            None,
+            [
+                KVCacheStoredBlockData(40, [4, 5]),
+                KVCacheStoredBlockData(41, [6, -1]),
+                KVCacheStoredBlockData(42, [7]),
+            ],
+        ),
+        16,
+        0,
+    )
+    lowest = KVCacheEvent(2, KVCacheStoredData(None, [KVCacheStoredBlockData(50, [-(2**31)])]), 16, 0)
+    lines = conv.convert(_batch([_stored(0, 10), negative, lowest], 0))
+    assert [line["event"]["event_id"] for line in lines] == [0, 1]
+    assert [b["block_hash"] for b in lines[1]["event"]["data"]["stored"]["blocks"]] == [40]
+    assert conv.counters.blocks_left_out == 3
