@@ -29,6 +29,7 @@ from kvevents.commands._export_common import (
     checked_bootstrap,
     start_position,
 )
+from kvevents.commands._format import printable
 
 DESCRIPTION = """\
 Read a kvevents topic and write NVIDIA Dynamo RouterEvent JSON, one object per line:
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
                         announced.add(batch.instance_id)
                         if not args.quiet:
                             print(
-                                f"instance {batch.instance_id} -> worker_id {converter.worker_id(batch.instance_id)}",
+                                f"instance {printable(batch.instance_id)} -> worker_id {converter.worker_id(batch.instance_id)}",
                                 file=sys.stderr,
                             )
                     records = converter.convert(batch)

@@ -24,6 +24,7 @@ __all__ = [
     "format_hash",
     "format_time_us",
     "json_hash",
+    "printable",
 ]
 
 EVENT_TYPES = ("created", "stored", "removed", "updated")
@@ -56,11 +57,22 @@ def json_hash(value: int | None) -> str | None:
 
 
 def format_time_us(time_us: int) -> str:
-    """UTC ISO time with milliseconds (``-`` for 0: unknown)."""
+    """UTC ISO time with milliseconds (``-`` for 0: unknown; ``@N us`` for a time past what a
+    date can hold, as a producer may write: year 10000 and on)."""
     if time_us <= 0:
         return "-"
-    moment = dt.datetime.fromtimestamp(time_us / 1e6, tz=dt.UTC)
+    try:
+        moment = dt.datetime.fromtimestamp(time_us / 1e6, tz=dt.UTC)
+    except (ValueError, OverflowError, OSError):
+        return f"@{time_us}us"
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal or a log line: as it is when printable, else with its control
+    characters escaped as Python does (an instance id is whatever a producer wrote: an ANSI
+    escape or a newline in it would rewrite the screen or forge a line)."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def _hashes(values: list[int]) -> str:
@@ -102,7 +114,7 @@ def _rank(event: KVCacheEvent) -> int:
 def event_line(batch: EventBatch, event: KVCacheEvent, time_us: int) -> str:
     """``TIME INSTANCE rRANK #EVENT_ID TYPE w=WINDOW SUMMARY``."""
     return (
-        f"{format_time_us(time_us)} {batch.instance_id} r{_rank(event)} #{event.event_id} "
+        f"{format_time_us(time_us)} {printable(batch.instance_id)} r{_rank(event)} #{event.event_id} "
         f"{event_type(event)} w={event.window_size} {_summary(event)}"
     )
 
@@ -111,7 +123,7 @@ def batch_line(batch: EventBatch, partition: int, offset: int, time_us: int, not
     """The batch's envelope: sequence, producer, events, in-band drops (and ``note``)."""
     drops = " ".join(f"r{d.attention_dp_rank}:{d.dropped_events}" for d in batch.dropped if d.dropped_events)
     text = (
-        f"{format_time_us(time_us)} {batch.instance_id} batch seq={batch.sequence} "
+        f"{format_time_us(time_us)} {printable(batch.instance_id)} batch seq={batch.sequence} "
         f"producer={batch.producer_id} events={len(batch.events)} dp={batch.attention_dp_size} "
         f"at p{partition}@{offset}"
     )

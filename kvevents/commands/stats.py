@@ -27,6 +27,7 @@ from kvevents.commands._common import (
     resolve_bootstrap,
     stop_on_interrupt,
 )
+from kvevents.commands._format import printable
 
 if TYPE_CHECKING:
     from kvevents.commands._stats import StreamStats
@@ -320,11 +321,13 @@ def render(report: dict[str, Any]) -> list[str]:
         ("event ids skipped", "event_ids_skipped_by_worker"),
     ):
         if gaps[key]:
-            lines.append(f"  {title}: " + ", ".join(f"{w} {n:,}" for w, n in gaps[key].items()))
+            lines.append(
+                f"  {title}: " + ", ".join(f"{printable(str(w))} {n:,}" for w, n in gaps[key].items())
+            )
     if gaps["missing_batches_by_instance"]:
         lines.append(
             "  missing batches: "
-            + ", ".join(f"{i} {n:,}" for i, n in gaps["missing_batches_by_instance"].items())
+            + ", ".join(f"{printable(str(i))} {n:,}" for i, n in gaps["missing_batches_by_instance"].items())
         )
     if report.get("plot"):
         lines.append(f"plot: {report['plot']}")
@@ -351,7 +354,7 @@ def _plot(stats: StreamStats, path: Path, topic: str) -> None:
     figure, axes = plt.subplots(figsize=(10, 4.5), dpi=100)
     for kind, values in rates.items():
         axes.plot(times, values, label=kind, linewidth=1.4)
-    axes.set_xlabel(f"seconds since the first batch (buckets of {stats.bucket_s:g} s)")
+    axes.set_xlabel(f"seconds since the first batch (buckets of {stats.bucket_s * stats.series_step():g} s)")
     axes.set_ylabel("events per second")
     axes.set_title(f"kvevents: event rates by type, topic {topic}")
     axes.grid(True, alpha=0.3)

@@ -7,7 +7,7 @@ import json
 
 from cli_events import batch, created, removed, stored, updated
 
-from kvevents.commands._format import batch_line, event_json, event_line, format_time_us
+from kvevents.commands._format import batch_line, event_json, event_line, format_time_us, printable
 from kvevents.commands._stream import Malformed, Received
 from kvevents.commands.tail import EventFilter, SequenceTracker, TailPrinter
 
@@ -21,6 +21,25 @@ def received(b, offset: int = 0) -> Received:  # type: ignore[no-untyped-def]
 def test_time_is_utc_iso_with_milliseconds() -> None:
     assert format_time_us(T) == "2026-11-30T00:53:20.123Z"
     assert format_time_us(0) == "-"
+
+
+def test_a_time_past_any_date_is_shown_as_its_number_not_a_crash() -> None:
+    """A producer may write any created_at_us: year 10000 and on made tail, stats and report
+    raise ValueError."""
+    for time_us in (253_402_300_800_000_000, 2**62, 2**63 - 1):
+        assert format_time_us(time_us) == f"@{time_us}us"
+    assert event_line(batch([], 0), created(0), 2**62).startswith(f"@{2**62}us i0 ")
+
+
+def test_control_characters_of_an_instance_id_are_escaped_in_text_lines() -> None:
+    """An instance id is whatever a producer wrote: an ANSI escape or a newline in it would
+    rewrite the terminal or forge a line of its own."""
+    hostile = "\x1b[2Jengine\r\nforged line"
+    b = batch([], 0, instance=hostile)
+    for line in (event_line(b, created(0), T), batch_line(b, 1, 0, T)):
+        assert "\x1b" not in line and "\n" not in line and "\r" not in line
+        assert "\\x1b[2Jengine\\r\\nforged line" in line
+    assert printable("engine-0 é") == "engine-0 é"
 
 
 def test_each_event_type_has_a_summary_line() -> None:
