@@ -153,3 +153,21 @@ def test_plot_without_matplotlib_fails_clearly_before_reading(
     code = main(["stats", "-b", "127.0.0.1:1", "--plot", "x.png"])
     assert code == 2
     assert "pip install 'kvevents[cli]'" in capsys.readouterr().err
+
+
+def test_a_huge_span_is_drawn_in_coarser_buckets_not_one_point_each() -> None:
+    """Two batches 2**44 us apart with a 1 s bucket made 17.6M points (45 s, 3.7 GB)."""
+    from kvevents.commands._stats import MAX_SERIES_POINTS
+
+    stats = StreamStats(bucket_s=1.0)
+    stats.add(batch([created(0)], 0), 1)
+    stats.add(batch([created(1), created(2)], 1), 2**44)
+    times, rates = stats.series()
+    step = stats.series_step()
+    assert len(times) <= MAX_SERIES_POINTS and step == -(-((2**44 // 10**6) + 1) // MAX_SERIES_POINTS)
+    assert times[1] == step * 1.0
+    assert sum(r * step for r in rates["created"]) == 3  # every event still counted
+    small = StreamStats(bucket_s=1.0)
+    small.add(batch([created(0)], 0), 1)
+    small.add(batch([created(1)], 1), 5_000_001)
+    assert small.series_step() == 1 and len(small.series()[0]) == 6
