@@ -9,8 +9,9 @@ held block's level, parent, tokens and LoRA id. Per event:
 - Stored -> ``BlockStored`` per run of blocks with the same medium, LoRA id and size (a block
   already held on another medium is first removed there);
 - Removed -> ``BlockRemoved`` per medium (blocks never seen are skipped and counted);
-- Updated level ``a -> b`` -> ``BlockRemoved`` on ``a``'s medium + ``BlockStored`` on ``b``'s
-  (vLLM's tier move); a priority change has no vLLM counterpart.
+- Updated level ``a -> b`` -> ``BlockRemoved`` on the medium the block was published on (``a``'s
+  when the producer is consistent) + ``BlockStored`` on ``b``'s (vLLM's tier move); a priority
+  change has no vLLM counterpart.
 
 Loss is signalled the only way vLLM's wire can: a worker whose events were lost (in-band drops,
 an event-id jump, missing batches, a new producer session not starting at sequence 0) gets an
@@ -331,13 +332,16 @@ class VllmConverter:
                 if diff is None:
                     c.priority_only_updates += 1
                     continue
-                old, new = diff.old_value, diff.new_value
-                if old == new:
-                    continue
+                new = diff.new_value
                 h = data.block_hash
                 held = None if blocks is None else blocks.get(h)
                 if held is None or blocks is None:
                     c.unknown_updated += 1
+                    continue
+                # the move is from where subscribers were told the block is, whatever the diff's
+                # old value says (a BlockRemoved on another medium would leave a ghost copy)
+                old = held[_LEVEL]
+                if old == new:
                     continue
                 blocks[h] = (new, held[_PARENT], held[_TOKENS], held[_LORA], held[_EXTRA])
                 events.append(removed_type(pack_hashes([h]), media[old]))

@@ -94,6 +94,24 @@ def test_a_tier_move_is_removed_then_stored_on_the_other_medium(conv: VllmConver
     ]
 
 
+def test_a_tier_move_is_removed_from_the_medium_subscribers_were_told(conv: VllmConverter) -> None:
+    """An Updated whose old value is not the level the block was published at (an inconsistent
+    or hostile producer) removed it from the diff's medium: subscribers kept the published copy
+    as a ghost. The move now starts where the block was published, and a diff whose old and new
+    are equal still moves a block held elsewhere (the index takes the new level)."""
+    conv.convert(_batch([_ev(0, KVCacheStoredData(None, [_blk(7), _blk(8)]))], 0))
+    out = _plain(conv.convert(_batch([_ev(1, KVCacheUpdatedData(7, cache_level=KVCacheEventDiff(2, 1)))], 1)))
+    assert [e[:3] for e in out[A0]] == [["BlockRemoved", [7], "GPU"], ["BlockStored", [7], None]]
+    assert out[A0][1][6] == "CPU"
+    out = _plain(conv.convert(_batch([_ev(2, KVCacheUpdatedData(8, cache_level=KVCacheEventDiff(3, 3)))], 2)))
+    assert [e[:3] for e in out[A0]] == [["BlockRemoved", [8], "GPU"], ["BlockStored", [8], 7]]
+    assert conv.held_blocks(A0) == {7: 1, 8: 3}
+    assert (
+        _plain(conv.convert(_batch([_ev(3, KVCacheUpdatedData(8, cache_level=KVCacheEventDiff(0, 3)))], 3)))
+        == {}
+    )
+
+
 def test_lost_events_clear_the_worker_until_a_snapshot(conv: VllmConverter) -> None:
     lost: list[tuple[WorkerKey, str]] = []
     conv._on_loss = lambda key, reason: lost.append((key, reason))
