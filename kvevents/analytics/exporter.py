@@ -14,7 +14,7 @@ from typing import Any
 from kvevents.consumer import EventReader
 from kvevents.schemas import DecodeError
 
-from .parquet_sink import ParquetSink
+from .parquet_sink import ParquetSink, PartitionNameError, check_instance_folder
 from .rows import RowBuffer, date_of
 
 __all__ = ["ExportProgress", "ExportResult", "export_parquet"]
@@ -119,7 +119,8 @@ def export_parquet(
             _kind, timestamp_ms = message.timestamp()
             try:
                 batch = reader.decode(message.value())
-            except DecodeError as exc:
+                check_instance_folder(batch.instance_id)
+            except (DecodeError, PartitionNameError) as exc:
                 log.warning("set aside a malformed message at %s[%d]@%d: %s", topic, partition, offset, exc)
                 malformed.append({"partition": partition, "offset": offset, "error": str(exc)})
                 totals["malformed"] += 1

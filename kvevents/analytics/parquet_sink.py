@@ -28,7 +28,14 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["STATE_FILE", "ExportState", "ParquetSink", "partition_dir"]
+__all__ = [
+    "STATE_FILE",
+    "ExportState",
+    "ParquetSink",
+    "PartitionNameError",
+    "check_instance_folder",
+    "partition_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +47,31 @@ _STATE_VERSION = 1
 
 def partition_dir(root: Path, date: str, instance: str) -> Path:
     """``root/date=.../instance=...`` with the instance percent-encoded as Hive/Spark escape it."""
-    return root / f"date={date}" / f"instance={quote(instance, safe=' -_.~@+,;!$&()')}"
+    return root / f"date={date}" / _instance_folder(instance)
+
+
+def _instance_folder(instance: str) -> str:
+    return f"instance={quote(instance, safe=' -_.~@+,;!$&()')}"
+
+
+class PartitionNameError(ValueError):
+    """An instance id whose partition folder name no file system takes."""
+
+
+MAX_FOLDER_BYTES = 255
+"""A file name's limit on the file systems an export is written to (ext4, XFS, APFS, NTFS)."""
+
+
+def check_instance_folder(instance: str) -> None:
+    """PartitionNameError when ``instance``'s folder name is longer than ``MAX_FOLDER_BYTES``
+    (percent-encoding makes a 256-byte id up to 768 bytes): the export sets such a batch aside,
+    as a malformed message, instead of stopping on ``OSError`` at every restart."""
+    size = len(_instance_folder(instance).encode("utf-8"))
+    if size > MAX_FOLDER_BYTES:
+        raise PartitionNameError(
+            f"instance id {instance[:40]!r}... makes a {size}-byte partition folder name, over the "
+            f"{MAX_FOLDER_BYTES} bytes file systems take"
+        )
 
 
 @dataclass

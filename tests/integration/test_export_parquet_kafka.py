@@ -174,3 +174,25 @@ def test_report_from_topic_equals_report_from_export(
     rates = from_topic["routing"]["hit_rate"]
     assert rates["cache_aware"] >= rates["observed"] and rates["cache_aware"] >= rates["round_robin"]
     assert png.read_bytes().startswith(b"\x89PNG") and "data:image/png;base64," in page.read_text()
+
+
+def test_an_instance_id_too_long_for_a_folder_is_set_aside_and_the_export_goes_on(
+    kafka_bootstrap: str, kafka_topic: str, tmp_path: Path
+) -> None:
+    """A valid 247-byte instance id makes a 256-byte partition folder name: the export stopped
+    on OSError (File name too long) and, with no offsets saved, again at every restart."""
+    from kvevents.schemas import KVCacheEvent, encode_batch
+
+    long_id = "x" * 247
+    batches = [
+        EventBatch("ok", [KVCacheEvent(0, KVCacheRemovedData([1]), 0, 0)]),
+        EventBatch(long_id, [KVCacheEvent(0, KVCacheRemovedData([2]), 0, 0)]),
+        EventBatch("ok", [KVCacheEvent(1, KVCacheRemovedData([3]), 0, 0)], sequence=1),
+    ]
+    produce(kafka_bootstrap, kafka_topic, [(b.instance_id.encode(), encode_batch(b)) for b in batches])
+    out = tmp_path / "events"
+    summary = _export(kafka_bootstrap, kafka_topic, out)
+    assert summary["malformed"] == 1 and summary["rows"] == 2
+    assert exported_rows(out) == expected_rows([batches[0], batches[2]])
+    [aside] = [json.loads(line) for line in (out / "_malformed.jsonl").read_text().splitlines()]
+    assert aside["offset"] == 1 and "256-byte partition folder name" in aside["error"]

@@ -138,3 +138,12 @@ def test_another_topic_or_a_broken_state_is_refused(tmp_path: Path) -> None:
     (tmp_path / STATE_FILE).write_text("{not json")
     with pytest.raises(ValueError, match="not a kvevents export state file"):
         ParquetSink(tmp_path, "events")
+
+
+def test_an_instance_folder_name_past_255_bytes_is_refused_by_name() -> None:
+    from kvevents.analytics.parquet_sink import PartitionNameError, check_instance_folder
+
+    check_instance_folder("x" * 246)  # "instance=" + 246: 255 bytes
+    for too_long in ("x" * 247, "/" * 86, "\u00e9" * 128):
+        with pytest.raises(PartitionNameError, match="partition folder name, over the 255 bytes"):
+            check_instance_folder(too_long)
