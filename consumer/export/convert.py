@@ -148,6 +148,9 @@ class VllmConverter:
         self._on_loss = on_loss
         self._media = _Media(MEDIUM_BY_LEVEL)
         self._workers: dict[WorkerKey, _Worker] = {}
+        self._ranks: dict[str, set[int]] = {}
+        """Per instance, the ranks of ``_workers``: a session change or a gap looks at its own
+        workers, not every instance's (32k instances made each ~1 ms)."""
         self._sessions: dict[str, list[int]] = {}
         if state is not None:
             self._load(state)
@@ -166,6 +169,7 @@ class VllmConverter:
                     arr.frombytes(tokens)
                     held[block_hash] = (level, parent, arr, lora_id, _frozen(extra))
             self._workers[WorkerKey(saved.instance_id, saved.rank)] = worker
+            self._ranks.setdefault(saved.instance_id, set()).add(saved.rank)
         self._sessions = {k: list(v) for k, v in state.sessions.items()}
 
     def state(self) -> ConverterState:
@@ -210,6 +214,7 @@ class VllmConverter:
         worker = self._workers.get(key)
         if worker is None:
             worker = self._workers[key] = _Worker()
+            self._ranks.setdefault(key[0], set()).add(key[1])
         return worker
 
     def _lose(self, out: dict[WorkerKey, list[Any]], key: WorkerKey, worker: _Worker, reason: str) -> None:
@@ -229,7 +234,8 @@ class VllmConverter:
     def lose_instance(self, instance: str, reason: str) -> dict[WorkerKey, list[Any]]:
         """Clear every known worker of ``instance`` (e.g. one of its messages was unreadable)."""
         out: dict[WorkerKey, list[Any]] = {}
-        for key in sorted(k for k in self._workers if k[0] == instance):
+        for rank in sorted(self._ranks.get(instance, ())):
+            key = WorkerKey(instance, rank)
             self._lose(out, key, self._workers[key], reason)
         self.counters.events_out += sum(len(v) for v in out.values())
         return out
@@ -245,9 +251,8 @@ class VllmConverter:
                 lost = "a new producer session did not start at sequence 0"
             self._sessions[instance] = [batch.producer_id, batch.sequence]
             if session is not None:  # event ids restart with a new session
-                for key, worker in self._workers.items():
-                    if key[0] == instance:
-                        worker.cursor = None
+                for rank in self._ranks.get(instance, ()):
+                    self._workers[WorkerKey(instance, rank)].cursor = None
         elif batch.sequence <= session[1]:
             replay = True
         else:
@@ -255,7 +260,7 @@ class VllmConverter:
                 lost = f"batches {session[1] + 1}..{batch.sequence - 1} are missing"
             session[1] = batch.sequence
         if lost is not None:
-            ranks = set(range(batch.attention_dp_size)) | {k[1] for k in self._workers if k[0] == instance}
+            ranks = set(range(batch.attention_dp_size)) | self._ranks.get(instance, set())
             for rank in sorted(ranks):
                 key = WorkerKey(instance, rank)
                 self._lose(out, key, self._worker(key), lost)
