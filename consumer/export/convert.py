@@ -99,8 +99,13 @@ _STATE_DECODER = msgspec.msgpack.Decoder(ConverterState)
 
 
 class _Media(dict[int, str]):
+    """Level -> medium name; only the named levels are kept (every level past 3 is EXTERNAL:
+    a stream of ever new levels grew the map)."""
+
     def __missing__(self, level: int) -> str:
-        value = self[level] = medium_for_level(level)
+        value = medium_for_level(level)
+        if 0 <= level < len(MEDIUM_BY_LEVEL):
+            self[level] = value
         return value
 
 
@@ -113,17 +118,28 @@ class LoraNames(dict[int | None, str | None]):
     def __init__(self, names: Mapping[int, str] | None = None) -> None:
         super().__init__(names or {})
         self[None] = None
+        self.unnamed = 0
+        """Lookups of ids without a configured name: the first ``WARN_UNNAMED`` are warned
+        about, the first ``KEEP_UNNAMED`` remembered (a stream of ever new ids logged and kept
+        each one: 655k ids, 130 MB of log)."""
+
+    WARN_UNNAMED = 16
+    KEEP_UNNAMED = 1024
 
     def __missing__(self, lora_id: int | None) -> str | None:
         name = str(lora_id)
-        log.warning(
-            "LoRA id %s has no --lora-name: sent as lora_name %r (routers key adapters by name: "
-            "give the adapter's name with --lora-name %s=NAME)",
-            lora_id,
-            name,
-            lora_id,
-        )
-        self[lora_id] = name
+        self.unnamed += 1
+        if self.unnamed <= self.WARN_UNNAMED:
+            log.warning(
+                "LoRA id %s has no --lora-name: sent as lora_name %r (routers key adapters by name: "
+                "give the adapter's name with --lora-name %s=NAME)%s",
+                lora_id,
+                name,
+                lora_id,
+                "; no more such warnings" if self.unnamed == self.WARN_UNNAMED else "",
+            )
+        if self.unnamed <= self.KEEP_UNNAMED:
+            self[lora_id] = name
         return name
 
 

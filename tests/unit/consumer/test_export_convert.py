@@ -277,3 +277,19 @@ def test_pod_ids_name_a_workers_topic_and_the_cli_reads_them() -> None:
     for bad in ("engine-0", "engine-0:x=pod", "=pod", "engine-0=kv@x"):
         with pytest.raises(argparse.ArgumentTypeError):
             _pod_id(bad)
+
+
+def test_ever_new_lora_ids_and_levels_neither_flood_the_log_nor_grow_the_maps(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    conv = VllmConverter(VllmWire(positional=True))
+    blocks = [_blk(h, level=h, lora=10_000 + h) for h in range(1, 3001)]
+    with caplog.at_level("WARNING"):
+        out = _plain(conv.convert(_batch([_ev(0, KVCacheStoredData(None, blocks))], 0)))
+    names = {e[7] for e in out[A0]}
+    assert names == {str(10_000 + h) for h in range(1, 3001)}  # every id still sent by its name
+    warnings = [r for r in caplog.records if "has no --lora-name" in r.getMessage()]
+    assert len(warnings) == 16 and "no more such warnings" in warnings[-1].getMessage()
+    assert len(conv.lora_names) <= 1 + 1024
+    assert {e[6] for e in out[A0]} == {"CPU", "DISK", "EXTERNAL"}
+    assert len(conv._media) <= 4
