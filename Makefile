@@ -18,7 +18,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 setup: $(STAMP)
 
 # Reinstalled when the packaging or a compiled extension's source changes.
-$(STAMP): pyproject.toml setup.py $(wildcard schemas/*.pyx schemas/*.pxd producer/*.pyx producer/bridge/*.pyx producer/bridge/*.pxd producer/bridge/*.pxi consumer/*.pyx consumer/*.pxd consumer/*.pxi consumer/export/*.pyx kvevents/commands/*.pyx)
+$(STAMP): pyproject.toml setup.py $(wildcard schemas/*.pyx schemas/*.pxd schemas/*.pxi producer/*.pyx producer/bridge/*.pyx producer/bridge/*.pxd producer/bridge/*.pxi consumer/*.pyx consumer/*.pxd consumer/*.pxi consumer/export/*.pyx kvevents/commands/*.pyx)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
