@@ -178,7 +178,7 @@ import logging
 import os as _os
 _log = logging.getLogger("kvevents.consumer.index")
 set_mix_seed(int.from_bytes(_os.urandom(8), "little"))  # before any table: see _nodebase.pxd
-from .hashing import content_hashes_for_tokens
+from .hashing import check_token_query, content_hashes_for_tokens
 from ._query_keys import query_key
 
 ctypedef FlatEvent SEvent

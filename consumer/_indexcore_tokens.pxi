@@ -14,9 +14,10 @@ cdef list tokens_content_hashes(IndexCore self, tokens, Py_ssize_t block_size, l
     cdef int overflow
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    if token_extra_ids is not None or mm_keys is not None:
+    if token_extra_ids is not None or mm_keys is not None:  # checked there, all of them
         return content_hashes_for_tokens(tokens, block_size, lora_id, cache_salt=cache_salt,
                                          token_extra_ids=token_extra_ids, mm_keys=mm_keys)
+    check_token_query(lora_id, None, None)  # the rest is hashed here
     n = len(tokens)
     grow(<void **>&self.ctok, &self.ctok_cap, n if n else 1, sizeof(uint32_t))
     if isinstance(tokens, carray.array) and tokens.typecode == 'i':

@@ -19,7 +19,6 @@ from kvevents.schemas.codec import pure_python_forced
 from ._pycore import COUNTER_NAMES, PyIndexCore
 from ._state import LEVEL_MAX, decode_state, encode_state
 from ._twins import IndexCoreApi, compiled_core_factory
-from .hashing import check_token_query
 from .workers import BlockEntry, WindowStats, WorkerKey, WorkerStats
 
 __all__ = ["CacheIndex", "IndexStats", "Match", "compiled_core_available"]
@@ -240,7 +239,6 @@ class CacheIndex:
     ) -> list[int]:
         """The chained content hashes of the full blocks of ``tokens`` (see ``hashing``);
         ValueError for a LoRA id, extra id or multimodal offset no stored block can carry."""
-        check_token_query(lora_id, token_extra_ids, mm_keys)
         return self._core.content_hashes(tokens, block_size, lora_id, cache_salt, token_extra_ids, mm_keys)
 
     def _slot_worker(self, slot: int) -> WorkerKey:
