@@ -41,7 +41,6 @@ MAX_CHAIN_BLOCKS = 512
 """Longest block chain scored for a request (ancestors beyond it are not walked)."""
 TIER_NAMES = {0: "primary (GPU)", 1: "secondary (host)"}
 _TICK_US = 100_000
-_Cached = tuple[WorkerKey, int, int]  # worker, window, hash
 
 
 def tier_name(level: int | None) -> str:
@@ -73,9 +72,11 @@ class CacheReport:
         self.evictions_per_tick: Counter[tuple[int, str]] = Counter()  # 100 ms ticks
         self.degraded_s: Counter[WorkerKey] = Counter()
         self.degraded_spells: Counter[WorkerKey] = Counter()
-        self._levels: dict[_Cached, int] = {}
+        self._levels: dict[WorkerKey, dict[tuple[int, int], int]] = {}  # (window, hash) -> level
         self._parents: dict[int, int | None] = {}
         self._degraded_since: dict[WorkerKey, int] = {}
+        self._ranks: dict[str, set[int]] = {}  # the index's workers, by instance
+        self._worker_count = 0
         self._last_us = 0
 
     def add_all(self, reads: Iterable[Read]) -> CacheReport:
@@ -88,8 +89,9 @@ class CacheReport:
         self.stats.add(batch, time_us)
         self._score_routing(batch)
         self._track_levels(batch, time_us)
+        gaps = self.index.counters()["gaps"]
         self.index.apply(batch)
-        self._track_degraded(time_us)
+        self._track_degraded(batch, gaps != self.index.counters()["gaps"], time_us)
 
     # ------------------------------------------------------------------ routing
 
@@ -103,7 +105,7 @@ class CacheReport:
         return ancestors
 
     def _score_routing(self, batch: EventBatch) -> None:
-        workers = self.index.workers()
+        workers = self._worker_count
         for event in batch.events:
             data = event.data
             if not isinstance(data, KVCacheStoredData) or not data.blocks:
@@ -122,43 +124,57 @@ class CacheReport:
             score.requests += 1
             score.blocks += len(chain)
             score.hits["cache_aware"] += max(matches.values(), default=0)
-            score.hits["round_robin"] += sum(matches.get(w, 0) for w in workers) / len(workers)  # type: ignore[assignment]
+            score.hits["round_robin"] += sum(matches.values()) / workers  # type: ignore[assignment]
             score.hits["observed"] += matches.get(me, 0)
 
     # ------------------------------------------------------------------ tiers
 
     def _track_levels(self, batch: EventBatch, time_us: int) -> None:
-        levels = self._levels
         tick = time_us // _TICK_US
         for event in batch.events:
             worker = WorkerKey(batch.instance_id, event.attention_dp_rank or 0)
             window = event.window_size
             data = event.data
+            if isinstance(data, KVCacheCreatedData):
+                self._levels.pop(worker, None)
+                continue
+            levels = self._levels.setdefault(worker, {})
             if isinstance(data, KVCacheStoredData):
                 for block in data.blocks:
-                    levels[(worker, window, block.block_hash)] = block.cache_level
+                    levels[(window, block.block_hash)] = block.cache_level
             elif isinstance(data, KVCacheRemovedData):
                 for h in data.block_hashes:
-                    tier = tier_name(levels.pop((worker, window, h), None))
+                    tier = tier_name(levels.pop((window, h), None))
                     self.evictions[tier] += 1
                     self.evictions_per_tick[(tick, tier)] += 1
-            elif isinstance(data, KVCacheUpdatedData):
-                if data.cache_level is not None:
-                    levels[(worker, window, data.block_hash)] = data.cache_level.new_value
-            elif isinstance(data, KVCacheCreatedData):
-                for key in [k for k in levels if k[0] == worker]:
-                    del levels[key]
+            elif isinstance(data, KVCacheUpdatedData) and data.cache_level is not None:
+                levels[(window, data.block_hash)] = data.cache_level.new_value
 
     # ------------------------------------------------------------------ loss
 
-    def _track_degraded(self, time_us: int) -> None:
-        now = set(self.index.degraded_workers())
+    def _track_degraded(self, batch: EventBatch, degraded_more: bool, time_us: int) -> None:
+        """Spells of the batch's instance's workers: only a batch of its own instance degrades a
+        worker (every rank, on a sequence gap) or heals it (its Created event), so only the ranks
+        the batch names are looked at, or all of the instance's when the index counted a gap."""
+        instance = batch.instance_id
+        ranks = self._ranks.setdefault(instance, set())
+        named = {event.attention_dp_rank or 0 for event in batch.events}
+        named.update(drop.attention_dp_rank for drop in batch.dropped)
         since = self._degraded_since
-        for worker in now - since.keys():
-            since[worker] = time_us
-            self.degraded_spells[worker] += 1
-        for worker in since.keys() - now:
-            self.degraded_s[worker] += max(0, time_us - since.pop(worker)) / 1e6  # type: ignore[assignment]
+        for rank in sorted(ranks | named if degraded_more else named):
+            worker = WorkerKey(instance, rank)
+            try:
+                degraded = self.index.is_degraded(worker)
+            except KeyError:  # named, but the index keeps no worker for it
+                continue
+            if rank not in ranks:
+                ranks.add(rank)
+                self._worker_count += 1
+            if degraded and worker not in since:
+                since[worker] = time_us
+                self.degraded_spells[worker] += 1
+            elif not degraded and worker in since:
+                self.degraded_s[worker] += max(0, time_us - since.pop(worker)) / 1e6  # type: ignore[assignment]
         self._last_us = max(self._last_us, time_us)
 
     def degraded_seconds(self) -> dict[WorkerKey, float]:

@@ -80,7 +80,8 @@ class StreamStats:
     event_id_gaps: Counter[Worker] = field(default_factory=Counter)
     """Per worker: event ids skipped."""
     replayed_events: int = 0
-    _stored_at: dict[tuple[Worker, int, int], int] = field(default_factory=dict, repr=False)
+    _stored_at: dict[Worker, dict[tuple[int, int], int]] = field(default_factory=dict, repr=False)
+    """Per worker, (window, block hash) -> when stored: a Created event drops its worker's map."""
     _storers: dict[int, Any] = field(default_factory=dict, repr=False)
     _sequence: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
     _cursor: dict[Worker, int] = field(default_factory=dict, repr=False)
@@ -142,17 +143,17 @@ class StreamStats:
                 self.stored_with_parent += 1
                 if self._stored_by_other(data.parent_hash, worker):
                     self.parent_from_other += 1
+            held = self._stored_at.setdefault(worker, {})
             for block in data.blocks:
                 self.stored_blocks += 1
-                key = (worker, window, block.block_hash)
-                if key not in self._stored_at:
-                    self._stored_at[key] = time_us
+                held.setdefault((window, block.block_hash), time_us)
                 self._note_storer(block.block_hash, worker)
             return "stored"
         if isinstance(data, KVCacheRemovedData):
+            held = self._stored_at.get(worker, {})
             for block_hash in data.block_hashes:
                 self.removed_blocks += 1
-                stored = self._stored_at.pop((worker, window, block_hash), None)
+                stored = held.pop((window, block_hash), None)
                 if stored is None or stored <= 0 or time_us <= 0:
                     self.removed_unseen += 1
                 else:
@@ -165,10 +166,7 @@ class StreamStats:
                 self.priority_changes += 1
             return "updated"
         assert isinstance(data, KVCacheCreatedData)
-        ended = [k for k in self._stored_at if k[0] == worker]
-        self.ended_by_created += len(ended)
-        for k in ended:
-            del self._stored_at[k]
+        self.ended_by_created += len(self._stored_at.pop(worker, ()))
         return "created"
 
     def _stored_by_other(self, block_hash: int, worker: Worker) -> bool:
@@ -242,7 +240,7 @@ class StreamStats:
             "mean_s": round(sum(values) / len(values), 6) if values else 0.0,
             "removed_without_store_in_range": self.removed_unseen,
             "ended_by_created": self.ended_by_created,
-            "still_held": len(self._stored_at),
+            "still_held": sum(map(len, self._stored_at.values())),
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -4,6 +4,8 @@ rendering (text, PNG, HTML); and a stream rebuilt from rows giving the same repo
 
 from __future__ import annotations
 
+import random
+
 import pyarrow as pa
 from kvevents.schemas import (
     EventBatch,
@@ -120,3 +122,89 @@ def test_rendering() -> None:
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     page = render_html(report, png, "a <title>")
     assert page.count("<table>") == 6 and "a &lt;title&gt;" in page and "data:image/png;base64," in page
+
+
+def _random_fleet_stream(seed: int, batches: int) -> list[Read]:
+    """Three instances of up to four ranks: Stored chains, Removed, Created (snapshot or not),
+    skipped sequences and event ids, drops of ranks that sent nothing, producer restarts."""
+    rng = random.Random(seed)
+    seq: dict[str, int] = {}
+    producer: dict[str, int] = {}
+    next_id: dict[tuple[str, int], int] = {}
+    held: dict[tuple[str, int], list[int]] = {}
+    reads: list[Read] = []
+    for n in range(batches):
+        instance = rng.choice("abc")
+        if rng.random() < 0.03:
+            producer[instance] = producer.get(instance, 0) + 1
+            seq[instance] = 0
+        seq[instance] = seq.get(instance, 0) + (rng.random() < 0.05)  # a lost batch now and then
+        events = []
+        for _ in range(rng.randrange(4)):
+            rank = rng.randrange(4)
+            key = (instance, rank)
+            eid = next_id.get(key, 0) + (rng.random() < 0.03)  # a lost event now and then
+            next_id[key] = eid + 1
+            blocks = held.setdefault(key, [])
+            roll = rng.random()
+            if roll < 0.1:
+                blocks.clear()
+                data: object = KVCacheCreatedData([16, 16], snapshot=rng.random() < 0.5)
+            elif roll < 0.3 and blocks:
+                gone = [blocks.pop(rng.randrange(len(blocks))) for _ in range(min(2, len(blocks)))]
+                data = KVCacheRemovedData(gone)
+            else:
+                parent = rng.choice(blocks) if blocks and rng.random() < 0.5 else None
+                hashes = [rng.randrange(1, 200) for _ in range(rng.randrange(1, 4))]
+                blocks.extend(hashes)
+                data = KVCacheStoredData(parent, [KVCacheStoredBlockData(h, [1] * 4) for h in hashes])
+            events.append(KVCacheEvent(eid, data, W, rank))  # type: ignore[arg-type]
+        dropped = [RankDrops(rng.randrange(4), 3)] if rng.random() < 0.05 else []
+        time_us = (1000 + n) * S
+        b = EventBatch(
+            instance,
+            events,
+            attention_dp_size=4,
+            producer_id=producer.get(instance, 0),
+            sequence=seq[instance],
+            created_at_us=time_us,
+            dropped=dropped,
+        )
+        seq[instance] += 1
+        reads.append(Read(b, time_us, 0, n))
+    return reads
+
+
+def test_degraded_spells_and_workers_follow_the_index_on_a_lossy_fleet() -> None:
+    """The report looks only at the ranks a batch names (all of its instance's after a gap): it
+    must still see every degraded worker the index sees, after every batch, and count the
+    index's workers for round-robin."""
+    for seed in range(5):
+        report = CacheReport()
+        spells = 0
+        for read in _random_fleet_stream(seed, 400):
+            report.add(read)
+            degraded = set(report.index.degraded_workers())
+            assert set(report._degraded_since) == degraded, (seed, read.offset)
+            assert report._worker_count == len(report.index.workers())
+            spells = sum(report.degraded_spells.values())
+        assert spells > 3 and report.routing.requests > 100  # the stream did degrade and heal
+
+
+def test_created_ends_only_its_own_workers_blocks() -> None:
+    """A Created event ends the lifetimes and tier records of its own worker's blocks, no
+    other's (both kept per worker, so a Created costs its worker's blocks, not the fleet's)."""
+    report = CacheReport()
+    for k in range(50):
+        b = EventBatch(f"w{k}", [_stored(0, None, [k * 10 + j for j in range(1, 5)])], created_at_us=1000 * S)
+        report.add(Read(b, 1000 * S, 0, k))
+    for k in range(0, 50, 2):
+        b = EventBatch(f"w{k}", [KVCacheEvent(1, KVCacheCreatedData([16]), W, 0)], sequence=1)
+        report.add(Read(b, 1001 * S, 0, 50 + k))
+    summary = report.to_json()
+    assert report.stats.ended_by_created == 25 * 4
+    assert summary["block_lifetimes"]["still_held"] == 25 * 4
+    assert sum(len(levels) for levels in report._levels.values()) == 25 * 4
+    b = EventBatch("w1", [KVCacheEvent(1, KVCacheRemovedData([11, 12]), W, 0)], sequence=1)
+    report.add(Read(b, 1002 * S, 0, 200))
+    assert report.evictions == {"primary (GPU)": 2}
