@@ -7,7 +7,8 @@ across restarts, so seqs published by earlier runs stay answerable; the exporter
 is the first anchor.
 
 Which are kept: every anchor whose data is still retained (its offsets at or above the topic's
-log start, so a replay from it reads no deleted batch), at most ``max_anchors``: above that the
+log start, so a replay from it reads no deleted batch), at most ``max_anchors`` and at most
+``max_bytes`` of converter states (each holds every held block's tokens): above either the
 anchor whose neighbours are closest together goes (the oldest and newest always stay), so
 recent seqs are near an anchor and old ones still reachable, by a longer scan. A replay starts
 from the newest retained anchor at or before the requested seq; a seq older than every retained
@@ -23,7 +24,10 @@ from pathlib import Path
 
 from .state import Anchor, load_anchor, save_anchor
 
-__all__ = ["AnchorStore"]
+__all__ = ["DEFAULT_MAX_BYTES", "AnchorStore"]
+
+DEFAULT_MAX_BYTES = 1 << 30
+"""Converter-state bytes kept across all anchors by default (memory, or disk with a directory)."""
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +38,22 @@ class _Entry:
     seqs: dict[str, int]
     number: int
     converter: bytes | None  # in memory (no directory), else read from the file when used
+    size: int  # the converter state's bytes (the file's, with a directory)
 
 
 class AnchorStore:
     """Anchors oldest first, in memory or in ``directory`` (module docstring)."""
 
-    def __init__(self, directory: Path | None, max_anchors: int = 64) -> None:
+    def __init__(
+        self, directory: Path | None, max_anchors: int = 64, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
         if max_anchors < 2:
             raise ValueError(f"max_anchors must be at least 2, got {max_anchors}")
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must not be negative, got {max_bytes}")
         self.directory = directory
         self.max_anchors = max_anchors
+        self.max_bytes = max_bytes
         self._entries: list[_Entry] = []
         if directory is not None and directory.is_dir():
             for path in sorted(directory.glob("anchor-*.bin")):
@@ -53,10 +63,15 @@ class AnchorStore:
                     log.warning("skipped a replay anchor: %s", exc)
                     continue
                 number = int(path.stem.removeprefix("anchor-"))
-                self._entries.append(_Entry(anchor.offsets, anchor.seqs, number, None))
+                self._entries.append(_Entry(anchor.offsets, anchor.seqs, number, None, path.stat().st_size))
+            self._thin()
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def bytes_kept(self) -> int:
+        """Converter-state bytes of the kept anchors (in memory, or their files)."""
+        return sum(e.size for e in self._entries)
 
     def positions(self) -> list[dict[int, int]]:
         """Each kept anchor's offsets, oldest first."""
@@ -67,18 +82,29 @@ class AnchorStore:
         return self.directory / f"anchor-{number:012d}.bin"
 
     def add(self, anchor: Anchor) -> bool:
-        """Keep ``anchor`` (not when it is where the newest one already is); thin to the limit."""
+        """Keep ``anchor`` (not when it is where the newest one already is); thin to the limits."""
         if self._entries and self._entries[-1].offsets == anchor.offsets:
             return False
         number = self._entries[-1].number + 1 if self._entries else 0
+        offsets, seqs = dict(anchor.offsets), dict(anchor.seqs)
         if self.directory is not None:
             save_anchor(self._path(number), anchor)
-            self._entries.append(_Entry(dict(anchor.offsets), dict(anchor.seqs), number, None))
+            size = self._path(number).stat().st_size
+            self._entries.append(_Entry(offsets, seqs, number, None, size))
         else:
-            self._entries.append(_Entry(dict(anchor.offsets), dict(anchor.seqs), number, anchor.converter))
-        while len(self._entries) > self.max_anchors:
-            self._drop(self._thinnest())
+            self._entries.append(_Entry(offsets, seqs, number, anchor.converter, len(anchor.converter)))
+        self._thin()
         return True
+
+    def _thin(self) -> None:
+        """Drop inner anchors until both limits hold (or only the oldest and newest are left)."""
+        kept = self.bytes_kept()
+        while len(self._entries) > 2 and (len(self._entries) > self.max_anchors or kept > self.max_bytes):
+            kept -= self._drop(self._thinnest())
+        if kept > self.max_bytes and len(self._entries) == 2:
+            log.debug(
+                "the oldest and newest replay anchors alone hold %d bytes (over %d)", kept, self.max_bytes
+            )
 
     def _thinnest(self) -> int:
         """The inner anchor whose neighbours are closest together (by messages between them)."""
@@ -89,10 +115,12 @@ class AnchorStore:
 
         return min(range(1, len(self._entries) - 1), key=spread)
 
-    def _drop(self, index: int) -> None:
+    def _drop(self, index: int) -> int:
+        """Forget the anchor at ``index``; its bytes."""
         entry = self._entries.pop(index)
         if self.directory is not None:
             self._path(entry.number).unlink(missing_ok=True)
+        return entry.size
 
     def clear(self) -> None:
         """Forget every anchor (and remove its file)."""

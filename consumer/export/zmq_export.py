@@ -33,7 +33,7 @@ from typing import Any
 
 from ..reader import EventReader
 from ..workers import WorkerKey
-from .anchors import AnchorStore
+from .anchors import DEFAULT_MAX_BYTES, AnchorStore
 from .convert import VllmConverter
 from .state import Anchor, ExportState, load_state, save_state
 from .vllm_wire import VllmWire
@@ -83,6 +83,9 @@ class ZmqExportConfig:
     replay_anchors: int = 64
     """Replay starting points kept at most (one is taken per checkpoint; see :mod:`.anchors`);
     without ``state_path`` they are kept in memory, 16 at most."""
+    replay_anchor_bytes: int = DEFAULT_MAX_BYTES
+    """Bytes of converter state (every held block's tokens, once per anchor) the anchors keep
+    at most, in memory or on disk; past it inner anchors go (the oldest and newest stay)."""
     pod_ids: Mapping[WorkerKey, str] = field(default_factory=dict)
     """A worker's ``{pod}`` in topics, as the router names the engine (llm-d: the pod's
     ``ip:port``, each data-parallel rank its own port); default: the instance id, ``-dp<rank>``
@@ -165,9 +168,11 @@ class ZmqExporter:
         self.offsets: dict[int, int] = self._reader.offsets()
         path = config.state_path
         self.anchors = (  # in memory without a state file: as many as before files (16)
-            AnchorStore(None, min(config.replay_anchors, 16))
+            AnchorStore(None, min(config.replay_anchors, 16), config.replay_anchor_bytes)
             if path is None
-            else AnchorStore(path.with_name(path.name + ".anchors"), config.replay_anchors)
+            else AnchorStore(
+                path.with_name(path.name + ".anchors"), config.replay_anchors, config.replay_anchor_bytes
+            )
         )
         """Replay starting points (files beside the state, when there is one)."""
         self._anchors_lock = threading.Lock()

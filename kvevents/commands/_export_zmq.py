@@ -63,7 +63,8 @@ from Kafka: send [b'', start_seq (8 bytes BE)] from a DEALER (a third frame may 
 topic); the answer is [topic, seq, payload] per batch from start_seq on (--replay-frames 2:
 [seq, payload]), then seq 0xffffffffffffffff with an empty payload. Batches are re-read from the
 topic, re-converted from a replay anchor (one per checkpoint; with --state kept in FILE.anchors/
-across restarts, at most --replay-anchors, forgotten once retention deleted their data), so a
+across restarts, at most --replay-anchors and --replay-anchor-mib, forgotten once retention
+deleted their data), so a
 gap within the topic's retention can be recovered, not only the last 10,000 batches; a seq older
 than every retained anchor is answered from the oldest one. At most --replay-max-pending answers
 go out at once, one per client: a request past that, or a client's repeat while its answer is
@@ -174,6 +175,15 @@ def register_export(formats: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="N",
         help="replay anchors kept at most (default 64; more: shorter replay scans, more disk)",
     )
+    read.add_argument(
+        "--replay-anchor-mib",
+        type=int,
+        default=1024,  # anchors.DEFAULT_MAX_BYTES (not imported: the CLI starts light)
+        metavar="MIB",
+        help="MiB the replay anchors keep at most (default %(default)s; each holds the tokens of "
+        "every held block, in memory without --state, else on disk); past it anchors are thinned, "
+        "the oldest and newest always kept",
+    )
     pub = parser.add_argument_group("where to publish")
     pub.add_argument("--pub", type=_endpoint, default=None, metavar="ENDPOINT", help="the shared PUB socket")
     pub.add_argument(
@@ -271,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
             state_path=args.state,
             checkpoint_interval_s=args.checkpoint_interval,
             replay_anchors=args.replay_anchors,
+            replay_anchor_bytes=args.replay_anchor_mib << 20,
             replay_max_pending=args.replay_max_pending,
             reader_config=kafka_config(args),
             codec=reader_codec(args),

@@ -62,3 +62,34 @@ def test_an_older_state_file_is_refused_by_name(tmp_path: Path) -> None:
     path.write_bytes(b"KVXS1" + b"\x80")
     with pytest.raises(ValueError, match="older kvevents"):
         load_state(path, "t")
+
+
+def test_anchors_are_thinned_to_their_bytes_keeping_the_oldest_and_newest(tmp_path: Path) -> None:
+    """Each anchor holds the converter's whole state (every held block's tokens): the store keeps
+    at most ``max_bytes`` of them, in memory or on disk, dropping inner anchors first."""
+    for directory in (None, tmp_path / "anchors"):
+        store = AnchorStore(directory, max_anchors=64, max_bytes=10_000)
+        for i in range(20):
+            store.add(Anchor({0: i * 10}, {"s": i}, bytes(3_000)))
+            assert store.bytes_kept() <= 10_000 or len(store) == 2
+        assert len(store) == 3 and store.bytes_kept() <= 10_000
+        positions = store.positions()
+        assert positions[0] == {0: 0} and positions[-1] == {0: 190}  # the ends stay
+        if directory is not None:
+            assert len(list(directory.glob("anchor-*.bin"))) == 3
+            assert sum(p.stat().st_size for p in directory.glob("anchor-*.bin")) == store.bytes_kept()
+        big = AnchorStore(None, max_anchors=64, max_bytes=100)
+        for i in range(5):
+            big.add(Anchor({0: i}, {}, bytes(1_000)))
+        assert big.positions() == [{0: 0}, {0: 4}]  # over the bytes with two: both stay
+
+
+def test_a_lower_byte_limit_thins_anchors_kept_on_disk_at_start(tmp_path: Path) -> None:
+    directory = tmp_path / "anchors"
+    store = AnchorStore(directory, max_anchors=10)
+    for i in range(6):
+        store.add(Anchor({0: i}, {"s": i}, bytes(2_000)))
+    per_file = store.bytes_kept() // 6
+    again = AnchorStore(directory, max_anchors=10, max_bytes=3 * per_file)
+    assert len(again) == 3 and again.positions()[0] == {0: 0} and again.positions()[-1] == {0: 5}
+    assert len(list(directory.glob("anchor-*.bin"))) == 3
