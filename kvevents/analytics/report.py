@@ -7,7 +7,8 @@ the topic or rebuilt from a Parquet export) and combines
   prefix reuse across workers, block lifetimes, level moves, drops and gaps;
 - a :class:`~kvevents.consumer.CacheIndex` replay: the hit rate a cache-aware router would get
   against round-robin (each Stored event scored, before it is applied, as a request for its
-  block chain: the parents known so far, then its blocks; a cache-aware router takes the worker
+  block chain: the parents known so far (the 2-4M stored last; ``parents_forgotten`` counts
+  those dropped), then its blocks; a cache-aware router takes the worker
   holding the longest leading run, round-robin any worker, i.e. the mean over workers; "observed"
   is the worker that did store it), and the time each worker spent degraded (from a loss the
   index detects until the Created event or snapshot that rebuilds it);
@@ -31,7 +32,8 @@ from kvevents.schemas import (
     KVCacheUpdatedData,
 )
 
-from kvevents.commands._stats import StreamStats
+from kvevents.commands._bounded import RecentMap
+from kvevents.commands._stats import STORERS_GENERATION, StreamStats
 
 from .source import Read
 
@@ -73,7 +75,7 @@ class CacheReport:
         self.degraded_s: Counter[WorkerKey] = Counter()
         self.degraded_spells: Counter[WorkerKey] = Counter()
         self._levels: dict[WorkerKey, dict[tuple[int, int], int]] = {}  # (window, hash) -> level
-        self._parents: dict[int, int | None] = {}
+        self._parents: RecentMap[int, int | None] = RecentMap(STORERS_GENERATION)  # the newest 2-4M
         self._degraded_since: dict[WorkerKey, int] = {}
         self._ranks: dict[str, set[int]] = {}  # the index's workers, by instance
         self._worker_count = 0
@@ -224,6 +226,7 @@ class CacheReport:
             },
             "routing": {
                 "requests_scored": self.routing.requests,
+                "parents_forgotten": self._parents.forgotten,
                 "chain_blocks": self.routing.blocks,
                 "hit_rate": {
                     p: round(self.routing.rate(p), 4) for p in ("cache_aware", "round_robin", "observed")

@@ -92,7 +92,12 @@ def report_tables(report: dict[str, Any]) -> list[Table]:
     tables.append(
         (
             f"Prefix hit rate ({routing['requests_scored']:,} Stored events scored as requests, "
-            f"{routing['chain_blocks']:,} chain blocks)",
+            f"{routing['chain_blocks']:,} chain blocks"
+            + (
+                f"; {routing['parents_forgotten']:,} parents stored long ago forgotten, chains cut there)"
+                if routing["parents_forgotten"]
+                else ")"
+            ),
             ["policy", "hit rate"],
             [[names[p], f"{v:.1%}"] for p, v in routing["hit_rate"].items()],
         )

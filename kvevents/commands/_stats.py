@@ -11,6 +11,11 @@ their time, :class:`StreamStats` counts
   workers when the engine's hashes are deterministic, as TensorRT-LLM's and the simulator's);
 - **drops and gaps**: events dropped in-band per worker, jumps of an instance's batch
   sequence, jumps of a worker's event ids, replays; malformed messages.
+
+Memory stays bounded over any range (``_bounded``): lifetime percentiles come from a uniform
+sample of ``LIFETIME_SAMPLE`` lifetimes past that many (count, mean and max stay exact), and
+prefix reuse remembers the block hashes stored most recently, 2-4M of them (how many it
+forgot is reported: reuse of a forgotten block is not counted).
 """
 
 from __future__ import annotations
@@ -28,8 +33,14 @@ from kvevents.schemas import (
     KVCacheUpdatedData,
 )
 
+from kvevents.commands._bounded import RecentMap, Reservoir
+
 __all__ = ["StreamStats", "percentile"]
 
+LIFETIME_SAMPLE = 1_000_000
+"""Lifetimes kept exactly; past it, a uniform sample of this many."""
+STORERS_GENERATION = 2_000_000
+"""Block hashes per generation of the prefix-reuse memory (at most two are kept)."""
 MAX_SERIES_POINTS = 100_000
 """At most this many points in a rates-over-time series (coarser buckets past it)."""
 
@@ -63,7 +74,7 @@ class StreamStats:
     buckets: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     level_moves: Counter[tuple[int, int]] = field(default_factory=Counter)
     priority_changes: int = 0
-    lifetimes_s: list[float] = field(default_factory=list)
+    lifetimes_s: Reservoir = field(default_factory=lambda: Reservoir(LIFETIME_SAMPLE))
     removed_unseen: int = 0
     """Removed blocks whose Stored event is before the range (no lifetime)."""
     ended_by_created: int = 0
@@ -82,7 +93,7 @@ class StreamStats:
     replayed_events: int = 0
     _stored_at: dict[Worker, dict[tuple[int, int], int]] = field(default_factory=dict, repr=False)
     """Per worker, (window, block hash) -> when stored: a Created event drops its worker's map."""
-    _storers: dict[int, Any] = field(default_factory=dict, repr=False)
+    _storers: RecentMap[int, Any] = field(default_factory=lambda: RecentMap(STORERS_GENERATION), repr=False)
     _sequence: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
     _cursor: dict[Worker, int] = field(default_factory=dict, repr=False)
 
@@ -157,7 +168,7 @@ class StreamStats:
                 if stored is None or stored <= 0 or time_us <= 0:
                     self.removed_unseen += 1
                 else:
-                    self.lifetimes_s.append(max(0, time_us - stored) / 1e6)
+                    self.lifetimes_s.add(max(0, time_us - stored) / 1e6)
             return "removed"
         if isinstance(data, KVCacheUpdatedData):
             if data.cache_level is not None and data.cache_level.old_value != data.cache_level.new_value:
@@ -189,7 +200,8 @@ class StreamStats:
         if isinstance(storers, set):
             storers.add(worker)
         elif storers != worker:
-            self._storers[block_hash] = {storers, worker}
+            storers = {storers, worker}
+        self._storers[block_hash] = storers  # written again: recent, kept in the current generation
 
     # ------------------------------------------------------------------ results
 
@@ -229,15 +241,17 @@ class StreamStats:
         rates = {t: [points[k][t] / width if k in points else 0.0 for k in range(n)] for t in TYPES}
         return times, rates
 
-    def lifetime_summary(self) -> dict[str, float | int]:
-        values = sorted(self.lifetimes_s)
+    def lifetime_summary(self) -> dict[str, float | int | bool]:
+        lifetimes = self.lifetimes_s
+        values = sorted(lifetimes)
         return {
-            "count": len(values),
+            "count": lifetimes.count,
             "p50_s": round(percentile(values, 50), 6),
             "p90_s": round(percentile(values, 90), 6),
             "p99_s": round(percentile(values, 99), 6),
-            "max_s": round(values[-1], 6) if values else 0.0,
-            "mean_s": round(sum(values) / len(values), 6) if values else 0.0,
+            "max_s": round(lifetimes.max or 0.0, 6),
+            "mean_s": round(lifetimes.total / lifetimes.count, 6) if lifetimes.count else 0.0,
+            "percentiles_sampled": lifetimes.sampled,
             "removed_without_store_in_range": self.removed_unseen,
             "ended_by_created": self.ended_by_created,
             "still_held": sum(map(len, self._stored_at.values())),
@@ -272,6 +286,7 @@ class StreamStats:
                 "share": round(self.shared_blocks / self.stored_blocks, 4) if self.stored_blocks else 0.0,
                 "stored_events_with_parent": self.stored_with_parent,
                 "parent_stored_by_another_worker": self.parent_from_other,
+                "block_hashes_forgotten": self._storers.forgotten,
             },
             "drops_and_gaps": {
                 "dropped_events": sum(self.drops.values()),

@@ -37,9 +37,11 @@ Analytics over a stretch of the events topic (up to its end as it is at start):
 
   rates        events per second by type (created, stored, removed, updated)
   level moves  Updated events moving blocks primary->secondary (offload) and back (onboard)
-  lifetimes    seconds from a block's Stored to its Removed event (p50/p90/p99/max)
+  lifetimes    seconds from a block's Stored to its Removed event (p50/p90/p99/max; past 1M
+               lifetimes the percentiles come from a uniform sample of 1M)
   prefix reuse Stored blocks another worker had already stored (by engine hash), and
-               Stored events continuing a prefix another worker stored
+               Stored events continuing a prefix another worker stored (over the 2-4M
+               block hashes stored last; older ones are forgotten and counted)
   drops, gaps  events dropped in-band per worker, missing batches (sequence jumps),
                skipped event ids per worker, replays, malformed messages
 
@@ -301,6 +303,7 @@ def render(report: dict[str, Any]) -> list[str]:
         f"p90 {life['p90_s']:.3f} s, p99 {life['p99_s']:.3f} s, max {life['max_s']:.3f} s; "
         f"{life['still_held']:,} still held, {life['removed_without_store_in_range']:,} removed without "
         f"their Stored in range, {life['ended_by_created']:,} ended by a Created event"
+        + (" (percentiles from a uniform sample of them)" if life["percentiles_sampled"] else "")
     )
     reuse = report["prefix_reuse"]
     lines.append(
@@ -309,6 +312,11 @@ def render(report: dict[str, Any]) -> list[str]:
         f"{reuse['parent_stored_by_another_worker']:,} of {reuse['stored_events_with_parent']:,} Stored events "
         f"continue a prefix another worker stored; {reuse['stored_again_by_the_same_worker']:,} blocks "
         f"stored again by the same worker"
+        + (
+            f" ({reuse['block_hashes_forgotten']:,} block hashes stored long ago forgotten: their reuse is not counted)"
+            if reuse["block_hashes_forgotten"]
+            else ""
+        )
     )
     gaps = report["drops_and_gaps"]
     lines.append(
