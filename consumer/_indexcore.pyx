@@ -171,7 +171,7 @@ from kvevents.schemas.codec import SINGLE_OBJECT_HEADER, SINGLE_OBJECT_MAGIC, fl
 
 from . import _reasons
 from ._pycore import retired_of
-from ._pycore_model import add_pending
+from ._pycore_model import add_pending, retire_producer
 from ._state import IndexState, InstanceState, WindowState, WorkerState
 
 import logging

@@ -117,7 +117,7 @@ cdef int _apply_scratch(IndexCore self, _Instance inst, int64_t pid, int64_t seq
             else:
                 self.c_batches_stale += 1
             return 0
-        inst.retired[inst.producer_id] = inst.sequence
+        retire_producer(inst.retired, inst.producer_id, inst.sequence)
         inst.producer_id = pid
         inst.sequence = seq
         for w in inst.workers.values():

@@ -64,8 +64,8 @@ cdef object export_core_state(IndexCore self, bint unlocked):
                 list(self.w_reasons[<uint32_t>widx]), w.gaps, windows,
             ))
         instances = [
-            InstanceState(i.instance_id, i.producer_id, i.sequence, sorted(i.retired), i.dp_size,
-                          [i.retired[p] for p in sorted(i.retired)], list(i.pending))
+            InstanceState(i.instance_id, i.producer_id, i.sequence, list(i.retired), i.dp_size,
+                          list(i.retired.values()), list(i.pending))
             for i in sorted(self.instances, key=lambda i: i.instance_id)
         ]
         ids = <EngineId *>PyMem_Malloc((self.st.nodes_used + 1) * sizeof(EngineId))

@@ -27,7 +27,17 @@ from kvevents.schemas.limits import (
 )
 
 from . import _reasons
-from ._pycore_model import Instance, Node, Slot, Worker, add_pending, clamp_level, clamp_priority, retired_of
+from ._pycore_model import (
+    Instance,
+    Node,
+    Slot,
+    Worker,
+    add_pending,
+    clamp_level,
+    clamp_priority,
+    retire_producer,
+    retired_of,
+)
 from ._pycore_room import check_room
 from ._pycore_state import export_state, import_state
 from ._query_keys import U64_END, query_key
@@ -242,7 +252,7 @@ class PyIndexCore:
                 else:
                     counters["batches_stale"] += 1
                 return
-            inst.retired[inst.producer_id] = inst.sequence
+            retire_producer(inst.retired, inst.producer_id, inst.sequence)
             inst.producer_id, inst.sequence = pid, seq
             for w in inst.workers.values():
                 w.session_fresh = True

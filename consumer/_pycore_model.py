@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from ._state import LEVEL_MAX, MAX_REASONS, PRIORITY_MAX, UNKNOWN_SEQUENCE, InstanceState
 
+MAX_RETIRED_PRODUCERS = 1024
+"""Retired producer ids an instance remembers (the longest retired is forgotten past it)."""
+
+
+def retire_producer(retired: dict[int, int], producer_id: int, sequence: int) -> None:
+    """Retire ``producer_id`` after ``sequence`` (both cores). ``retired`` keeps retirement
+    order (so does a saved state), and past ``MAX_RETIRED_PRODUCERS`` the producer retired
+    longest ago is forgotten: a batch of it later is a new session, as before it was known."""
+    retired[producer_id] = sequence
+    if len(retired) > MAX_RETIRED_PRODUCERS:
+        del retired[next(iter(retired))]
+
 
 def retired_of(state: InstanceState) -> dict[int, int]:
     """A restored instance's retired producers and the last sequence seen from each."""

@@ -50,9 +50,9 @@ def export_state(self: PyIndexCore) -> IndexState:
             i.instance_id,
             i.producer_id,
             i.sequence,
-            sorted(i.retired),
+            list(i.retired),  # retirement order: the longest retired is forgotten first
             i.dp_size,
-            [i.retired[p] for p in sorted(i.retired)],
+            list(i.retired.values()),
             list(i.pending),
         )
         for i in sorted(self._instances.values(), key=lambda i: i.instance_id)

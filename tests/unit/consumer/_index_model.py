@@ -21,6 +21,7 @@ from kvevents.schemas import (
 )
 
 LEVEL_MAX = 15
+MAX_RETIRED = 1024  # retired producer ids an instance remembers
 _ = ROOT_CONTENT_HASH
 
 
@@ -98,6 +99,8 @@ class NaiveIndex:
                     self.degrade_all(batch.instance_id, inst.dp)
                 return
             inst.retired[inst.pid] = inst.seq
+            if len(inst.retired) > MAX_RETIRED:  # the producer retired longest ago is forgotten
+                del inst.retired[next(iter(inst.retired))]
             inst.pid, inst.seq = batch.producer_id, batch.sequence
             for (i, _r), w in self.workers.items():
                 if i == batch.instance_id:

@@ -19,7 +19,8 @@ from _index_helpers import (
     updated,
 )
 from kvevents.consumer import CacheIndex, WorkerKey
-from kvevents.consumer._state import MAX_REASONS
+from kvevents.consumer._pycore_model import MAX_RETIRED_PRODUCERS
+from kvevents.consumer._state import MAX_REASONS, decode_state
 from kvevents.schemas import KVCacheStoredData
 
 # ---------------------------------------------------------------- Stored / Removed / Updated
@@ -563,3 +564,32 @@ def test_runs_over_equal_sized_but_different_holder_sets(index, feed):
     details = index.match_details([1, 2, 3, 4, 5, 6])
     assert details[W1] == (6, 5)
     assert index.find_matches([1, 2, 3, 4, 5, 6], max_cache_level=0) == {W0: 3, W1: 4}
+
+
+def test_an_instance_remembers_its_last_retired_producers_not_all(index, feed):
+    """Each new producer id retires the previous one; an instance keeps the last
+    MAX_RETIRED_PRODUCERS of them (a stream of ever-new ids no longer grows every checkpoint).
+    A checkpoint keeps retirement order, so a restored index forgets the same ids as a replay."""
+    total = MAX_RETIRED_PRODUCERS + 40
+    core = "compiled" if index.compiled else "python"
+    replayed = CacheIndex(core=core)
+    halfway = None
+    for pid in range(1, total + 2):
+        b = batch([created(0)], 0, pid=pid)
+        feed(index, b)
+        replayed.apply(b)
+        if pid == total // 2:
+            halfway = index.to_bytes()
+    state = decode_state(index.to_bytes()).instances[0]
+    assert len(state.retired) == MAX_RETIRED_PRODUCERS
+    assert state.retired == list(range(total + 1 - MAX_RETIRED_PRODUCERS, total + 1))  # retirement order
+    assert halfway is not None
+    restored = CacheIndex.from_bytes(halfway, core=core)
+    for pid in range(total // 2 + 1, total + 2):
+        restored.apply(batch([created(0)], 0, pid=pid))
+    assert restored.same_state(index) and replayed.same_state(index)
+    feed(index, batch([stored(1, [7])], 1, pid=total))  # remembered: a session conflict
+    assert index.stats().counters["session_conflicts"] == 1
+    feed(index, batch([created(0), stored(1, [9])], 0, pid=1))  # forgotten: a new session again
+    assert index.find_matches([9]) == {W0: 1}
+    assert decode_state(index.to_bytes()).instances[0].retired[-1] == total + 1
