@@ -141,12 +141,13 @@ class PyIndexCore:
 
     # ------------------------------------------------------------------ block store
 
-    def _add_holder(self, node: Node, slot: int, level: int, priority: int) -> None:
+    def _add_holder(self, engine: int, node: Node, slot: int, level: int, priority: int) -> None:
         s = self._slots[slot]
         held = node.holders.get(slot)
         if held is None:
             node.holders[slot] = [level, priority]
             s.levels[level] += 1
+            s.held.add(engine)
         else:
             s.levels[held[0]] -= 1
             s.levels[level] += 1
@@ -170,12 +171,14 @@ class PyIndexCore:
         held = node.holders.pop(slot, None)
         if held is None:
             return False
-        self._slots[slot].levels[held[0]] -= 1
+        s = self._slots[slot]
+        s.levels[held[0]] -= 1
+        s.held.discard(engine)
         self._free_node_if_empty(engine, node)
         return True
 
     def _clear_slot(self, slot: int) -> None:
-        for engine in [e for e, n in self._nodes.items() if slot in n.holders]:
+        for engine in list(self._slots[slot].held):
             self._remove_holder(engine, slot)
 
     def _drop_worker_windows(self, w: Worker) -> None:
@@ -214,7 +217,9 @@ class PyIndexCore:
                     self._set_content(block.block_hash, node, content)
             elif content is not None and content != node.content:
                 counters["content_conflicts"] += 1
-            self._add_holder(node, slot, clamp_level(block.cache_level), clamp_priority(block.priority))
+            self._add_holder(
+                block.block_hash, node, slot, clamp_level(block.cache_level), clamp_priority(block.priority)
+            )
             if node.content is None:
                 counters["orphan_blocks"] += 1
             parent_content = (
@@ -501,10 +506,10 @@ class PyIndexCore:
         if slot < 0:
             return []
         out = []
-        for engine, node in self._nodes.items():
-            held = node.holders.get(slot)
-            if held is not None:
-                out.append((engine, node.content, held[0], held[1]))
+        for engine in self._slots[slot].held:
+            node = self._nodes[engine]
+            held = node.holders[slot]
+            out.append((engine, node.content, held[0], held[1]))
         out.sort()
         return out
 
@@ -519,10 +524,11 @@ class PyIndexCore:
         return len(self._nodes)
 
     def memory_bytes(self) -> int:
-        """A rough estimate: measured dict and object sizes of this layout, not a walk."""
+        """A rough estimate: measured dict and object sizes of this layout, not a walk (a holder:
+        its entry in the node's dict and in its slot's set of held nodes)."""
         holders = self.held_blocks()
         return (
-            64 + 250 * len(self._nodes) + 130 * holders + 120 * len(self._by_content) + 400 * len(self._slots)
+            64 + 250 * len(self._nodes) + 165 * holders + 120 * len(self._by_content) + 400 * len(self._slots)
         )
 
     # ------------------------------------------------------------------ seams for snapshots

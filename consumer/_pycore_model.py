@@ -52,7 +52,7 @@ def clamp_priority(value: int) -> int:
 class Slot:
     """One (worker, window size) cache."""
 
-    __slots__ = ("active", "capacity", "levels", "window", "worker")
+    __slots__ = ("active", "capacity", "held", "levels", "window", "worker")
 
     def __init__(self, worker: Worker, window: int) -> None:
         self.worker = worker
@@ -60,6 +60,7 @@ class Slot:
         self.active = True
         self.capacity: list[int] | None = None
         self.levels = [0] * (LEVEL_MAX + 1)
+        self.held: set[int] = set()  # engine hashes of the nodes it holds (a restart clears these)
 
 
 class Worker:

@@ -131,6 +131,7 @@ def import_state(self: PyIndexCore, state: IndexState) -> None:
             level, prio = (packed >> SLOT_BITS) & 0xF, packed >> 24
             node.holders[slot] = [level, prio]
             self._slots[slot].levels[level] += 1
+            self._slots[slot].held.add(e)
         pos += counts[n]
 
 

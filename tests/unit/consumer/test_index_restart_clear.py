@@ -210,3 +210,22 @@ def test_a_cache_list_stays_near_what_the_cache_holds() -> None:
     counts = layout(compiled)
     assert counts["recent_bytes"] <= 32 * 4  # 16 entries, or 32 at most
     assert counts["clears_listed"] == 1 and compiled.held_blocks() == 0
+
+
+def test_the_pure_core_keeps_each_cache_s_held_nodes_as_its_holders_say() -> None:
+    """The pure-Python core drops a restarted cache's blocks from the cache's own set of held
+    nodes (no scan of every node): after stores, removals, restarts and an import, each set is
+    exactly the nodes that list the cache as a holder."""
+    batches = fleet(SMALL_OWN)
+    batches.append(
+        batch([removed(4, [5, 6, 10**8 + 3]), created(4, rank=1), stored(5, [5, 7], rank=1)], 1, dp=RANKS)
+    )
+    _, oracle = both(batches)
+    restored = CacheIndex.from_bytes(oracle.to_bytes(), core="python")
+    for index in (oracle, restored):
+        core = index._core
+        for slot_id, slot in enumerate(core._slots):
+            holding = {e for e, node in core._nodes.items() if slot_id in node.holders}
+            assert slot.held == holding, slot_id
+        assert sum(len(s.held) for s in core._slots) == index.held_blocks() > 0
+        assert core._slots[2].held == {5, 7}  # rank 1's first cache: restarted, then two blocks
