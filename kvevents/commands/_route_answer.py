@@ -116,12 +116,6 @@ class FastAnswers:
         whether it is the batch form; None for any other body."""
         return parse_match_body(raw, self.block_size)
 
-    def plain_answer(self, plain: tuple[list[array[int]], int | None, bool]) -> bytes:
-        """The answer to a body :meth:`plain` parsed."""
-        prompts, window, batch = plain
-        parts = [self.match(hashes, True, window, 1.0) for hashes in prompts]
-        return b'{"results":[' + b",".join(parts) + b"]}" if batch else parts[0]
-
     def decode(self, raw: bytes) -> _RawMatchBody | None:
         """The body, or None to leave it (and its error message) to the general path."""
         try:
@@ -132,26 +126,21 @@ class FastAnswers:
             return None
         return body
 
-    def answer(self, body: _RawMatchBody) -> bytes | None:
-        """The answer's JSON, or None (a token array that is not plain) for the general path."""
+    def hashes_of(self, body: _RawMatchBody) -> list[array[int]] | None:
+        """Each prompt's content hashes (no index needed: hash before taking its lock), or None
+        (a token array that is not plain) for the general path."""
         block_size = body.block_size or self.block_size
         if body.prompts is None:
-            one = self._one(body.token_ids, block_size, body.lora_id, body)
-            return one
-        parts = []
+            one = hash_token_json(body.token_ids, block_size, body.lora_id)
+            return None if one is None else [one]
+        queries = []
         for prompt in body.prompts:
             lora = prompt.lora_id if prompt.lora_id is not None else body.lora_id
-            part = self._one(prompt.token_ids, block_size, lora, body)
-            if part is None:
+            hashes = hash_token_json(prompt.token_ids, block_size, lora)
+            if hashes is None:
                 return None
-            parts.append(part)
-        return b'{"results":[' + b",".join(parts) + b"]}"
-
-    def _one(self, tokens: msgspec.Raw, block_size: int, lora: int | None, body: _RawMatchBody) -> bytes | None:  # fmt: skip
-        hashes = hash_token_json(tokens, block_size, lora)
-        if hashes is None:
-            return None
-        return self.match(hashes, True, body.window_size, body.secondary_weight)
+            queries.append(hashes)
+        return queries
 
     def match(self, hashes: Sequence[int], by_content: bool, window_size: int | None, weight: float) -> bytes:
         """One answer's JSON: the same as ``score_query``'s, encoded."""

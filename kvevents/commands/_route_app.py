@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,6 +93,11 @@ _ROUTES: dict[str, tuple[str, ...]] = {
 _MATCH_ROUTES = frozenset(("/match", "/match/hashes"))
 _ROUTE_LIST = "POST /match, POST /match/hashes, GET /workers, GET /healthz, GET /readyz, GET /metrics"
 _EXCLUSIONS_TTL_S = 0.2
+
+
+def _results(parts: list[bytes], batch: bool) -> bytes:
+    """A batch's answers as ``{"results": [...]}``; the one prompt's answer as is."""
+    return b'{"results":[' + b",".join(parts) + b"]}" if batch else parts[0]
 
 
 class RouteApp:
@@ -256,19 +261,25 @@ class RouteApp:
             self._fast.refresh(left_out, degraded)
         return left_out, degraded
 
+    def _matched(self, hashes: Sequence[int], by_content: bool, window: int | None, weight: float) -> bytes:
+        """One prompt's answer, under the index's lock. A batch takes the lock once per prompt,
+        so ingest (and other requests) run between its prompts: a batch of 256 prompts against
+        4,000 workers renders 115 MB, 0.4 s that used to hold the lock whole."""
+        with self.source.lock:
+            self._exclusions_now()
+            return self._fast.match(hashes, by_content, window, weight)
+
     def _match_tokens(self, raw: bytes) -> bytes:
         plain = self._fast.plain(raw)
         if plain is not None:
-            with self.source.lock:
-                self._exclusions_now()
-                return self._fast.plain_answer(plain)
+            prompts, window, batch = plain
+            return _results([self._matched(h, True, window, 1.0) for h in prompts], batch)
         fast = self._fast.decode(raw)
-        if fast is not None:
-            with self.source.lock:
-                self._exclusions_now()
-                answer = self._fast.answer(fast)
-            if answer is not None:
-                return answer
+        queries = None if fast is None else self._fast.hashes_of(fast)
+        if fast is not None and queries is not None:
+            weight = fast.secondary_weight
+            parts = [self._matched(h, True, fast.window_size, weight) for h in queries]
+            return _results(parts, fast.prompts is not None)
         return self._match_tokens_general(raw)
 
     def _match_tokens_general(self, raw: bytes) -> bytes:
@@ -292,15 +303,16 @@ class RouteApp:
             if tokens and max(tokens) > HASH_MAX:  # msgspec's JSON ints are not bounded
                 where = "token_ids" if body.token_ids is not None else f"prompts[{i}].token_ids"
                 raise HttpError(400, f"bad /match body: {where} holds {max(tokens)}, more than 64 bits")
-        index = self.source.index
-        with self.source.lock:
-            left_out, degraded = self._exclusions_now()
-            answers = [
-                score_query(index, index.content_hashes(tokens, block_size, lora), by_content=True,
-                            secondary_weight=body.secondary_weight, window_size=body.window_size,
-                            left_out=left_out, degraded=degraded)
-                for tokens, lora in prompts
-            ]  # fmt: skip
+        answers = []
+        for tokens, lora in prompts:  # the lock once per prompt, as _matched takes it
+            with self.source.lock:
+                left_out, degraded = self._exclusions_now()
+                index = self.source.index
+                answers.append(
+                    score_query(index, index.content_hashes(tokens, block_size, lora), by_content=True,
+                                secondary_weight=body.secondary_weight, window_size=body.window_size,
+                                left_out=left_out, degraded=degraded)
+                )  # fmt: skip
         return _encode(answers[0] if body.token_ids is not None else {"results": answers})
 
     def _match_hashes(self, raw: bytes) -> bytes:
@@ -326,12 +338,8 @@ class RouteApp:
                 raise HttpError(
                     400, f"bad /match/hashes body: {where} holds {max(hashes)}, more than 64 bits"
                 )
-        with self.source.lock:
-            self._exclusions_now()
-            parts = [
-                self._fast.match(hashes, False, body.window_size, body.secondary_weight) for hashes in queries
-            ]
-        return parts[0] if body.block_hashes is not None else b'{"results":[' + b",".join(parts) + b"]}"
+        parts = [self._matched(hashes, False, body.window_size, body.secondary_weight) for hashes in queries]
+        return _results(parts, body.block_hashes is None)
 
     # ------------------------------------------------------------------ state
 
