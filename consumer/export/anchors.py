@@ -64,7 +64,14 @@ class AnchorStore:
                     continue
                 number = int(path.stem.removeprefix("anchor-"))
                 self._entries.append(_Entry(anchor.offsets, anchor.seqs, number, None, path.stat().st_size))
+            found = len(self._entries)
             self._thin()
+            if len(self._entries) < found:
+                log.info(
+                    "thinned %d replay anchors found in %s to the limits",
+                    found - len(self._entries),
+                    directory,
+                )
 
     def __len__(self) -> int:
         return len(self._entries)
