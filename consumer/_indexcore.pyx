@@ -480,6 +480,15 @@ cdef class IndexCore:
     def workers(self):
         return inspect_workers(self)
 
+    def degraded_workers(self):
+        return inspect_degraded_workers(self)
+
+    def instance_ids(self):
+        return [(<_Instance>inst).instance_id for inst in self.instances]
+
+    def instance_workers(self, instance_ids):
+        return inspect_instance_workers(self, instance_ids)
+
     def worker_info(self, str instance_id, int32_t rank):
         return inspect_worker_info(self, instance_id, rank)
 
@@ -497,22 +506,11 @@ cdef class IndexCore:
         return inspect_node_count(self)
 
     def store_layout(self):
-        """The block store's shape (bench/support/index_big.py reports what changed while
-        lookups ran): node ids in use (node_top) and their bits, node chunks, per table its
-        capacity and entries, the holder pool's words and capacity, its runs in use and the nodes
-        pointing at them (nodes with equal holder lists share one), and the table rebuilds and
-        pool growths: ahead (before a batch, without the index lock) and locked (inside an
-        event: a batch outgrew the room made ahead; docs/INDEX.md), and the caches a worker's
-        restart cleared from the nodes found before the batch's lock (``clears_planned``) or by
-        a scan of every node under it (``clears_scanned``) or from the cache's own list of
-        nodes (``clears_listed``; the lists' bytes: ``recent_bytes``)."""
+        """The block store's shape (keys: ``inspect_store_layout``)."""
         return inspect_store_layout(self)
 
     def pipeline_counts(self):
-        """How the last two-thread ``apply_encoded_many`` got its batches: ``ahead`` (read by
-        the decoding thread before the writer came to them), ``waited`` (the writer waited for
-        the decoder to finish), ``stolen`` (the writer read them itself, the decoder not having
-        started) and ``duplicated`` (the writer read them itself after waiting its patience)."""
+        """How the last two-thread ``apply_encoded_many`` got its batches (``inspect_pipeline_counts``)."""
         return inspect_pipeline_counts(self)
 
     def check_tables(self):

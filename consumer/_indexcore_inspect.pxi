@@ -12,6 +12,31 @@ cdef object inspect_workers(IndexCore self):
     return sorted((inst.instance_id, r) for inst in self.instances for r in inst.workers)
 
 
+cdef list inspect_degraded_workers(IndexCore self):
+    """(instance id, rank) of the workers with a gap, unsorted: one pass over the worker array,
+    a tuple only for those (route --serve asks every 0.2 s, under the index lock)."""
+    cdef size_t i
+    out = []
+    rlock_whole(self)
+    try:
+        for i in range(self.nworkers):
+            if self.wrk[i].gaps:
+                out.append(((<_Instance>self.instances[self.wrk[i].inst]).instance_id, self.wrk[i].rank))
+    finally:
+        runlock(self)
+    return out
+
+
+cdef list inspect_instance_workers(IndexCore self, instance_ids):
+    """(instance id, rank) of every worker of the given instances (unknown ids: none), unsorted."""
+    out = []
+    for instance_id in instance_ids:
+        inst = self.inst_by_id.get(instance_id)
+        if inst is not None:
+            out.extend([(instance_id, r) for r in (<_Instance>inst).workers])
+    return out
+
+
 cdef object inspect_worker_info(IndexCore self, str instance_id, int32_t rank):
     cdef int64_t widx = find_worker(self, instance_id, rank)
     cdef uint32_t slot
@@ -107,6 +132,15 @@ cdef object inspect_node_count(IndexCore self):
 
 
 cdef object inspect_store_layout(IndexCore self):
+    """The block store's shape (bench/support/index_big.py reports what changed while lookups
+    ran): node ids in use (node_top) and their bits, node chunks, per table its capacity and
+    entries, the holder pool's words and capacity, its runs in use and the nodes pointing at them
+    (nodes with equal holder lists share one), and the table rebuilds and pool growths: ahead
+    (before a batch, without the index lock) and locked (inside an event: a batch outgrew the
+    room made ahead; docs/INDEX.md), and the caches a worker's restart cleared from the nodes
+    found before the batch's lock (``clears_planned``) or by a scan of every node under it
+    (``clears_scanned``) or from the cache's own list of nodes (``clears_listed``; the lists'
+    bytes: ``recent_bytes``)."""
     rlock_whole(self)
     try:
         return {
@@ -177,6 +211,10 @@ cdef object inspect_check_tables(IndexCore self):
 
 
 cdef dict inspect_pipeline_counts(IndexCore self):
+    """``ahead`` (batches read by the decoding thread before the writer came to them),
+    ``waited`` (the writer waited for the decoder to finish), ``stolen`` (the writer read them
+    itself, the decoder not having started) and ``duplicated`` (the writer read them itself
+    after waiting its patience)."""
     cdef Pipe *p = &self.pipe
     return {"ahead": p.ahead, "waited": p.waited, "stolen": p.stolen, "duplicated": p.duplicated}
 

@@ -476,6 +476,16 @@ class PyIndexCore:
     def workers(self) -> list[tuple[str, int]]:
         return sorted((i.instance_id, r) for i in self._instances.values() for r in i.workers)
 
+    def degraded_workers(self) -> list[tuple[str, int]]:
+        return [(i.instance_id, r) for i in self._instances.values() for r, w in i.workers.items() if w.gaps]
+
+    def instance_ids(self) -> list[str]:
+        return list(self._instances)
+
+    def instance_workers(self, instance_ids: Iterable[str]) -> list[tuple[str, int]]:
+        found = (self._instances.get(i) for i in instance_ids)
+        return [(inst.instance_id, r) for inst in found if inst is not None for r in inst.workers]
+
     def worker_info(self, instance_id: str, rank: int) -> dict[str, Any] | None:
         w = self._find_worker(instance_id, rank)
         if w is None:

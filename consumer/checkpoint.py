@@ -22,7 +22,7 @@ import xxhash
 
 from ._files import write_atomically
 from .index import CacheIndex
-from .liveness import DEFAULT_STALE_AFTER_S, Heard, Liveness, observe_liveness
+from .liveness import DEFAULT_STALE_AFTER_S, Heard, Liveness, not_routable_workers, observe_liveness
 
 if TYPE_CHECKING:
     from .reader import EventReader
@@ -213,9 +213,7 @@ class Restored:
 
     def not_routable(self, now: float | None = None) -> dict[WorkerKey, str]:
         """Workers routing must leave out now (stale or closed instance), with the state."""
-        workers = self.index.workers()
-        states = self.liveness.not_routable({k.instance_id for k in workers}, now)
-        return {k: states[k.instance_id] for k in workers if k.instance_id in states}
+        return not_routable_workers(self.index, self.liveness, now)
 
 
 def restore(

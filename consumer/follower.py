@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException
 
 from .checkpoint import Checkpoint
 from .index import CacheIndex
-from .liveness import DEFAULT_STALE_AFTER_S, Heard, Liveness, observe_liveness
+from .liveness import DEFAULT_STALE_AFTER_S, Heard, Liveness, not_routable_workers, observe_liveness
 from .reader import EventReader, ReaderError
 from .reader_metrics import ReaderMetrics, ReaderProgress
 from .workers import WorkerKey
@@ -263,9 +263,7 @@ class LiveIndex:
     def not_routable(self, now: float | None = None) -> dict[WorkerKey, str]:
         """Workers routing must leave out now (stale or closed instance), with the state. Call
         under ``lock``."""
-        workers = self.index.workers()
-        states = self.liveness.not_routable({k.instance_id for k in workers}, now)
-        return {k: states[k.instance_id] for k in workers if k.instance_id in states}
+        return not_routable_workers(self.index, self.liveness, now)
 
     def checkpoint(self) -> Checkpoint:
         """State, liveness and offsets now (under ``lock``; a message applied but not yet

@@ -257,8 +257,16 @@ class CacheIndex:
         return [WorkerKey(i, r) for i, r in self._core.workers()]
 
     def degraded_workers(self) -> list[WorkerKey]:
-        """Workers whose view may be incomplete, sorted."""
-        return [k for k in self.workers() if self._info(k)["gaps"]]
+        """Workers whose view may be incomplete, sorted (one pass, no record per worker)."""
+        return sorted(WorkerKey(i, r) for i, r in self._core.degraded_workers())
+
+    def instances(self) -> list[str]:
+        """Every instance id the index has seen, sorted."""
+        return sorted(self._core.instance_ids())
+
+    def workers_of(self, instance_ids: Iterable[str]) -> list[WorkerKey]:
+        """The workers of the given instances (ids the index has not seen: none), sorted."""
+        return sorted(WorkerKey(i, r) for i, r in self._core.instance_workers(instance_ids))
 
     def is_degraded(self, key: WorkerKey) -> bool:
         """Whether ``key``'s view may be incomplete (KeyError for an unknown worker)."""

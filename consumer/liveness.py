@@ -21,6 +21,7 @@ import msgspec
 
 if TYPE_CHECKING:
     from .index import CacheIndex
+    from .workers import WorkerKey
 
 __all__ = [
     "CONTROL_CLOSE",
@@ -29,6 +30,7 @@ __all__ = [
     "Heard",
     "InstanceLiveness",
     "Liveness",
+    "not_routable_workers",
     "observe_liveness",
 ]
 
@@ -138,10 +140,12 @@ class Liveness:
         """Of ``instance_ids``, those routing must leave out (stale or closed), with their state."""
         now = self._clock() if now is None else now
         out: dict[str, State] = {}
-        for instance in instance_ids:
-            state = self.state(instance, now)
-            if state != "live":
-                out[instance] = state
+        last, closed, started, stale_after = self._last, self._closed, self._started, self.stale_after_s
+        for instance in instance_ids:  # state() inlined: route --serve judges every instance each 0.2 s
+            if instance in closed:
+                out[instance] = "closed"
+            elif now - last.get(instance, started) > stale_after:
+                out[instance] = "stale"
         return out
 
 
@@ -152,3 +156,15 @@ def observe_liveness(liveness: Liveness, index: CacheIndex, message: Any) -> str
     if closing is not None:
         index.reset_workers([k for k in index.workers() if k.instance_id == closing], clear_degraded=True)
     return closing
+
+
+def not_routable_workers(
+    index: CacheIndex, liveness: Liveness, now: float | None = None
+) -> dict[WorkerKey, str]:
+    """The workers routing must leave out now (their instance stale or closed), with the state:
+    each instance judged once, workers listed only for those left out (``route --serve`` asks
+    every 0.2 s under the index lock; listing every worker cost 41 ms at 32k instances)."""
+    states = liveness.not_routable(index.instances(), now)
+    if not states:
+        return {}
+    return {key: states[key.instance_id] for key in index.workers_of(states)}

@@ -593,3 +593,25 @@ def test_an_instance_remembers_its_last_retired_producers_not_all(index, feed):
     feed(index, batch([created(0), stored(1, [9])], 0, pid=1))  # forgotten: a new session again
     assert index.find_matches([9]) == {W0: 1}
     assert decode_state(index.to_bytes()).instances[0].retired[-1] == total + 1
+
+
+def test_degraded_workers_instances_and_workers_of_agree_with_the_worker_records(index, feed):
+    """``degraded_workers`` reads the gap counts in one pass and ``workers_of`` only the given
+    instances' workers (route --serve asks both every 0.2 s): the same answers as walking every
+    worker's record."""
+    for n, name in enumerate(["c", "a", "b"]):
+        feed(index, batch([created(0, rank=r) for r in range(3)], 0, instance=name, dp=3))
+        if n != 1:  # a's ranks stay clean; c loses events of rank 1, b a whole batch (every rank)
+            dropped = [(1, 2)] if name == "c" else []
+            feed(
+                index,
+                batch(
+                    [stored(1, [n * 10 + 1])], 1 if name == "c" else 3, instance=name, dp=3, dropped=dropped
+                ),
+            )
+    workers = index.workers()
+    assert index.degraded_workers() == [k for k in workers if index.is_degraded(k)]
+    assert index.degraded_workers() == [WorkerKey("b", r) for r in range(3)] + [WorkerKey("c", 1)]
+    assert index.instances() == ["a", "b", "c"]
+    assert index.workers_of(["c", "unknown", "a"]) == [k for k in workers if k.instance_id in ("a", "c")]
+    assert index.workers_of([]) == []

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, Message
-from kvevents.consumer import Liveness
-from kvevents.consumer.liveness import CONTROL_HEADER
+from kvevents.consumer import CacheIndex, Liveness, WorkerKey
+from kvevents.consumer.liveness import CONTROL_HEADER, not_routable_workers
+from kvevents.schemas import EventBatch, KVCacheCreatedData, KVCacheEvent
 
 
 def message(key: bytes | None, at_ms: int | None, headers: list[tuple[str, bytes]] | None = None) -> Message:
@@ -50,3 +51,26 @@ def test_messages_without_key_or_timestamp() -> None:
     assert liveness.state("never-heard") == "stale"
     with pytest.raises(ValueError, match="stale_after_s"):
         Liveness(0)
+
+
+def test_not_routable_workers_lists_only_the_workers_of_stale_and_closed_instances() -> None:
+    index = CacheIndex()
+    for name in ("live", "quiet", "gone", "never-heard"):
+        events = [KVCacheEvent(0, KVCacheCreatedData([4]), 16, r) for r in range(2)]
+        index.apply(EventBatch(name, events, attention_dp_size=2))
+    clock = [1000.0]
+    liveness = Liveness(10.0, clock=lambda: clock[0])
+    liveness.observe("live", 1000.0)
+    liveness.observe("quiet", 985.0)
+    liveness.observe("gone", 999.0, closing=True)
+    states = not_routable_workers(index, liveness)
+    assert states == {
+        WorkerKey("gone", 0): "closed", WorkerKey("gone", 1): "closed",
+        WorkerKey("quiet", 0): "stale", WorkerKey("quiet", 1): "stale",
+    }  # fmt: skip
+    clock[0] = 1011.0  # tracking started at 1000: an instance never heard is stale 10 s later
+    later = not_routable_workers(index, liveness)
+    assert later[WorkerKey("never-heard", 1)] == "stale" and WorkerKey("live", 0) in later
+    clock[0] = 1005.0
+    liveness.observe("quiet", 1005.0)
+    assert set(not_routable_workers(index, liveness)) == {WorkerKey("gone", 0), WorkerKey("gone", 1)}
