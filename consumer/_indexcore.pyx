@@ -486,6 +486,9 @@ cdef class IndexCore:
     def instance_ids(self):
         return [(<_Instance>inst).instance_id for inst in self.instances]
 
+    def worker_count(self):
+        return self.nworkers
+
     def instance_workers(self, instance_ids):
         return inspect_instance_workers(self, instance_ids)
 

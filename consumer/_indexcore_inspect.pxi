@@ -29,11 +29,14 @@ cdef list inspect_degraded_workers(IndexCore self):
 
 cdef list inspect_instance_workers(IndexCore self, instance_ids):
     """(instance id, rank) of every worker of the given instances (unknown ids: none), unsorted."""
+    cdef _Instance inst
     out = []
     for instance_id in instance_ids:
-        inst = self.inst_by_id.get(instance_id)
-        if inst is not None:
-            out.extend([(instance_id, r) for r in (<_Instance>inst).workers])
+        found = self.inst_by_id.get(instance_id)
+        if found is not None:
+            inst = <_Instance>found
+            for r in inst.workers:
+                out.append((inst.instance_id, r))
     return out
 
 

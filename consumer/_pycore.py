@@ -482,6 +482,9 @@ class PyIndexCore:
     def instance_ids(self) -> list[str]:
         return list(self._instances)
 
+    def worker_count(self) -> int:
+        return self._nworkers
+
     def instance_workers(self, instance_ids: Iterable[str]) -> list[tuple[str, int]]:
         found = (self._instances.get(i) for i in instance_ids)
         return [(inst.instance_id, r) for inst in found if inst is not None for r in inst.workers]

@@ -307,11 +307,10 @@ class CacheIndex:
 
     def stats(self) -> IndexStats:
         """Counters and sizes of the whole index."""
-        workers = self.workers()
         return IndexStats(
             counters=self._core.counters(),
-            workers=len(workers),
-            degraded_workers=sum(1 for k in workers if self._info(k)["gaps"]),
+            workers=self._core.worker_count(),
+            degraded_workers=len(self._core.degraded_workers()),
             held_blocks=self._core.held_blocks(),
             distinct_blocks=self._core.node_count(),
             memory_bytes=self._core.memory_bytes(),

@@ -154,7 +154,7 @@ def observe_liveness(liveness: Liveness, index: CacheIndex, message: Any) -> str
     index's lock); if its instance closes, its workers leave ``index``: returns that instance."""
     closing = liveness.observe_message(message)
     if closing is not None:
-        index.reset_workers([k for k in index.workers() if k.instance_id == closing], clear_degraded=True)
+        index.reset_workers(index.workers_of([closing]), clear_degraded=True)
     return closing
 
 

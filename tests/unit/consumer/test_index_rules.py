@@ -615,3 +615,14 @@ def test_degraded_workers_instances_and_workers_of_agree_with_the_worker_records
     assert index.instances() == ["a", "b", "c"]
     assert index.workers_of(["c", "unknown", "a"]) == [k for k in workers if k.instance_id in ("a", "c")]
     assert index.workers_of([]) == []
+
+
+def test_stats_counts_workers_and_degraded_workers_without_walking_records(index, feed):
+    feed(index, batch([created(0, rank=r) for r in range(4)], 0, dp=4))
+    feed(index, batch([], 1, dp=4, dropped=[(2, 5)]))
+    stats = index.stats()
+    assert (
+        (stats.workers, stats.degraded_workers)
+        == (4, 1)
+        == (len(index.workers()), len(index.degraded_workers()))
+    )
