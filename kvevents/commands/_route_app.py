@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -371,14 +372,15 @@ class RouteApp:
         return _encode({"workers": rows, "summary": summary})
 
     def _metrics(self) -> str:
+        from kvevents.consumer.liveness import not_routable_workers
+
         liveness = self.source.liveness
         now = time.time() if liveness is None else liveness.now()
         with self.source.lock:
-            workers = self.source.index.workers()
-            states: dict[str, int] = {}
-            for key in workers:
-                state = "live" if liveness is None else liveness.state(key.instance_id, now)
-                states[state] = states.get(state, 0) + 1
+            index = self.source.index
+            left_out = {} if liveness is None else not_routable_workers(index, liveness, now)
+            states = Counter(left_out.values())
+            states["live"] = index.stats().workers - len(left_out)
             return render(self.requests, self.source.index, process=self.options.process,
                           health=self.source.health(), reader=self.source.metrics(), states=states,
                           gc_pauses=self.gc_pauses)  # fmt: skip
