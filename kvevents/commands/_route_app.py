@@ -94,6 +94,9 @@ _ROUTES: dict[str, tuple[str, ...]] = {
 _MATCH_ROUTES = frozenset(("/match", "/match/hashes"))
 _ROUTE_LIST = "POST /match, POST /match/hashes, GET /workers, GET /healthz, GET /readyz, GET /metrics"
 _EXCLUSIONS_TTL_S = 0.2
+_ROWS_PER_HOLD = 256
+"""GET /workers builds this many rows per hold of the index lock (10 us a row: 2.6 ms a hold;
+all 32,768 workers' rows in one hold took 348 ms)."""
 
 
 def _results(parts: list[bytes], batch: bool) -> bytes:
@@ -356,15 +359,20 @@ class RouteApp:
         liveness = self.source.liveness
         now = time.time() if liveness is None else liveness.now()
         with self.source.lock:
-            rows = worker_rows(self.source.index)
+            keys = self.source.index.workers()
             summary = index_summary(self.source.index, self.source.metrics())
-            for row in rows:
-                if liveness is None:
-                    row.update(state="live", last_heard_s=None)
-                else:
-                    info = liveness.instance(row["instance_id"], now)
-                    row.update(state=info.state, last_heard_s=round(info.last_heard_s, 3),
-                               seconds_since_heard=round(now - info.last_heard_s, 3))  # fmt: skip
+        rows: list[dict[str, Any]] = []
+        for start in range(0, len(keys), _ROWS_PER_HOLD):  # ingest and matches run in between
+            with self.source.lock:
+                chunk = worker_rows(self.source.index, keys[start : start + _ROWS_PER_HOLD])
+                for row in chunk:
+                    if liveness is None:
+                        row.update(state="live", last_heard_s=None)
+                    else:
+                        info = liveness.instance(row["instance_id"], now)
+                        row.update(state=info.state, last_heard_s=round(info.last_heard_s, 3),
+                                   seconds_since_heard=round(now - info.last_heard_s, 3))  # fmt: skip
+            rows.extend(chunk)
         for state in ("live", "stale", "closed"):
             summary[f"{state}_workers"] = sum(1 for r in rows if r["state"] == state)
         if liveness is not None:

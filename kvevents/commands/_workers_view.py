@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvevents.consumer import CacheIndex, ReaderMetrics
+    from kvevents.consumer import CacheIndex, ReaderMetrics, WorkerKey
 
 __all__ = ["index_summary", "render_workers", "worker_rows"]
 
 MAX_REASON = 60
 
 
-def worker_rows(index: CacheIndex) -> list[dict[str, Any]]:
-    """One JSON-ready dict per worker: blocks per window and cache level, degraded flag and
-    reasons, last event id, producer session."""
+def worker_rows(index: CacheIndex, keys: Iterable[WorkerKey] | None = None) -> list[dict[str, Any]]:
+    """One JSON-ready dict per worker (``keys``, default every one; a key the index does not
+    know is left out): blocks per window and cache level, degraded flag and reasons, last event
+    id, producer session."""
     rows = []
-    for key in index.workers():
-        stats = index.worker_stats(key)
+    for key in index.workers() if keys is None else keys:
+        try:
+            stats = index.worker_stats(key)
+        except KeyError:
+            continue
         rows.append(
             {
                 "instance_id": key.instance_id,
