@@ -31,7 +31,7 @@ from ..mm_keys import mm_key_from_text
 from .fastwire import fast_convert, fast_parse
 from .groups import SKIPPED_GROUP, skips_group
 from .hashes import DEFAULT_MEDIUM_LEVELS, MAX_MEDIA, NEW_MEDIUM_LEVEL_MAX, WireError, lora_id_for_name
-from .tiers import TierMap
+from .tiers import TierMap, saved_level
 from .wire import BridgeDecodeError, ParsedBatch, RawRemoved, RawStored, WireCounts, parse_payload
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ class ZmqEventConverter:
         conv.next_event_id = {int(k): int(v) for k, v in state["next_event_id"].items()}
         conv.tiers = TierMap.from_state(state["tiers"])
         conv.group_windows = {int(k): int(v) for k, v in state["group_windows"].items()}
-        conv.media = {str(k): min(int(v), NEW_MEDIUM_LEVEL_MAX) for k, v in state["media"].items()}
+        conv.media = {str(k): saved_level(v) for k, v in state["media"].items()}
         return conv
 
     # -- conversion --------------------------------------------------------------------

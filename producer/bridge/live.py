@@ -30,6 +30,8 @@ from typing import Any
 
 from kvevents.schemas import KVCacheEvent, KVCacheStoredData, RankDrops
 
+from kvevents._brief import brief
+
 from ..buffer import EventDrain
 from ..sink_chunks import DATA_ERRORS
 from ..sink_encoded import EncodedDrain, EncodedEvents
@@ -129,8 +131,7 @@ class ZmqBridge:
             if saved is not None:
                 for rank, entry in saved.items():
                     if rank < dp_size:
-                        self.converters[rank] = ZmqEventConverter.from_state(entry["converter"])
-                        self.last_seq[rank] = entry["last_seq"]
+                        self.converters[rank], self.last_seq[rank] = _restored_rank(state_path, rank, entry)
                 self._skip_through = dict(self._acks.acked)
                 for rank, event_id in (in_kafka or {}).items():
                     # what the topic holds (read back by the caller) wins over the acknowledgement file
@@ -549,3 +550,16 @@ class ZmqBridge:
 
 def _event_id(events: Sequence[KVCacheEvent], k: int) -> int:
     return events.event_id(k) if isinstance(events, EncodedEvents) else events[k].event_id
+
+
+def _restored_rank(path: Path, rank: int, entry: Any) -> tuple[ZmqEventConverter, int | None]:
+    """One rank's converter and last engine seq from the state file; ValueError naming the file
+    and the rank when the entry is damaged (a traceback of KeyError or TypeError before)."""
+    try:
+        converter = ZmqEventConverter.from_state(entry["converter"])
+        last_seq = entry["last_seq"]
+        if last_seq is not None and (type(last_seq) is not int or last_seq < 0):
+            raise ValueError(f"last_seq {brief(last_seq)} is not a seq")
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise ValueError(f"state file {path} is unreadable: rank {rank}: {brief(exc)}") from None
+    return converter, last_seq

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .hashes import NEW_MEDIUM_LEVEL_MAX
+
 __all__ = ["TierChange", "TierMap", "block_key"]
 
 BlockKey = int
@@ -101,8 +103,17 @@ class TierMap:
         held: dict[BlockKey, int] = {}
         for r in rows:
             if len(r) > 2:
-                held[block_key(int(r[0]), int(r[1]))] = sum({1 << int(x) for x in r[2:]})
+                held[block_key(int(r[0]), int(r[1]))] = sum({1 << saved_level(x) for x in r[2:]})
         return cls(held)
+
+
+def saved_level(value: int) -> int:
+    """A level from a state file: 0..NEW_MEDIUM_LEVEL_MAX (levels past it, from bridges before
+    the media cap, are clamped as the media map's are); ValueError for a negative one."""
+    level = int(value)
+    if level < 0:
+        raise ValueError(f"tier level {level} is negative")
+    return min(level, NEW_MEDIUM_LEVEL_MAX)
 
 
 def _levels(mask: int) -> list[int]:

@@ -16,7 +16,9 @@ from deep_values import nested_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvevents.producer.bridge import BridgeDecodeError, ZmqEventConverter
-from kvevents.producer.bridge.state import STATE_VERSION, load_state
+from kvevents.producer.bridge.live import ZmqBridge
+from kvevents.producer.bridge.state import STATE_VERSION, load_state, save_state
+from kvevents.producer.bridge.tiers import TierMap
 from kvevents.producer.sink_encoded import EncodedEvents
 from kvevents.producer.trtllm import TrtllmDecodeError, event_from_trtllm
 
@@ -284,3 +286,48 @@ def test_unknown_field_names_are_counted_under_bounded_names() -> None:
     assert len(unknown) == COUNT_NAMES + 1 and unknown["(other names)"] == 50
     assert max(len(name) for name in unknown) <= COUNT_NAME_CHARS
     assert sum(unknown.values()) == COUNT_NAMES + 50
+
+
+def _saved_rank(**changes: object) -> dict[str, object]:
+    converter = ZmqEventConverter("vllm").to_state()
+    entry: dict[str, object] = {"last_seq": 5, "converter": converter}
+    for name, value in changes.items():
+        if name == "last_seq":
+            entry["last_seq"] = value
+        elif value is _GONE:
+            del converter[name]
+        else:
+            converter[name] = value
+    return entry
+
+
+_GONE = object()
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"tiers": _GONE}, "'tiers'"),
+        ({"tiers": [[16, 7, -1]]}, "tier level -1 is negative"),
+        ({"media": {"GPU": -3}}, "tier level -3 is negative"),
+        ({"next_event_id": [1, 2]}, "has no attribute 'items'"),
+        ({"window_size": "wide"}, "invalid literal"),
+        ({"last_seq": "five"}, "last_seq 'five' is not a seq"),
+        ({"last_seq": -2}, "last_seq -2 is not a seq"),
+    ],
+)
+def test_a_damaged_rank_in_a_bridge_state_file_is_a_value_error_naming_it(
+    tmp_path: Path, changes: dict[str, object], needle: str
+) -> None:
+    """A state file that decodes but holds a damaged rank entry: the bridge refuses it with the
+    file and the rank named (the CLI prints it), not a KeyError or TypeError traceback."""
+    path = tmp_path / "bridge.state"
+    save_state(path, "vllm", {0: _saved_rank(), 1: _saved_rank(**changes)})
+    with pytest.raises(ValueError, match=re.escape(needle)) as caught:
+        ZmqBridge("vllm", "tcp://127.0.0.1:1", dp_size=2, state_path=path)
+    assert str(path) in str(caught.value) and "rank 1" in str(caught.value)
+
+
+def test_tier_levels_of_an_old_state_file_are_clamped_like_its_media() -> None:
+    tiers = TierMap.from_state([[16, 7, 0, 40]])
+    assert tiers.to_state() == [[16, 7, 0, 15]]
