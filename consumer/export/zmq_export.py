@@ -151,7 +151,12 @@ class ZmqExporter:
         self._sockets: list[Any] = []
         self._routes: dict[WorkerKey, tuple[Any, bytes, int] | None] = {}
         state = None if config.state_path is None else load_state(config.state_path, config.topic)
-        converter_state = None if state is None else VllmConverter.state_from_bytes(state.converter)
+        converter_state = None
+        if state is not None:
+            try:
+                converter_state = VllmConverter.state_from_bytes(state.converter)
+            except ValueError as exc:  # msgspec's DecodeError: the checksum-free inner blob
+                raise ValueError(f"{config.state_path}: corrupt converter state: {exc}") from None
         self.converter = VllmConverter(
             self.wire, converter_state, on_loss=self._lost, lora_names=config.lora_names
         )

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from kvevents.consumer.export.anchors import AnchorStore
-from kvevents.consumer.export.state import Anchor, load_state
+from kvevents.consumer.export.state import Anchor, ExportState, load_state, save_state
+from kvevents.consumer.export.zmq_export import Endpoint, ZmqExportConfig, ZmqExporter
 
 S = "0:kv@a@m"
 
@@ -93,3 +94,14 @@ def test_a_lower_byte_limit_thins_anchors_kept_on_disk_at_start(tmp_path: Path) 
     again = AnchorStore(directory, max_anchors=10, max_bytes=3 * per_file)
     assert len(again) == 3 and again.positions()[0] == {0: 0} and again.positions()[-1] == {0: 5}
     assert len(list(directory.glob("anchor-*.bin"))) == 3
+
+
+def test_a_state_file_with_a_damaged_converter_state_is_refused_by_name(tmp_path: Path) -> None:
+    """The state file's envelope decodes, its converter blob does not: a ValueError naming the
+    file (the CLI prints it), not msgspec's message alone."""
+    path = tmp_path / "export.state"
+    save_state(path, ExportState("t", {0: 5}, {S: 3}, b"\x93not a converter"))
+    config = ZmqExportConfig("127.0.0.1:1", "t", pub=Endpoint("tcp://127.0.0.1:0", True), state_path=path)
+    with pytest.raises(ValueError, match="corrupt converter state") as caught:
+        ZmqExporter(config)
+    assert str(path) in str(caught.value)
