@@ -53,7 +53,7 @@ __all__ = [
 DEFAULT_TOPIC = "kv-cache-events"
 EXIT_INTERRUPTED = 130
 
-BOOTSTRAP_HELP = "Kafka address (default: $KAFKA_BOOTSTRAP_SERVERS, else the running local broker)"
+BOOTSTRAP_HELP = "Kafka address (default: bootstrap.servers of -F/-X, else $KAFKA_BOOTSTRAP_SERVERS, else the running local broker)"
 REGISTRY_ENV = "KVEVENTS_SCHEMA_REGISTRY_URL"
 KAFKA_CONFIG_ENV = "KVEVENTS_KAFKA_CONFIG"  # a -F file by default: credentials off the command line
 
@@ -115,6 +115,7 @@ def add_client_config_flags(parser: argparse.ArgumentParser | argparse._Argument
         default=None,
         metavar="FILE",
         help="read librdkafka settings from a properties file (KEY=VALUE lines, '#' comments; as kcat -F; default: $KVEVENTS_KAFKA_CONFIG); "
+        "its bootstrap.servers is the Kafka address unless --bootstrap-servers is given; "
         "schema.registry.* and basic.auth.user.info lines there configure the schema registry",
     )
 
@@ -241,12 +242,15 @@ def check_kafka(
 
 
 def resolve_bootstrap(args: argparse.Namespace) -> str:
-    """``--bootstrap-servers``, else ``$KAFKA_BOOTSTRAP_SERVERS``, else the running local broker;
-    raises :class:`CommandError` saying how to get one when there is none."""
+    """``--bootstrap-servers``, else ``bootstrap.servers`` of -F/-X (as kcat reads it), else
+    ``$KAFKA_BOOTSTRAP_SERVERS``, else the running local broker; raises :class:`CommandError`
+    saying how to get one when there is none (or when the -F file cannot be read)."""
     from kvevents.broker.bootstrap import NoBrokerConfigured, resolve_bootstrap_servers
 
+    explicit = getattr(args, "bootstrap_servers", None)
+    from_settings = kafka_config(args).get("bootstrap.servers", "").strip()  # reads -F first
     try:
-        return resolve_bootstrap_servers(getattr(args, "bootstrap_servers", None))
+        return resolve_bootstrap_servers(explicit or from_settings or None)
     except NoBrokerConfigured as exc:
         raise CommandError(str(exc)) from exc
 

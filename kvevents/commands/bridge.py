@@ -199,7 +199,7 @@ def _run_zmq(args: argparse.Namespace) -> int:
 
     if args.dp_size < 1:
         raise CommandError(f"--dp-size must be >= 1, got {args.dp_size}", 2)
-    config = {"bootstrap.servers": resolve_bootstrap(args), **kafka_config(args)}
+    config = {**kafka_config(args), "bootstrap.servers": resolve_bootstrap(args)}  # -b wins over -F
     stop = _stop_event()
     in_kafka = in_kafka_blocks = None
     if args.state is not None and args.state.exists():
@@ -271,7 +271,7 @@ def _run_trtllm(args: argparse.Namespace) -> int:
     from kvevents.producer import KafkaEventSink
     from kvevents.producer.trtllm import TrtllmEventSource, poll_trtllm_serve
 
-    config = {"bootstrap.servers": resolve_bootstrap(args), **kafka_config(args)}
+    config = {**kafka_config(args), "bootstrap.servers": resolve_bootstrap(args)}  # -b wins over -F
     stop = _stop_event()
     source = TrtllmEventSource(
         poll_trtllm_serve(args.url), attention_dp_size=args.dp_size, idle_sleep=args.poll_interval

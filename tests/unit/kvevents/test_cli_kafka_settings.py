@@ -11,6 +11,7 @@ from kvevents.commands._common import (
     CommandError,
     add_kafka_flags,
     kafka_config,
+    resolve_bootstrap,
     reader_codec,
     registry_settings,
     writer_codec,
@@ -122,3 +123,20 @@ def test_basic_auth_from_the_properties_file_goes_over_the_wire(tmp_path: Path) 
         server.shutdown()
         server.server_close()
     assert seen and seen[0] == "Basic " + base64.b64encode(b"alice:secret").decode()
+
+
+def test_the_kafka_address_comes_from_the_flag_then_the_properties_file_then_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As kcat reads it: a properties file's bootstrap.servers is the address unless
+    --bootstrap-servers is given, and it comes before $KAFKA_BOOTSTRAP_SERVERS (the file was
+    named on purpose). A file that cannot be read says so, before any 'no Kafka address'."""
+    props = tmp_path / "client.properties"
+    props.write_text("bootstrap.servers = kafka-a:9092\nsecurity.protocol=SSL\n")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "from-env:9092")
+    assert resolve_bootstrap(_args("-F", str(props))) == "kafka-a:9092"
+    assert resolve_bootstrap(_args("-F", str(props), "-b", "flag:9092")) == "flag:9092"
+    assert resolve_bootstrap(_args("-X", "bootstrap.servers=x:1")) == "x:1"
+    assert resolve_bootstrap(_args()) == "from-env:9092"
+    with pytest.raises(CommandError, match="cannot read the properties file"):
+        resolve_bootstrap(_args("-F", str(tmp_path / "missing.properties")))
