@@ -13,6 +13,7 @@ from kvevents.commands._common import (
     Progress,
     add_kafka_flags,
     add_output_flags,
+    check_kafka,
     command,
     kafka_config,
     reader_codec,
@@ -112,8 +113,10 @@ def run(args: argparse.Namespace) -> int:
         malformed = _exported_malformed(args.parquet)
     else:
         source = f"topic {args.topic}"
+        bootstrap = resolve_bootstrap(args)
+        check_kafka(args, bootstrap, topic=args.topic)  # no broker or no topic: one line, as stats says it
         reads = read_topic(
-            resolve_bootstrap(args),
+            bootstrap,
             args.topic,
             config=kafka_config(args),
             on_malformed=set_aside,

@@ -20,8 +20,8 @@ from kvevents.commands._common import (
 DESCRIPTION = """\
 Create or describe a Kafka topic.
 
-The broker is --bootstrap-servers, else $KAFKA_BOOTSTRAP_SERVERS, else the local broker that
-'kvevents broker start' runs (see 'kvevents broker --help').
+The broker is --bootstrap-servers, else bootstrap.servers of -F/-X, else $KAFKA_BOOTSTRAP_SERVERS,
+else the local broker that 'kvevents broker start' runs (see 'kvevents broker --help').
 """
 
 EPILOG = """\
