@@ -11,9 +11,9 @@ from kvevents.commands._common import (
     CommandError,
     add_kafka_flags,
     kafka_config,
-    resolve_bootstrap,
     reader_codec,
     registry_settings,
+    resolve_bootstrap,
     writer_codec,
 )
 from kvevents.commands._kafka_setup import read_properties, split_settings
