@@ -30,6 +30,7 @@ from kvevents.schemas import (
     KVCacheRemovedData,
     KVCacheStoredData,
     KVCacheUpdatedData,
+    check_batch,
 )
 
 from kvevents.commands._bounded import RecentMap
@@ -87,7 +88,11 @@ class CacheReport:
         return self
 
     def add(self, read: Read) -> None:
+        """Count one batch; :class:`~kvevents.schemas.LimitError`, and nothing counted, for a
+        batch the index refuses (one that decodes but breaks its limits: a rank outside
+        ``attention_dp_size``, too many events...), which would otherwise stop the report."""
         batch, time_us = read.batch, read.time_us
+        check_batch(batch, self.index.limits)
         self.stats.add(batch, time_us)
         self._score_routing(batch)
         self._track_levels(batch, time_us)

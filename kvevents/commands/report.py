@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
                 "--png/--html need matplotlib: pip install 'kvevents[analytics]'", code=2
             ) from None
     from kvevents.consumer import ReaderError
+    from kvevents.schemas import LimitError
 
     show = Progress(enabled=not args.quiet)
     malformed = 0
@@ -125,7 +126,11 @@ def run(args: argparse.Namespace) -> int:
     cache = CacheReport()
     try:
         for count, read in enumerate(reads, 1):
-            cache.add(read)
+            try:
+                cache.add(read)
+            except LimitError as exc:  # decodes, but no index takes it: set aside like a malformed one
+                set_aside(read.partition, read.offset, str(exc))
+                continue
             if show.due():
                 show.update(
                     f"reading {source}: {count:,} batches, partition {read.partition} offset {read.offset}"

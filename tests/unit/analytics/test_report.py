@@ -4,9 +4,13 @@ rendering (text, PNG, HTML); and a stream rebuilt from rows giving the same repo
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 from kvevents.schemas import (
     EventBatch,
     KVCacheCreatedData,
@@ -16,6 +20,7 @@ from kvevents.schemas import (
     KVCacheStoredBlockData,
     KVCacheStoredData,
     KVCacheUpdatedData,
+    LimitError,
     RankDrops,
 )
 
@@ -23,6 +28,7 @@ from kvevents.analytics.report import CacheReport
 from kvevents.analytics.report_render import render_html, render_png, render_text
 from kvevents.analytics.rows import RowBuffer
 from kvevents.analytics.source import Read, batches_from_table
+from kvevents.cli import main
 
 S = 1_000_000
 W = 64
@@ -208,3 +214,34 @@ def test_created_ends_only_its_own_workers_blocks() -> None:
     b = EventBatch("w1", [KVCacheEvent(1, KVCacheRemovedData([11, 12]), W, 0)], sequence=1)
     report.add(Read(b, 1002 * S, 0, 200))
     assert report.evictions == {"primary (GPU)": 2}
+
+
+def test_a_batch_the_index_refuses_is_set_aside_not_the_end_of_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A batch that decodes but breaks the index's limits (here a rank outside
+    attention_dp_size) used to stop ``CacheReport.add`` midway and ``kvevents report`` with a
+    traceback. It is refused before anything is counted, and the command sets it aside."""
+    reads = _stream()
+    event = KVCacheEvent(9, KVCacheStoredData(None, [KVCacheStoredBlockData(77, [1] * 4)]), W, 5)
+    bad = EventBatch("b", [event], attention_dp_size=1, sequence=99, created_at_us=(1000 + 5) * S)
+    report = CacheReport()
+    with pytest.raises(LimitError, match=r"attention_dp_rank: 5 is not in 0\.\.0"):
+        report.add(Read(bad, bad.created_at_us, 0, 999))
+    assert report.stats.batches == 0 and report.index.stats().workers == 0
+
+    by_instance: dict[str, RowBuffer] = {}
+    for r in [*reads[:6], Read(bad, bad.created_at_us, 0, 6), *reads[6:]]:
+        by_instance.setdefault(r.batch.instance_id, RowBuffer()).add_batch(
+            r.batch, r.partition, r.offset, r.time_us
+        )
+    for instance, rows in by_instance.items():  # an export's layout: a folder per instance
+        folder = tmp_path / "export" / "date=2026-12-07" / f"instance={instance}"
+        folder.mkdir(parents=True)
+        pq.write_table(rows.table(), folder / "part-0.parquet")
+    assert main(["report", "--parquet", str(tmp_path / "export"), "--json", "-q"]) == 0
+    out, err = capsys.readouterr()
+    assert "attention_dp_rank: 5 is not in 0..0" in err
+    summary = json.loads(out)
+    assert summary["loss"]["malformed_messages"] == 1
+    assert summary["routing"] == CacheReport().add_all(reads).to_json()["routing"]  # the rest is read
