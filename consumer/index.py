@@ -260,6 +260,10 @@ class CacheIndex:
         """Workers whose view may be incomplete, sorted (one pass, no record per worker)."""
         return sorted(WorkerKey(i, r) for i, r in self._core.degraded_workers())
 
+    def worker_count(self) -> int:
+        """How many workers the index has seen (``len(workers())`` without listing them)."""
+        return self._core.worker_count()
+
     def instances(self) -> list[str]:
         """Every instance id the index has seen, sorted."""
         return sorted(self._core.instance_ids())
@@ -309,7 +313,7 @@ class CacheIndex:
         """Counters and sizes of the whole index."""
         return IndexStats(
             counters=self._core.counters(),
-            workers=self._core.worker_count(),
+            workers=self.worker_count(),
             degraded_workers=len(self._core.degraded_workers()),
             held_blocks=self._core.held_blocks(),
             distinct_blocks=self._core.node_count(),

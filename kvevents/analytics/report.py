@@ -78,8 +78,6 @@ class CacheReport:
         self._levels: dict[WorkerKey, dict[tuple[int, int], int]] = {}  # (window, hash) -> level
         self._parents: RecentMap[int, int | None] = RecentMap(STORERS_GENERATION)  # the newest 2-4M
         self._degraded_since: dict[WorkerKey, int] = {}
-        self._ranks: dict[str, set[int]] = {}  # the index's workers, by instance
-        self._worker_count = 0
         self._last_us = 0
 
     def add_all(self, reads: Iterable[Read]) -> CacheReport:
@@ -112,7 +110,7 @@ class CacheReport:
         return ancestors
 
     def _score_routing(self, batch: EventBatch) -> None:
-        workers = self._worker_count
+        workers = self.index.worker_count()  # before this batch is applied
         for event in batch.events:
             data = event.data
             if not isinstance(data, KVCacheStoredData) or not data.blocks:
@@ -164,19 +162,18 @@ class CacheReport:
         worker (every rank, on a sequence gap) or heals it (its Created event), so only the ranks
         the batch names are looked at, or all of the instance's when the index counted a gap."""
         instance = batch.instance_id
-        ranks = self._ranks.setdefault(instance, set())
-        named = {event.attention_dp_rank or 0 for event in batch.events}
-        named.update(drop.attention_dp_rank for drop in batch.dropped)
+        if degraded_more:
+            workers = self.index.workers_of([instance])
+        else:
+            named = {event.attention_dp_rank or 0 for event in batch.events}
+            named.update(drop.attention_dp_rank for drop in batch.dropped)
+            workers = [WorkerKey(instance, rank) for rank in sorted(named)]
         since = self._degraded_since
-        for rank in sorted(ranks | named if degraded_more else named):
-            worker = WorkerKey(instance, rank)
+        for worker in workers:
             try:
                 degraded = self.index.is_degraded(worker)
             except KeyError:  # named, but the index keeps no worker for it
                 continue
-            if rank not in ranks:
-                ranks.add(rank)
-                self._worker_count += 1
             if degraded and worker not in since:
                 since[worker] = time_us
                 self.degraded_spells[worker] += 1

@@ -388,7 +388,7 @@ class RouteApp:
             index = self.source.index
             left_out = {} if liveness is None else not_routable_workers(index, liveness, now)
             states = Counter(left_out.values())
-            states["live"] = index.stats().workers - len(left_out)
+            states["live"] = index.worker_count() - len(left_out)
             return render(self.requests, self.source.index, process=self.options.process,
                           health=self.source.health(), reader=self.source.metrics(), states=states,
                           gc_pauses=self.gc_pauses)  # fmt: skip

@@ -192,7 +192,7 @@ def test_degraded_spells_and_workers_follow_the_index_on_a_lossy_fleet() -> None
             report.add(read)
             degraded = set(report.index.degraded_workers())
             assert set(report._degraded_since) == degraded, (seed, read.offset)
-            assert report._worker_count == len(report.index.workers())
+            assert report.index.worker_count() == len(report.index.workers())
             spells = sum(report.degraded_spells.values())
         assert spells > 3 and report.routing.requests > 100  # the stream did degrade and heal
 
