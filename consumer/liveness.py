@@ -140,12 +140,10 @@ class Liveness:
         """Of ``instance_ids``, those routing must leave out (stale or closed), with their state."""
         now = self._clock() if now is None else now
         out: dict[str, State] = {}
-        last, closed, started, stale_after = self._last, self._closed, self._started, self.stale_after_s
-        for instance in instance_ids:  # state() inlined: route --serve judges every instance each 0.2 s
-            if instance in closed:
-                out[instance] = "closed"
-            elif now - last.get(instance, started) > stale_after:
-                out[instance] = "stale"
+        for instance in instance_ids:
+            state = self.state(instance, now)
+            if state != "live":
+                out[instance] = state
         return out
 
 
