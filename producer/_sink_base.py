@@ -104,6 +104,7 @@ class SinkState:
     _user_stats_cb: Any
     _user_on_delivery: Any
     _user_batch_size: bool
+    _hand_off_window: int | None
     _message_max_bytes: int
     _topic_max: int | None
     _limit: int

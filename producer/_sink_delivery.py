@@ -81,7 +81,8 @@ class Delivery(TopicLimit):
 
     def _hand_off(self) -> bool:
         """Hand queued chunks, then any pending drops, to librdkafka; True when something must
-        wait (librdkafka's queue is full, or the message limit is not known yet)."""
+        wait (librdkafka's queue is full, the message limit is not known yet, or an idempotent
+        producer already has ``IDEMPOTENT_WINDOW`` messages unacknowledged; not when stopping)."""
         if not self._limit_known:
             return bool(self._queue) or bool(self._ledger.pending)
         with self._lock:
@@ -93,7 +94,10 @@ class Delivery(TopicLimit):
                     return bool(queue) or bool(self._ledger.pending)
                 self._full_since = None
             budget = self._current_budget()
+            window = None if self._stop_requested else self._hand_off_window
             while queue:
+                if window is not None and self._in_flight >= window:
+                    return True  # librdkafka would only hold it (IDEMPOTENT_WINDOW): an ack wakes us
                 chunk = queue.peek()
                 if chunk.size > budget:
                     self._resplit_head_locked(chunk, budget)

@@ -49,12 +49,24 @@ class Drain(Delivery):
                 return
             if stuck or stopping or manager.closed:
                 with self._room:
-                    if self._stop_requested == stopping:
+                    if self._stop_requested == stopping and not self._window_reopened_locked():
                         self._room.wait(STUCK_WAIT_S if stuck else IDLE_WAIT_S)
                 if not stopping:
                     self._accept_all(self._drain(0))
             else:
                 self._accept_all(self._drain(IDLE_WAIT_S))
+
+    def _window_reopened_locked(self) -> bool:
+        """Chunks held for the hand-off window whose acknowledgements came before the wait (its
+        notification already gone): hand them off without waiting."""
+        window = self._hand_off_window
+        return (
+            window is not None
+            and self._limit_known
+            and self._full_since is None
+            and bool(self._queue)
+            and self._in_flight < window
+        )
 
     def _accept_all(self, drain: EventDrain | EncodedDrain) -> None:
         """Accept ``drain`` and, while it stopped before drops recorded behind its events

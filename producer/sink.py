@@ -26,7 +26,13 @@ from ._sink_delivery import CONTROL_HEADER
 from ._sink_drain import Drain
 from .buffer import EventDrain, check_timeout
 from .sink_chunks import BatchCodec, Chunker, EnvelopeWriter, SingleObjectCodec
-from .sink_config import LIBRDKAFKA_DEFAULT_MESSAGE_MAX_BYTES, int_setting, producer_config
+from .sink_config import (
+    IDEMPOTENT_WINDOW,
+    LIBRDKAFKA_DEFAULT_MESSAGE_MAX_BYTES,
+    bool_setting,
+    int_setting,
+    producer_config,
+)
 from .sink_encoded import EncodedChunker, EncodedDrain
 from .sink_queue import ChunkQueue, LossLedger
 from .sink_stats import DeliveryReport, LatencyHistogram, SinkCloseReport, SinkStats
@@ -176,6 +182,8 @@ class KafkaEventSink(Drain):
         self._config.setdefault("logger", LibrdkafkaLog())
         self._config.setdefault("client.id", f"kvevents-sink-{instance_id}"[:200])
         self._user_batch_size = "batch.size" in self._config
+        idempotent = bool_setting(self._config, "enable.idempotence", False)
+        self._hand_off_window = IDEMPOTENT_WINDOW if idempotent else None
         self._message_max_bytes = int_setting(
             self._config, "message.max.bytes", LIBRDKAFKA_DEFAULT_MESSAGE_MAX_BYTES
         )

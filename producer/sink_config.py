@@ -14,10 +14,12 @@ from typing import Any
 __all__ = [
     "BOOTSTRAP_ENV",
     "DEFAULT_PRODUCER_CONFIG",
+    "IDEMPOTENT_WINDOW",
     "LIBRDKAFKA_DEFAULT_BATCH_SIZE",
     "LIBRDKAFKA_DEFAULT_MESSAGE_MAX_BYTES",
     "SIZE_SAFETY_MARGIN",
     "admin_config",
+    "bool_setting",
     "int_setting",
     "message_limit",
     "producer_config",
@@ -37,6 +39,13 @@ DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "queue.buffering.max.messages": 10_000,
 }
 """What the sink sets unless the caller's config says otherwise."""
+
+IDEMPOTENT_WINDOW = 5
+"""Messages of a partition an idempotent librdkafka producer leaves unacknowledged
+(``RD_KAFKA_IDEMP_MAX_INFLIGHT``, counted in messages, not requests): it sends nothing more of
+that partition until an acknowledgement comes back, and with ``linger.ms=0`` its broker thread
+polls in a tight loop meanwhile. The sink hands over no more than this many (docs/OPERATIONS.md,
+"The sink's hand-off window")."""
 
 LIBRDKAFKA_DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 LIBRDKAFKA_DEFAULT_BATCH_SIZE = 1_000_000
@@ -88,6 +97,24 @@ def int_setting(config: Mapping[str, Any], key: str, default: int) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise ValueError(f"librdkafka setting {key!r} must be an integer, got {value!r}") from None
+
+
+_TRUE = frozenset({"true", "t", "1"})
+_FALSE = frozenset({"false", "f", "0"})
+
+
+def bool_setting(config: Mapping[str, Any], key: str, default: bool) -> bool:
+    """``config[key]`` as librdkafka reads a boolean (``True``, ``"true"``, ``"t"``, ``"1"`` and
+    their false forms, any case), else ``default``."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise ValueError(f"librdkafka setting {key!r} must be true or false, got {value!r}")
 
 
 def message_limit(message_max_bytes: int, topic_max_message_bytes: int | None) -> int:

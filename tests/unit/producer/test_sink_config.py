@@ -6,6 +6,7 @@ import pytest
 from kvevents.producer.sink_config import (
     DEFAULT_PRODUCER_CONFIG,
     admin_config,
+    bool_setting,
     int_setting,
     message_limit,
     producer_config,
@@ -76,3 +77,18 @@ def test_the_message_limit_is_the_smaller_of_producer_and_topic() -> None:
     assert message_limit(2000, 1_048_588) == 2000
     assert int_setting({"message.max.bytes": "2000"}, "message.max.bytes", 1) == 2000
     assert int_setting({}, "batch.size", 7) == 7
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, True), (True, True), (False, False), ("true", True), ("TRUE", True), ("t", True), ("1", True),
+     ("false", False), ("F", False), ("0", False), (" false ", False)],
+)  # fmt: skip
+def test_bool_settings_read_as_librdkafka_reads_them(value: object, expected: bool) -> None:
+    config = {} if value is None else {"enable.idempotence": value}
+    assert bool_setting(config, "enable.idempotence", True) is expected
+
+
+def test_a_bool_setting_that_is_neither_is_named() -> None:
+    with pytest.raises(ValueError, match=r"'enable\.idempotence' must be true or false, got 'yes please'"):
+        bool_setting({"enable.idempotence": "yes please"}, "enable.idempotence", True)

@@ -117,6 +117,43 @@ def test_a_sink_that_keeps_up_encodes_each_message_once(monkeypatch: pytest.Monk
     assert reassemble(captured.delivered()) == workload.expected
 
 
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_an_idempotent_sink_hands_over_no_more_than_librdkafkas_window(
+    monkeypatch: pytest.MonkeyPatch, idempotent: bool
+) -> None:
+    """librdkafka's idempotent producer sends nothing more while IDEMPOTENT_WINDOW messages are
+    unacknowledged, and with linger.ms=0 spins until an ack: the sink keeps the rest queued
+    itself. Without idempotence (no such window) messages go to librdkafka as they come."""
+    from kvevents.producer import sink as sink_module
+    from kvevents.producer.sink_config import IDEMPOTENT_WINDOW
+
+    outstanding: list[int] = []
+
+    class Counting(sink_module.Producer):  # type: ignore[misc]  # librdkafka's type, untyped
+        def produce(self, *args: Any, **kwargs: Any) -> None:
+            outstanding.append(len(self))  # messages librdkafka holds, not yet reported
+            super().produce(*args, **kwargs)
+
+    monkeypatch.setattr(sink_module, "Producer", Counting)
+    captured = Captured()
+    workload = Workload(seed=12)
+    config = {"test.mock.broker.rtt": 40, "enable.idempotence": idempotent}
+    with KVCacheEventManager(100_000) as manager, mock_sink(manager, captured, config=config) as sink:
+        for _ in range(80):  # a drain every ~2 ms, an ack every 40 ms
+            workload.iteration(manager, 5)
+            time.sleep(0.002)
+        assert manager.settle(10) and sink.wait_delivered(30)
+    batches = captured.delivered()
+    assert [b.sequence for b in batches] == list(range(len(batches)))
+    assert reassemble(batches) == workload.expected
+    if idempotent:
+        # len() still counts a message whose delivery report is being served (acknowledged)
+        assert max(outstanding) <= IDEMPOTENT_WINDOW
+        assert len(batches) < 80  # held chunks waited in the sink's queue, not one message each
+    else:
+        assert max(outstanding) > 2 * IDEMPOTENT_WINDOW
+
+
 def test_every_sink_draws_its_own_producer_id() -> None:
     with KVCacheEventManager(10) as manager:
         sinks = [mock_sink(manager, Captured()) for _ in range(2)]
