@@ -95,9 +95,9 @@ class Delivery(TopicLimit):
                 self._full_since = None
             budget = self._current_budget()
             window = None if self._stop_requested else self._hand_off_window
+            if queue and window is not None and self._in_flight >= window:
+                return True  # librdkafka would only hold them (IDEMPOTENT_WINDOW): an ack wakes us
             while queue:
-                if window is not None and self._in_flight >= window:
-                    return True  # librdkafka would only hold it (IDEMPOTENT_WINDOW): an ack wakes us
                 chunk = queue.peek()
                 if chunk.size > budget:
                     self._resplit_head_locked(chunk, budget)

@@ -44,8 +44,8 @@ IDEMPOTENT_WINDOW = 5
 """Messages of a partition an idempotent librdkafka producer leaves unacknowledged
 (``RD_KAFKA_IDEMP_MAX_INFLIGHT``, counted in messages, not requests): it sends nothing more of
 that partition until an acknowledgement comes back, and with ``linger.ms=0`` its broker thread
-polls in a tight loop meanwhile. The sink hands over no more than this many (docs/OPERATIONS.md,
-"The sink's hand-off window")."""
+polls in a tight loop meanwhile. The sink hands nothing over while this many are
+unacknowledged, and then everything it kept (docs/OPERATIONS.md, "The sink's hand-off window")."""
 
 LIBRDKAFKA_DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 LIBRDKAFKA_DEFAULT_BATCH_SIZE = 1_000_000

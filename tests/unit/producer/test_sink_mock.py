@@ -118,40 +118,70 @@ def test_a_sink_that_keeps_up_encodes_each_message_once(monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize("idempotent", [True, False])
-def test_an_idempotent_sink_hands_over_no_more_than_librdkafkas_window(
+def test_an_idempotent_sink_waits_while_librdkafkas_window_is_full(
     monkeypatch: pytest.MonkeyPatch, idempotent: bool
 ) -> None:
     """librdkafka's idempotent producer sends nothing more while IDEMPOTENT_WINDOW messages are
-    unacknowledged, and with linger.ms=0 spins until an ack: the sink keeps the rest queued
-    itself. Without idempotence (no such window) messages go to librdkafka as they come."""
+    unacknowledged (and with linger.ms=0 spins until an ack): the sink keeps what it drains
+    meanwhile, and hands all of it over once an acknowledgement makes room, as librdkafka would
+    send it. Acknowledgements are held back here until the test lets them through."""
     from kvevents.producer import sink as sink_module
     from kvevents.producer.sink_config import IDEMPOTENT_WINDOW
 
-    outstanding: list[int] = []
+    produced: list[int] = []
+    held: list[Any] = []
+    lock = threading.Lock()
+    holding = threading.Event()
+    holding.set()
 
-    class Counting(sink_module.Producer):  # type: ignore[misc]  # librdkafka's type, untyped
-        def produce(self, *args: Any, **kwargs: Any) -> None:
-            outstanding.append(len(self))  # messages librdkafka holds, not yet reported
-            super().produce(*args, **kwargs)
+    class AcksOnRelease(sink_module.Producer):  # type: ignore[misc]  # librdkafka's type, untyped
+        def produce(self, *args: Any, on_delivery: Any = None, **kwargs: Any) -> None:
+            def hold(err: Any, msg: Any) -> None:
+                with lock:
+                    if holding.is_set():
+                        held.append(lambda: on_delivery(err, msg))
+                        return
+                on_delivery(err, msg)
 
-    monkeypatch.setattr(sink_module, "Producer", Counting)
+            produced.append(len(produced))
+            super().produce(*args, on_delivery=hold, **kwargs)
+
+    def release(count: int) -> None:
+        with lock:
+            callbacks, held[:count] = held[:count], []
+        for callback in callbacks:
+            callback()
+
+    monkeypatch.setattr(sink_module, "Producer", AcksOnRelease)
     captured = Captured()
     workload = Workload(seed=12)
-    config = {"test.mock.broker.rtt": 40, "enable.idempotence": idempotent}
-    with KVCacheEventManager(100_000) as manager, mock_sink(manager, captured, config=config) as sink:
-        for _ in range(80):  # a drain every ~2 ms, an ack every 40 ms
+    window = IDEMPOTENT_WINDOW
+    with (
+        KVCacheEventManager(100_000) as manager,
+        mock_sink(manager, captured, config={"enable.idempotence": idempotent}) as sink,
+    ):
+        for i in range(2 * window):  # one drain each: the sink loops every 10 ms while it waits
             workload.iteration(manager, 5)
-            time.sleep(0.002)
-        assert manager.settle(10) and sink.wait_delivered(30)
+            assert manager.settle(5)
+            assert wait_for(lambda: sink.stats().events_drained_total == len(workload.expected), 5)
+            expected = min(i + 1, window) if idempotent else i + 1
+            assert wait_for(lambda want=expected: len(produced) == want, 5), (i, len(produced))
+        time.sleep(0.05)
+        if idempotent:
+            assert len(produced) == window and sink.stats().queued_messages == window
+            assert wait_for(lambda: len(held) == window, 5)
+            release(1)  # one acknowledgement: room for all that waited
+            assert wait_for(lambda: len(produced) == 2 * window, 5), len(produced)
+            assert sink.stats().queued_messages == 0
+        assert len(produced) == 2 * window
+        assert wait_for(lambda: len(held) == len(produced) - (1 if idempotent else 0), 5)
+        with lock:
+            holding.clear()  # from now on acknowledgements pass (the close batch's too)
+        release(len(held))
+        assert sink.wait_delivered(10)
     batches = captured.delivered()
     assert [b.sequence for b in batches] == list(range(len(batches)))
     assert reassemble(batches) == workload.expected
-    if idempotent:
-        # len() still counts a message whose delivery report is being served (acknowledged)
-        assert max(outstanding) <= IDEMPOTENT_WINDOW
-        assert len(batches) < 80  # held chunks waited in the sink's queue, not one message each
-    else:
-        assert max(outstanding) > 2 * IDEMPOTENT_WINDOW
 
 
 def test_every_sink_draws_its_own_producer_id() -> None:
