@@ -105,7 +105,8 @@ class SinkStats:
     error name); ``in_flight_messages`` (holding ``in_flight_events``) neither yet. ``events_split_total`` Stored events cut into
     ``fragments_total`` messages.
 
-    Queue: ``queued_messages``/``queued_events``/``queued_bytes`` waiting for librdkafka, at most
+    Queue: ``queued_messages``/``queued_events``/``queued_bytes`` waiting for librdkafka (room
+    in its queue, or, idempotent, fewer than 5 unacknowledged), at most
     ``max_queued_events``/``max_queued_bytes`` (``queue_high_water_events``).
 
     Loss, per source rank: ``events_lost_by_rank`` the sink lost itself (all reasons; by reason in
