@@ -98,6 +98,25 @@ def _u32_bytes(tokens: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(data)}I", *(t & 0xFFFFFFFF for t in data))  # pragma: no cover
 
 
+def _routable_bytes(tokens: Sequence[int]) -> bytes | None:
+    """A stored block's tokens as Dynamo hashes them (u32 little-endian), or None when Dynamo
+    could not key it (no tokens, or a negative id: kvevents' ids are int32)."""
+    if not len(tokens):
+        return None
+    if (
+        _LITTLE_ENDIAN
+        and isinstance(tokens, array)
+        and tokens.itemsize == 4
+        and tokens.typecode in ("i", "I")
+    ):
+        raw = tokens.tobytes()
+        # an int32 is negative when its last byte's top bit is set: one pass over bytes, not ints
+        return None if tokens.typecode == "i" and max(raw[3::4]) >= 0x80 else raw
+    if min(tokens) < 0:
+        return None
+    return _u32_bytes(tokens)
+
+
 def mm_key_hash(key: MmKey) -> int:
     """Dynamo's 64-bit hash of a multimodal object from kvevents' 32-byte content hash: the
     first 16 hex digits of its hex form (how Dynamo maps vLLM's 64-hex-digit identifiers)."""
@@ -124,7 +143,10 @@ def local_block_hashes(
 
 def block_tokens_hash(tokens: Sequence[int], seed: int = DYNAMO_SEED, mm_hashes: Sequence[int] = ()) -> int:
     """Dynamo's local hash of one block (all of its tokens), multimodal hashes appended sorted."""
-    data = _u32_bytes(tokens)
+    return _hash_block_bytes(_u32_bytes(tokens), seed, mm_hashes)
+
+
+def _hash_block_bytes(data: bytes, seed: int, mm_hashes: Sequence[int]) -> int:
     if mm_hashes:
         data += b"".join(struct.pack("<Q", h & _MASK) for h in sorted(mm_hashes))
     return _xxh3(data, seed=seed)
@@ -162,10 +184,16 @@ def stored_block_dict(
 ) -> dict[str, int]:
     """``{"block_hash", "tokens_hash"}`` of one stored block (hashed under ``namespace``, a
     cache salt: :func:`block_namespaces`)."""
+    return _stored_block_dict(block, _u32_bytes(block.tokens), lora_names, namespace)
+
+
+def _stored_block_dict(
+    block: KVCacheStoredBlockData, data: bytes, lora_names: Mapping[int, str] | None, namespace: str | None
+) -> dict[str, int]:
     mm = [mm_key_hash(k) for k in block.mm_keys] if block.mm_keys else ()
     return {
         "block_hash": block.block_hash,
-        "tokens_hash": block_tokens_hash(block.tokens, _block_seed(block, lora_names, namespace), mm),
+        "tokens_hash": _hash_block_bytes(data, _block_seed(block, lora_names, namespace), mm),
     }
 
 
@@ -188,17 +216,21 @@ def router_event(
     body: Any
     kind = type(data)
     if kind is KVCacheStoredData:
-        blocks = data.blocks  # type: ignore[union-attr]
-        cut = next((i for i, b in enumerate(blocks) if not len(b.tokens) or min(b.tokens) < 0), len(blocks))
-        if cut == 0:
+        kept: list[tuple[KVCacheStoredBlockData, bytes]] = []
+        for block in data.blocks:  # type: ignore[union-attr]
+            raw = _routable_bytes(block.tokens)
+            if raw is None:
+                break
+            kept.append((block, raw))
+        if not kept:
             return None
-        kept = blocks[:cut]
-        namespaces = block_namespaces(kept, parent_namespace)
+        namespaces = block_namespaces([b for b, _ in kept], parent_namespace)
         body = {
             "stored": {
                 "parent_hash": data.parent_hash,  # type: ignore[union-attr]
                 "blocks": [
-                    stored_block_dict(b, lora_names, ns) for b, ns in zip(kept, namespaces, strict=True)
+                    _stored_block_dict(b, raw, lora_names, ns)
+                    for (b, raw), ns in zip(kept, namespaces, strict=True)
                 ],
             }
         }

@@ -133,9 +133,12 @@ class DynamoConverter:
                 if drop.dropped_events > 0:
                     lost_ranks[drop.attention_dp_rank] = f"{drop.dropped_events} events dropped"
         fragment = batch.first_event_block_offset > 0 and not replay
-        kept: list[KVCacheEvent] = []
+        kept: list[tuple[KVCacheEvent, WorkerKey]] = []
+        keys: dict[int | None, WorkerKey] = {}  # a batch has few ranks: one key each
         for i, event in enumerate(batch.events):
-            key = WorkerKey(instance, event.attention_dp_rank or 0)
+            key = keys.get(event.attention_dp_rank)
+            if key is None:
+                key = keys[event.attention_dp_rank] = WorkerKey(instance, event.attention_dp_rank or 0)
             cursor = self._cursors.get(key)
             eid = event.event_id
             if cursor is not None:
@@ -148,10 +151,10 @@ class DynamoConverter:
             if key not in self._known:
                 self._known.add(key)
                 self._ranks.setdefault(instance, set()).add(key.attention_dp_rank)
-            kept.append(event)
+            kept.append((event, key))
         for rank, reason in sorted(lost_ranks.items()):
             key = WorkerKey(instance, rank)
-            first = next((e.event_id for e in kept if (e.attention_dp_rank or 0) == rank), None)
+            first = next((e.event_id for e, k in kept if k.attention_dp_rank == rank), None)
             self._clear(out, key, first if first is not None else self._cursors.get(key, 0), reason)
             if first is None:  # the ids that follow a loss jump by design: not a second loss
                 self._cursors.pop(key, None)
@@ -159,11 +162,11 @@ class DynamoConverter:
             worker_id = self.worker_id(instance)
             window = self.window_size
             lora_names = self.lora_names
-            for event in kept:
+            for event, key in kept:
                 if window is not None and event.window_size != window:
                     continue
-                mapped = self._mapped(instance, event, lora_names)
-                if isinstance(event.data, KVCacheStoredData):
+                mapped = self._mapped(key, event, lora_names)
+                if type(event.data) is KVCacheStoredData:
                     sent = len(mapped["data"]["stored"]["blocks"]) if mapped is not None else 0
                     c.blocks_left_out += len(event.data.blocks) - sent
                 if mapped is not None:
@@ -172,13 +175,12 @@ class DynamoConverter:
         return out
 
     def _mapped(
-        self, instance: str, event: KVCacheEvent, lora_names: Mapping[int, str]
+        self, key: WorkerKey, event: KVCacheEvent, lora_names: Mapping[int, str]
     ) -> dict[str, Any] | None:
-        """``router_event`` with the salt lineage of the event's worker kept up to date."""
+        """``router_event`` with the salt lineage of ``key``, the event's worker, kept up to date."""
         data = event.data
-        key = WorkerKey(instance, event.attention_dp_rank or 0)
         held = self._namespaces.get(key)
-        if isinstance(data, KVCacheStoredData):
+        if type(data) is KVCacheStoredData:
             parent = None if held is None or data.parent_hash is None else held.get(data.parent_hash)
             namespaces = block_namespaces(data.blocks, parent)
             if any(ns is not None for ns in namespaces):

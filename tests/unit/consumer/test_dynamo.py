@@ -163,3 +163,15 @@ def test_multimodal_blocks_mix_their_object_hashes() -> None:
 def test_worker_ids_are_stable_and_below_2_63() -> None:
     assert dyn.worker_id_for("engine-1") == dyn.worker_id_for("engine-1") < 2**63
     assert dyn.worker_id_for("engine-1") != dyn.worker_id_for("engine-2")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=40))
+def test_a_stored_block_is_routable_exactly_when_its_ids_fit_u32(tokens: list[int]) -> None:
+    """The export reads a negative int32 from its bytes' sign bit, not by comparing every id."""
+    raw = dyn._routable_bytes(array("i", tokens))
+    if not tokens or min(tokens) < 0:
+        assert raw is None
+    else:
+        assert raw == array("I", tokens).tobytes()
+        assert dyn._routable_bytes(list(tokens)) == raw  # the plain-sequence path agrees
