@@ -303,10 +303,14 @@ class RouteApp:
         prompts = [(body.token_ids, body.lora_id)] if body.token_ids is not None else [
             (p.token_ids, p.lora_id if p.lora_id is not None else body.lora_id) for p in body.prompts or ()
         ]  # fmt: skip
-        for i, (tokens, _) in enumerate(prompts):
+        for i, (tokens, lora) in enumerate(prompts):
+            where = "" if body.token_ids is not None else f"prompts[{i}]."
             if tokens and max(tokens) > HASH_MAX:  # msgspec's JSON ints are not bounded
-                where = "token_ids" if body.token_ids is not None else f"prompts[{i}].token_ids"
-                raise HttpError(400, f"bad /match body: {where} holds {max(tokens)}, more than 64 bits")
+                raise HttpError(
+                    400, f"bad /match body: {where}token_ids holds {max(tokens)}, more than 64 bits"
+                )
+            if lora is not None and lora > HASH_MAX:
+                raise HttpError(400, f"bad /match body: {where}lora_id {lora} is more than 64 bits")
         answers = []
         for tokens, lora in prompts:  # the lock once per prompt, as _matched takes it
             with self.source.lock:

@@ -200,6 +200,8 @@ def _check(args: argparse.Namespace) -> None:
         raise CommandError("--block-size must be >= 1", code=2)
     if not 0.0 <= args.secondary_weight <= 1.0:
         raise CommandError("--secondary-weight must be within 0..1", code=2)
+    if args.lora_id is not None and not 0 <= args.lora_id < 1 << 64:
+        raise CommandError("--lora-id must be within 0..2**64-1", code=2)
     if args.serve:
         for name in ("workers", "max_body_bytes", "max_connections"):
             if getattr(args, name) < 1:

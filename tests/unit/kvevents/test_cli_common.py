@@ -166,3 +166,20 @@ def test_every_command_has_help_with_the_shared_flags(
     assert exited.value.code == 0
     for flag in (expected, "--bootstrap-servers", "--topic", "-X KEY=VALUE", "--quiet", "--verbose"):
         assert flag in out, flag
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lora-id", str(1 << 64)], "--lora-id must be within 0..2**64-1"),  # was a ValueError traceback
+        (["--lora-id", "-1"], "--lora-id must be within 0..2**64-1"),
+        (["--block-size", "0"], "--block-size must be >= 1"),
+    ],
+)
+def test_route_names_a_bad_scoring_flag_before_reading_kafka(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flags: list[str], message: str
+) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("1 2 3 4\n")
+    assert main(["route", "--tokens", str(prompts), "-b", "127.0.0.1:1", *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -228,6 +228,11 @@ def test_workers_healthz_readyz_and_head(srv: Running) -> None:
         (b'{"token_ids": [1, "2"]}', "$.token_ids[1]"),
         (b'{"token_ids": [-1]}', ">= 0"),
         (b'{"token_ids": [18446744073709551616]}', "token_ids holds 18446744073709551616, more than 64 bits"),
+        # a lora_id past 64 bits was wrapped by the fast path (an answer for another adapter)
+        # and a 500 on the general one; a prompt shorter than a block took the fast path too
+        (b'{"token_ids": [1, 2], "lora_id": 18446744073709551616}', "lora_id 18446744073709551616 is more"),
+        (b'{"prompts": [{"token_ids": [1], "lora_id": 2' + b"0" * 20 + b"}]}", "prompts[0].lora_id 2000"),
+        (b'{"prompts": [{"token_ids": [1]}], "lora_id": 2' + b"0" * 20 + b"}", "prompts[0].lora_id 2000"),
         (b'{"token_ids": [1], "block_size": 0}', "$.block_size"),
         (b'{"token_ids": [1], "secondary_weight": 2}', "$.secondary_weight"),
         (b'{"token_ids": [1], "tokens": [1]}', "unknown field `tokens`"),
