@@ -16,7 +16,7 @@ from kvevents.consumer._state import LEVEL_MAX
 from kvevents.schemas.codec import pure_python_forced
 from msgspec import Meta
 
-from kvevents.commands._route_requests import HASH_MAX, MAX_BATCH, BlockSize, LoraId, Weight, Window
+from kvevents.commands._route_requests import MAX_BATCH, BlockSize, LoraId, Weight, Window
 
 if TYPE_CHECKING:
     from kvevents.consumer import CacheIndex, WorkerKey
@@ -131,15 +131,11 @@ class FastAnswers:
         (a token array that is not plain) for the general path."""
         block_size = body.block_size or self.block_size
         if body.prompts is None:
-            if body.lora_id is not None and body.lora_id > HASH_MAX:
-                return None  # the general path names it
             one = hash_token_json(body.token_ids, block_size, body.lora_id)
             return None if one is None else [one]
         queries = []
         for prompt in body.prompts:
             lora = prompt.lora_id if prompt.lora_id is not None else body.lora_id
-            if lora is not None and lora > HASH_MAX:
-                return None
             hashes = hash_token_json(prompt.token_ids, block_size, lora)
             if hashes is None:
                 return None

@@ -114,7 +114,7 @@ cdef carray hash_blocks(const uint32_t *tokens, Py_ssize_t n, Py_ssize_t block_s
 def hash_token_json(raw, Py_ssize_t block_size, lora_id):
     """``array('Q')`` of the chained content hashes of the full blocks of the tokens in ``raw``
     (the JSON text of an array of token ids), or None if it is not a plain array of integers in
-    0..2**31-1."""
+    0..2**31-1 or ``lora_id`` is outside 0..2**64-1 (the general path names it)."""
     cdef Py_buffer view
     cdef uint32_t *tokens
     cdef Py_ssize_t n = 0, i
@@ -123,7 +123,9 @@ def hash_token_json(raw, Py_ssize_t block_size, lora_id):
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     if has_lora:
-        lora = <uint64_t>(lora_id & 0xFFFFFFFFFFFFFFFF)
+        if not 0 <= lora_id <= 0xFFFFFFFFFFFFFFFF:
+            return None
+        lora = <uint64_t>lora_id
     PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE)
     try:
         tokens = <uint32_t *>PyMem_Malloc((view.len // 2 + 1) * sizeof(uint32_t))

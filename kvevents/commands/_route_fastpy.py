@@ -20,9 +20,12 @@ _TOKENS = msgspec.json.Decoder(list[Annotated[int, Meta(ge=0, le=(1 << 31) - 1)]
 def hash_token_json(raw: bytes | memoryview | msgspec.Raw, block_size: int, lora_id: int | None) -> array[int] | None:  # fmt: skip
     """``array('Q')`` of the chained content hashes of the full blocks of the tokens in ``raw``
     (the JSON text of an array of token ids), or None if it is not a plain array of integers in
-    0..2**31-1 (written as JSON integers: no fraction, exponent or leading zero)."""
+    0..2**31-1 (written as JSON integers: no fraction, exponent or leading zero) or ``lora_id``
+    is outside 0..2**64-1 (the general path names it)."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
+    if lora_id is not None and not 0 <= lora_id <= _U64_MAX:
+        return None
     text = bytes(raw)
     if not _plain_integers(text):
         return None
@@ -34,6 +37,7 @@ def hash_token_json(raw: bytes | memoryview | msgspec.Raw, block_size: int, lora
 
 
 _TOKEN_MAX = (1 << 31) - 1
+_U64_MAX = (1 << 64) - 1
 _PLAIN_LIMITS = {"block_size": (1, 1 << 20), "lora_id": (0, 1 << 62), "window_size": (1, _TOKEN_MAX)}
 _MAX_PROMPTS = 256
 

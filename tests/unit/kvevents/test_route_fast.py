@@ -50,6 +50,20 @@ def test_token_arrays_that_are_not_plain_give_none(raw: bytes) -> None:
     assert pure.hash_token_json(raw, 2, None) is None
 
 
+@pytest.mark.parametrize("lora", [1 << 64, (1 << 64) + 5, -1])
+def test_a_lora_id_outside_64_bits_gives_none_not_its_low_bits(lora: int) -> None:
+    """The general path names it (the compiled twin kept its low 64 bits, the Python one raised)."""
+    assert compiled.hash_token_json(b"[1, 2, 3, 4]", 2, lora) is None
+    assert pure.hash_token_json(b"[1, 2, 3, 4]", 2, lora) is None
+    top = (1 << 64) - 1
+    want = array("Q", content_hashes_for_tokens([1, 2, 3, 4], 2, top))
+    assert (
+        compiled.hash_token_json(b"[1, 2, 3, 4]", 2, top)
+        == pure.hash_token_json(b"[1, 2, 3, 4]", 2, top)
+        == want
+    )
+
+
 @pytest.mark.parametrize(
     "raw",
     [
