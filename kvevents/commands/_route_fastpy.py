@@ -63,7 +63,7 @@ def parse_match_body(
     for a body of this form written unusually (escaped or repeated keys)."""
     try:
         body = msgspec.json.decode(bytes(raw))
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     if not isinstance(body, dict) or ("token_ids" in body) == ("prompts" in body):
         return None

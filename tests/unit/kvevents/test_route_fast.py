@@ -90,6 +90,8 @@ def test_a_lora_id_outside_64_bits_gives_none_not_its_low_bits(lora: int) -> Non
         b'{"token_ids": [1],}',
         b"[1, 2]",
         b"{not json",
+        b'{"token_ids": ' + b"[" * 5000 + b"]" * 5000 + b"}",  # the Python twin raised RecursionError
+        b"[" * 5000 + b"]" * 5000,
     ],
 )
 def test_bodies_that_are_not_plain_give_none(raw: bytes) -> None:
